@@ -1,0 +1,23 @@
+"""`meshplan` command line (also `python -m planner`)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from planner.cli.app import app
+
+# Each module registers its commands on `app`; add new command modules here.
+COMMAND_MODULES = [
+    "planner.cli.plan_cmds",
+]
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; user errors print one clear line on stderr and exit non-zero."""
+    from planner.cli.common import run_app
+
+    return run_app(app, argv if argv is not None else sys.argv[1:])

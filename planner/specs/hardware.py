@@ -1,0 +1,102 @@
+"""GpuSpec and ClusterSpec: the hardware as data.
+
+Units inside are SI: bytes, FLOP/s, bytes/s, seconds. Preset YAML files carry
+vendor units (GiB, TFLOP/s, GB/s, µs) in their key names and are converted on
+load by `profiles.load` (capacities binary, rates decimal, as vendors publish).
+Efficiencies are calibration data (`profiles/calibration/`), never literals in
+formulas.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.errors import SpecError
+
+Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32"]
+
+
+class GpuSpec(BaseModel):
+    """One accelerator: capacity, peak rates and achievable fractions of them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="GPU name, e.g. A100-SXM4-80GB.")
+    memory_bytes: float = Field(gt=0, description="HBM capacity in bytes.")
+    peak_flop_per_s: dict[str, float] = Field(
+        description="Dense peak FLOP/s per dtype (bf16, fp16, fp8, tf32, fp32); no sparsity."
+    )
+    hbm_bw_bytes_per_s: float = Field(gt=0, description="Peak HBM bandwidth in bytes/s.")
+    gemm_efficiency: float = Field(
+        0.75, gt=0, le=1, description="Achievable fraction of dense peak for large, well-shaped GEMMs (calibrated)."
+    )
+    hbm_efficiency: float = Field(
+        0.8, gt=0, le=1, description="Achievable fraction of HBM bandwidth for element-wise kernels (calibrated)."
+    )
+    kernel_overhead_s: float = Field(
+        5e-6, ge=0, description="Fixed cost per kernel (launch and tail), seconds (calibrated)."
+    )
+    framework_reserve_bytes: float = Field(
+        0.0, ge=0, description="Per-GPU memory not available to the model: CUDA context, NCCL, allocator slack."
+    )
+    source: str = Field("", description="Datasheet or measurement the numbers come from.")
+    calibration: str = Field("", description="Which data the efficiencies were fitted on, or 'assumed'.")
+
+    def peak(self, precision: str) -> float:
+        """Dense peak FLOP/s for `precision`; a clear error if the GPU has none."""
+        try:
+            return self.peak_flop_per_s[precision]
+        except KeyError:
+            raise SpecError(
+                f"GPU {self.name} has no peak rate for precision {precision!r}; "
+                f"it has: {', '.join(sorted(self.peak_flop_per_s))}"
+            ) from None
+
+
+class LinkTier(BaseModel):
+    """One tier of the network as seen by one GPU (alpha-beta model)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Tier name, e.g. nvlink or infiniband.")
+    bw_bytes_per_s: float = Field(gt=0, description="Per-GPU unidirectional link bandwidth, bytes/s.")
+    latency_s: float = Field(ge=0, description="Per-message latency (alpha), seconds.")
+    efficiency: float = Field(
+        0.8, gt=0, le=1, description="Achievable bus bandwidth as a fraction of the link rate (NCCL busbw)."
+    )
+
+    @property
+    def bus_bw_bytes_per_s(self) -> float:
+        return self.bw_bytes_per_s * self.efficiency
+
+
+class ClusterSpec(BaseModel):
+    """Identical GPUs grouped in NVLink domains joined by a scale-out network."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Cluster preset name.")
+    gpu: GpuSpec = Field(description="The GPU every rank runs on.")
+    gpus_per_node: int = Field(gt=0, description="GPUs per server (torchrun --nproc-per-node).")
+    nvlink_domain_size: int | None = Field(
+        None, gt=0, description="GPUs sharing one NVLink/NVSwitch domain; default: gpus_per_node (72 for GB200 NVL72)."
+    )
+    intra_node: LinkTier = Field(description="The tier inside an NVLink domain.")
+    inter_node: LinkTier = Field(description="The scale-out tier between domains, per GPU (one NIC per GPU).")
+    max_gpus: int | None = Field(None, gt=0, description="Largest GPU count this cluster has, if bounded.")
+    source: str = Field("", description="Datasheets the numbers come from.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ClusterSpec":
+        domain = self.domain_size
+        if domain % self.gpus_per_node and self.gpus_per_node % domain:
+            raise SpecError(
+                f"nvlink_domain_size ({domain}) and gpus_per_node ({self.gpus_per_node}) must divide one another"
+            )
+        return self
+
+    @property
+    def domain_size(self) -> int:
+        return self.nvlink_domain_size or self.gpus_per_node

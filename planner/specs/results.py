@@ -1,0 +1,80 @@
+"""Estimate, Plan and PlanResult: what the cost model and the search return.
+
+`--format json` prints `PlanResult.model_dump(mode="json")`; field names are the
+public contract (DESIGN.md) and are never renamed.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.specs.hardware import ClusterSpec
+from planner.specs.model import ModelSpec
+from planner.specs.strategy import Strategy
+from planner.specs.train import TrainSpec
+
+
+class Estimate(BaseModel):
+    """What the cost model predicts for one strategy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step_time_s: float = Field(description="Seconds per optimizer step.")
+    tokens_per_s: float = Field(description="Training tokens per second, whole job.")
+    tokens_per_s_per_gpu: float = Field(description="Training tokens per second per GPU.")
+    model_tflops_per_gpu: float = Field(description="Model TFLOP/s per GPU (6·N·T-style count, recompute excluded).")
+    hardware_tflops_per_gpu: float = Field(description="Hardware TFLOP/s per GPU (recompute included).")
+    mfu: float = Field(description="Model FLOPs utilisation: model FLOP/s ÷ dense peak (0..1).")
+    peak_memory_bytes: float = Field(description="Peak memory of the most-loaded rank, bytes.")
+    memory_capacity_bytes: float = Field(description="Usable memory per GPU, bytes (HBM capacity).")
+    memory_bytes: dict[str, float] = Field(description="Peak-memory breakdown of the most-loaded rank, bytes per term.")
+    time_s: dict[str, float] = Field(description="Step-time breakdown, seconds per term (exposed time only).")
+    binding_stage: str = Field(description="Pipeline stage that binds memory: first, middle or last.")
+    binding_memory_term: str = Field(description="Largest term of the memory breakdown.")
+    num_microbatches: int = Field(description="Micro-batches per step per pipeline.")
+    bubble_fraction: float = Field(description="Pipeline bubble ÷ ideal compute time: (pp-1)/(vpp·m).")
+    fits: bool = Field(description="Peak memory fits in the GPU's memory.")
+    reasons: list[str] = Field(default_factory=list, description="Why the strategy is invalid or does not fit; empty when it does.")
+
+
+class Plan(BaseModel):
+    """A ranked strategy with its estimate and the inputs it was made for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(description="1 = fastest feasible strategy.")
+    strategy: Strategy = Field(description="The parallel layout.")
+    estimate: Estimate = Field(description="The cost model's prediction.")
+    model: ModelSpec = Field(description="The model the plan is for.")
+    cluster: ClusterSpec = Field(description="The cluster the plan is for.")
+    train: TrainSpec = Field(description="Batch, sequence and precision the plan is for.")
+    num_gpus: int = Field(description="GPUs the plan uses.")
+
+
+
+class SearchStats(BaseModel):
+    """How the search went."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_candidates: int = Field(description="Strategies enumerated and evaluated.")
+    num_valid: int = Field(description="Strategies passing the divisibility and support rules.")
+    num_feasible: int = Field(description="Valid strategies that fit in memory.")
+    rejected: dict[str, int] = Field(description="Rejected candidates counted by reason.")
+    search_time_s: float = Field(description="Wall time of enumeration, evaluation and ranking, seconds.")
+
+
+class PlanResult(BaseModel):
+    """The ranked plans for one (model, cluster, GPU count, training) question."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    plans: list[Plan] = Field(description="Best first; at most top_k.")
+    closest: list[Plan] = Field(
+        default_factory=list, description="When nothing fits: the valid strategies that came closest to fitting."
+    )
+    stats: SearchStats = Field(description="Counts and timing of the search.")
+    model: ModelSpec
+    cluster: ClusterSpec
+    train: TrainSpec
+    num_gpus: int

@@ -1,0 +1,115 @@
+"""Strategy: one point of the search space.
+
+Rank layout follows Megatron-core: tp is innermost, then cp, then dp, then pp
+outermost (ep and etp subdivide the data/tensor parallel ranks of expert
+layers). A 16-GPU worked example with tp=2, dp=2, pp=4: ranks 0-1 form TP group
+0, ranks {0,2} a DP group, and ranks {0,4,8,12} one pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.errors import SpecError
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
+
+
+class Strategy(BaseModel):
+    """Parallel degrees, ZeRO stage, micro-batch and recomputation of one training run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dp: int | Literal["auto"] = Field("auto", description="Data parallel degree; 'auto' = GPUs / (tp·cp·pp).")
+    tp: int = Field(1, ge=1, description="Tensor (model) parallel degree.")
+    pp: int = Field(1, ge=1, description="Pipeline parallel degree (stages).")
+    cp: int = Field(1, ge=1, description="Context parallel degree (sequence split across ranks in attention).")
+    ep: int = Field(1, ge=1, description="Expert parallel degree (MoE layers only; 1 for dense models).")
+    etp: int = Field(1, ge=1, description="Tensor parallel degree inside experts (MoE layers only).")
+    vpp: int = Field(1, ge=1, description="Virtual pipeline chunks per stage (interleaved 1F1B); 1 = plain 1F1B.")
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism inside the TP group (needs tp > 1).")
+    zero_stage: int = Field(
+        0, ge=0, le=3,
+        description="0: replicated optimizer; 1: optimizer states sharded over dp (Megatron distributed optimizer); "
+        "2: + gradients sharded; 3: + parameters sharded (FSDP full shard).",
+    )
+    micro_batch_size: int = Field(1, ge=1, description="Sequences per micro-batch per data parallel replica.")
+    recompute: Recompute = Field("none", description="Activation recomputation: none, selective (attention core) or full (whole layer).")
+    recompute_num_layers: int | None = Field(
+        None, ge=1,
+        description="With full recompute, how many layers per pipeline chunk are recomputed (Megatron's block "
+        "method); None = all of them.",
+    )
+    offload_optimizer: bool = Field(False, description="Optimizer states and step on the CPU (ZeRO-Offload).")
+    num_layers_in_first_stage: int | None = Field(
+        None, ge=1, description="Layers on the first pipeline stage when the split is uneven; None = even split."
+    )
+    num_layers_in_last_stage: int | None = Field(
+        None, ge=1, description="Layers on the last pipeline stage when the split is uneven; None = even split."
+    )
+    overlap_grad_reduce: bool = Field(True, description="Overlap the data parallel gradient reduction with backward.")
+    overlap_param_gather: bool = Field(True, description="Overlap the ZeRO parameter all-gather with forward.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Strategy":
+        if isinstance(self.dp, int) and self.dp < 1:
+            raise SpecError(f"dp ({self.dp}) must be >= 1 or 'auto'")
+        if self.sequence_parallel and self.tp == 1:
+            raise SpecError("sequence_parallel requires tp > 1 (tp is 1)")
+        if self.vpp > 1 and self.pp == 1:
+            raise SpecError(f"vpp ({self.vpp}) > 1 requires pp > 1 (pp is 1)")
+        if self.recompute_num_layers is not None and self.recompute != "full":
+            raise SpecError(f"recompute_num_layers ({self.recompute_num_layers}) needs recompute='full' (is {self.recompute!r})")
+        uneven = (self.num_layers_in_first_stage, self.num_layers_in_last_stage)
+        if any(v is not None for v in uneven) and self.pp == 1:
+            raise SpecError("num_layers_in_first_stage/last_stage need pp > 1 (pp is 1)")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise SpecError("offload_optimizer needs zero_stage >= 1 (ZeRO-Offload shards the optimizer)")
+        return self
+
+    @property
+    def model_parallel_size(self) -> int:
+        """GPUs holding one model replica: tp·cp·pp."""
+        return self.tp * self.cp * self.pp
+
+    @property
+    def num_gpus(self) -> int:
+        if self.dp == "auto":
+            raise SpecError("dp is 'auto'; resolve the strategy for a GPU count first")
+        return self.dp * self.model_parallel_size
+
+    def resolve(self, num_gpus: int) -> "Strategy":
+        """Fix dp='auto' from the GPU count; check the product of the degrees."""
+        mp = self.model_parallel_size
+        if self.dp == "auto":
+            if num_gpus % mp:
+                raise SpecError(f"tp·cp·pp ({mp}) must divide the number of GPUs ({num_gpus})")
+            return self.model_copy(update={"dp": num_gpus // mp})
+        if self.dp * mp != num_gpus:
+            raise SpecError(f"dp·tp·cp·pp ({self.dp}·{self.tp}·{self.cp}·{self.pp} = {self.dp * mp}) must equal the number of GPUs ({num_gpus})")
+        return self
+
+    def num_microbatches(self, global_batch_size: int) -> int:
+        """global_batch_size / (micro_batch_size · dp); the caller checks divisibility."""
+        if self.dp == "auto":
+            raise SpecError("dp is 'auto'; resolve the strategy for a GPU count first")
+        return global_batch_size // (self.micro_batch_size * self.dp)
+
+    def short(self) -> str:
+        """Compact label, e.g. `dp16 tp8 pp8 vpp3 sp z1 mbs1 rc=selective`."""
+        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.vpp > 1:
+            parts.append(f"vpp{self.vpp}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        parts += [f"z{self.zero_stage}", f"mbs{self.micro_batch_size}", f"rc={self.recompute}"]
+        if self.recompute_num_layers:
+            parts.append(f"rcl{self.recompute_num_layers}")
+        if self.offload_optimizer:
+            parts.append("offload")
+        return " ".join(parts)

@@ -1,0 +1,36 @@
+"""TrainSpec: what one optimizer step is (batch, sequence, precision, optimizer)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrainSpec(BaseModel):
+    """Global batch, sequence length, precision and optimizer of the training run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    global_batch_size: int = Field(gt=0, description="Sequences per optimizer step.")
+    seq_len: int = Field(gt=0, description="Tokens per sequence.")
+    precision: Literal["bf16", "fp16", "fp8"] = Field(
+        "bf16", description="Compute precision of the GEMMs (fp8: delayed-scaling GEMMs, bf16 elsewhere)."
+    )
+    grad_precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32",
+        description="Precision of the gradient buffer that is reduced across data parallel ranks "
+        "(fp32 = Megatron's main grads; fp16 = the ZeRO paper's accounting).",
+    )
+    optimizer: Literal["adam", "sgd"] = Field(
+        "adam", description="adam: fp32 master weights + two fp32 moments; sgd: fp32 master weights + one moment."
+    )
+    attention_kernel: Literal["flash", "unfused"] = Field(
+        "flash",
+        description="flash: attention scores are never stored; unfused: the a·s² score, softmax and "
+        "dropout tensors are stored (Megatron 2021-22, Korthikanti et al.).",
+    )
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len

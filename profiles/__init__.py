@@ -1,0 +1,217 @@
+"""Hardware, cluster, model and calibration data, and their loaders.
+
+Layout: `gpus/*.yaml`, `clusters/*.yaml`, `models/*.yaml` (one file each, each
+with a `source:`), `calibration/<gpu>.yaml` (fitted efficiencies, each naming
+the rows it was fitted on). Extra directories with the same layout can be added
+with the environment variable `MESHPLAN_PROFILES` (os.pathsep-separated); they
+take precedence over the shipped files.
+
+YAML carries vendor units in key names (`memory_gib`, `peak_tflops`,
+`hbm_bw_gb_per_s`, `bw_gb_per_s`, `latency_us`); loading converts to SI.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from planner.errors import SpecError, unknown_name_message
+from planner.specs import ClusterSpec, GpuSpec, LinkTier, ModelSpec
+
+PROFILES_DIR = Path(__file__).resolve().parent
+GIB = 2**30
+GB = 1e9
+TERA = 1e12
+MICRO = 1e-6
+
+
+def search_dirs() -> list[Path]:
+    extra = [Path(p) for p in os.environ.get("MESHPLAN_PROFILES", "").split(os.pathsep) if p]
+    return [*extra, PROFILES_DIR]
+
+
+def _names(kind: str) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in reversed(search_dirs()):
+        for path in sorted((d / kind).glob("*.yaml")):
+            found[path.stem] = path
+    return found
+
+
+def list_presets(kind: str) -> list[str]:
+    """Preset names of `kind` ('models', 'clusters', 'gpus')."""
+    return sorted(_names(kind))
+
+
+def read_yaml(path: Path, what: str) -> dict[str, Any]:
+    """Read a YAML mapping with safe_load; errors name the file and the problem."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{what} file {str(path)!r} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{what} file {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{what} file {str(path)!r} must hold a mapping, not {type(data).__name__}")
+    return data
+
+
+def _resolve(kind: str, ref: str) -> Path:
+    candidate = Path(ref)
+    if candidate.suffix in {".yaml", ".yml", ".json"} or os.sep in ref:
+        if not candidate.exists():
+            raise SpecError(f"{kind[:-1]} file {ref!r} does not exist")
+        return candidate
+    names = _names(kind)
+    if ref not in names:
+        raise SpecError(unknown_name_message(f"{kind[:-1]} preset", ref, list(names)))
+    return names[ref]
+
+
+def _validated(cls: type, data: dict[str, Any], what: str):
+    try:
+        return cls(**data)
+    except ValidationError as exc:
+        raise SpecError(f"invalid {what}: {format_validation_error(exc)}") from None
+    except TypeError as exc:
+        raise SpecError(f"invalid {what}: {exc}") from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem: `field: message (value)`."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "input"
+        msg = err.get("msg", "")
+        msg = msg.removeprefix("Value error, ")
+        value = err.get("input")
+        shown = f" (got {value!r})" if err.get("type") != "value_error" and not isinstance(value, dict) else ""
+        parts.append(f"{loc}: {msg}{shown}")
+    return "; ".join(parts)
+
+
+# ---- GPUs ------------------------------------------------------------------
+def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
+    """Convert a GPU YAML mapping (vendor units) to a GpuSpec (SI units)."""
+    data = dict(data)
+    try:
+        fields: dict[str, Any] = {
+            "name": data.pop("name"),
+            "memory_bytes": float(data.pop("memory_gib")) * GIB,
+            "peak_flop_per_s": {k: float(v) * TERA for k, v in dict(data.pop("peak_tflops")).items()},
+            "hbm_bw_bytes_per_s": float(data.pop("hbm_bw_gb_per_s")) * GB,
+        }
+    except KeyError as exc:
+        raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{what} has a non-numeric value: {exc}") from None
+    fields["framework_reserve_bytes"] = float(data.pop("framework_reserve_gib", 0.0)) * GIB
+    data.pop("framework_reserve_source", None)
+    calib = data.pop("calibration", None)
+    for key, conv in (("gemm_efficiency", 1.0), ("hbm_efficiency", 1.0), ("kernel_overhead_us", MICRO)):
+        if key in data:
+            fields[key.replace("_us", "_s")] = float(data.pop(key)) * conv
+    fields["source"] = str(data.pop("source", ""))
+    if calib:
+        fields["calibration"] = str(calib)
+    if data:
+        raise SpecError(f"{what} has unknown field(s): {', '.join(sorted(data))}")
+    return _validated(GpuSpec, fields, what)
+
+
+def load_gpu(ref: str | GpuSpec) -> GpuSpec:
+    """A GPU by preset name (e.g. 'h100-sxm') or YAML path, with its calibration applied."""
+    if isinstance(ref, GpuSpec):
+        return ref
+    path = _resolve("gpus", ref)
+    data = read_yaml(path, "GPU profile")
+    calib = _calibration_for(path.stem)
+    if calib:
+        data.update(calib)
+    return gpu_from_yaml(data, f"GPU profile {path.name}")
+
+
+def _calibration_for(gpu_key: str) -> dict[str, Any]:
+    for d in search_dirs():
+        path = d / "calibration" / f"{gpu_key}.yaml"
+        if path.exists():
+            calib = read_yaml(path, "calibration")
+            fitted_on = calib.pop("fitted_on", "")
+            calib.pop("method", None)
+            calib.pop("residuals", None)
+            out = {k: calib[k] for k in ("gemm_efficiency", "hbm_efficiency", "kernel_overhead_us") if k in calib}
+            out["calibration"] = f"{path.name}: fitted on {fitted_on}" if fitted_on else path.name
+            return out
+    return {}
+
+
+# ---- clusters --------------------------------------------------------------
+def _tier(data: Any, what: str) -> LinkTier:
+    if not isinstance(data, dict):
+        raise SpecError(f"{what} must be a mapping with name, bw_gb_per_s, latency_us")
+    data = dict(data)
+    try:
+        fields = {
+            "name": data.pop("name"),
+            "bw_bytes_per_s": float(data.pop("bw_gb_per_s")) * GB,
+            "latency_s": float(data.pop("latency_us")) * MICRO,
+        }
+    except KeyError as exc:
+        raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{what} has a non-numeric value: {exc}") from None
+    if "efficiency" in data:
+        fields["efficiency"] = data.pop("efficiency")
+    if data:
+        raise SpecError(f"{what} has unknown field(s): {', '.join(sorted(data))}")
+    return _validated(LinkTier, fields, what)
+
+
+def cluster_from_yaml(data: dict[str, Any], what: str = "cluster") -> ClusterSpec:
+    data = dict(data)
+    gpu = data.pop("gpu", None)
+    if gpu is None:
+        raise SpecError(f"{what} lacks required field 'gpu' (a GPU preset name or mapping)")
+    gpu_spec = gpu_from_yaml(gpu, f"{what}.gpu") if isinstance(gpu, dict) else load_gpu(str(gpu))
+    fields = {
+        "name": data.pop("name", what),
+        "gpu": gpu_spec,
+        "intra_node": _tier(data.pop("intra_node", None), f"{what}.intra_node"),
+        "inter_node": _tier(data.pop("inter_node", None), f"{what}.inter_node"),
+    }
+    for key in ("gpus_per_node", "nvlink_domain_size", "max_gpus", "source"):
+        if key in data:
+            fields[key] = data.pop(key)
+    if data:
+        raise SpecError(f"{what} has unknown field(s): {', '.join(sorted(data))}")
+    return _validated(ClusterSpec, fields, what)
+
+
+def load_cluster(ref: str | Path | ClusterSpec | dict) -> ClusterSpec:
+    """A cluster by preset name ('dgx-h100'), YAML path, mapping or ClusterSpec."""
+    if isinstance(ref, ClusterSpec):
+        return ref
+    if isinstance(ref, dict):
+        return cluster_from_yaml(ref, "cluster")
+    path = _resolve("clusters", str(ref))
+    return cluster_from_yaml(read_yaml(path, "cluster"), f"cluster {path.stem}")
+
+
+# ---- models ----------------------------------------------------------------
+def load_model(ref: str | Path | ModelSpec | dict) -> ModelSpec:
+    """A model by preset name, ModelSpec, mapping, YAML path, or HF config.json path/dict."""
+    if isinstance(ref, ModelSpec):
+        return ref
+    if isinstance(ref, dict):
+        if "model_type" in ref or "num_hidden_layers" in ref or "n_layer" in ref:
+            return ModelSpec.from_hf_config(ref)
+        return _validated(ModelSpec, ref, "model")
+    text = str(ref)
+    if text.endswith(".json"):
+        return ModelSpec.from_hf_config(text)
+    path = _resolve("models", text)
+    return _validated(ModelSpec, read_yaml(path, "model"), f"model {path.stem}")

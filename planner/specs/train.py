@@ -14,8 +14,10 @@ class TrainSpec(BaseModel):
 
     global_batch_size: int = Field(gt=0, description="Sequences per optimizer step.")
     seq_len: int = Field(gt=0, description="Tokens per sequence.")
-    precision: Literal["bf16", "fp16", "fp8"] = Field(
-        "bf16", description="Compute precision of the GEMMs (fp8: delayed-scaling GEMMs, bf16 elsewhere)."
+    precision: Literal["bf16", "fp16", "fp8", "fp32"] = Field(
+        "bf16",
+        description="Compute precision of the GEMMs (fp8: FP8 GEMMs with bf16 weights and activations; "
+        "fp32: full precision, e.g. CPU runs).",
     )
     grad_precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32",

@@ -1,0 +1,85 @@
+"""Communication: collectives and point-to-point transfers (alpha-beta model).
+
+`CommModel` is the interface the step model uses; `TierCommModel` implements it
+with two link tiers (inside an NVLink domain, and the scale-out network). A
+topology-graph model can replace it by implementing the same three methods.
+
+Groups are described by their size and the rank stride between members, which
+follow from Megatron's rank order (tp innermost, then cp, dp, pp): a TP group
+has stride 1, a CP group stride tp, a DP group stride tp·cp, and a pipeline
+stride tp·cp·dp.
+
+Time conventions (NCCL's bus-bandwidth convention, nccl-tests PERFORMANCE.md):
+  all-reduce       2·(n-1)/n · bytes / busbw
+  all-gather       (n-1)/n · bytes / busbw      (bytes = the gathered, full size)
+  reduce-scatter   (n-1)/n · bytes / busbw      (bytes = the full input size)
+plus a latency term: 2·⌈log2 n⌉ hops for all-reduce (NCCL switches to trees at
+scale) and n - 1 hops for all-gather and reduce-scatter (ring only).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class CommModel(Protocol):
+    """Contract: pure functions of numpy arrays, broadcasting over candidates;
+    bytes in, seconds out, zero for a group of one rank; never negative."""
+
+    def all_reduce_s(self, nbytes, size, stride) -> np.ndarray: ...
+
+    def gather_scatter_s(self, nbytes, size, stride) -> np.ndarray:
+        """One all-gather or one reduce-scatter of `nbytes` (full size)."""
+        ...
+
+    def p2p_s(self, nbytes, stride, span) -> np.ndarray:
+        """One point-to-point transfer between ranks `stride` apart, in a group
+        spanning `span` consecutive ranks."""
+        ...
+
+
+class TierCommModel:
+    """Two-tier alpha-beta model of a cluster of NVLink domains.
+
+    A group that fits in one NVLink domain (size·stride ≤ domain) runs at the
+    intra-domain bus bandwidth. A group that spans domains is limited by the
+    scale-out NICs: with one NIC per GPU and k members per domain, k NICs carry
+    its traffic (other groups use the others), so busbw = min(intra, k · inter).
+    """
+
+    def __init__(self, cluster) -> None:
+        self.domain = cluster.domain_size
+        self.intra_bw = cluster.intra_node.bus_bw_bytes_per_s
+        self.intra_lat = cluster.intra_node.latency_s
+        self.inter_bw = cluster.inter_node.bus_bw_bytes_per_s
+        self.inter_lat = cluster.inter_node.latency_s
+
+    def _tier(self, size, stride):
+        size, stride = np.asarray(size, dtype=float), np.asarray(stride, dtype=float)
+        inside = size * stride <= self.domain
+        members_per_domain = np.clip(self.domain // np.maximum(stride, 1), 1, size)
+        bw = np.where(inside, self.intra_bw, np.minimum(self.intra_bw, self.inter_bw * members_per_domain))
+        lat = np.where(inside, self.intra_lat, self.inter_lat)
+        return bw, lat
+
+    def all_reduce_s(self, nbytes, size, stride) -> np.ndarray:
+        n = np.asarray(size, dtype=float)
+        bw, lat = self._tier(n, stride)
+        t = 2 * (n - 1) / n * nbytes / bw + 2 * np.ceil(np.log2(np.maximum(n, 1))) * lat
+        return np.where(n > 1, t, 0.0)
+
+    def gather_scatter_s(self, nbytes, size, stride) -> np.ndarray:
+        n = np.asarray(size, dtype=float)
+        bw, lat = self._tier(n, stride)
+        t = (n - 1) / n * nbytes / bw + (n - 1) * lat
+        return np.where(n > 1, t, 0.0)
+
+    def p2p_s(self, nbytes, stride, span) -> np.ndarray:
+        """Pipeline neighbours cross a domain boundary somewhere once the pipeline
+        spans more than one domain; the slowest hop sets the pace."""
+        inside = np.asarray(span) <= self.domain
+        link_bw = np.where(inside, self.intra_bw, self.inter_bw)
+        lat = np.where(inside, self.intra_lat, self.inter_lat)
+        return nbytes / link_bw + lat

@@ -1,0 +1,136 @@
+"""Which strategies are valid for a model, batch and GPU count: one place, vectorised.
+
+Each rule is a `Rule(key, ok, message)`: `ok(ctx, st)` returns a boolean array
+over candidates, `message(ctx, row)` explains one failing row, naming the field,
+the rule and the values. The search counts rejections by `key`; `evaluate()`
+lists every failing rule's message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from cost_models.arrays import StrategyArrays
+
+
+@dataclass(frozen=True)
+class Context:
+    model: object
+    train: object
+    num_gpus: int
+
+
+@dataclass(frozen=True)
+class Rule:
+    key: str
+    ok: Callable[[Context, StrategyArrays], np.ndarray]
+    message: Callable[[Context, dict], str]
+
+
+def _layers_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
+    L = ctx.model.num_layers
+    first, last, pp, vpp = st.num_layers_in_first_stage, st.num_layers_in_last_stage, st.pp, st.vpp
+    uneven = (first > 0) | (last > 0)
+    even_ok = L % (pp * vpp) == 0
+    rest = L - first - last
+    inner = pp - (first > 0) - (last > 0)
+    inner_ok = np.where(inner > 0, (rest > 0) & (rest % np.maximum(inner, 1) == 0), rest == 0)
+    uneven_ok = (pp > 1) & (vpp == 1) & inner_ok & (first <= L) & (last <= L)
+    return np.where(uneven, uneven_ok, even_ok)
+
+
+def _layers_msg(ctx: Context, r: dict) -> str:
+    L = ctx.model.num_layers
+    if r["num_layers_in_first_stage"] or r["num_layers_in_last_stage"]:
+        return (f"uneven pipeline: num_layers ({L}) minus first ({r['num_layers_in_first_stage'] or 0}) and last "
+                f"({r['num_layers_in_last_stage'] or 0}) stage layers must split evenly over the other stages of "
+                f"pp ({r['pp']}), with vpp 1 (vpp is {r['vpp']})")
+    return f"pp·vpp ({r['pp']}·{r['vpp']}) must divide num_layers ({L})"
+
+
+def _microbatches(ctx: Context, st: StrategyArrays) -> np.ndarray:
+    return ctx.train.global_batch_size // (st.micro_batch_size * st.dp)
+
+
+def _chunk_layers(ctx: Context, st: StrategyArrays) -> np.ndarray:
+    first = np.where(st.num_layers_in_first_stage > 0, st.num_layers_in_first_stage, ctx.model.num_layers // st.pp)
+    return np.maximum(first // st.vpp, 1)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("gpus",
+         lambda c, s: s.dp * s.tp * s.cp * s.pp == c.num_gpus,
+         lambda c, r: f"dp·tp·cp·pp ({r['dp']}·{r['tp']}·{r['cp']}·{r['pp']}) must equal the number of GPUs ({c.num_gpus})"),
+    Rule("tp_heads",
+         lambda c, s: c.model.num_attention_heads % s.tp == 0,
+         lambda c, r: f"tp ({r['tp']}) must divide num_attention_heads ({c.model.num_attention_heads})"),
+    Rule("tp_kv_heads",
+         lambda c, s: c.model.kv_heads % s.tp == 0,
+         lambda c, r: f"tp ({r['tp']}) must divide num_kv_heads ({c.model.kv_heads})"),
+    Rule("layers", _layers_ok, _layers_msg),
+    Rule("batch",
+         lambda c, s: c.train.global_batch_size % (s.micro_batch_size * s.dp) == 0,
+         lambda c, r: f"micro_batch_size·dp ({r['micro_batch_size']}·{r['dp']}) must divide global_batch_size "
+                      f"({c.train.global_batch_size})"),
+    Rule("vpp_pp",
+         lambda c, s: (s.vpp == 1) | (s.pp > 1),
+         lambda c, r: f"vpp ({r['vpp']}) > 1 requires pp > 1"),
+    Rule("interleave_microbatches",
+         lambda c, s: (s.vpp == 1) | (_microbatches(c, s) % s.pp == 0),
+         lambda c, r: f"with vpp > 1, num_microbatches ({c.train.global_batch_size // (r['micro_batch_size'] * r['dp'])}) "
+                      f"must be a multiple of pp ({r['pp']})"),
+    Rule("cp_seq",
+         lambda c, s: (s.cp == 1) | (c.train.seq_len % (2 * s.cp) == 0),
+         lambda c, r: f"seq_len ({c.train.seq_len}) must be divisible by 2·cp ({2 * r['cp']}) for load-balanced context parallelism"),
+    Rule("sp_tp",
+         lambda c, s: ~s.sequence_parallel | (s.tp > 1),
+         lambda c, r: "sequence_parallel requires tp > 1"),
+    Rule("sp_seq",
+         lambda c, s: ~s.sequence_parallel | ((c.train.seq_len // s.cp) % s.tp == 0),
+         lambda c, r: f"with sequence_parallel, seq_len/cp ({c.train.seq_len // r['cp']}) must be divisible by tp ({r['tp']})"),
+    Rule("ep_dense",
+         lambda c, s: (s.ep == 1) & (s.etp == 1),
+         lambda c, r: f"ep ({r['ep']}) and etp ({r['etp']}) must be 1: model {c.model.name} is dense (no experts)"),
+    Rule("recompute_layers",
+         lambda c, s: (s.recompute_num_layers == 0) | ((s.recompute == 2) & (s.recompute_num_layers <= _chunk_layers(c, s))),
+         lambda c, r: f"recompute_num_layers ({r['recompute_num_layers']}) needs recompute='full' and must not exceed "
+                      f"the layers per pipeline chunk"),
+    Rule("offload",
+         lambda c, s: ~s.offload_optimizer,
+         lambda c, r: "offload_optimizer is not modelled yet (host memory and PCIe are not in ClusterSpec)"),
+    Rule("zero_offload",
+         lambda c, s: ~s.offload_optimizer | (s.zero_stage >= 1),
+         lambda c, r: "offload_optimizer needs zero_stage >= 1"),
+)
+
+
+def check(ctx: Context, st: StrategyArrays) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(valid mask, per-rule failure masks). A candidate is valid when no rule fails."""
+    failures = {rule.key: ~np.asarray(rule.ok(ctx, st), dtype=bool) for rule in RULES}
+    invalid = np.zeros(len(st), dtype=bool)
+    for mask in failures.values():
+        invalid |= mask
+    return ~invalid, failures
+
+
+def first_failure_counts(failures: dict[str, np.ndarray]) -> dict[str, int]:
+    """Count each rejected candidate once, under the first rule it breaks."""
+    counts: dict[str, int] = {}
+    taken = None
+    for key, mask in failures.items():
+        new = mask if taken is None else mask & ~taken
+        n = int(new.sum())
+        if n:
+            counts[key] = n
+        taken = mask if taken is None else taken | mask
+    return counts
+
+
+def messages(ctx: Context, st: StrategyArrays, i: int) -> list[str]:
+    """Every rule row i breaks, as messages."""
+    _, failures = check(ctx, st.take(slice(i, i + 1)))
+    row = st.row(i)
+    return [rule.message(ctx, row) for rule in RULES if failures[rule.key][0]]

@@ -1,0 +1,115 @@
+"""Exhaustive search: enumerate, check rules, score all at once, rank.
+
+Ranking: fastest predicted step first (highest tokens/s); ties go to the lower
+peak memory, then to the simpler layout (fewer model-parallel GPUs).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from cost_models import CostArrays, StrategyArrays, evaluate_arrays
+from cost_models.schedule import STAGE_NAMES
+from cost_models.step import MEMORY_TERMS, TIME_TERMS
+from planner.errors import SpecError
+from planner.rules import Context, check, first_failure_counts, messages
+from planner.space import enumerate_space
+from planner.specs import Estimate, Plan, PlanResult, SearchStats, Strategy
+
+GIB = 2**30
+NUM_CLOSEST = 3
+
+
+def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) -> PlanResult:
+    start = time.perf_counter()
+    space = enumerate_space(model, train, num_gpus, constraints)
+    ctx = Context(model, train, num_gpus)
+    valid, failures = check(ctx, space)
+    rejected = first_failure_counts(failures)
+    candidates = space.take(valid)
+    costs = evaluate_arrays(model, cluster, train, candidates)
+    fits = costs.fits
+    over = ~fits
+    if over.any():
+        terms = np.stack([costs.memory_bytes[t] for t in MEMORY_TERMS])
+        binding_term = np.argmax(terms, axis=0)
+        for j, term in enumerate(MEMORY_TERMS):
+            n = int((over & (binding_term == j)).sum())
+            if n:
+                rejected[f"memory ({term} largest)"] = n
+    feasible = np.flatnonzero(fits)
+    order = feasible[np.lexsort((
+        (candidates.tp * candidates.cp * candidates.pp)[feasible],
+        costs.peak_memory_bytes[feasible],
+        costs.step_time_s[feasible],
+    ))][:top_k]
+    closest: list[int] = []
+    if len(feasible) == 0 and len(candidates):
+        excess = costs.peak_memory_bytes - costs.memory_capacity_bytes
+        closest = list(np.argsort(excess, kind="stable")[:NUM_CLOSEST])
+    elapsed = time.perf_counter() - start
+
+    def make_plan(rank: int, i: int) -> Plan:
+        strategy = Strategy(**candidates.row(int(i)))
+        est = estimate_from(costs, int(i), num_gpus, train, reasons=_memory_reason(costs, int(i)))
+        return Plan(rank=rank, strategy=strategy, estimate=est, model=model, cluster=cluster, train=train,
+                    num_gpus=num_gpus)
+
+    stats = SearchStats(num_candidates=len(space), num_valid=len(candidates), num_feasible=int(len(feasible)),
+                        rejected=rejected, search_time_s=elapsed)
+    return PlanResult(
+        plans=[make_plan(r + 1, i) for r, i in enumerate(order)],
+        closest=[make_plan(r + 1, i) for r, i in enumerate(closest)],
+        stats=stats, model=model, cluster=cluster, train=train, num_gpus=num_gpus,
+    )
+
+
+def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:
+    """Score one resolved strategy; rule violations and memory overflow become reasons."""
+    st = StrategyArrays.from_strategies([strategy])
+    num_gpus = strategy.num_gpus
+    ctx = Context(model, train, num_gpus)
+    reasons = messages(ctx, st, 0)
+    costs = evaluate_arrays(model, cluster, train, st)
+    reasons += _memory_reason(costs, 0)
+    return estimate_from(costs, 0, num_gpus, train, reasons=reasons)
+
+
+def _memory_reason(costs: CostArrays, i: int) -> list[str]:
+    peak, cap = costs.peak_memory_bytes[i], costs.memory_capacity_bytes
+    if peak <= cap:
+        return []
+    term = max(MEMORY_TERMS, key=lambda t: costs.memory_bytes[t][i])
+    return [f"peak memory {peak / GIB:.1f} GiB > {cap / GIB:.1f} GiB per GPU by {(peak - cap) / GIB:.1f} GiB on the "
+            f"{STAGE_NAMES[costs.binding_stage[i]]} pipeline stage (largest term: {term} "
+            f"{costs.memory_bytes[term][i] / GIB:.1f} GiB)"]
+
+
+def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list[str]) -> Estimate:
+    step = float(costs.step_time_s[i])
+    if not np.isfinite(step) or step <= 0:
+        raise SpecError(f"the cost model produced a non-positive step time ({step}) for this strategy")
+    tokens = train.global_batch_size * train.seq_len
+    model_flop = float(costs.model_flop_per_step[i])
+    hw_flop = float(costs.hardware_flop_per_step[i])
+    memory = {k: float(v[i]) for k, v in costs.memory_bytes.items()}
+    return Estimate(
+        step_time_s=step,
+        tokens_per_s=tokens / step,
+        tokens_per_s_per_gpu=tokens / step / num_gpus,
+        model_tflops_per_gpu=model_flop / step / num_gpus / 1e12,
+        hardware_tflops_per_gpu=hw_flop / step / num_gpus / 1e12,
+        mfu=model_flop / step / num_gpus / costs.peak_flop_per_s,
+        peak_memory_bytes=float(costs.peak_memory_bytes[i]),
+        memory_capacity_bytes=float(costs.memory_capacity_bytes),
+        memory_bytes=memory,
+        time_s={k: float(costs.time_s[k][i]) for k in TIME_TERMS},
+        binding_stage=STAGE_NAMES[int(costs.binding_stage[i])],
+        binding_memory_term=max(memory, key=memory.get),
+        num_microbatches=int(costs.num_microbatches[i]),
+        bubble_fraction=float(costs.bubble_fraction[i]),
+        fits=not reasons,
+        reasons=reasons,
+    )

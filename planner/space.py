@@ -1,0 +1,193 @@
+"""The search space: every strategy worth scoring, as StrategyArrays.
+
+Default choices per field (constraints replace them):
+- tp, cp, pp: divisors of the GPU count; tp ≤ num_attention_heads, pp ≤ num_layers,
+  cp only where each rank keeps at least `MIN_CP_TOKENS` tokens; dp = GPUs / (tp·cp·pp).
+- vpp: 1 and every v > 1 that divides the layers per stage. When pp does not
+  divide the layers, one uneven split: middle stages get ⌈L/pp⌉ layers and the
+  first and last stages share the rest (Megatron's first/last-stage layer flags).
+- micro_batch_size: every divisor of global_batch_size / dp.
+- sequence_parallel: off, and on when tp > 1. zero_stage: 0-3.
+- recompute: none, selective, full (all layers) and full with
+  recompute_num_layers = 1, 2, 4, … below the layers per chunk.
+- offload_optimizer: off; overlap_grad_reduce / overlap_param_gather: on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from cost_models.arrays import RECOMPUTE_CODE, StrategyArrays
+from planner.errors import SpecError
+from planner.specs import Strategy
+
+#: A context-parallel rank below this many tokens leaves GEMMs too thin to be worth scoring by default.
+MIN_CP_TOKENS = 512
+
+STRATEGY_FIELDS = tuple(Strategy.model_fields)
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+INT_FIELDS = {"dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "zero_stage"}
+OPTIONAL_INT_FIELDS = {"recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage"}
+BOOL_FIELDS = {"sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather"}
+
+
+def _check_value(key: str, v: Any) -> Any:
+    if key == "dp" and v == "auto":
+        return v
+    if key in INT_FIELDS or key in OPTIONAL_INT_FIELDS:
+        if v is None and key in OPTIONAL_INT_FIELDS:
+            return v
+        low = 0 if key == "zero_stage" else 1
+        if isinstance(v, bool) or not isinstance(v, int) or v < low or (key == "zero_stage" and v > 3):
+            rule = "an integer 0..3" if key == "zero_stage" else "a positive integer"
+            raise SpecError(f"constraint {key}={v!r} must be {rule}")
+        return v
+    if key in BOOL_FIELDS:
+        if not isinstance(v, bool):
+            raise SpecError(f"constraint {key}={v!r} must be true or false")
+        return v
+    if key == "recompute":
+        if v not in RECOMPUTE_CODE:
+            raise SpecError(f"constraint recompute={v!r} must be one of {', '.join(RECOMPUTE_CODE)}")
+        return v
+    raise SpecError(f"constraint field {key!r} cannot be constrained")
+
+
+def normalise_constraints(constraints: dict[str, Any]) -> dict[str, list[Any]]:
+    """Validate constraint keys and values; each becomes a list of allowed values."""
+    if not isinstance(constraints, dict):
+        raise SpecError(f"constraints must be a mapping of Strategy fields (got {type(constraints).__name__})")
+    out: dict[str, list[Any]] = {}
+    for key, value in constraints.items():
+        if key not in STRATEGY_FIELDS:
+            raise SpecError(f"unknown constraint field {key!r}; fields: {', '.join(STRATEGY_FIELDS)}")
+        values = list(value) if isinstance(value, (list, tuple, set)) else [value]
+        if not values:
+            raise SpecError(f"constraint {key!r} allows no value (empty list)")
+        out[key] = [_check_value(key, v) for v in values]
+    return out
+
+
+def _allowed(cons: dict[str, list[Any]], key: str, default: list[Any]) -> list[Any]:
+    return list(cons[key]) if key in cons else default
+
+
+def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) -> StrategyArrays:
+    """All candidate strategies for the question, constraints applied."""
+    cons = normalise_constraints(constraints)
+    L, s, B = model.num_layers, train.seq_len, train.global_batch_size
+    divs = divisors(num_gpus)
+    tps = _allowed(cons, "tp", [d for d in divs if d <= model.num_attention_heads])
+    cps = _allowed(cons, "cp", [d for d in divs if d == 1 or (s % (2 * d) == 0 and s // d >= MIN_CP_TOKENS)])
+    pps = _allowed(cons, "pp", [d for d in divs if d <= L])
+    dps = cons.get("dp")
+    inner_cols = _inner_columns(cons)
+    parts: list[StrategyArrays] = []
+    for tp, cp, pp in itertools.product(tps, cps, pps):
+        if num_gpus % (tp * cp * pp):
+            continue
+        dp = num_gpus // (tp * cp * pp)
+        if dps is not None and dp not in dps and "auto" not in dps:
+            continue
+        mbss = _allowed(cons, "micro_batch_size", divisors(B // dp) if B % dp == 0 else [1])
+        for vpp, first, last in _pipeline_splits(L, pp, cons):
+            chunk = (first or L // pp) // vpp
+            rc = _recompute_choices(cons, chunk)
+            sps = _allowed(cons, "sequence_parallel", [False, True] if tp > 1 else [False])
+            zeros = _allowed(cons, "zero_stage", [0, 1, 2, 3])
+            grid = list(itertools.product(mbss, sps, zeros, rc))
+            cols = {
+                "dp": dp, "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
+                "num_layers_in_first_stage": first, "num_layers_in_last_stage": last,
+                "micro_batch_size": np.array([g[0] for g in grid]),
+                "sequence_parallel": np.array([g[1] for g in grid], dtype=bool),
+                "zero_stage": np.array([g[2] for g in grid]),
+                "recompute": np.array([g[3][0] for g in grid]),
+                "recompute_num_layers": np.array([g[3][1] for g in grid]),
+                **inner_cols,
+            }
+            parts.append(_expand(cols, len(grid), inner_cols))
+    if not parts:
+        raise SpecError(_empty_space_message(num_gpus, cons))
+    return StrategyArrays.concat(parts)
+
+
+def _inner_columns(cons: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Fields that are rarely searched: one value each unless constrained to several."""
+    return {
+        "ep": _allowed(cons, "ep", [1]),
+        "etp": _allowed(cons, "etp", [1]),
+        "offload_optimizer": _allowed(cons, "offload_optimizer", [False]),
+        "overlap_grad_reduce": _allowed(cons, "overlap_grad_reduce", [True]),
+        "overlap_param_gather": _allowed(cons, "overlap_param_gather", [True]),
+    }
+
+
+def _expand(cols: dict[str, Any], n: int, inner: dict[str, list[Any]]) -> StrategyArrays:
+    combos = list(itertools.product(*inner.values()))
+    base = StrategyArrays.from_columns({**cols, **{k: v[0] for k, v in inner.items()}}, n)
+    if len(combos) == 1:
+        return base
+    parts = []
+    for combo in combos:
+        part = base.take(slice(None))
+        for key, value in zip(inner, combo):
+            getattr(part, key)[:] = value
+        parts.append(part)
+    return StrategyArrays.concat(parts)
+
+
+def _pipeline_splits(L: int, pp: int, cons: dict[str, list[Any]]) -> list[tuple[int, int, int]]:
+    """(vpp, first-stage layers, last-stage layers) choices; 0 = even split."""
+    vpps = cons.get("vpp")
+    firsts, lasts = cons.get("num_layers_in_first_stage"), cons.get("num_layers_in_last_stage")
+    if firsts is not None or lasts is not None:
+        return [(v, f or 0, la or 0) for v in (vpps or [1]) for f in (firsts or [None]) for la in (lasts or [None])]
+    if L % pp == 0:
+        per_stage = L // pp
+        default = [1] + ([v for v in divisors(per_stage) if v > 1] if pp > 1 else [])
+        return [(v, 0, 0) for v in (vpps or default)]
+    # Uneven: ⌈L/pp⌉ layers on middle stages, the rest shared by the first and last.
+    k = -(-L // pp)
+    rest = L - k * (pp - 2)
+    first, last = rest // 2, rest - rest // 2
+    if pp < 2 or first < 1 or last > k:
+        return [(v, 0, 0) for v in (vpps or [1])]  # invalid; the rules reject and count it
+    return [(v, first, last) for v in (vpps or [1])]
+
+
+def _recompute_choices(cons: dict[str, list[Any]], chunk_layers: int) -> list[tuple[int, int]]:
+    modes = _allowed(cons, "recompute", ["none", "selective", "full"])
+    counts = cons.get("recompute_num_layers")
+    out: list[tuple[int, int]] = []
+    for mode in modes:
+        code = RECOMPUTE_CODE[mode]
+        if mode != "full":
+            if counts is None or None in counts:
+                out.append((code, 0))
+            continue
+        if counts is not None:
+            out += [(code, n or 0) for n in counts]
+        else:
+            out.append((code, 0))
+            n = 1
+            while n < chunk_layers:
+                out.append((code, n))
+                n *= 2
+    return out
+
+
+def _empty_space_message(num_gpus: int, cons: dict[str, list[Any]]) -> str:
+    fixed = ", ".join(f"{k}={v if len(v) > 1 else v[0]}" for k, v in cons.items() if k in {"dp", "tp", "cp", "pp"})
+    return (f"no strategy has dp·tp·cp·pp equal to the number of GPUs ({num_gpus})"
+            + (f" under the constraints {fixed}" if fixed else ""))

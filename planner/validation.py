@@ -1,0 +1,206 @@
+"""Published measurements as typed cases, for calibration, accuracy tests and benchmarks.
+
+The data live in `../shared/validation/` beside the project (or the directory
+named by `MESHPLAN_VALIDATION_DIR`); each JSON row names its source. This module
+only reads them and states, for each case, the strategy and settings the paper
+used, so the cost model can be asked the same question.
+
+Conventions (see the validation README):
+- SC'21 Table 1/2 report hardware TFLOP/s with Eq. 3, F = 96·B·s·l·h²·(1 + s/6h + V/16lh),
+  which counts the recompute forward; we compare step times, step = F / (N · X).
+- Korthikanti Table 5 reports iteration times directly.
+- Both used A100-SXM4-80GB on Selene (DGX A100, 8x HDR 200 Gb/s per node),
+  fp16/bf16 mixed precision, unfused attention (scores stored), dropout on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.errors import SpecError
+from planner.specs import ModelSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def validation_dir() -> Path:
+    env = os.environ.get("MESHPLAN_VALIDATION_DIR")
+    path = Path(env) if env else ROOT.parent / "shared" / "validation"
+    if not path.is_dir():
+        raise SpecError(f"validation data directory {str(path)!r} not found (set MESHPLAN_VALIDATION_DIR)")
+    return path
+
+
+def _load(name: str) -> dict[str, Any]:
+    return json.loads((validation_dir() / name).read_text())
+
+
+def gpt_model(name: str, heads: int, hidden: int, layers: int, vocab: int = 51200, seq: int = 2048) -> ModelSpec:
+    """The GPT shape used by SC'21 and Korthikanti: learned positions, LayerNorm, biases, 4h MLP, dropout."""
+    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                     ffn_hidden_size=4 * hidden, vocab_size=vocab, tie_embeddings=True, position_embedding="learned",
+                     max_position_embeddings=seq, norm="layernorm", linear_bias=True, dropout=True,
+                     source="Narayanan et al. SC'21 / Korthikanti et al. 2022")
+
+
+@dataclass(frozen=True)
+class StepCase:
+    """One published end-to-end measurement: a model, a job, and how long a step took."""
+
+    label: str
+    table: str
+    model: ModelSpec
+    num_gpus: int
+    global_batch_size: int
+    seq_len: int
+    constraints: dict[str, Any]  # the strategy fields the paper fixed; the rest are searched
+    measured_step_s: float
+    train_options: dict[str, Any] = field(default_factory=dict)
+    cluster: str = "dgx-a100-80gb"
+
+
+@dataclass(frozen=True)
+class LayerCase:
+    """Korthikanti Table 4: one layer's forward and backward time."""
+
+    label: str
+    model: ModelSpec
+    micro_batch_size: int
+    tp: int
+    seq_len: int
+    sequence_parallel: bool
+    recompute: str
+    forward_s: float
+    backward_s: float
+
+
+MEGATRON_2021 = {"precision": "fp16", "grad_precision": "fp16", "attention_kernel": "unfused"}
+MEGATRON_2022 = {"precision": "bf16", "grad_precision": "fp32", "attention_kernel": "unfused"}
+
+
+def sc21_flop_per_step(B: int, s: int, L: int, h: int, V: int) -> float:
+    """SC'21 Eq. 3 (counts the recompute forward)."""
+    return 96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
+
+
+def sc21_table1() -> list[StepCase]:
+    data = _load("megatron_sc21_table1.json")
+    cases = []
+    for r in data["table1_weak_scaling"]:
+        h, L, a, V, s = r["hidden_size"], r["num_layers"], r["attention_heads"], r["vocab_size"], r["seq_length"]
+        B, n = r["global_batch_size"], r["num_gpus"]
+        step = sc21_flop_per_step(B, s, L, h, V) / (n * r["achieved_tflops_per_gpu"] * 1e12)
+        cases.append(StepCase(
+            label=f"{r['model_params_billion']}B tp{r['tp']} pp{r['pp']} n{n}", table="SC'21 Table 1",
+            model=gpt_model(f"gpt-{r['model_params_billion']}b", a, h, L, V, s), num_gpus=n, global_batch_size=B,
+            seq_len=s, measured_step_s=step, train_options=MEGATRON_2021,
+            constraints={"tp": r["tp"], "pp": r["pp"], "dp": r["dp_derived"], "cp": 1, "recompute": "full",
+                         "recompute_num_layers": None, "zero_stage": 0, "sequence_parallel": False,
+                         "overlap_grad_reduce": False},
+        ))
+    return cases
+
+
+def sc21_table2() -> list[StepCase]:
+    data = _load("megatron_sc21_table1.json")
+    shapes = {174.6: (96, 12288, 96), 529.6: (128, 20480, 105)}
+    cases = []
+    for r in data["table2_zero3_vs_ptd"]:
+        a, h, L = shapes[r["model_params_billion"]]
+        B, n, s, V = r["global_batch_size"], r["num_gpus"], r["seq_length"], 51200
+        step = sc21_flop_per_step(B, s, L, h, V) / (n * r["achieved_tflops_per_gpu"] * 1e12)
+        zero3 = r["zero_stage"] == 3
+        cons = {"tp": r["tp"], "pp": r["pp"], "dp": r["dp_derived"], "cp": 1, "micro_batch_size": r["micro_batch_size"],
+                "recompute": "full", "recompute_num_layers": None, "zero_stage": r["zero_stage"],
+                "sequence_parallel": False, "overlap_grad_reduce": zero3}
+        cases.append(StepCase(
+            label=f"{r['model_params_billion']}B {'ZeRO-3' if zero3 else 'PTD'} n{n} mbs{r['micro_batch_size']}",
+            table="SC'21 Table 2", model=gpt_model(f"gpt-{r['model_params_billion']}b", a, h, L, V, s), num_gpus=n,
+            global_batch_size=B, seq_len=s, measured_step_s=step, train_options=MEGATRON_2021, constraints=cons,
+        ))
+    return cases
+
+
+def korthikanti_table5() -> list[StepCase]:
+    data = _load("korthikanti2022.json")
+    cases = []
+    for r in data["table5_end_to_end"]:
+        model = gpt_model(r["model"], r["attention_heads"], r["hidden_size"], r["num_layers"], r["vocab_size"], r["seq_length"])
+        base = {"tp": r["tp"], "pp": r["pp"], "dp": r["dp"], "cp": 1, "vpp": r["vp"] or 1,
+                "micro_batch_size": r["micro_batch_size"], "zero_stage": 0, "recompute_num_layers": None,
+                "overlap_grad_reduce": False}
+        for kind, sp, rc, key in (("full recompute", False, "full", "iteration_time_s_full_recompute_no_sp"),
+                                  ("SP + selective", True, "selective", "iteration_time_s_present_work_sp_plus_selective")):
+            cases.append(StepCase(
+                label=f"{r['model']} {kind}", table="Korthikanti Table 5", model=model, num_gpus=r["num_gpus"],
+                global_batch_size=r["global_batch_size"], seq_len=r["seq_length"], measured_step_s=r[key],
+                train_options=MEGATRON_2022, constraints=base | {"sequence_parallel": sp, "recompute": rc},
+            ))
+    return cases
+
+
+def korthikanti_table4() -> list[LayerCase]:
+    data = _load("korthikanti2022.json")
+    cfg = next(c for c in data["table3_model_configs"] if c["model"] == "22B")
+    model = gpt_model("gpt-22b", cfg["attention_heads"], cfg["hidden_size"], cfg["num_layers"], cfg["vocab_size"],
+                      cfg["seq_length"])
+    return [
+        LayerCase(label=r["experiment"], model=model, micro_batch_size=cfg["micro_batch_size"], tp=cfg["tp"],
+                  seq_len=cfg["seq_length"], sequence_parallel=r["sequence_parallel"], recompute=r["recompute"],
+                  forward_s=r["forward_ms"] / 1e3, backward_s=r["backward_ms"] / 1e3)
+        for r in data["table4_per_layer_time_22B"]
+    ]
+
+
+@dataclass(frozen=True)
+class ZeroCase:
+    label: str
+    params: float
+    dp: int
+    zero_stage: int
+    memory_gb: float  # the paper's GB = 1e9 bytes, model states only
+
+
+def zero_table1() -> list[ZeroCase]:
+    data = _load("zero_table1.json")
+    return [ZeroCase(label=f"{r['model_params']} Nd={r['dp_degree']} {r['zero_label']}", params=r["params"],
+                     dp=r["dp_degree"], zero_stage=r["zero_stage"], memory_gb=r["model_state_memory_per_device_GB"])
+            for r in data["table1"]]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    case: StepCase
+    predicted_step_s: float | None  # None: no strategy under the paper's constraints fits
+    strategy: str
+    note: str = ""
+
+    @property
+    def error(self) -> float | None:
+        if self.predicted_step_s is None:
+            return None
+        return self.predicted_step_s / self.case.measured_step_s - 1
+
+
+def predict(case: StepCase) -> Prediction:
+    """Plan the case under the paper's constraints; the fastest fitting plan is the prediction.
+
+    Fields the paper did not report (SC'21 Table 1: micro-batch size and
+    interleaving) are searched, as the authors tuned them.
+    """
+    from planner.api import plan
+
+    result = plan(model=case.model, cluster=case.cluster, num_gpus=case.num_gpus,
+                  global_batch_size=case.global_batch_size, seq_len=case.seq_len, constraints=case.constraints,
+                  top_k=1, **case.train_options)
+    if result.plans:
+        best = result.plans[0]
+        return Prediction(case, best.estimate.step_time_s, best.strategy.short())
+    if result.closest:
+        near = result.closest[0]
+        return Prediction(case, None, near.strategy.short(), note="; ".join(near.estimate.reasons))
+    return Prediction(case, None, "-", note="no valid strategy under the paper's constraints")

@@ -1,0 +1,171 @@
+"""Shared pieces of the CLI: option types, error handling, output formats.
+
+Library code never prints; everything that reaches stdout goes through here or
+a command module. User errors (SpecError, malformed files, bad options) become
+one line on stderr and exit code 2; "no strategy fits" exits 1.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import click
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from planner.errors import SpecError
+
+GIB = 2**30
+
+# Pipes and files get a wide console so tables are not squeezed to 80 columns.
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+stderr = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200)
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+class Precision(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    fp32 = "fp32"
+
+
+class RecomputeOpt(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+# ---- option types shared by commands ----------------------------------------
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model preset name (see `meshplan models`), model YAML, or Hugging Face config.json path.")]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster preset name (see `meshplan clusters`) or cluster YAML path.")]
+GpusOpt = Annotated[int, typer.Option("--gpus", "-n", help="Number of GPUs in the job.")]
+GbsOpt = Annotated[int, typer.Option("--global-batch-size", "-b", help="Sequences per optimizer step.")]
+SeqOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence.")]
+PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="GEMM precision.")]
+GradPrecisionOpt = Annotated[str, typer.Option("--grad-precision", help="Gradient buffer precision reduced across data parallel ranks: fp32, bf16 or fp16.")]
+AttentionOpt = Annotated[str, typer.Option("--attention-kernel", help="flash (scores never stored) or unfused (scores stored).")]
+OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adam or sgd.")]
+FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format: table, json or csv.")]
+
+
+def train_options(grad_precision: str, attention_kernel: str, optimizer: str) -> dict[str, Any]:
+    return {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer}
+
+
+def parse_constraints(items: list[str] | None, as_json: str | None) -> dict[str, Any]:
+    """`-C tp=8 -C pp=2,4 -C recompute=selective` or `--constraints '{"tp": 8}'`."""
+    out: dict[str, Any] = {}
+    if as_json:
+        try:
+            loaded = json.loads(as_json)
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"--constraints is not valid JSON: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise SpecError("--constraints must be a JSON object of Strategy fields")
+        out.update(loaded)
+    for item in items or []:
+        if "=" not in item:
+            raise SpecError(f"constraint {item!r} must look like FIELD=VALUE or FIELD=V1,V2")
+        key, raw = item.split("=", 1)
+        values = [_parse_scalar(v) for v in raw.split(",") if v != ""]
+        out[key.strip().replace("-", "_")] = values if len(values) != 1 else values[0]
+    return out
+
+
+def _parse_scalar(text: str) -> Any:
+    low = text.strip().lower()
+    if low in {"true", "on", "yes"}:
+        return True
+    if low in {"false", "off", "no"}:
+        return False
+    if low in {"none", "null", "all"}:
+        return None
+    try:
+        return int(low)
+    except ValueError:
+        return text.strip()
+
+
+# ---- output ---------------------------------------------------------------
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+def emit_csv(rows: list[dict[str, Any]]) -> None:
+    buf = io.StringIO()
+    fields: list[str] = []
+    for row in rows:
+        fields += [k for k in row if k not in fields]
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    sys.stdout.write(buf.getvalue())
+
+
+def gib(x: float) -> str:
+    return f"{x / GIB:.1f}"
+
+
+# ---- running ----------------------------------------------------------------
+class ExitWith(Exception):
+    """Stop the command with a code after output was written."""
+
+    def __init__(self, code: int, message: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def run_app(app: typer.Typer, argv: list[str]) -> int:
+    from profiles import format_validation_error
+
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="meshplan", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        stderr.print("aborted")
+        return 130
+    except ExitWith as exc:
+        if exc.message:
+            stderr.print(exc.message, markup=False, highlight=False)
+        return exc.code
+    except SpecError as exc:
+        stderr.print(f"error: {exc}", markup=False, highlight=False)
+        return 2
+    except ValidationError as exc:
+        stderr.print(f"error: {format_validation_error(exc)}", markup=False, highlight=False)
+        return 2
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+def read_text_arg(path: str) -> str:
+    """Read a file path or '-' for stdin; errors name the path."""
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read {path!r}: {exc.strerror}") from None
+
+
+OptionalInt = Optional[int]

@@ -1,0 +1,288 @@
+"""`meshplan plan | evaluate | explain | models | clusters`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+
+from planner.api import evaluate as api_evaluate
+from planner.api import plan as api_plan
+from planner.cli.app import app
+from planner.cli.common import (
+    GIB,
+    AttentionOpt,
+    ClusterOpt,
+    ExitWith,
+    Format,
+    FormatOpt,
+    GbsOpt,
+    GpusOpt,
+    GradPrecisionOpt,
+    ModelOpt,
+    OptimizerOpt,
+    Precision,
+    PrecisionOpt,
+    RecomputeOpt,
+    SeqOpt,
+    emit_csv,
+    emit_json,
+    gib,
+    parse_constraints,
+    stdout,
+    train_options,
+)
+from planner.specs import Estimate, Plan, PlanResult, Strategy
+
+
+# ---- plan -------------------------------------------------------------------
+@app.command("plan")
+def plan_cmd(
+    model: ModelOpt,
+    cluster: ClusterOpt,
+    gpus: GpusOpt,
+    global_batch_size: GbsOpt,
+    seq_len: SeqOpt,
+    precision: PrecisionOpt = Precision.bf16,
+    top: Annotated[int, typer.Option("--top", "-k", help="How many plans to show.")] = 10,
+    constraint: Annotated[Optional[list[str]], typer.Option("--constraint", "-C", help="Fix or restrict a Strategy field: tp=8, pp=2,4, recompute=selective, zero_stage=1 (repeatable).")] = None,
+    constraints: Annotated[Optional[str], typer.Option("--constraints", help='Constraints as a JSON object, e.g. \'{"tp": 8, "pp": [2, 4]}\'.')] = None,
+    grad_precision: GradPrecisionOpt = "fp32",
+    attention_kernel: AttentionOpt = "flash",
+    optimizer: OptimizerOpt = "adam",
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Rank every valid strategy by predicted throughput; show the fastest that fit."""
+    result = api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
+                      seq_len=seq_len, precision=precision.value, constraints=parse_constraints(constraint, constraints),
+                      top_k=top, **train_options(grad_precision, attention_kernel, optimizer))
+    if fmt is Format.json:
+        emit_json(result.model_dump(mode="json"))
+    elif fmt is Format.csv:
+        emit_csv([plan_row(p) for p in result.plans or result.closest])
+    else:
+        print_plan_table(result)
+    if not result.plans:
+        raise ExitWith(1, no_fit_message(result))
+
+
+def no_fit_message(result: PlanResult) -> str:
+    lines = [f"no strategy fits in {result.cluster.gpu.memory_bytes / GIB:.0f} GiB per GPU "
+             f"({result.stats.num_valid} valid strategies scored)."]
+    if result.closest:
+        near = result.closest[0]
+        lines.append(f"closest: {near.strategy.short()}: " + "; ".join(near.estimate.reasons))
+        lines.append("try more GPUs, a smaller global batch or sequence, or allow recompute/ZeRO (see --constraint).")
+    return "\n".join(lines)
+
+
+def plan_row(p: Plan) -> dict[str, Any]:
+    row: dict[str, Any] = {"rank": p.rank}
+    row.update(p.strategy.model_dump())
+    est = p.estimate.model_dump()
+    row.update({k: v for k, v in est.items() if not isinstance(v, (dict, list))})
+    row.update({f"time_s.{k}": v for k, v in p.estimate.time_s.items()})
+    row.update({f"memory_bytes.{k}": v for k, v in p.estimate.memory_bytes.items()})
+    row["reasons"] = "; ".join(p.estimate.reasons)
+    return row
+
+
+def print_plan_table(result: PlanResult) -> None:
+    m, c, t = result.model, result.cluster, result.train
+    stdout.print(f"[bold]{m.name}[/] ({m.num_params() / 1e9:.1f}B params) on {result.num_gpus} x {c.gpu.name} "
+                 f"({c.name}), global batch {t.global_batch_size} x {t.seq_len} tokens, {t.precision}")
+    plans = result.plans or result.closest
+    title = "ranked plans" if result.plans else "no strategy fits; closest candidates"
+    table = Table(title=title, title_justify="left")
+    for col in ("#", "dp", "tp", "pp", "cp", "vpp", "sp", "zero", "mbs", "recompute", "step (s)", "tok/s/GPU",
+                "model TFLOP/s/GPU", "MFU %", "mem/GPU (GiB)", "headroom (GiB)"):
+        table.add_column(col, justify="right" if col not in ("recompute",) else "left")
+    for p in plans:
+        s, e = p.strategy, p.estimate
+        rc = s.recompute + (f"({s.recompute_num_layers})" if s.recompute_num_layers else "")
+        table.add_row(str(p.rank), str(s.dp), str(s.tp), str(s.pp), str(s.cp), str(s.vpp),
+                      "y" if s.sequence_parallel else "-", str(s.zero_stage), str(s.micro_batch_size), rc,
+                      f"{e.step_time_s:.3f}", f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.model_tflops_per_gpu:.1f}",
+                      f"{100 * e.mfu:.1f}", gib(e.peak_memory_bytes), gib(e.memory_capacity_bytes - e.peak_memory_bytes))
+    stdout.print(table)
+    st = result.stats
+    rejected = ", ".join(f"{k}: {v:,}" for k, v in sorted(st.rejected.items(), key=lambda kv: -kv[1])) or "none"
+    stdout.print(f"candidates evaluated: {st.num_candidates:,} | valid: {st.num_valid:,} | feasible: "
+                 f"{st.num_feasible:,} | search time: {st.search_time_s:.2f} s")
+    stdout.print(f"rejected by reason: {rejected}", highlight=False)
+
+
+# ---- evaluate / explain ----------------------------------------------------------
+def _strategy(dp: Optional[int], tp: int, pp: int, cp: int, vpp: int, sp: bool, zero: int, mbs: int,
+              recompute: RecomputeOpt, recompute_num_layers: Optional[int], first_stage_layers: Optional[int],
+              last_stage_layers: Optional[int], overlap_grad_reduce: bool, overlap_param_gather: bool) -> Strategy:
+    return Strategy(dp=dp if dp is not None else "auto", tp=tp, pp=pp, cp=cp, vpp=vpp, sequence_parallel=sp,
+                    zero_stage=zero, micro_batch_size=mbs, recompute=recompute.value,
+                    recompute_num_layers=recompute_num_layers, num_layers_in_first_stage=first_stage_layers,
+                    num_layers_in_last_stage=last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,
+                    overlap_param_gather=overlap_param_gather)
+
+
+DpOpt = Annotated[Optional[int], typer.Option("--dp", help="Data parallel degree (default: GPUs / (tp·cp·pp)).")]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor parallel degree.")]
+PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline parallel degree.")]
+CpOpt = Annotated[int, typer.Option("--cp", help="Context parallel degree.")]
+VppOpt = Annotated[int, typer.Option("--vpp", help="Virtual pipeline chunks per stage.")]
+SpOpt = Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism (needs tp > 1).")]
+ZeroOpt = Annotated[int, typer.Option("--zero", help="ZeRO stage 0-3 (1 = Megatron distributed optimizer).")]
+MbsOpt = Annotated[int, typer.Option("--mbs", help="Micro-batch size (sequences).")]
+RecomputeArg = Annotated[RecomputeOpt, typer.Option("--recompute", help="Activation recomputation.")]
+RclOpt = Annotated[Optional[int], typer.Option("--recompute-num-layers", help="Layers per chunk recomputed with --recompute full (default: all).")]
+FirstOpt = Annotated[Optional[int], typer.Option("--first-stage-layers", help="Layers on the first pipeline stage (uneven split).")]
+LastOpt = Annotated[Optional[int], typer.Option("--last-stage-layers", help="Layers on the last pipeline stage (uneven split).")]
+OgrOpt = Annotated[bool, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Overlap the gradient reduction with backward.")]
+OpgOpt = Annotated[bool, typer.Option("--overlap-param-gather/--no-overlap-param-gather", help="Overlap ZeRO parameter gathers with forward.")]
+
+
+def _score(model, cluster, gpus, global_batch_size, seq_len, precision, strategy, opts) -> Estimate:
+    return api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
+                        seq_len=seq_len, precision=precision.value, strategy=strategy, **opts)
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    model: ModelOpt, cluster: ClusterOpt, gpus: GpusOpt, global_batch_size: GbsOpt, seq_len: SeqOpt,
+    precision: PrecisionOpt = Precision.bf16,
+    dp: DpOpt = None, tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, vpp: VppOpt = 1, sp: SpOpt = False,
+    zero: ZeroOpt = 0, mbs: MbsOpt = 1, recompute: RecomputeArg = RecomputeOpt.none,
+    recompute_num_layers: RclOpt = None, first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+    overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True,
+    grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash", optimizer: OptimizerOpt = "adam",
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Score one strategy: step time, throughput, MFU, peak memory and whether it fits."""
+    strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
+                         last_stage_layers, overlap_grad_reduce, overlap_param_gather)
+    est = _score(model, cluster, gpus, global_batch_size, seq_len, precision, strategy,
+                 train_options(grad_precision, attention_kernel, optimizer))
+    if fmt is Format.json:
+        emit_json(est.model_dump(mode="json"))
+    elif fmt is Format.csv:
+        row = {k: v for k, v in est.model_dump().items() if not isinstance(v, (dict, list))}
+        row.update({f"time_s.{k}": v for k, v in est.time_s.items()})
+        row.update({f"memory_bytes.{k}": v for k, v in est.memory_bytes.items()})
+        row["reasons"] = "; ".join(est.reasons)
+        emit_csv([row])
+    else:
+        print_estimate_summary(strategy.resolve(gpus), est)
+    if not est.fits:
+        raise ExitWith(1)
+
+
+def print_estimate_summary(strategy: Strategy, est: Estimate) -> None:
+    stdout.print(f"[bold]{strategy.short()}[/]")
+    stdout.print(f"step {est.step_time_s:.3f} s | {est.tokens_per_s:,.0f} tokens/s | {est.tokens_per_s_per_gpu:,.0f} "
+                 f"tokens/s/GPU | model {est.model_tflops_per_gpu:.1f} TFLOP/s/GPU | hardware "
+                 f"{est.hardware_tflops_per_gpu:.1f} TFLOP/s/GPU | MFU {100 * est.mfu:.1f} %")
+    stdout.print(f"peak memory {gib(est.peak_memory_bytes)} GiB of {gib(est.memory_capacity_bytes)} GiB "
+                 f"({est.binding_stage} stage; largest term {est.binding_memory_term}) | "
+                 f"{est.num_microbatches} micro-batches, bubble {100 * est.bubble_fraction:.1f} %")
+    if est.reasons:
+        stdout.print("[bold red]does not fit / invalid:[/]")
+        for r in est.reasons:
+            stdout.print(f"  - {r}", markup=False, highlight=False)
+    else:
+        stdout.print("[green]fits[/]")
+
+
+@app.command("explain")
+def explain_cmd(
+    model: ModelOpt, cluster: ClusterOpt, gpus: GpusOpt, global_batch_size: GbsOpt, seq_len: SeqOpt,
+    precision: PrecisionOpt = Precision.bf16,
+    dp: DpOpt = None, tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, vpp: VppOpt = 1, sp: SpOpt = False,
+    zero: ZeroOpt = 0, mbs: MbsOpt = 1, recompute: RecomputeArg = RecomputeOpt.none,
+    recompute_num_layers: RclOpt = None, first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+    overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True,
+    grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash", optimizer: OptimizerOpt = "adam",
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Break one strategy's memory and step time down term by term (which stage, which term binds)."""
+    strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
+                         last_stage_layers, overlap_grad_reduce, overlap_param_gather)
+    est = _score(model, cluster, gpus, global_batch_size, seq_len, precision, strategy,
+                 train_options(grad_precision, attention_kernel, optimizer))
+    if fmt is Format.json:
+        emit_json(est.model_dump(mode="json"))
+        return
+    if fmt is Format.csv:
+        rows = [{"kind": "memory_bytes", "term": k, "value": v} for k, v in est.memory_bytes.items()]
+        rows += [{"kind": "time_s", "term": k, "value": v} for k, v in est.time_s.items()]
+        emit_csv(rows)
+        return
+    print_estimate_summary(strategy.resolve(gpus), est)
+    mem = Table(title=f"memory of the most-loaded rank ({est.binding_stage} pipeline stage)", title_justify="left")
+    for col in ("term", "GiB", "% of peak"):
+        mem.add_column(col, justify="left" if col == "term" else "right")
+    for term, value in sorted(est.memory_bytes.items(), key=lambda kv: -kv[1]):
+        mark = " <- largest" if term == est.binding_memory_term else ""
+        mem.add_row(term + mark, f"{value / GIB:.2f}", f"{100 * value / est.peak_memory_bytes:.1f}")
+    mem.add_row("[bold]peak[/]", f"{est.peak_memory_bytes / GIB:.2f}", "100.0")
+    mem.add_row("capacity", f"{est.memory_capacity_bytes / GIB:.2f}", "")
+    stdout.print(mem)
+    tim = Table(title="step time (exposed seconds per term)", title_justify="left")
+    for col in ("term", "s", "% of step"):
+        tim.add_column(col, justify="left" if col == "term" else "right")
+    for term, value in est.time_s.items():
+        tim.add_row(term, f"{value:.4f}", f"{100 * value / est.step_time_s:.1f}")
+    tim.add_row("[bold]step[/]", f"{est.step_time_s:.4f}", "100.0")
+    stdout.print(tim)
+    if not est.fits:
+        raise ExitWith(1)
+
+
+# ---- presets ---------------------------------------------------------------------
+@app.command("models")
+def models_cmd(fmt: FormatOpt = Format.table) -> None:
+    """List model presets."""
+    from profiles import list_presets, load_model
+
+    rows = []
+    for name in list_presets("models"):
+        m = load_model(name)
+        rows.append({"name": name, "params_b": round(m.num_params() / 1e9, 2), "layers": m.num_layers,
+                     "hidden": m.hidden_size, "heads": m.num_attention_heads, "kv_heads": m.kv_heads,
+                     "ffn": m.ffn_hidden_size, "gated": m.gated_mlp, "vocab": m.vocab_size, "source": m.source})
+    _print_rows(rows, fmt, "model presets")
+
+
+@app.command("clusters")
+def clusters_cmd(fmt: FormatOpt = Format.table) -> None:
+    """List cluster presets."""
+    from profiles import list_presets, load_cluster
+
+    rows = []
+    for name in list_presets("clusters"):
+        c = load_cluster(name)
+        peak = c.gpu.peak_flop_per_s.get("bf16") or max(c.gpu.peak_flop_per_s.values())
+        rows.append({"name": name, "gpu": c.gpu.name, "memory_gib": round(c.gpu.memory_bytes / GIB, 1),
+                     "bf16_tflops": round(peak / 1e12, 1), "gpus_per_node": c.gpus_per_node,
+                     "nvlink_domain": c.domain_size, "intra_gb_per_s": round(c.intra_node.bw_bytes_per_s / 1e9),
+                     "inter_gb_per_s": round(c.inter_node.bw_bytes_per_s / 1e9),
+                     "efficiencies": calibration_status(c.gpu.calibration)})
+    _print_rows(rows, fmt, "cluster presets")
+
+
+def calibration_status(text: str) -> str:
+    if not text:
+        return "defaults (assumed)"
+    return "carried over from A100 (assumed)" if "carried over" in text else "fitted"
+
+
+def _print_rows(rows: list[dict[str, Any]], fmt: Format, title: str) -> None:
+    if fmt is Format.json:
+        emit_json(rows)
+    elif fmt is Format.csv:
+        emit_csv(rows)
+    else:
+        table = Table(title=title, title_justify="left")
+        for col in rows[0]:
+            table.add_column(col, overflow="fold", max_width=60 if col in ("source", "calibration") else None)
+        for r in rows:
+            table.add_row(*(str(v) for v in r.values()))
+        stdout.print(table)

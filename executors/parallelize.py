@@ -1,0 +1,202 @@
+"""Apply a Strategy to the model with PyTorch's own parallel APIs (imports torch).
+
+Mesh: one DeviceMesh with axes (pp, dp_replicate, dp_shard, cp, tp), outermost
+first — Megatron's rank layout (tp innermost, then cp, then dp, pp outermost),
+with dp split in two only for HSDP (`RunConfig.hsdp_replicate`). Example, 8
+ranks with tp=2, dp=2, pp=2: ranks {0,1} are one TP group, {0,2} one DP group,
+{0,4} one pipeline.
+
+Data parallelism, by zero_stage (dp > 1):
+    0  DistributedDataParallel when tp = cp = 1; with tensor parallel weights
+       (DTensors, which DDP does not take) a bucketed all-reduce of the local
+       gradients after backward (`GradAllReduce`).
+    1  DDP + ZeroRedundancyOptimizer (optimizer states sharded over dp).
+    2  FSDP2 `fully_shard(reshard_after_forward=False)`: gradients and optimizer
+       states sharded, parameters gathered once per micro-batch and kept until
+       its backward.
+    3  FSDP2 `fully_shard(reshard_after_forward=True)`: parameters re-gathered in
+       backward too. With hsdp_replicate > 1 both use a 2-D (replicate, shard)
+       mesh (HSDP).
+FSDP2 reduce-scatters every micro-batch's gradients (ZeRO-2/3 semantics); DDP
+reduces once per step (`no_sync` on the other micro-batches).
+
+Tensor parallelism (Megatron-style, `parallelize_module`): q/k/v, w1/w3 and the
+output head column-wise, wo and w2 row-wise, the word embedding vocab-parallel
+(row-wise). With sequence parallelism the norms are `SequenceParallel` and the
+residual stream between blocks is sharded along the sequence.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from executors.model import Transformer
+from executors.results import RunConfig
+
+MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+
+
+def build_mesh(cfg: RunConfig, device_type: str):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    st = cfg.strategy
+    rep = cfg.hsdp_replicate
+    shape = (st.pp, rep, st.dp // rep, st.cp, st.tp)
+    return init_device_mesh(device_type, shape, mesh_dim_names=MESH_AXES)
+
+
+def mesh_coords(mesh) -> dict[str, int]:
+    coords = {name: mesh.get_local_rank(name) for name in MESH_AXES}
+    coords["dp"] = coords["dp_replicate"] * mesh.size(MESH_AXES.index("dp_shard")) + coords["dp_shard"]
+    return coords
+
+
+def dp_mesh(mesh, cfg: RunConfig):
+    """The mesh gradients are reduced over: 1-D dp_shard, 2-D (dp_replicate, dp_shard) for HSDP,
+    or dp_shard and cp flattened when cp > 1 (context parallel ranks hold the same weights
+    and see different tokens, so their gradients are averaged too, as in Megatron)."""
+    if cfg.hsdp_replicate > 1:
+        return mesh["dp_replicate", "dp_shard"]
+    if cfg.strategy.cp > 1:
+        return mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    return mesh["dp_shard"]
+
+
+# ---- tensor parallel ----------------------------------------------------------
+def apply_tp(model: Transformer, tp_mesh, sequence_parallel: bool) -> None:
+    """Megatron-style TP (+SP) on every part the (possibly partial, pipeline-stage) model has."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    sp = sequence_parallel
+    stream = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
+    plan: dict = {}
+    if model.embed is not None:
+        learned = model.embed.pos is not None
+        # Learned positions are added after the lookup, so with SP the sum is split afterwards.
+        plan["embed.tok"] = RowwiseParallel(input_layouts=Replicate(),
+                                            output_layouts=Replicate() if learned else stream)
+        if learned and sp:
+            plan["embed"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
+    for name in model.layers:
+        p = f"layers.{name}"
+        plan.update({
+            f"{p}.attn.wq": ColwiseParallel(), f"{p}.attn.wk": ColwiseParallel(), f"{p}.attn.wv": ColwiseParallel(),
+            f"{p}.attn.wo": RowwiseParallel(output_layouts=stream),
+            f"{p}.mlp.w1": ColwiseParallel(), f"{p}.mlp.w2": RowwiseParallel(output_layouts=stream),
+        })
+        if model.layers[name].mlp.w3 is not None:
+            plan[f"{p}.mlp.w3"] = ColwiseParallel()
+        if sp:
+            plan.update({
+                f"{p}.norm1": SequenceParallel(), f"{p}.norm2": SequenceParallel(),
+                f"{p}.attn": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                desired_input_layouts=(Replicate(), None, None)),
+                f"{p}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            })
+    if model.norm is not None and sp:
+        plan["norm"] = SequenceParallel()
+    if model.output is not None:
+        plan["output"] = ColwiseParallel(input_layouts=stream, output_layouts=Replicate())
+    tied = model.embed is not None and model.output is not None and model.output.weight is model.embed.tok.weight
+    # Every rank built the same full weights from the seed: take local shards, no scatter.
+    parallelize_module(model, tp_mesh, plan, src_data_rank=None)
+    if tied:  # both are Shard(0) over the vocabulary: share one DTensor again
+        model.output.weight = model.embed.tok.weight
+
+
+# ---- data parallel ------------------------------------------------------------
+def apply_fsdp(model: nn.Module, mesh, zero_stage: int, layers: list[nn.Module]) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = zero_stage >= 3
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+
+
+class GradAllReduce:
+    """Average local gradients over the dp group in ~25 MiB flat buckets (DDP's
+    reduction without its hooks; used when the parameters are DTensors)."""
+
+    def __init__(self, params: list[nn.Parameter], group, dp: int):
+        self.params = [p for p in params if p.requires_grad]
+        self.group, self.dp = group, dp
+
+    @staticmethod
+    def _local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    def __call__(self) -> None:
+        grads = [self._local(p.grad) for p in self.params if p.grad is not None]
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for g in grads + [None]:
+            if g is not None:
+                bucket.append(g)
+                size += g.numel() * g.element_size()
+            if bucket and (g is None or size >= BUCKET_BYTES):
+                flat = torch.cat([b.reshape(-1) for b in bucket])
+                dist.all_reduce(flat, group=self.group)
+                flat.div_(self.dp)
+                offset = 0
+                for b in bucket:
+                    b.copy_(flat[offset: offset + b.numel()].view_as(b))
+                    offset += b.numel()
+                bucket, size = [], 0
+
+
+def make_optimizer(cfg: RunConfig, params: list[nn.Parameter], zero1_group=None):
+    """Adam (no weight decay) or SGD with momentum, per TrainSpec.optimizer; ZeRO-1 shards it over dp."""
+    if cfg.train.optimizer == "adam":
+        cls, kwargs = torch.optim.Adam, {"lr": cfg.learning_rate}
+    else:
+        cls, kwargs = torch.optim.SGD, {"lr": cfg.learning_rate, "momentum": 0.9}
+    if zero1_group is not None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=zero1_group, **kwargs)
+    return cls(params, **kwargs)
+
+
+def wrap_data_parallel(cfg: RunConfig, module: nn.Module, mesh, layers: list[nn.Module]):
+    """Apply the dp part of the strategy to `module` (the model or one pipeline stage).
+
+    Returns (module, kind, grad_sync) where kind is 'none', 'ddp' or 'fsdp' and
+    grad_sync is a callable to run after backward (manual all-reduce) or None.
+    """
+    st = cfg.strategy
+    replicas = st.dp * st.cp
+    if replicas == 1:
+        return module, "none", None
+    if st.zero_stage >= 2 and st.dp > 1:
+        apply_fsdp(module, dp_mesh(mesh, cfg), st.zero_stage, layers)
+        return module, "fsdp", None
+    group = dp_mesh(mesh, cfg).get_group()
+    if st.tp > 1 or st.cp > 1:
+        return module, "none", GradAllReduce(list(module.parameters()), group, replicas)
+    from torch.nn.parallel import DistributedDataParallel
+
+    # Buffers (positions, rope tables) are identical on every rank: no per-forward sync.
+    ddp = DistributedDataParallel(module, process_group=group, forward_sync_buffers=False,
+                                  device_ids=None if cfg.device == "cpu" else [torch.cuda.current_device()])
+    return ddp, "ddp", None
+
+
+def no_sync(module: nn.Module, kind: str, last_microbatch: bool):
+    """DDP reduces only on the last micro-batch of a step."""
+    if kind == "ddp" and not last_microbatch:
+        return module.no_sync()
+    return nullcontext()

@@ -1,0 +1,119 @@
+"""What an executor run is asked to do and what it reports (pydantic v2, no torch).
+
+`RunConfig` is written to a JSON file by the launcher and read by every rank of
+the worker (`python -m executors.worker --config run.json --out DIR`); each rank
+writes one `RankResult` to `DIR/rank<r>.json` before it tears down its process
+group; the launcher folds those into one `RunResult` per plan.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.specs import ModelSpec, Strategy, TrainSpec
+
+Outcome = Literal["ok", "wrong", "oom", "timeout", "crashed", "unsupported"]
+"""ok: ran, passed loss parity, timed. wrong: ran but failed loss parity (never
+reported as fast). oom: out of memory. timeout: killed at the wall-clock limit.
+crashed: exited with an error (stderr tail kept). unsupported: this executor
+cannot run the strategy (the reason says why); nothing was launched."""
+
+Engine = Literal["torch", "megatron", "deepspeed"]
+Fault = Literal["none", "hang", "crash", "oom"]
+
+
+class RunConfig(BaseModel):
+    """One short profiled run of one strategy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label: str = Field(description="Short name of the run, used for file names and tables.")
+    model: ModelSpec = Field(description="The model actually built (after any layer reduction and untying).")
+    train: TrainSpec = Field(description="Global batch, sequence length, precision, optimizer.")
+    strategy: Strategy = Field(description="The resolved strategy (dp is an integer).")
+    num_gpus: int = Field(gt=0, description="World size: dp·tp·cp·pp ranks.")
+    seed: int = Field(1234, description="Seed of the weights and of the synthetic token batches.")
+    parity_steps: int = Field(
+        2, ge=1, description="Leading steps whose losses must equal the single-process reference "
+        "(step 1 checks the forward pass, step 2 also the gradients and the optimizer update)."
+    )
+    warmup_steps: int = Field(1, ge=0, description="Untimed steps after the parity steps.")
+    timed_steps: int = Field(3, ge=1, description="Timed optimizer steps; the reported step time is their median.")
+    learning_rate: float = Field(1e-3, gt=0, description="Optimizer learning rate.")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu runs on gloo, cuda on NCCL.")
+    engine: Engine = Field("torch", description="torch: PyTorch parallel APIs; megatron: Megatron-core GPTModel; "
+                           "deepspeed: deepspeed.initialize (both CUDA only).")
+    hsdp_replicate: int = Field(
+        1, ge=1, description="With zero_stage >= 2: split dp into hsdp_replicate replicas of dp/hsdp_replicate "
+        "shards each (HSDP on a 2-D mesh); 1 = plain FSDP over all of dp."
+    )
+    num_threads: int | None = Field(None, ge=1, description="CPU threads per rank; None = cores / local ranks.")
+    reference_losses: list[float] | None = Field(
+        None, description="Single-process reference losses of the first parity_steps steps; None = no parity check."
+    )
+    parity_rtol: float = Field(
+        1e-5, gt=0, description="Relative tolerance on each parity step's loss "
+        "(fp32: 1e-5, re-ordered sums differ by ~1e-7; bf16/fp16: 2e-2)."
+    )
+    update_rtol: float = Field(
+        1e-2, gt=0, description="Relative tolerance on the loss change from step 1 to each later parity step, "
+        "which isolates the gradients and the optimizer update (a gradient that is wrong for one "
+        "weight shows here long before it moves the loss itself); fp32: 1e-2, bf16/fp16: 0.5."
+    )
+    timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of the whole run, seconds.")
+    fault: Fault = Field("none", description="Test hook: make rank 1 hang, crash or report OOM after the parity steps.")
+    notes: list[str] = Field(default_factory=list, description="Deviations of the run from the plan, in words.")
+
+
+class RankResult(BaseModel):
+    """What one rank measured (written before teardown)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(description="Global rank.")
+    coords: dict[str, int] = Field(default_factory=dict, description="Index of this rank on each mesh axis (pp, dp, cp, tp).")
+    status: Literal["ok", "wrong", "oom", "error"] = Field(description="How this rank ended.")
+    losses: list[float] = Field(default_factory=list, description="Global-batch loss of each step (all steps run).")
+    step_times_s: list[float] = Field(default_factory=list, description="Wall time of each timed step on this rank, seconds.")
+    peak_memory_bytes: float = Field(0.0, description="Peak memory of training on this rank above the pre-model baseline, bytes "
+                                     "(CPU: peak RSS growth; CUDA: max_memory_allocated).")
+    reserved_memory_bytes: float = Field(0.0, description="CUDA: max_memory_reserved; CPU: same as peak_memory_bytes.")
+    baseline_memory_bytes: float = Field(0.0, description="Memory in use before the model was built (runtime, libraries), bytes.")
+    num_params_local: int = Field(0, description="Parameter elements stored on this rank.")
+    error: str = Field("", description="Error message when status is not ok.")
+
+
+class ParityCheck(BaseModel):
+    """Leading-step losses against the single-process reference."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reference: list[float] = Field(description="Reference losses.")
+    measured: list[float] = Field(description="Losses of the parallel run.")
+    max_rel_error: float = Field(description="Largest |measured - reference| / |reference| over the parity steps.")
+    rtol: float = Field(description="Tolerance on max_rel_error.")
+    update_rel_error: float = Field(0.0, description="Largest relative error of the loss change since step 1.")
+    update_rtol: float = Field(0.0, description="Tolerance on update_rel_error.")
+    passed: bool = Field(description="Both errors within their tolerances.")
+
+
+class RunResult(BaseModel):
+    """One plan's run, folded over its ranks."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: str = Field(description="The run's label.")
+    strategy: Strategy = Field(description="The strategy that was run.")
+    outcome: Outcome = Field(description="ok, wrong, oom, timeout, crashed or unsupported.")
+    reason: str = Field("", description="Why the outcome is not ok, in words.")
+    step_time_s: float | None = Field(None, description="Median over timed steps of the slowest rank's step time, seconds.")
+    step_times_s: list[float] = Field(default_factory=list, description="Per timed step, the slowest rank's time, seconds.")
+    peak_memory_bytes: float | None = Field(None, description="Largest per-rank peak memory, bytes.")
+    parity: ParityCheck | None = Field(None, description="Loss parity against the reference, when checked.")
+    ranks: list[RankResult] = Field(default_factory=list, description="Per-rank results that were written.")
+    return_code: int | None = Field(None, description="Launcher exit status (None when killed or not launched).")
+    stderr_tail: str = Field("", description="Last lines of the run's stderr when it did not end ok.")
+    wall_s: float = Field(0.0, description="Wall time of the whole launch, seconds.")
+    notes: list[str] = Field(default_factory=list, description="Deviations of the run from the plan.")

@@ -1,0 +1,145 @@
+"""Build the parallel model for one RunConfig and run optimizer steps (imports torch).
+
+`Runner.step(i)` runs optimizer step i on the synthetic batch of step i and
+returns this replica's mean loss where this rank holds it (None elsewhere);
+`global_loss` averages it over the data (and context) parallel replicas.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+from executors.model import build_model, loss_fn, synthetic_batch
+from executors.parallelize import apply_tp, make_optimizer, no_sync, wrap_data_parallel
+from executors.pipeline import build_stage_modules, make_schedule, run_pipeline_step
+from executors.results import RunConfig
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_context(cfg: RunConfig):
+    """Mixed precision for bf16/fp16 plans (fp32 weights and optimizer, as Megatron's
+    main params); fp32 plans run in full precision."""
+    dtype = AUTOCAST_DTYPES.get(cfg.train.precision)
+    if dtype is None:
+        return nullcontext()
+    return torch.autocast(cfg.device, dtype=dtype)
+
+
+class Runner:
+    def __init__(self, cfg: RunConfig, mesh, coords: dict[str, int], device: torch.device):
+        self.cfg, self.mesh, self.coords, self.device = cfg, mesh, coords, device
+        st = cfg.strategy
+        self.st = st
+        self.rows = cfg.train.global_batch_size // st.dp  # sequences per data parallel replica
+        self.num_microbatches = self.rows // st.micro_batch_size
+        full = build_model(cfg.model, cfg.train.seq_len, cfg.seed)
+        if st.pp > 1:
+            chunks = build_stage_modules(full, coords["pp"], st.pp, st.vpp, st)
+            del full
+        else:
+            chunks = [(0, full)]
+        modules = []
+        self.grad_syncs = []
+        kinds = set()
+        for _, module in chunks:
+            module.set_recompute(st.recompute, st.recompute_num_layers)
+            module.to(device)
+            if st.tp > 1:
+                apply_tp(module, mesh["tp"], st.sequence_parallel)
+            wrapped, kind, sync = wrap_data_parallel(cfg, module, mesh, list(module.layers.values()))
+            modules.append(wrapped)
+            kinds.add(kind)
+            if sync is not None:
+                self.grad_syncs.append(sync)
+        self.kind = kinds.pop()
+        params = [p for m in modules for p in m.parameters()]
+        self.num_params_local = sum(_local_numel(p) for p in params)
+        zero1 = mesh["dp_shard"].get_group() if st.zero_stage == 1 and self.kind == "ddp" else None
+        self.optimizer = make_optimizer(cfg, params, zero1)
+        self.modules = modules
+        self.num_stages = st.pp * st.vpp
+        if st.pp > 1:
+            stage_modules = [(idx, m) for (idx, _), m in zip(chunks, modules)]
+            self.stages, self.schedule = make_schedule(
+                stage_modules, mesh["pp"].get_group(), self.num_stages, self.num_microbatches, device, st.vpp)
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, targets = synthetic_batch(self.cfg.model, self.cfg.train.global_batch_size,
+                                          self.cfg.train.seq_len, self.cfg.seed, step)
+        lo = self.coords["dp"] * self.rows
+        return tokens[lo: lo + self.rows].to(self.device), targets[lo: lo + self.rows].to(self.device)
+
+    def _cp_context(self, tensors: list[torch.Tensor], module):
+        if self.st.cp == 1:
+            return nullcontext()
+        from torch.distributed.tensor.experimental import context_parallel
+
+        bufs = [b for name, b in module.named_buffers() if name in ("positions", "rope_cos", "rope_sin")]
+        return context_parallel(self.mesh["cp"], buffers=tensors + bufs,
+                                buffer_seq_dims=[1] * len(tensors) + [0] * len(bufs),
+                                no_restore_buffers=set(tensors))
+
+    def step(self, step: int) -> torch.Tensor | None:
+        tokens, targets = self.batch(step)
+        with autocast_context(self.cfg):
+            if self.st.pp > 1:
+                loss = run_pipeline_step(self.schedule, self.stages, self.num_stages, tokens, targets)
+            else:
+                loss = self._step_plain(tokens, targets)
+        for sync in self.grad_syncs:
+            sync()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def _step_plain(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        model = self.modules[0]
+        mbs, m = self.st.micro_batch_size, self.num_microbatches
+        total = torch.zeros((), device=self.device)
+        for i in range(m):
+            x = tokens[i * mbs: (i + 1) * mbs]
+            y = targets[i * mbs: (i + 1) * mbs]
+            with no_sync(model, self.kind, i == m - 1), self._cp_context([x, y], model):
+                loss = loss_fn(model(x), y) / m
+                loss.backward()
+            total += loss.detach()
+        return total
+
+    def global_loss(self, local: torch.Tensor | None) -> float:
+        """Mean loss over the replicas: the ranks holding a loss with tp index 0 contribute."""
+        owner = local is not None and self.coords["tp"] == 0
+        t = torch.tensor([float(local) if owner else 0.0, 1.0 if owner else 0.0],
+                         dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t[0] / t[1])
+
+
+def _local_numel(p: torch.Tensor) -> int:
+    return p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+
+
+def reference_losses(cfg: RunConfig, chunk_rows: int = 4) -> list[float]:
+    """Single-process losses of the first `parity_steps` steps: the full model, the full
+    global batch (accumulated in chunks of `chunk_rows` sequences), the same optimizer."""
+    device = torch.device("cuda" if cfg.device == "cuda" else "cpu")
+    model = build_model(cfg.model, cfg.train.seq_len, cfg.seed).to(device)
+    optimizer = make_optimizer(cfg, list(model.parameters()))
+    gbs = cfg.train.global_batch_size
+    losses = []
+    for step in range(cfg.parity_steps):
+        tokens, targets = synthetic_batch(cfg.model, gbs, cfg.train.seq_len, cfg.seed, step)
+        total = 0.0
+        with autocast_context(cfg):
+            for lo in range(0, gbs, chunk_rows):
+                x, y = tokens[lo: lo + chunk_rows].to(device), targets[lo: lo + chunk_rows].to(device)
+                loss = loss_fn(model(x), y) * (x.shape[0] / gbs)
+                loss.backward()
+                total += float(loss.detach())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(total)
+    return losses

@@ -1,0 +1,155 @@
+"""The command line: surface, formats, errors and exit codes."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import typer
+
+from planner import PlanResult, plan
+from planner.cli import app, main
+
+PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
+             "--seq-len", "4096"]
+
+# Frozen CLI surface (issue 2): commands and their long options. Changing it is a
+# breaking change for users' scripts: extend it, never rename.
+FROZEN = {
+    "plan": ["--attention-kernel", "--cluster", "--constraint", "--constraints", "--format", "--global-batch-size",
+             "--gpus", "--grad-precision", "--model", "--optimizer", "--precision", "--seq-len", "--top"],
+    "evaluate": ["--attention-kernel", "--cluster", "--cp", "--dp", "--first-stage-layers", "--format",
+                 "--global-batch-size", "--gpus", "--grad-precision", "--last-stage-layers", "--mbs", "--model",
+                 "--optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--pp", "--precision",
+                 "--recompute", "--recompute-num-layers", "--seq-len", "--sp", "--tp", "--vpp", "--zero",
+                 "--zero-stage"],
+    "models": ["--format"],
+    "clusters": ["--format"],
+}
+FROZEN["explain"] = FROZEN["evaluate"]
+
+
+def _surface() -> dict[str, list[str]]:
+    cmd = typer.main.get_command(app)
+    return {name: sorted(o for p in c.params for o in p.opts if o.startswith("--"))
+            for name, c in cmd.commands.items()}
+
+
+def test_cli_surface_is_frozen():
+    surface = _surface()
+    for name, options in FROZEN.items():
+        assert surface.get(name) == sorted(options), name
+
+
+def test_documented_commands_exist():
+    assert {"plan", "evaluate", "explain", "emit", "validate", "profile", "models", "clusters"} <= set(_surface())
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_table(capsys):
+    code, out, err = run(capsys, "plan", *PLAN_ARGS, "--top", "3")
+    assert code == 0, err
+    for header in ("step (s)", "tok/s/GPU", "model TFLOP/s/GPU", "MFU %", "mem/GPU (GiB)", "headroom (GiB)"):
+        assert header in out
+    assert "candidates evaluated" in out and "rejected by reason" in out and "search time" in out
+
+
+def test_plan_json_is_the_python_result(capsys):
+    code, out, _ = run(capsys, "plan", *PLAN_ARGS, "--top", "2", "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    result = PlanResult.model_validate(data)
+    direct = plan("llama3-8b", "dgx-h100", 16, 64, 4096, top_k=2)
+    assert [p.strategy for p in result.plans] == [p.strategy for p in direct.plans]
+    assert [p.estimate for p in result.plans] == [p.estimate for p in direct.plans]
+    assert set(data) == set(direct.model_dump(mode="json"))
+
+
+def test_plan_csv(capsys):
+    code, out, _ = run(capsys, "plan", *PLAN_ARGS, "--top", "4", "--format", "csv")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 4 and rows[0]["rank"] == "1"
+    assert {"tp", "pp", "step_time_s", "mfu", "time_s.compute", "memory_bytes.activations"} <= set(rows[0])
+
+
+def test_plan_constraints(capsys):
+    code, out, _ = run(capsys, "plan", *PLAN_ARGS, "-C", "tp=2", "-C", "pp=1,2", "--format", "json")
+    assert code == 0
+    assert all(p["strategy"]["tp"] == 2 and p["strategy"]["pp"] in (1, 2) for p in json.loads(out)["plans"])
+
+
+def test_evaluate_and_explain(capsys):
+    args = ["--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1024", "--global-batch-size", "1536",
+            "--seq-len", "2048", "--tp", "8", "--pp", "8", "--mbs", "1", "--recompute", "selective", "--sp"]
+    code, out, err = run(capsys, "evaluate", *args)
+    assert code == 0, err
+    assert "dp16 tp8 pp8" in out and "MFU" in out and "fits" in out
+    code, out, _ = run(capsys, "explain", *args)
+    assert code == 0
+    assert "memory of the most-loaded rank" in out and "activations" in out and "pp_bubble" in out
+    code, out, _ = run(capsys, "explain", *args, "--format", "json")
+    assert json.loads(out)["binding_stage"] in ("first", "middle", "last")
+
+
+def test_evaluate_not_fitting_exits_1(capsys):
+    code, out, _ = run(capsys, "evaluate", "--model", "llama3-70b", "--cluster", "dgx-a100-40gb", "--gpus", "8",
+                       "--global-batch-size", "8", "--seq-len", "4096", "--tp", "8")
+    assert code == 1 and "does not fit" in out
+
+
+def test_presets_listing(capsys):
+    code, out, _ = run(capsys, "models", "--format", "json")
+    assert code == 0 and any(m["name"] == "llama3.1-405b" for m in json.loads(out))
+    code, out, _ = run(capsys, "clusters")
+    assert code == 0 and "gb200-nvl72" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "llama3-7b"], "close matches"),
+    (["--gpus", "0"], "num_gpus must be a positive integer"),
+    (["--cluster", "nowhere.yaml"], "does not exist"),
+    (["-C", "tp=3", "-C", "pp=3"], "no strategy has dp·tp·cp·pp"),
+    (["-C", "tensor=2"], "unknown constraint field"),
+    (["--constraints", "{bad"], "--constraints is not valid JSON"),
+])
+def test_bad_input_one_line_exit_2(capsys, args, message):
+    base = dict(zip(PLAN_ARGS[::2], PLAN_ARGS[1::2]))
+    base.update(dict(zip(args[::2], args[1::2])))
+    argv = ["plan"] + [x for kv in base.items() for x in kv if kv[0] not in ("-C", "--constraints")]
+    argv += [x for i in range(0, len(args), 2) if args[i] in ("-C", "--constraints") for x in args[i:i + 2]]
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err + out
+
+
+def test_malformed_cluster_yaml(capsys, tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("- just\n- a list\n")
+    code, _, err = run(capsys, "plan", *PLAN_ARGS[:2], "--cluster", str(bad), *PLAN_ARGS[4:])
+    assert code == 2 and "must hold a mapping" in err
+
+
+def test_no_fit_exits_1_with_closest(capsys):
+    code, out, err = run(capsys, "plan", "--model", "llama3.1-405b", "--cluster", "dgx-a100-40gb", "--gpus", "8",
+                         "--global-batch-size", "8", "--seq-len", "8192")
+    assert code == 1
+    assert "no strategy fits" in err and "closest" in err and "GiB" in err
+
+
+def test_python_dash_m_and_console_script_agree():
+    # `python -m planner` is the same CLI, in a fresh process: real exit code, no traceback.
+    proc = subprocess.run([sys.executable, "-m", "planner", "plan", *PLAN_ARGS[:6], "--global-batch-size", "64",
+                           "--seq-len", "0"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "seq_len" in proc.stderr and "Traceback" not in proc.stderr

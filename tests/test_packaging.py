@@ -1,0 +1,44 @@
+"""Packaging: the generic top-level package names resolve to this project; the core needs no torch."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", ["planner", "cost_models", "profiles", "executors"])
+def test_top_level_packages_are_ours(name):
+    module = importlib.import_module(name)
+    assert Path(module.__file__).resolve().is_relative_to(ROOT), module.__file__
+
+
+def test_core_imports_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import planner, cost_models, profiles, executors, planner.cli\n"
+            "from planner import plan\n"
+            "r = plan('llama3-8b', 'dgx-h100', 8, 16, 2048, top_k=1)\n"
+            "assert r.plans\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_preset_yaml_is_package_data():
+    import profiles
+
+    assert (Path(profiles.__file__).parent / "models" / "llama3-70b.yaml").exists()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"**/*.yaml"' in pyproject
+
+
+@pytest.mark.parametrize("module", ["cost_models.memory", "cost_models.units", "cost_models.compute",
+                                    "cost_models.comm", "cost_models.schedule"])
+def test_doctests(module):
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.failed == 0

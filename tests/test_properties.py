@@ -1,0 +1,156 @@
+"""Property tests (hypothesis) over random models, clusters and strategies."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from cost_models import StrategyArrays, evaluate_arrays
+from cost_models.memory import model_state_bytes, stage_params
+from cost_models.schedule import layout
+from planner import ModelSpec, TrainSpec, evaluate, plan
+from planner.rules import Context, check
+from planner.search import evaluate_one
+from planner.space import enumerate_space
+from planner.specs import Strategy
+from profiles import load_cluster
+
+CLUSTERS = ["dgx-a100-80gb", "dgx-h100", "gb200-nvl72"]
+
+
+@hs.composite
+def models(draw):
+    heads = draw(hs.sampled_from([4, 8, 16, 32]))
+    kv = draw(hs.sampled_from([d for d in (1, 2, 4, 8, 16, 32) if heads % d == 0]))
+    head_dim = draw(hs.sampled_from([32, 64, 128]))
+    hidden = heads * head_dim
+    return ModelSpec(
+        name="random", num_layers=draw(hs.integers(1, 48)), hidden_size=hidden, num_attention_heads=heads,
+        num_kv_heads=kv, ffn_hidden_size=draw(hs.sampled_from([2, 3, 4])) * hidden,
+        gated_mlp=draw(hs.booleans()), vocab_size=draw(hs.integers(1000, 130000)),
+        tie_embeddings=draw(hs.booleans()), position_embedding=draw(hs.sampled_from(["rope", "learned"])),
+        norm=draw(hs.sampled_from(["rmsnorm", "layernorm"])), linear_bias=draw(hs.booleans()),
+        dropout=draw(hs.booleans()),
+    )
+
+
+@hs.composite
+def questions(draw):
+    model = draw(models())
+    num_gpus = 2 ** draw(hs.integers(0, 6))
+    cluster = load_cluster(draw(hs.sampled_from(CLUSTERS)))
+    precisions = [p for p in ("bf16", "fp16", "fp8") if p in cluster.gpu.peak_flop_per_s]
+    train = TrainSpec(global_batch_size=num_gpus * draw(hs.sampled_from([1, 2, 4, 8])),
+                      seq_len=draw(hs.sampled_from([512, 1024, 2048, 4096])),
+                      precision=draw(hs.sampled_from(precisions)),
+                      attention_kernel=draw(hs.sampled_from(["flash", "unfused"])))
+    return model, cluster, train, num_gpus
+
+
+def _valid_space(model, train, num_gpus):
+    space = enumerate_space(model, train, num_gpus, {})
+    valid, _ = check(Context(model, train, num_gpus), space)
+    return space.take(valid)
+
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(questions())
+def test_every_cost_term_is_finite_and_non_negative(q):
+    model, cluster, train, n = q
+    st = _valid_space(model, train, n)
+    if len(st) == 0:
+        return
+    costs = evaluate_arrays(model, cluster, train, st)
+    for name, arr in list(costs.time_s.items()) + list(costs.memory_bytes.items()):
+        assert np.all(np.isfinite(arr)) and np.all(arr >= 0), name
+    assert np.all(costs.step_time_s > 0)
+    assert np.allclose(costs.step_time_s, sum(costs.time_s.values()))
+    assert np.allclose(costs.peak_memory_bytes, sum(costs.memory_bytes.values()))
+    assert np.all(costs.hardware_flop_per_step >= costs.model_flop_per_step)
+
+
+@SETTINGS
+@given(questions())
+def test_tp1_has_no_tp_communication(q):
+    model, cluster, train, n = q
+    st = _valid_space(model, train, n)
+    if len(st) == 0:
+        return
+    costs = evaluate_arrays(model, cluster, train, st)
+    tp1 = st.tp == 1
+    assert np.all(costs.time_s["tp_comm"][tp1] == 0)
+    assert np.all(costs.time_s["cp_comm"][st.cp == 1] == 0)
+    assert np.all(costs.time_s["pp_comm"][st.pp == 1] == 0)
+    assert np.all(costs.time_s["pp_bubble"][st.pp == 1] == 0)
+    single = (st.dp * st.cp) == 1
+    assert np.all(costs.time_s["dp_comm"][single] == 0)
+
+
+def _max_weight_bytes(model, tp, pp, zero, shard):
+    tp, pp, zero, shard = (np.array([x]) for x in (tp, pp, zero, shard))
+    zeros = np.zeros(1, dtype=int)
+    lay = layout(model.num_layers, pp, np.ones(1, dtype=int), zeros, zeros, np.array([64]))
+    params = stage_params(model, tp, pp, lay)
+    return float(model_state_bytes(params, zero, shard, np.array([False]), "bf16", "fp32", "adam")["params"].max())
+
+
+@SETTINGS
+@given(models(), hs.sampled_from([1, 2, 4, 8]), hs.sampled_from([1, 2, 4, 8]))
+def test_weight_bytes_never_grow_with_tp_pp_or_zero(model, tp, pp):
+    if model.num_attention_heads % (2 * tp) or model.num_layers % (2 * pp):
+        return
+    base = _max_weight_bytes(model, tp, pp, 0, 8)
+    assert _max_weight_bytes(model, 2 * tp, pp, 0, 8) <= base
+    assert _max_weight_bytes(model, tp, 2 * pp, 0, 8) <= base
+    for zero in (1, 2, 3):
+        assert _max_weight_bytes(model, tp, pp, zero, 8) <= base
+
+
+@SETTINGS
+@given(models(), hs.sampled_from([1, 2, 3, 4, 6, 8]))
+def test_stage_shards_sum_to_the_model(model, pp):
+    if model.num_layers % pp:
+        return
+    one = np.array([1])
+    zeros = np.zeros(1, dtype=int)
+    lay = layout(model.num_layers, np.array([pp]), one, zeros, zeros, np.array([64]))
+    first, middle, last = stage_params(model, one, np.array([pp]), lay)[:, 0]
+    total = first + last + max(pp - 2, 0) * middle if pp > 1 else first
+    tied_copy = model.vocab_size * model.hidden_size if (model.tie_embeddings and pp > 1) else 0
+    assert total == model.num_params() + tied_copy
+
+
+def test_search_agrees_with_one_by_one_evaluation():
+    """Differential: the vectorised search's best equals the best of evaluate() over every candidate."""
+    model = ModelSpec(name="small", num_layers=8, hidden_size=1024, num_attention_heads=16, num_kv_heads=4,
+                      ffn_hidden_size=2816, gated_mlp=True, vocab_size=32000, tie_embeddings=False)
+    cluster = load_cluster("dgx-h100")
+    train = TrainSpec(global_batch_size=32, seq_len=2048)
+    result = plan(model, cluster, num_gpus=16, global_batch_size=32, seq_len=2048, top_k=5)
+    space = enumerate_space(model, train, 16, {})
+    best_time, best = float("inf"), None
+    for i in range(len(space)):
+        strategy = Strategy(**space.row(i))
+        est = evaluate_one(model, cluster, train, strategy)
+        if est.fits and est.step_time_s < best_time:
+            best_time, best = est.step_time_s, strategy
+    assert best is not None
+    assert result.plans[0].estimate.step_time_s == best_time
+    again = evaluate(model, cluster, 16, 32, 2048, strategy=result.plans[0].strategy)
+    assert again.step_time_s == result.plans[0].estimate.step_time_s
+    assert result.stats.num_candidates == len(space)
+    assert result.stats.num_candidates == result.stats.num_valid + sum(
+        v for k, v in result.stats.rejected.items() if not k.startswith("memory"))
+    assert result.stats.num_valid == result.stats.num_feasible + sum(
+        v for k, v in result.stats.rejected.items() if k.startswith("memory"))
+
+
+def test_strategy_arrays_round_trip():
+    s = Strategy(dp=2, tp=4, pp=2, vpp=2, sequence_parallel=True, zero_stage=1, micro_batch_size=2,
+                 recompute="full", recompute_num_layers=3)
+    st = StrategyArrays.from_strategies([s])
+    assert Strategy(**st.row(0)) == s

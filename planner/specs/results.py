@@ -50,6 +50,37 @@ class Plan(BaseModel):
     train: TrainSpec = Field(description="Batch, sequence and precision the plan is for.")
     num_gpus: int = Field(description="GPUs the plan uses.")
 
+    # ---- emitters (planner.emit); each raises NotExpressibleError when the framework cannot run the plan ----
+    def to_megatron_args(self) -> list[str]:
+        """Megatron-LM `pretrain_gpt.py` flags (argv tokens) for this plan."""
+        from planner.emit.megatron import megatron_args
+
+        return megatron_args(self)
+
+    def to_megatron_bridge_overrides(self) -> list[str]:
+        """Megatron-Bridge `section.field=value` overrides for this plan."""
+        from planner.emit.megatron_bridge import bridge_overrides
+
+        return bridge_overrides(self)
+
+    def to_deepspeed_config(self) -> dict:
+        """The DeepSpeed JSON config (as a dict) for this plan."""
+        from planner.emit.deepspeed import ds_config
+
+        return ds_config(self)
+
+    def to_colossalai_plugin(self) -> dict:
+        """Colossal-AI booster plugin: {"plugin": class name, "kwargs": ..., "training": ..., "notes": ...}."""
+        from planner.emit.colossalai import plugin_spec
+
+        return plugin_spec(self)
+
+    def to_torchtitan_toml(self) -> str:
+        """torchtitan (0.2.x) TOML job config for this plan."""
+        from planner.emit.torchtitan import to_toml
+
+        return to_toml(self)
+
 
 
 class SearchStats(BaseModel):

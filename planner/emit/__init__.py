@@ -1,0 +1,50 @@
+"""Emitters: a plan as ready-to-run flags, configs and launch scripts.
+
+    from planner.emit import emit, emit_data, backends
+    print(emit(plan, "megatron"))            # text to paste
+    cfg = emit_data(plan, "deepspeed")       # structured form (JSON values)
+
+Backends: megatron, megatron-bridge, deepspeed, megatron-deepspeed, colossalai,
+torchtitan, torchrun, slurm. A strategy a backend cannot run as planned raises
+`NotExpressibleError` ("not expressible in <framework>: ..."), a SpecError.
+See planner/emit/base.py for the Emitter contract and docs/emitters.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.emit.base import REGISTRY, EmitOptions, Emitter, NotExpressibleError, Registry
+from planner.specs import Plan
+
+# Importing a backend module registers its emitters (order = `backends()` order).
+from planner.emit import megatron, megatron_bridge, deepspeed, colossalai, torchtitan, launch  # noqa: E402,F401  isort:skip
+
+
+def backends() -> list[str]:
+    """Names of the registered emitters."""
+    return REGISTRY.names()
+
+
+def get_emitter(name: str) -> Emitter:
+    """The emitter called `name`; an unknown name is a SpecError listing close matches."""
+    return REGISTRY.get(name)
+
+
+def register(emitter: Emitter) -> Emitter:
+    """Add an emitter; a duplicate name is refused."""
+    return REGISTRY.register(emitter)
+
+
+def emit(plan: Plan, backend: str, options: EmitOptions | None = None) -> str:
+    """The text a user pastes for `backend`."""
+    return get_emitter(backend).render(plan, options or EmitOptions())
+
+
+def emit_data(plan: Plan, backend: str, options: EmitOptions | None = None) -> Any:
+    """The structured (JSON-serialisable) form of `emit`."""
+    return get_emitter(backend).data(plan, options or EmitOptions())
+
+
+__all__ = ["EmitOptions", "Emitter", "NotExpressibleError", "Registry", "backends", "emit", "emit_data",
+           "get_emitter", "register"]

@@ -1,0 +1,257 @@
+"""The emitter contract, its registry, and the facts every emitter derives from a plan.
+
+An emitter turns one `Plan` into what a framework needs to run it: command-line
+flags, a config file, a plugin constructor, a launch script. Framework names
+(flags, config keys) live only in each backend module's mapping table; this
+module speaks the planner's vocabulary (dp, tp, pp, cp, ep, etp, vpp, zero_stage).
+
+Contract of an `Emitter` (checked for every registered emitter by
+tests/emit/test_contract.py):
+
+- `data(plan, options)` returns the structured form (JSON-serialisable: dicts,
+  lists, str, int, float, bool, None); `render(plan, options)` returns the text
+  a user pastes (a shell block, JSON, TOML or Python). Both describe the same
+  settings and are deterministic: the same plan gives byte-identical output.
+- Neither mutates the plan, prints, reads or writes files, or imports the
+  framework it targets (the tests do that, to check the output).
+- A strategy the framework cannot run as planned raises `NotExpressibleError`
+  whose message starts "not expressible in <framework>: " and names the field,
+  the rule and the value. An emitter never silently drops or changes a knob
+  that changes memory or speed; it either maps it or refuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import SpecError, unknown_name_message
+from planner.specs import Plan, Strategy
+
+
+class NotExpressibleError(SpecError):
+    """The plan's strategy cannot be run as planned by this framework."""
+
+    def __init__(self, framework: str, reason: str) -> None:
+        super().__init__(f"not expressible in {framework}: {reason}")
+        self.framework = framework
+        self.reason = reason
+
+
+LaunchTarget = Literal["megatron", "deepspeed", "colossalai", "torchtitan"]
+
+
+class EmitOptions(BaseModel):
+    """Choices that are not part of the plan: what the launch scripts run, and where."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    launch_for: LaunchTarget = Field(
+        "megatron", description="Framework the torchrun/slurm launch scripts start: megatron, deepspeed, colossalai or torchtitan."
+    )
+    script: str | None = Field(
+        None,
+        description="Training entry point the launch scripts run; default: pretrain_gpt.py (Megatron-LM, "
+        "Megatron-DeepSpeed), train.py (Colossal-AI), -m torchtitan.train (torchtitan).",
+    )
+    master_port: int = Field(29500, ge=1, le=65535, description="Rendezvous TCP port on the first node.")
+    job_name: str = Field("meshplan", pattern=r"^[A-Za-z0-9_.-]+$", description="Slurm job name.")
+
+
+@runtime_checkable
+class Emitter(Protocol):
+    """One backend. See the module docstring for the contract."""
+
+    name: str
+    """Registry key and `meshplan emit --backend` choice, e.g. `megatron`."""
+    framework: str
+    """Human name used in messages, e.g. `Megatron-LM`."""
+    syntax: str
+    """What `render` returns: shell, json, toml or python."""
+
+    def data(self, plan: Plan, options: EmitOptions) -> Any: ...
+
+    def render(self, plan: Plan, options: EmitOptions) -> str: ...
+
+
+class Registry:
+    """Named emitters; refuses duplicate names and lists the choices on a miss."""
+
+    def __init__(self) -> None:
+        self._emitters: dict[str, Emitter] = {}
+
+    def register(self, emitter: Emitter) -> Emitter:
+        if not isinstance(emitter, Emitter):
+            raise TypeError(f"{emitter!r} does not implement the Emitter protocol")
+        if emitter.name in self._emitters:
+            raise ValueError(f"an emitter named {emitter.name!r} is already registered")
+        self._emitters[emitter.name] = emitter
+        return emitter
+
+    def get(self, name: str) -> Emitter:
+        try:
+            return self._emitters[name]
+        except KeyError:
+            raise SpecError(unknown_name_message("emit backend", name, list(self._emitters))) from None
+
+    def names(self) -> list[str]:
+        return list(self._emitters)
+
+
+REGISTRY = Registry()
+
+
+# ---- facts derived from a plan ------------------------------------------------
+@dataclass(frozen=True)
+class PlanFacts:
+    """Numbers every emitter needs, derived once from a plan (counts, not bytes)."""
+
+    plan: Plan
+    strategy: Strategy
+    dp: int
+    num_microbatches: int
+    num_nodes: int
+    gpus_per_node: int
+
+    @property
+    def model(self):
+        return self.plan.model
+
+    @property
+    def train(self):
+        return self.plan.train
+
+    @property
+    def uneven(self) -> bool:
+        s = self.strategy
+        return s.num_layers_in_first_stage is not None or s.num_layers_in_last_stage is not None
+
+    def layers_per_stage(self) -> list[int]:
+        """Transformer layers on each pipeline rank, first to last (Megatron's split rule)."""
+        s, L = self.strategy, self.model.num_layers
+        if not self.uneven:
+            return [L // s.pp] * s.pp
+        first, last = s.num_layers_in_first_stage, s.num_layers_in_last_stage
+        inner = s.pp - (first is not None) - (last is not None)
+        rest = L - (first or 0) - (last or 0)
+        middle = rest // inner if inner else 0
+        out = [middle] * s.pp
+        if first is not None:
+            out[0] = first
+        if last is not None:
+            out[-1] = last
+        return out
+
+    def layers_per_chunk(self) -> list[int]:
+        """Layers of each virtual pipeline stage in schedule order: stage c·pp + r lives on rank r."""
+        s = self.strategy
+        per_rank = self.layers_per_stage()
+        return [per_rank[r] // s.vpp for _ in range(s.vpp) for r in range(s.pp)]
+
+    def local_batch_size(self) -> int:
+        """Sequences each data-parallel rank processes per optimizer step."""
+        return self.train.global_batch_size // self.dp
+
+
+def facts(plan: Plan) -> PlanFacts:
+    """Resolve the plan's strategy and derive the shared numbers (no checks)."""
+    strategy = plan.strategy.resolve(plan.num_gpus) if plan.strategy.dp == "auto" else plan.strategy
+    dp = int(strategy.dp)
+    per_node = min(plan.cluster.gpus_per_node, plan.num_gpus)
+    return PlanFacts(
+        plan=plan,
+        strategy=strategy,
+        dp=dp,
+        num_microbatches=plan.train.global_batch_size // (strategy.micro_batch_size * dp),
+        num_nodes=-(-plan.num_gpus // per_node),
+        gpus_per_node=per_node,
+    )
+
+
+def check_plan(plan: Plan, framework: str) -> PlanFacts:
+    """Rules every framework needs and some accept silently, then the facts.
+
+    Megatron-core, for one, builds its configs for a tp that does not divide the
+    KV heads, a pp·vpp that does not divide the layers, or an ep on a dense
+    model, and fails (or trains something else) only at run time. A plan that
+    breaks one of these is refused for every backend.
+    """
+    f = facts(plan)
+    s, m, t = f.strategy, plan.model, plan.train
+
+    def refuse(reason: str) -> None:
+        raise NotExpressibleError(framework, reason)
+
+    if f.dp * s.tp * s.cp * s.pp != plan.num_gpus:
+        refuse(f"dp·tp·cp·pp ({f.dp}·{s.tp}·{s.cp}·{s.pp}) must equal num_gpus ({plan.num_gpus})")
+    if t.global_batch_size % (s.micro_batch_size * f.dp):
+        refuse(f"micro_batch_size·dp ({s.micro_batch_size}·{f.dp}) must divide global_batch_size ({t.global_batch_size})")
+    if m.num_attention_heads % s.tp:
+        refuse(f"tp ({s.tp}) must divide num_attention_heads ({m.num_attention_heads})")
+    if m.kv_heads % s.tp:
+        refuse(f"tp ({s.tp}) must divide num_kv_heads ({m.kv_heads})")
+    _check_layers(f, refuse)
+    if s.ep > 1 or s.etp > 1:
+        refuse(f"ep ({s.ep}) and etp ({s.etp}) must be 1: model {m.name} is dense (ModelSpec has no experts)")
+    if s.cp > 1 and t.seq_len % (2 * s.cp):
+        refuse(f"seq_len ({t.seq_len}) must be divisible by 2·cp ({2 * s.cp}) for load-balanced context parallelism")
+    if s.sequence_parallel and (t.seq_len // s.cp) % s.tp:
+        refuse(f"with sequence_parallel, seq_len/cp ({t.seq_len // s.cp}) must be divisible by tp ({s.tp})")
+    if s.vpp > 1 and f.num_microbatches % s.pp:
+        refuse(f"with vpp > 1, num_microbatches ({f.num_microbatches}) must be a multiple of pp ({s.pp})")
+    if s.recompute_num_layers is not None and s.recompute_num_layers > min(f.layers_per_chunk()):
+        refuse(f"recompute_num_layers ({s.recompute_num_layers}) must not exceed the layers per pipeline chunk "
+               f"({min(f.layers_per_chunk())})")
+    if m.position_embedding == "learned" and t.seq_len > m.max_position_embeddings:
+        refuse(f"seq_len ({t.seq_len}) exceeds the learned position table (max_position_embeddings "
+               f"{m.max_position_embeddings})")
+    return f
+
+
+def _check_layers(f: PlanFacts, refuse) -> None:
+    s, L = f.strategy, f.model.num_layers
+    if not f.uneven:
+        if L % (s.pp * s.vpp):
+            refuse(f"pp·vpp ({s.pp}·{s.vpp}) must divide num_layers ({L}) unless first/last stage layers are set")
+        return
+    first, last = s.num_layers_in_first_stage or 0, s.num_layers_in_last_stage or 0
+    inner = s.pp - (s.num_layers_in_first_stage is not None) - (s.num_layers_in_last_stage is not None)
+    rest = L - first - last
+    ok = (rest > 0 and rest % inner == 0) if inner > 0 else rest == 0
+    if not ok:
+        refuse(f"uneven pipeline: num_layers ({L}) minus first ({first}) and last ({last}) stage layers must split "
+               f"evenly over the other {inner} stage(s) of pp ({s.pp})")
+    if any(n % s.vpp for n in f.layers_per_stage()):
+        refuse(f"uneven pipeline: every stage's layers {f.layers_per_stage()} must be divisible by vpp ({s.vpp})")
+
+
+def describe(plan: Plan) -> str:
+    """One comment line naming the plan: model, GPUs, cluster and strategy."""
+    est = plan.estimate
+    return (f"plan {plan.rank}: {plan.model.name} on {plan.num_gpus}x {plan.cluster.gpu.name} ({plan.cluster.name}), "
+            f"{facts(plan).strategy.short()}; predicted {est.step_time_s:.3g} s/step, {100 * est.mfu:.1f}% MFU, "
+            f"{est.peak_memory_bytes / 2**30:.1f} GiB peak per GPU")
+
+
+def shell_array(name: str, args: list[str]) -> str:
+    """A bash array literal, one flag (with its value) per line."""
+    import shlex
+
+    lines: list[str] = []
+    for arg in args:
+        if arg.startswith("-") and not _is_number(arg) or not lines:
+            lines.append(shlex.quote(arg))
+        else:
+            lines[-1] += " " + shlex.quote(arg)
+    body = "".join(f"  {line}\n" for line in lines)
+    return f"{name}=(\n{body})\n"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

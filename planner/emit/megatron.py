@@ -1,0 +1,358 @@
+"""Megatron-LM: `pretrain_gpt.py` command-line flags (Megatron-LM core_r0.16 / megatron-core 0.16).
+
+The plan becomes a dict of Megatron-LM argparse destinations (`settings`), and
+the mapping table `FLAGS` turns each into its flag. `parse_args` reads flags
+back through the same table, and `core_config_kwargs` repeats what Megatron-LM's
+`core_transformer_config_from_args` does, so the tests can build megatron-core's
+own `ModelParallelConfig`, `TransformerConfig`, `DistributedDataParallelConfig`
+and `OptimizerConfig` from exactly the flags a user pastes.
+
+Choices an experienced Megatron user would make, and why:
+- zero_stage 1 is the distributed optimizer; 2 and 3 are Megatron-FSDP
+  (`--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads[_params]`,
+  which also needs the distributed optimizer, no gradient-accumulation fusion
+  and the `fsdp_dtensor` checkpoint format).
+- Full recompute of every layer is `--recompute-method uniform
+  --recompute-num-layers 1`; of the first k layers per chunk, `block` with k.
+- vpp is `--num-virtual-stages-per-pipeline-rank` (the only vpp flag Megatron
+  allows together with uneven first/last stages).
+- fp8 is Transformer Engine delayed scaling, hybrid format (E4M3 forward,
+  E5M2 backward), amax history 1024 with the max algorithm, on top of bf16.
+- rope models get `--max-position-embeddings max(table, seq_len)`; Megatron
+  requires it to be at least the sequence length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFacts, check_plan, describe, shell_array
+from planner.specs import Plan
+
+FRAMEWORK = "Megatron-LM"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One Megatron-LM argument: its flag and how its value is written.
+
+    kind: `int`, `float`, `str` (flag VALUE), `switch` (store_true: flag when
+    True), `negswitch` (store_false: flag when False).
+    """
+
+    flag: str
+    kind: str
+
+
+# ---- mapping table: argparse destination -> flag --------------------------------
+FLAGS: dict[str, Flag] = {
+    # parallel layout
+    "tensor_model_parallel_size": Flag("--tensor-model-parallel-size", "int"),
+    "pipeline_model_parallel_size": Flag("--pipeline-model-parallel-size", "int"),
+    "num_virtual_stages_per_pipeline_rank": Flag("--num-virtual-stages-per-pipeline-rank", "int"),
+    "decoder_first_pipeline_num_layers": Flag("--decoder-first-pipeline-num-layers", "int"),
+    "decoder_last_pipeline_num_layers": Flag("--decoder-last-pipeline-num-layers", "int"),
+    "context_parallel_size": Flag("--context-parallel-size", "int"),
+    "expert_model_parallel_size": Flag("--expert-model-parallel-size", "int"),
+    "expert_tensor_parallel_size": Flag("--expert-tensor-parallel-size", "int"),
+    "sequence_parallel": Flag("--sequence-parallel", "switch"),
+    # batch and sequence
+    "micro_batch_size": Flag("--micro-batch-size", "int"),
+    "global_batch_size": Flag("--global-batch-size", "int"),
+    "seq_length": Flag("--seq-length", "int"),
+    # activation recomputation
+    "recompute_granularity": Flag("--recompute-granularity", "str"),
+    "recompute_method": Flag("--recompute-method", "str"),
+    "recompute_num_layers": Flag("--recompute-num-layers", "int"),
+    # data parallel, ZeRO, optimizer
+    "use_distributed_optimizer": Flag("--use-distributed-optimizer", "switch"),
+    "use_megatron_fsdp": Flag("--use-megatron-fsdp", "switch"),
+    "data_parallel_sharding_strategy": Flag("--data-parallel-sharding-strategy", "str"),
+    "gradient_accumulation_fusion": Flag("--no-gradient-accumulation-fusion", "negswitch"),
+    "ckpt_format": Flag("--ckpt-format", "str"),
+    "overlap_grad_reduce": Flag("--overlap-grad-reduce", "switch"),
+    "overlap_param_gather": Flag("--overlap-param-gather", "switch"),
+    "optimizer": Flag("--optimizer", "str"),
+    "optimizer_cpu_offload": Flag("--optimizer-cpu-offload", "switch"),
+    "use_precision_aware_optimizer": Flag("--use-precision-aware-optimizer", "switch"),
+    # precision
+    "bf16": Flag("--bf16", "switch"),
+    "fp16": Flag("--fp16", "switch"),
+    "grad_reduce_in_bf16": Flag("--grad-reduce-in-bf16", "switch"),
+    "accumulate_allreduce_grads_in_fp32": Flag("--accumulate-allreduce-grads-in-fp32", "switch"),
+    "fp8": Flag("--fp8-format", "str"),
+    "fp8_recipe": Flag("--fp8-recipe", "str"),
+    "fp8_amax_history_len": Flag("--fp8-amax-history-len", "int"),
+    "fp8_amax_compute_algo": Flag("--fp8-amax-compute-algo", "str"),
+    # model shape
+    "num_layers": Flag("--num-layers", "int"),
+    "hidden_size": Flag("--hidden-size", "int"),
+    "ffn_hidden_size": Flag("--ffn-hidden-size", "int"),
+    "num_attention_heads": Flag("--num-attention-heads", "int"),
+    "kv_channels": Flag("--kv-channels", "int"),
+    "group_query_attention": Flag("--group-query-attention", "switch"),
+    "num_query_groups": Flag("--num-query-groups", "int"),
+    "swiglu": Flag("--swiglu", "switch"),
+    "normalization": Flag("--normalization", "str"),
+    "position_embedding_type": Flag("--position-embedding-type", "str"),
+    "max_position_embeddings": Flag("--max-position-embeddings", "int"),
+    "untie_embeddings_and_output_weights": Flag("--untie-embeddings-and-output-weights", "switch"),
+    "add_bias_linear": Flag("--disable-bias-linear", "negswitch"),
+    "add_qkv_bias": Flag("--add-qkv-bias", "switch"),
+    "attention_dropout": Flag("--attention-dropout", "float"),
+    "hidden_dropout": Flag("--hidden-dropout", "float"),
+    "attention_backend": Flag("--attention-backend", "str"),
+}
+
+# planner vocabulary -> Megatron values
+_ZERO_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+_NORM = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+_POSITION = {"learned": "learned_absolute", "rope": "rope", "none": "none"}
+_ATTENTION = {"flash": "flash", "unfused": "unfused"}
+_DROPOUT_P = 0.1  # GPT-2/3 style dropout probability where ModelSpec.dropout is set
+FP8_SETTINGS = {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max"}
+
+
+def settings(plan: Plan) -> dict[str, Any]:
+    """The plan as Megatron-LM argparse destinations, in the order the flags are printed."""
+    f = check_plan(plan, FRAMEWORK)
+    s, m, t = f.strategy, plan.model, plan.train
+    out: dict[str, Any] = {
+        "tensor_model_parallel_size": s.tp,
+        "pipeline_model_parallel_size": s.pp,
+    }
+    if s.vpp > 1:
+        out["num_virtual_stages_per_pipeline_rank"] = s.vpp
+    if s.num_layers_in_first_stage is not None:
+        out["decoder_first_pipeline_num_layers"] = s.num_layers_in_first_stage
+    if s.num_layers_in_last_stage is not None:
+        out["decoder_last_pipeline_num_layers"] = s.num_layers_in_last_stage
+    out["context_parallel_size"] = s.cp
+    if s.ep > 1 or s.etp > 1:  # unreachable for dense models (check_plan refuses); kept for MoE
+        out["expert_model_parallel_size"] = s.ep
+        out["expert_tensor_parallel_size"] = s.etp
+    if s.sequence_parallel:
+        out["sequence_parallel"] = True
+    out |= {"micro_batch_size": s.micro_batch_size, "global_batch_size": t.global_batch_size, "seq_length": t.seq_len}
+    out |= _recompute(f)
+    out |= _data_parallel(f)
+    out |= _precision(f)
+    out |= _model_shape(f)
+    return out
+
+
+def _recompute(f: PlanFacts) -> dict[str, Any]:
+    s = f.strategy
+    if s.recompute == "none":
+        return {}
+    if s.recompute == "selective":
+        return {"recompute_granularity": "selective"}
+    if s.recompute_num_layers is None:
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    return {"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": s.recompute_num_layers}
+
+
+def _data_parallel(f: PlanFacts) -> dict[str, Any]:
+    s = f.strategy
+    out: dict[str, Any] = {}
+    if s.zero_stage >= 1:
+        out["use_distributed_optimizer"] = True
+    if s.zero_stage >= 2:
+        out |= {"use_megatron_fsdp": True, "data_parallel_sharding_strategy": _ZERO_SHARDING[s.zero_stage],
+                "gradient_accumulation_fusion": False, "ckpt_format": "fsdp_dtensor"}
+    if s.overlap_grad_reduce:
+        out["overlap_grad_reduce"] = True
+        # Megatron gathers parameters only when they are sharded, and only with overlapped reduction.
+        if s.overlap_param_gather and s.zero_stage >= 1:
+            out["overlap_param_gather"] = True
+    out["optimizer"] = f.train.optimizer
+    if s.offload_optimizer:
+        if f.train.optimizer != "adam":
+            raise NotExpressibleError(FRAMEWORK, f"offload_optimizer with optimizer {f.train.optimizer!r}; "
+                                                 "Megatron's CPU-offloaded (precision-aware) optimizer is Adam only")
+        out |= {"optimizer_cpu_offload": True, "use_precision_aware_optimizer": True}
+    return out
+
+
+def _precision(f: PlanFacts) -> dict[str, Any]:
+    precision, grads = f.train.precision, f.train.grad_precision
+    compute = "fp16" if precision == "fp16" else "bf16"
+    out: dict[str, Any] = {compute: True}
+    if grads not in ("fp32", compute):
+        raise NotExpressibleError(FRAMEWORK, f"grad_precision {grads!r} with precision {precision!r}; Megatron reduces "
+                                             f"gradients in fp32 or in the {compute} compute type")
+    if grads == "bf16":
+        out["grad_reduce_in_bf16"] = True
+    if grads == "fp32" and compute == "fp16":
+        out["accumulate_allreduce_grads_in_fp32"] = True
+    if precision == "fp8":
+        out |= FP8_SETTINGS
+    return out
+
+
+def _model_shape(f: PlanFacts) -> dict[str, Any]:
+    m, t = f.model, f.train
+    out: dict[str, Any] = {
+        "num_layers": m.num_layers,
+        "hidden_size": m.hidden_size,
+        "ffn_hidden_size": m.ffn_hidden_size,
+        "num_attention_heads": m.num_attention_heads,
+    }
+    if m.head_size * m.num_attention_heads != m.hidden_size:
+        out["kv_channels"] = m.head_size
+    if m.kv_heads != m.num_attention_heads:
+        out |= {"group_query_attention": True, "num_query_groups": m.kv_heads}
+    if m.gated_mlp:
+        out["swiglu"] = True
+    out["normalization"] = _NORM[m.norm]
+    out["position_embedding_type"] = _POSITION[m.position_embedding]
+    table = m.max_position_embeddings
+    out["max_position_embeddings"] = table if m.position_embedding == "learned" else max(table, t.seq_len)
+    if not m.tie_embeddings:
+        out["untie_embeddings_and_output_weights"] = True
+    if not m.linear_bias:
+        out["add_bias_linear"] = False
+        if m.qkv_bias:
+            out["add_qkv_bias"] = True
+    p = _DROPOUT_P if m.dropout else 0.0
+    out |= {"attention_dropout": p, "hidden_dropout": p, "attention_backend": _ATTENTION[t.attention_kernel]}
+    return out
+
+
+# ---- flags <-> settings ------------------------------------------------------------
+def to_args(values: dict[str, Any]) -> list[str]:
+    """Render settings as argv tokens through the mapping table."""
+    argv: list[str] = []
+    for dest, value in values.items():
+        flag = FLAGS[dest]
+        if flag.kind == "switch":
+            if value:
+                argv.append(flag.flag)
+        elif flag.kind == "negswitch":
+            if not value:
+                argv.append(flag.flag)
+        else:
+            argv += [flag.flag, _format(value)]
+    return argv
+
+
+def _format(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+_BY_FLAG = {flag.flag: (dest, flag) for dest, flag in FLAGS.items()}
+_CASTS = {"int": int, "float": float, "str": str}
+
+
+def parse_args(argv: list[str]) -> dict[str, Any]:
+    """Read argv tokens back into argparse destinations through the mapping table."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token not in _BY_FLAG:
+            raise ValueError(f"unknown Megatron-LM flag {token!r} (not in the mapping table)")
+        dest, flag = _BY_FLAG[token]
+        if flag.kind in ("switch", "negswitch"):
+            out[dest] = flag.kind == "switch"
+            i += 1
+        else:
+            out[dest] = _CASTS[flag.kind](argv[i + 1])
+            i += 2
+    return out
+
+
+# ---- argparse destinations -> megatron-core config kwargs ---------------------------
+_PARALLEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                    "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel")
+_TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
+                       "normalization", "add_bias_linear", "add_qkv_bias", "attention_dropout", "hidden_dropout",
+                       "recompute_granularity", "recompute_method", "recompute_num_layers", "fp8", "fp8_recipe",
+                       "fp8_amax_history_len", "fp8_amax_compute_algo", "attention_backend")
+_RENAMED = {"decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
+            "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage"}
+
+
+def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Megatron-LM's translation of its arguments into megatron-core configs.
+
+    Returns kwargs for `parallel` (ModelParallelConfig), `transformer`
+    (TransformerConfig), `ddp` (DistributedDataParallelConfig), `optimizer`
+    (OptimizerConfig), `gpt` (GPTModel arguments) and `training` (batch and
+    sequence). Dtypes are names (`bfloat16`); `swiglu` is `gated_linear_unit`
+    plus `activation_func="silu"`, which the caller resolves to `F.silu`.
+    """
+    bf16, fp16 = bool(args.get("bf16")), bool(args.get("fp16"))
+    dtype = "bfloat16" if bf16 else "float16" if fp16 else "float32"
+    parallel = {k: args[k] for k in _PARALLEL_FIELDS if k in args}
+    vpp = args.get("num_virtual_stages_per_pipeline_rank")
+    parallel["virtual_pipeline_model_parallel_size"] = vpp if vpp and vpp > 1 else None
+    parallel |= {"params_dtype": dtype, "pipeline_dtype": dtype, "bf16": bf16, "fp16": fp16}
+    if "gradient_accumulation_fusion" in args:
+        parallel["gradient_accumulation_fusion"] = args["gradient_accumulation_fusion"]
+    transformer = dict(parallel)
+    transformer |= {k: args[k] for k in _TRANSFORMER_FIELDS if k in args}
+    transformer |= {new: args[old] for old, new in _RENAMED.items() if old in args}
+    if args.get("add_bias_linear", True):
+        transformer["add_qkv_bias"] = True  # Megatron keeps the two bias switches in sync
+    transformer["num_query_groups"] = args["num_query_groups"] if args.get("group_query_attention") else None
+    if args.get("swiglu"):
+        transformer |= {"gated_linear_unit": True, "activation_func": "silu"}
+    grads_fp32 = bool(args.get("accumulate_allreduce_grads_in_fp32")) or (bf16 and not args.get("grad_reduce_in_bf16"))
+    ddp = {
+        "use_distributed_optimizer": bool(args.get("use_distributed_optimizer")),
+        "overlap_grad_reduce": bool(args.get("overlap_grad_reduce")),
+        "overlap_param_gather": bool(args.get("overlap_param_gather")),
+        "grad_reduce_in_fp32": grads_fp32,
+        "use_megatron_fsdp": bool(args.get("use_megatron_fsdp")),
+        "data_parallel_sharding_strategy": args.get("data_parallel_sharding_strategy", "no_shard"),
+    }
+    optimizer = {
+        "optimizer": args.get("optimizer", "adam"), "bf16": bf16, "fp16": fp16, "params_dtype": dtype,
+        "use_distributed_optimizer": ddp["use_distributed_optimizer"],
+        "optimizer_cpu_offload": bool(args.get("optimizer_cpu_offload")),
+        "use_precision_aware_optimizer": bool(args.get("use_precision_aware_optimizer")),
+    }
+    gpt = {
+        "position_embedding_type": args.get("position_embedding_type", "learned_absolute"),
+        "max_sequence_length": args["max_position_embeddings"],
+        "share_embeddings_and_output_weights": not args.get("untie_embeddings_and_output_weights", False),
+    }
+    training = {k: args[k] for k in ("micro_batch_size", "global_batch_size", "seq_length")}
+    return {"parallel": parallel, "transformer": transformer, "ddp": ddp, "optimizer": optimizer, "gpt": gpt,
+            "training": training}
+
+
+def environment(plan: Plan) -> dict[str, str]:
+    """Environment Megatron-LM needs for this plan on every rank."""
+    s = check_plan(plan, FRAMEWORK).strategy
+    # TP/CP communication must be issued in order (Hopper and older); Megatron-FSDP wants the opposite.
+    if (s.tp > 1 or s.cp > 1) and s.zero_stage < 2:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def megatron_args(plan: Plan) -> list[str]:
+    return to_args(settings(plan))
+
+
+class MegatronEmitter:
+    name = "megatron"
+    framework = FRAMEWORK
+    syntax = "shell"
+
+    def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
+        return {"args": megatron_args(plan), "env": environment(plan)}
+
+    def render(self, plan: Plan, options: EmitOptions) -> str:
+        args = megatron_args(plan)
+        env = environment(plan)
+        head = (f"# Megatron-LM {describe(plan)}\n"
+                "# Add your data, tokenizer, learning-rate and checkpoint flags, then run\n"
+                "#   torchrun ... pretrain_gpt.py \"${MEGATRON_ARGS[@]}\" ...\n")
+        exports = "".join(f"export {k}={v}\n" for k, v in env.items())
+        return head + exports + shell_array("MEGATRON_ARGS", args)
+
+
+REGISTRY.register(MegatronEmitter())

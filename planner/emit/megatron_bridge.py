@@ -1,0 +1,90 @@
+"""Megatron-Bridge (NeMo 2 successor): Hydra-style `section.field=value` overrides.
+
+Megatron-Bridge's `ConfigContainer` nests megatron-core's own dataclasses:
+`model` is a GPT model provider (a `TransformerConfig` plus `seq_length`,
+`share_embeddings_and_output_weights`, `position_embedding_type`), `ddp` a
+`DistributedDataParallelConfig`, `optimizer` an `OptimizerConfig`, `train` the
+batch sizes, `dataset` the sequence length, and `mixed_precision` a named recipe.
+So the overrides are the Megatron-LM settings (planner.emit.megatron) after
+Megatron-LM's own translation into megatron-core field names; the tests build
+megatron-core's dataclasses from them. Dtypes and FP8 settings are carried by
+the mixed-precision recipe, as Megatron-Bridge expects, not by single fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, describe
+from planner.emit.megatron import core_config_kwargs, settings
+from planner.specs import Plan
+
+FRAMEWORK = "Megatron-Bridge"
+
+# mapping table: megatron-core config -> Megatron-Bridge section, and the fields it carries
+_MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+                 "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "context_parallel_size",
+                 "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
+                 "recompute_granularity", "recompute_method", "recompute_num_layers", "gradient_accumulation_fusion",
+                 "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
+                 "num_query_groups", "gated_linear_unit", "normalization", "add_bias_linear", "add_qkv_bias",
+                 "attention_dropout", "hidden_dropout")
+_DDP_FIELDS = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32",
+               "use_megatron_fsdp", "data_parallel_sharding_strategy")
+_OPTIMIZER_FIELDS = ("optimizer", "use_distributed_optimizer", "optimizer_cpu_offload", "use_precision_aware_optimizer")
+#: TrainSpec.precision -> Megatron-Bridge mixed-precision recipe (bridge.training.mixed_precision)
+MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
+
+
+def overrides(plan: Plan) -> dict[str, Any]:
+    """`section.field -> value` in the order they are printed."""
+    try:
+        core = core_config_kwargs(settings(plan))
+    except NotExpressibleError as exc:
+        raise NotExpressibleError(FRAMEWORK, exc.reason) from None
+    tf, ddp, opt, gpt, training = core["transformer"], core["ddp"], core["optimizer"], core["gpt"], core["training"]
+    if tf.get("activation_func") not in (None, "silu"):
+        raise NotExpressibleError(FRAMEWORK, f"activation {tf['activation_func']!r}")
+    out: dict[str, Any] = {f"model.{k}": tf[k] for k in _MODEL_FIELDS if k in tf}
+    out["model.seq_length"] = training["seq_length"]
+    out["model.position_embedding_type"] = gpt["position_embedding_type"]
+    out["model.share_embeddings_and_output_weights"] = gpt["share_embeddings_and_output_weights"]
+    out |= {"train.micro_batch_size": training["micro_batch_size"],
+            "train.global_batch_size": training["global_batch_size"],
+            "dataset.sequence_length": training["seq_length"]}
+    out |= {f"ddp.{k}": ddp[k] for k in _DDP_FIELDS}
+    out |= {f"optimizer.{k}": opt[k] for k in _OPTIMIZER_FIELDS}
+    out["mixed_precision"] = MIXED_PRECISION[plan.train.precision]
+    return out
+
+
+def format_value(value: Any) -> str:
+    """Hydra/OmegaConf literal: true/false, null, numbers, bare strings."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def bridge_overrides(plan: Plan) -> list[str]:
+    return [f"{key}={format_value(value)}" for key, value in overrides(plan).items()]
+
+
+class MegatronBridgeEmitter:
+    name = "megatron-bridge"
+    framework = FRAMEWORK
+    syntax = "shell"
+
+    def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
+        return {"overrides": bridge_overrides(plan)}
+
+    def render(self, plan: Plan, options: EmitOptions) -> str:
+        lines = bridge_overrides(plan)
+        body = "".join(f"  {line}\n" for line in lines)
+        return (f"# Megatron-Bridge {describe(plan)}\n"
+                "# Append to a Megatron-Bridge recipe script: python <recipe>.py \"${OVERRIDES[@]}\"\n"
+                f"OVERRIDES=(\n{body})\n")
+
+
+REGISTRY.register(MegatronBridgeEmitter())

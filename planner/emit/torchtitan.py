@@ -1,0 +1,198 @@
+"""torchtitan (0.2.x, TOML job configs): `[parallelism]`, `[training]`, `[activation_checkpoint]`.
+
+torchtitan 0.3 replaced TOML job files with Python config registries; the
+TOML written here is the 0.1/0.2 `--job.config_file` format (JobConfig).
+
+Mapping choices (torchtitan shards data parallelism with FSDP2):
+- zero_stage 3: FSDP full shard, `data_parallel_shard_degree = dp`,
+  `data_parallel_replicate_degree = 1`.
+- zero_stage 1 or 2: FSDP with `fsdp_reshard_after_forward = "never"`
+  (ZeRO-2-like: parameters gathered once per step, gradients reduce-scattered);
+  for zero_stage 1 the gradients are sharded too, which only saves memory.
+- zero_stage 0: DDP (`data_parallel_replicate_degree = dp`) when nothing else is
+  parallel; torchtitan has no DDP beside TP/PP/CP, so there it is FSDP without
+  resharding (reduce-scatter + all-gather move the same bytes as an all-reduce).
+- tp: torchtitan's TP always shards the norms and dropouts along the sequence
+  (Megatron sequence parallelism); a plan without it gets it anyway (less
+  activation memory, same communication volume). Both cases are written in
+  the output's notes.
+- pp: `1F1B`, or `Interleaved1F1B` with vpp > 1; an even split is
+  `pipeline_parallel_layers_per_stage` with no embedding/output weighting, an
+  uneven one spells out `module_fqns_per_model_part` in torchtitan's Llama
+  module names (`tok_embeddings`, `layers.N`, `norm`, `output`).
+- Batch: with pp > 1 each data-parallel rank's `local_batch_size` is split into
+  `pipeline_parallel_microbatch_size` micro-batches; without pp,
+  `local_batch_size` is the micro-batch and torchtitan accumulates gradients
+  over `global_batch_size / (local_batch_size·dp)` steps.
+- Recompute: selective is op-level selective checkpointing; full of every layer
+  is `full`; full of k of n layers per chunk is `selective` with every
+  (n/k)-th layer, when n/k is whole.
+- fp8 is torchao float8 training with tensorwise scaling (torchao has no
+  delayed scaling); fp16 is refused (torchtitan trains in bf16 or fp32).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFacts, check_plan, describe
+from planner.specs import Plan
+
+FRAMEWORK = "torchtitan"
+CONFIG_PATH = "meshplan_torchtitan.toml"
+
+#: meshplan model preset -> torchtitan (model.name, model.flavor)
+MODEL_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3.1-405b": ("llama3", "405B")}
+FLOAT8_CONVERTER = "quantize.linear.float8"
+FLOAT8_RECIPE = "tensorwise"
+
+
+def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """(TOML sections, notes). Section and key names are torchtitan's JobConfig fields."""
+    f = check_plan(plan, FRAMEWORK)
+    s, t, m = f.strategy, f.train, plan.model
+    notes: list[str] = []
+
+    def refuse(reason: str) -> None:
+        raise NotExpressibleError(FRAMEWORK, reason)
+
+    if t.precision == "fp16":
+        refuse("precision 'fp16'; torchtitan trains in bf16 (FSDP mixed precision) or fp32")
+    if t.grad_precision not in ("fp32",):
+        notes.append(f"grad_precision {t.grad_precision}: torchtitan reduces gradients in float32 "
+                     "(training.mixed_precision_reduce allows only float32)")
+    sections: dict[str, dict[str, Any]] = {}
+    name_flavor = MODEL_FLAVORS.get(m.name)
+    if name_flavor:
+        sections["model"] = {"name": name_flavor[0], "flavor": name_flavor[1]}
+    else:
+        notes.append(f"model {m.name}: set [model] name/flavor to a torchtitan model with {m.num_layers} layers, "
+                     f"hidden {m.hidden_size}, {m.num_attention_heads} heads, {m.kv_heads} KV heads")
+    if t.precision == "fp8":
+        sections.setdefault("model", {})["converters"] = [FLOAT8_CONVERTER]
+        sections["quantize"] = {"linear": {"float8": {"recipe_name": FLOAT8_RECIPE}}}
+        notes.append("fp8: torchao float8 with tensorwise (dynamic) scaling; torchao has no delayed scaling")
+    sections["training"] = _training(f)
+    sections["parallelism"] = _parallelism(f, notes)
+    sections["activation_checkpoint"] = _recompute(f, refuse)
+    return sections, notes
+
+
+def _training(f: PlanFacts) -> dict[str, Any]:
+    s, t = f.strategy, f.train
+    local = f.local_batch_size() if s.pp > 1 else s.micro_batch_size
+    out: dict[str, Any] = {"local_batch_size": local, "global_batch_size": t.global_batch_size, "seq_len": t.seq_len,
+                           "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"}
+    if s.offload_optimizer:
+        out["enable_cpu_offload"] = True
+    return out
+
+
+def _parallelism(f: PlanFacts, notes: list[str]) -> dict[str, Any]:
+    s = f.strategy
+    model_parallel = s.tp > 1 or s.pp > 1 or s.cp > 1
+    out: dict[str, Any] = {}
+    if s.zero_stage == 0 and not model_parallel:
+        out |= {"data_parallel_replicate_degree": f.dp, "data_parallel_shard_degree": 1}
+    else:
+        out |= {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": f.dp,
+                "fsdp_reshard_after_forward": "always" if s.zero_stage == 3 else "never"}
+        if s.zero_stage == 0:
+            notes.append("zero_stage 0 with tp/pp/cp: torchtitan has no DDP beside model parallelism; FSDP without "
+                         "resharding moves the same bytes and shards optimizer states and gradients")
+        elif s.zero_stage == 1:
+            notes.append("zero_stage 1: FSDP without resharding also shards gradients (ZeRO-2), which only saves memory")
+    if s.offload_optimizer:
+        notes.append("offload_optimizer: FSDP CPU offload moves parameters and gradients to the host as well")
+    out |= {"tensor_parallel_degree": s.tp, "context_parallel_degree": s.cp, "pipeline_parallel_degree": s.pp,
+            "expert_parallel_degree": s.ep, "expert_tensor_parallel_degree": s.etp}
+    if s.tp > 1 and not s.sequence_parallel:
+        notes.append("tp without sequence_parallel: torchtitan's tensor parallelism always shards norms along the "
+                     "sequence (less activation memory, same communication volume)")
+    if s.pp > 1:
+        out |= {"pipeline_parallel_schedule": "Interleaved1F1B" if s.vpp > 1 else "1F1B",
+                "pipeline_parallel_microbatch_size": s.micro_batch_size}
+        if f.uneven:
+            out["module_fqns_per_model_part"] = _model_parts(f)
+        else:
+            out |= {"pipeline_parallel_layers_per_stage": f.layers_per_chunk()[0],
+                    "pipeline_parallel_first_stage_less_layers": 0, "pipeline_parallel_last_stage_less_layers": 0}
+    return out
+
+
+def _model_parts(f: PlanFacts) -> list[list[str]]:
+    """Module names of each virtual stage, in stage order (embedding first, norm and output last)."""
+    parts: list[list[str]] = []
+    layer = 0
+    for n in f.layers_per_chunk():
+        parts.append([f"layers.{i}" for i in range(layer, layer + n)])
+        layer += n
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return parts
+
+
+def _recompute(f: PlanFacts, refuse) -> dict[str, Any]:
+    s = f.strategy
+    if s.recompute == "none":
+        return {"mode": "none"}
+    if s.recompute == "selective":
+        return {"mode": "selective", "selective_ac_option": "op"}
+    if s.recompute_num_layers is None:
+        return {"mode": "full"}
+    chunk = min(f.layers_per_chunk())
+    if chunk % s.recompute_num_layers or any(n % s.recompute_num_layers for n in f.layers_per_chunk()):
+        refuse(f"recompute_num_layers ({s.recompute_num_layers}) of {chunk} layers per chunk; torchtitan checkpoints "
+               "every N-th layer, so the count must divide the layers per chunk")
+    every = chunk // s.recompute_num_layers
+    return {"mode": "full"} if every == 1 else {"mode": "selective", "selective_ac_option": str(every)}
+
+
+# ---- TOML ----------------------------------------------------------------------------
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _toml_table(prefix: str, table: dict[str, Any], out: list[str]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    if scalars:
+        out.append(f"[{prefix}]")
+        out += [f"{k} = {_toml_value(v)}" for k, v in scalars.items()]
+        out.append("")
+    for key, sub in table.items():
+        if isinstance(sub, dict):
+            _toml_table(f"{prefix}.{key}", sub, out)
+
+
+def to_toml(plan: Plan) -> str:
+    sections, notes = job_config(plan)
+    out = [f"# torchtitan {describe(plan)}", f"# run: torchrun ... -m torchtitan.train --job.config_file {CONFIG_PATH}"]
+    out += [f"# note: {n}" for n in notes]
+    out.append("")
+    for name, table in sections.items():
+        _toml_table(name, table, out)
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+class TorchtitanEmitter:
+    name = "torchtitan"
+    framework = FRAMEWORK
+    syntax = "toml"
+
+    def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
+        sections, notes = job_config(plan)
+        return {"config": sections, "notes": notes}
+
+    def render(self, plan: Plan, options: EmitOptions) -> str:
+        return to_toml(plan)
+
+
+REGISTRY.register(TorchtitanEmitter())

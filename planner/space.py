@@ -1,20 +1,21 @@
 """The search space: every strategy worth scoring, as StrategyArrays.
 
 Default choices per field (constraints replace them):
-- tp, cp, pp: divisors of the GPU count; tp ≤ num_attention_heads, pp ≤ num_layers,
+- tp, cp, pp: divisors of the GPU count; tp dividing both the query and KV head counts, pp ≤ num_layers,
   cp only where each rank keeps at least `MIN_CP_TOKENS` tokens; dp = GPUs / (tp·cp·pp).
 - vpp: 1 and every v > 1 that divides the layers per stage. When pp does not
   divide the layers, one uneven split: middle stages get ⌈L/pp⌉ layers and the
   first and last stages share the rest (Megatron's first/last-stage layer flags).
 - micro_batch_size: every divisor of global_batch_size / dp.
 - sequence_parallel: off, and on when tp > 1. zero_stage: 0-3.
-- recompute: none, selective, full (all layers) and full with
-  recompute_num_layers = 1, 2, 4, … below the layers per chunk.
+- recompute: none, selective, full (all layers) and full with every
+  recompute_num_layers from 1 to the layers per chunk - 1 (Megatron's block method).
 - offload_optimizer: off; overlap_grad_reduce / overlap_param_gather: on.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Any
@@ -87,12 +88,14 @@ def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) ->
     cons = normalise_constraints(constraints)
     L, s, B = model.num_layers, train.seq_len, train.global_batch_size
     divs = divisors(num_gpus)
-    tps = _allowed(cons, "tp", [d for d in divs if d <= model.num_attention_heads])
+    head_groups = math.gcd(model.num_attention_heads, model.kv_heads)
+    tps = _allowed(cons, "tp", [d for d in divs if head_groups % d == 0])
     cps = _allowed(cons, "cp", [d for d in divs if d == 1 or (s % (2 * d) == 0 and s // d >= MIN_CP_TOKENS)])
     pps = _allowed(cons, "pp", [d for d in divs if d <= L])
     dps = cons.get("dp")
-    inner_cols = _inner_columns(cons)
-    parts: list[StrategyArrays] = []
+    zeros = _allowed(cons, "zero_stage", [0, 1, 2, 3])
+    structure: list[tuple[int, ...]] = []  # (dp, tp, pp, cp, vpp, first, last) per block
+    blocks: list[np.ndarray] = []  # (k, 4) rows of (mbs, sp, zero, recompute code, recompute layers) per block
     for tp, cp, pp in itertools.product(tps, cps, pps):
         if num_gpus % (tp * cp * pp):
             continue
@@ -100,26 +103,46 @@ def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) ->
         if dps is not None and dp not in dps and "auto" not in dps:
             continue
         mbss = _allowed(cons, "micro_batch_size", divisors(B // dp) if B % dp == 0 else [1])
+        sps = _allowed(cons, "sequence_parallel", [False, True] if tp > 1 else [False])
         for vpp, first, last in _pipeline_splits(L, pp, cons):
             chunk = (first or L // pp) // vpp
-            rc = _recompute_choices(cons, chunk)
-            sps = _allowed(cons, "sequence_parallel", [False, True] if tp > 1 else [False])
-            zeros = _allowed(cons, "zero_stage", [0, 1, 2, 3])
-            grid = list(itertools.product(mbss, sps, zeros, rc))
-            cols = {
-                "dp": dp, "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
-                "num_layers_in_first_stage": first, "num_layers_in_last_stage": last,
-                "micro_batch_size": np.array([g[0] for g in grid]),
-                "sequence_parallel": np.array([g[1] for g in grid], dtype=bool),
-                "zero_stage": np.array([g[2] for g in grid]),
-                "recompute": np.array([g[3][0] for g in grid]),
-                "recompute_num_layers": np.array([g[3][1] for g in grid]),
-                **inner_cols,
-            }
-            parts.append(_expand(cols, len(grid), inner_cols))
-    if not parts:
+            structure.append((dp, tp, pp, cp, vpp, first, last))
+            blocks.append(_grid(tuple(mbss), tuple(sps), tuple(zeros), tuple(_recompute_choices(cons, chunk))))
+    if not blocks:
         raise SpecError(_empty_space_message(num_gpus, cons))
+    sizes = np.array([len(b) for b in blocks])
+    struct = np.repeat(np.array(structure, dtype=np.int64), sizes, axis=0)
+    inner = np.concatenate(blocks)
+    cols = {
+        "dp": struct[:, 0], "tp": struct[:, 1], "pp": struct[:, 2], "cp": struct[:, 3], "vpp": struct[:, 4],
+        "num_layers_in_first_stage": struct[:, 5], "num_layers_in_last_stage": struct[:, 6],
+        "micro_batch_size": inner[:, 0], "sequence_parallel": inner[:, 1].astype(bool), "zero_stage": inner[:, 2],
+        "recompute": inner[:, 3], "recompute_num_layers": inner[:, 4],
+    }
+    rare = _inner_columns(cons)
+    base = StrategyArrays.from_columns({**cols, **{k: v[0] for k, v in rare.items()}}, len(inner))
+    combos = list(itertools.product(*rare.values()))
+    if len(combos) == 1:
+        return base
+    parts = []
+    for combo in combos:
+        part = base.take(slice(None))
+        for key, value in zip(rare, combo):
+            getattr(part, key)[:] = value
+        parts.append(part)
     return StrategyArrays.concat(parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _grid(mbss: tuple, sps: tuple, zeros: tuple, rcs: tuple) -> np.ndarray:
+    """Cartesian product of the per-structure choices as an (n, 5) integer array."""
+    i, j, k, r = np.meshgrid(np.arange(len(mbss)), np.arange(len(sps)), np.arange(len(zeros)), np.arange(len(rcs)),
+                             indexing="ij")
+    rc = np.array(rcs, dtype=np.int64).reshape(-1, 2)
+    out = np.stack([np.array(mbss, dtype=np.int64)[i.ravel()], np.array(sps, dtype=np.int64)[j.ravel()],
+                    np.array(zeros, dtype=np.int64)[k.ravel()], rc[r.ravel(), 0], rc[r.ravel(), 1]], axis=1)
+    out.setflags(write=False)
+    return out
 
 
 def _inner_columns(cons: dict[str, list[Any]]) -> dict[str, list[Any]]:
@@ -131,20 +154,6 @@ def _inner_columns(cons: dict[str, list[Any]]) -> dict[str, list[Any]]:
         "overlap_grad_reduce": _allowed(cons, "overlap_grad_reduce", [True]),
         "overlap_param_gather": _allowed(cons, "overlap_param_gather", [True]),
     }
-
-
-def _expand(cols: dict[str, Any], n: int, inner: dict[str, list[Any]]) -> StrategyArrays:
-    combos = list(itertools.product(*inner.values()))
-    base = StrategyArrays.from_columns({**cols, **{k: v[0] for k, v in inner.items()}}, n)
-    if len(combos) == 1:
-        return base
-    parts = []
-    for combo in combos:
-        part = base.take(slice(None))
-        for key, value in zip(inner, combo):
-            getattr(part, key)[:] = value
-        parts.append(part)
-    return StrategyArrays.concat(parts)
 
 
 def _pipeline_splits(L: int, pp: int, cons: dict[str, list[Any]]) -> list[tuple[int, int, int]]:
@@ -179,11 +188,7 @@ def _recompute_choices(cons: dict[str, list[Any]], chunk_layers: int) -> list[tu
         if counts is not None:
             out += [(code, n or 0) for n in counts]
         else:
-            out.append((code, 0))
-            n = 1
-            while n < chunk_layers:
-                out.append((code, n))
-                n *= 2
+            out += [(code, 0)] + [(code, n) for n in range(1, chunk_layers)]
     return out
 
 

@@ -10,6 +10,7 @@ from planner.cli.app import app
 # Each module registers its commands on `app`; add new command modules here.
 COMMAND_MODULES = [
     "planner.cli.plan_cmds",
+    "planner.cli.emit_cmd",
 ]
 
 for _name in COMMAND_MODULES:

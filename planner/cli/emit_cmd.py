@@ -1,0 +1,153 @@
+"""`meshplan emit`: a plan as flags, a config file or a launch script for one framework.
+
+The plan comes from `meshplan plan --format json` (a file, or `-` for stdin;
+`--rank` picks one, default the best) or is searched here from the same plan
+options `meshplan plan` takes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from typing import Annotated, Any, Optional
+
+import typer
+from pydantic import ValidationError
+
+from planner.cli.app import app
+from planner.cli.common import (
+    AttentionOpt,
+    ClusterOpt,
+    ExitWith,
+    GbsOpt,
+    GpusOpt,
+    GradPrecisionOpt,
+    ModelOpt,
+    OptimizerOpt,
+    Precision,
+    PrecisionOpt,
+    SeqOpt,
+    emit_json,
+    parse_constraints,
+    read_text_arg,
+    train_options,
+)
+from planner.errors import SpecError
+from planner.specs import Plan, PlanResult
+
+
+class EmitFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+class LaunchFor(str, Enum):
+    megatron = "megatron"
+    deepspeed = "deepspeed"
+    colossalai = "colossalai"
+    torchtitan = "torchtitan"
+
+
+def _backend_help() -> str:
+    from planner.emit import backends
+
+    return "Framework to emit for: " + ", ".join(backends()) + "."
+
+
+@app.command("emit")
+def emit_cmd(
+    plan_json: Annotated[Optional[str], typer.Argument(
+        metavar="[PLAN_JSON]", help="Output of `meshplan plan --format json` (a path, or - for stdin).")] = None,
+    backend: Annotated[str, typer.Option("--backend", "-B", help=_backend_help())] = "megatron",
+    rank: Annotated[int, typer.Option("--rank", "-r", help="Which plan to emit: 1 = the fastest.")] = 1,
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    gpus: GpusOpt = None,
+    global_batch_size: GbsOpt = None,
+    seq_len: SeqOpt = None,
+    precision: PrecisionOpt = Precision.bf16,
+    constraint: Annotated[Optional[list[str]], typer.Option("--constraint", "-C", help="Fix or restrict a Strategy field when searching: tp=8, pp=2,4 (repeatable).")] = None,
+    constraints: Annotated[Optional[str], typer.Option("--constraints", help='Constraints as a JSON object, e.g. \'{"tp": 8}\'.')] = None,
+    grad_precision: GradPrecisionOpt = "fp32",
+    attention_kernel: AttentionOpt = "flash",
+    optimizer: OptimizerOpt = "adam",
+    launch_for: Annotated[LaunchFor, typer.Option("--launch-for", help="Framework the torchrun/slurm scripts start.")] = LaunchFor.megatron,
+    script: Annotated[Optional[str], typer.Option("--script", help="Training entry point the torchrun/slurm scripts run (default depends on --launch-for).")] = None,
+    master_port: Annotated[int, typer.Option("--master-port", help="Rendezvous TCP port on the first node.")] = 29500,
+    job_name: Annotated[str, typer.Option("--job-name", help="Slurm job name.")] = "meshplan",
+    fmt: Annotated[EmitFormat, typer.Option("--format", "-f", help="text: what you paste; json: the structured form.")] = EmitFormat.text,
+) -> None:
+    """Emit a plan as Megatron-LM flags, Megatron-Bridge overrides, a DeepSpeed JSON, Colossal-AI plugin
+    kwargs, a torchtitan TOML, or a torchrun / Slurm launch script."""
+    from planner.emit import EmitOptions, get_emitter
+
+    emitter = get_emitter(backend)
+    if rank < 1:
+        raise SpecError(f"--rank must be >= 1 (got {rank})")
+    search = {"--model": model, "--cluster": cluster, "--gpus": gpus, "--global-batch-size": global_batch_size,
+              "--seq-len": seq_len}
+    if plan_json is not None:
+        given = [k for k, v in search.items() if v is not None]
+        if given:
+            raise SpecError(f"give either PLAN_JSON or plan options, not both (got PLAN_JSON and {', '.join(given)})")
+        chosen = plan_from_json(read_text_arg(plan_json), rank, plan_json)
+    else:
+        missing = [k for k, v in search.items() if v is None]
+        if len(missing) == len(search):
+            raise SpecError("give a plan: PLAN_JSON (from `meshplan plan --format json`, - for stdin) or the plan "
+                            "options --model --cluster --gpus --global-batch-size --seq-len")
+        if missing:
+            raise SpecError(f"missing plan option(s) {', '.join(missing)} (or give PLAN_JSON instead)")
+        chosen = _search(model, cluster, gpus, global_batch_size, seq_len, precision.value, rank,
+                         parse_constraints(constraint, constraints),
+                         train_options(grad_precision, attention_kernel, optimizer))
+    try:
+        options = EmitOptions(launch_for=launch_for.value, script=script, master_port=master_port, job_name=job_name)
+    except ValidationError as exc:
+        from profiles import format_validation_error
+
+        raise SpecError(f"invalid emit option: {format_validation_error(exc)}") from None
+    if fmt is EmitFormat.json:
+        emit_json(emitter.data(chosen, options))
+    else:
+        sys.stdout.write(emitter.render(chosen, options))
+
+
+def _search(model: str, cluster: str, gpus: int, gbs: int, seq: int, precision: str, rank: int,
+            constraints: dict[str, Any], train: dict[str, Any]) -> Plan:
+    from planner.api import plan as api_plan
+
+    result = api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=gbs, seq_len=seq,
+                      precision=precision, constraints=constraints, top_k=rank, **train)
+    return pick(result, rank, "the search")
+
+
+def plan_from_json(text: str, rank: int, source: str) -> Plan:
+    """A Plan from `meshplan plan --format json` output (a PlanResult) or a single Plan's JSON."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{source!r} is not JSON: {exc}") from None
+    if not isinstance(obj, dict) or not ({"plans"} <= obj.keys() or {"strategy", "estimate"} <= obj.keys()):
+        raise SpecError(f"{source!r} is not a meshplan plan: expected the output of `meshplan plan --format json`")
+    try:
+        if "plans" in obj:
+            return pick(PlanResult.model_validate(obj), rank, source)
+        return Plan.model_validate(obj)
+    except ValidationError as exc:
+        from profiles import format_validation_error
+
+        raise SpecError(f"{source!r} is not a valid meshplan plan: {format_validation_error(exc)}") from None
+
+
+def pick(result: PlanResult, rank: int, source: str) -> Plan:
+    for p in result.plans:
+        if p.rank == rank:
+            return p
+    if not result.plans:
+        from planner.cli.plan_cmds import no_fit_message
+
+        raise ExitWith(1, f"{source}: " + no_fit_message(result))
+    raise SpecError(f"--rank {rank} is not in {source}: it has plans ranked "
+                    f"{', '.join(str(p.rank) for p in result.plans)}")

@@ -15,7 +15,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -130,19 +129,16 @@ class ExitWith(Exception):
 
 
 def run_app(app: typer.Typer, argv: list[str]) -> int:
+    """Run the typer app in standalone mode (it reports usage errors itself, exit 2)
+    and turn our own errors into one line on stderr."""
     from profiles import format_validation_error
 
     command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="meshplan", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Abort:
-        stderr.print("aborted")
-        return 130
+        command.main(args=argv, prog_name="meshplan", standalone_mode=True)
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
     except ExitWith as exc:
         if exc.message:
             stderr.print(exc.message, markup=False, highlight=False)

@@ -155,3 +155,13 @@ def test_from_hf_config_errors(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(SpecError, match="not valid JSON"):
         ModelSpec.from_hf_config(bad)
+
+
+def test_every_spec_field_is_documented():
+    import planner.specs as S
+
+    for cls in (S.ModelSpec, S.GpuSpec, S.LinkTier, S.ClusterSpec, S.TrainSpec, S.Strategy, S.Estimate, S.Plan,
+                S.PlanResult, S.SearchStats):
+        for name, field in cls.model_fields.items():
+            assert field.description, f"{cls.__name__}.{name} has no description"
+        assert cls.model_config.get("frozen") and cls.model_config.get("extra") == "forbid", cls.__name__

@@ -105,7 +105,7 @@ class PlanResult(BaseModel):
         default_factory=list, description="When nothing fits: the valid strategies that came closest to fitting."
     )
     stats: SearchStats = Field(description="Counts and timing of the search.")
-    model: ModelSpec
-    cluster: ClusterSpec
-    train: TrainSpec
-    num_gpus: int
+    model: ModelSpec = Field(description="The model planned for.")
+    cluster: ClusterSpec = Field(description="The cluster planned for.")
+    train: TrainSpec = Field(description="Batch, sequence and precision planned for.")
+    num_gpus: int = Field(description="GPUs in the job.")

@@ -154,3 +154,31 @@ def test_strategy_arrays_round_trip():
                  recompute="full", recompute_num_layers=3)
     st = StrategyArrays.from_strategies([s])
     assert Strategy(**st.row(0)) == s
+
+
+@settings(max_examples=150, deadline=None)
+@given(tp=hs.sampled_from([1, 2, 3, 4, 8, 16]), pp=hs.sampled_from([1, 2, 3, 5, 8, 64, 128]),
+       cp=hs.sampled_from([1, 2, 3, 4]), vpp=hs.sampled_from([1, 2, 3, 7]), zero=hs.integers(0, 3),
+       mbs=hs.sampled_from([1, 2, 3, 64]), recompute=hs.sampled_from(["none", "selective", "full"]),
+       rcl=hs.sampled_from([None, 1, 5, 100]), first=hs.sampled_from([None, 1, 7, 40]),
+       last=hs.sampled_from([None, 1, 7, 40]), sp=hs.booleans())
+def test_evaluate_never_crashes_on_any_strategy(tp, pp, cp, vpp, zero, mbs, recompute, rcl, first, last, sp):
+    """Any well-formed Strategy gets an Estimate (possibly with reasons) or a SpecError; never a crash."""
+    from pydantic import ValidationError
+
+    from planner import SpecError
+
+    try:
+        strategy = Strategy(tp=tp, pp=pp, cp=cp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs, recompute=recompute,
+                            recompute_num_layers=rcl if recompute == "full" else None,
+                            num_layers_in_first_stage=first if pp > 1 else None,
+                            num_layers_in_last_stage=last if pp > 1 else None, sequence_parallel=sp and tp > 1)
+    except ValidationError:
+        return
+    num_gpus = tp * pp * cp * 2
+    try:
+        est = evaluate("llama3-8b", "dgx-h100", num_gpus, 64, 4096, strategy=strategy)
+    except SpecError:
+        return
+    assert np.isfinite(est.step_time_s) and est.step_time_s > 0
+    assert est.fits == (not est.reasons)

@@ -215,8 +215,10 @@ def explain_cmd(
         rows += [{"kind": "time_s", "term": k, "value": v} for k, v in est.time_s.items()]
         emit_csv(rows)
         return
-    print_estimate_summary(strategy.resolve(gpus), est)
-    mem = Table(title=f"memory of the most-loaded rank ({est.binding_stage} pipeline stage)", title_justify="left")
+    resolved = strategy.resolve(gpus)
+    print_estimate_summary(resolved, est)
+    mem = Table(title=f"memory of the most-loaded rank: {binding_ranks(resolved, est.binding_stage)}",
+                title_justify="left")
     for col in ("term", "GiB", "% of peak"):
         mem.add_column(col, justify="left" if col == "term" else "right")
     for term, value in sorted(est.memory_bytes.items(), key=lambda kv: -kv[1]):
@@ -234,6 +236,15 @@ def explain_cmd(
     stdout.print(tim)
     if not est.fits:
         raise ExitWith(1)
+
+
+def binding_ranks(strategy: Strategy, stage_kind: str) -> str:
+    """The ranks of the binding stage under Megatron's order (tp, cp, dp inner; pp outer)."""
+    per_stage = strategy.tp * strategy.cp * strategy.dp
+    stage = {"first": 0, "middle": min(1, strategy.pp - 1), "last": strategy.pp - 1}[stage_kind]
+    lo, hi = stage * per_stage, (stage + 1) * per_stage - 1
+    where = "every rank" if strategy.pp == 1 else f"pipeline stage {stage} ({stage_kind})"
+    return f"{where}, ranks {lo}-{hi}" if hi > lo else f"{where}, rank {lo}"
 
 
 # ---- presets ---------------------------------------------------------------------

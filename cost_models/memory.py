@@ -133,8 +133,7 @@ def stage_activation_bytes(model, train, st, lay: PipelineLayout) -> dict[str, n
     embed = lay.has_embedding * lay.inflight_microbatches * tokens * (INT64 + (MASK * h / sp_div if model.dropout else 0))
     # Final norm input and output-layer input (16-bit) + fp32 logits for the loss, one micro-batch.
     head = lay.has_head * tokens * (2 * act * h / sp_div + FP32 * model.vocab_size / t)
-    return {"activations": layers, "recompute_working": working + 0 * layers, "embedding_activations": embed + 0 * layers,
-            "logits": head + 0 * layers}
+    return {"activations": layers, "recompute_working": working, "embedding_activations": embed, "logits": head}
 
 
 def zero3_working_bytes(model, st, precision: str, grad_precision: str) -> np.ndarray:

@@ -21,7 +21,7 @@ from cost_models.arrays import StrategyArrays
 from cost_models.comm import CommModel, TierCommModel
 from cost_models.compute import LayerTimes, head_times, layer_flops, layer_times
 from cost_models.memory import layer_params_per_rank, model_state_bytes, stage_activation_bytes, stage_params, zero3_working_bytes
-from cost_models.schedule import bubble_fraction, layout
+from cost_models.schedule import FIRST, bubble_fraction, layout
 from cost_models.units import ACTIVATION_BYTES, DTYPE_BYTES, WEIGHT_BYTES, optimizer_step_traffic_bytes
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "recompute_working", "embedding_activations",
@@ -83,7 +83,7 @@ def evaluate_arrays(model, cluster, train, st: StrategyArrays, comm: CommModel |
     # ---- time of one micro-batch on each stage kind (3, N) ----------------
     pl = per_layer_times(model, train, gpu, comm, st)
     lt = pl.layer
-    head_f, head_b, head_flop = head_times(model, train, gpu, b, tp, cp, sp)
+    head_f, head_b, _ = head_times(model, train, gpu, b, tp, cp, sp)
     layer_act_bytes = tokens * model.hidden_size * act
     tp_ar, tp_fwd, cp_fwd = pl.tp_all_reduce_s, pl.tp_fwd_s, pl.cp_fwd_s
     rc_frac = np.where(st.recompute_num_layers > 0,
@@ -150,8 +150,7 @@ def evaluate_arrays(model, cluster, train, st: StrategyArrays, comm: CommModel |
     layer_fwd = full["qkv"] + full["core"] + full["out"] + full["mlp"]
     head_fwd = 2 * train.global_batch_size * train.seq_len * model.hidden_size * model.vocab_size
     model_flop = 3 * (model.num_layers * layer_fwd + head_fwd)
-    total_rc_frac = np.where(rc == 2, rc_frac_total(st, lay), 0.0)
-    extra = np.where(rc == 2, total_rc_frac * model.num_layers * layer_fwd,
+    extra = np.where(rc == 2, rc_frac[FIRST] * model.num_layers * layer_fwd,
                      np.where(rc == 1, model.num_layers * full["core"], 0.0))
     return CostArrays(
         step_time_s=step, memory_bytes=memory, time_s=time, peak_memory_bytes=peak, binding_stage=binding,
@@ -196,10 +195,3 @@ def per_layer_times(model, train, gpu, comm: CommModel, st: StrategyArrays) -> P
     rc = st.recompute
     recompute = np.where(rc == 2, lt.fwd_s + tp_fwd + cp_fwd, np.where(rc == 1, lt.attn_core_fwd_s, 0.0))
     return PerLayerTimes(layer=lt, tp_all_reduce_s=tp_ar, tp_fwd_s=tp_fwd, cp_fwd_s=cp_fwd, recompute_s=recompute)
-
-
-def rc_frac_total(st: StrategyArrays, lay) -> np.ndarray:
-    """Fraction of all layers that full recompute repeats (block method, per chunk)."""
-    chunk = lay.chunk_layers[0]
-    n = np.where(st.recompute_num_layers > 0, np.minimum(st.recompute_num_layers, chunk), chunk)
-    return n / chunk

@@ -70,7 +70,11 @@ def plugin_spec(plan: Plan) -> dict[str, Any]:
     else:
         plugin, kwargs = "HybridParallelPlugin", _hybrid_kwargs(f, precision, notes)
     if t.attention_kernel == "flash":
-        kwargs["enable_flash_attention"] = True
+        if plugin == "LowLevelZeroPlugin":  # it does not rewrite the model (no Shardformer)
+            notes.append("flash attention: LowLevelZeroPlugin keeps the model's own attention; load it with a "
+                         "flash kernel (e.g. Hugging Face attn_implementation='flash_attention_2')")
+        else:
+            kwargs["enable_flash_attention"] = True
     if use_fp8:
         kwargs["use_fp8"] = True
     if s.recompute == "selective":

@@ -1,0 +1,420 @@
+"""Real-library checks of emitted output, shared by the per-backend, snapshot and contract tests.
+
+Each `check_*` feeds what a user would paste to the framework's own parser or
+constructor and asserts the framework ends up with the plan's numbers. The
+frameworks are imported lazily so the module imports everywhere; the tests
+call `pytest.importorskip` first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import json
+import subprocess
+import sys
+import tomllib
+import types
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from planner.emit.base import facts
+from planner.emit.megatron import core_config_kwargs, parse_args
+from planner.specs import Plan
+
+DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+
+
+# ---- Megatron-LM / megatron-core -----------------------------------------------------------
+def megatron_configs(argv: list[str]) -> dict[str, Any]:
+    """megatron-core's own config objects, built from emitted flags through the emitter's mapping table."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core import ModelParallelConfig
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import AttnBackend
+
+    def resolve(kw: dict[str, Any]) -> dict[str, Any]:
+        out = dict(kw)
+        for key in ("params_dtype", "pipeline_dtype"):
+            if key in out:
+                out[key] = getattr(torch, out[key])
+        if out.get("activation_func") == "silu":
+            out["activation_func"] = F.silu
+        if "attention_backend" in out:
+            out["attention_backend"] = AttnBackend[out["attention_backend"]]
+        return out
+
+    kw = core_config_kwargs(parse_args(argv))
+    # The precision-aware optimizer (needed for CPU offload) asks Transformer Engine for its version
+    # while validating; without TE (a CPU test machine) OptimizerConfig cannot be built for it.
+    te_needed = kw["optimizer"]["use_precision_aware_optimizer"] and importlib.util.find_spec("transformer_engine") is None
+    return {
+        "parallel": ModelParallelConfig(**resolve(kw["parallel"])),
+        "transformer": TransformerConfig(**resolve(kw["transformer"])),
+        "ddp": DistributedDataParallelConfig(**kw["ddp"]),
+        "optimizer": None if te_needed else OptimizerConfig(**resolve(kw["optimizer"])),
+        "gpt": kw["gpt"],
+        "training": kw["training"],
+        "args": parse_args(argv),
+    }
+
+
+def check_megatron(plan: Plan, argv: list[str]) -> None:
+    f = facts(plan)
+    s, m, t = f.strategy, plan.model, plan.train
+    cfg = megatron_configs(argv)
+    par, tc, ddp, opt, args = cfg["parallel"], cfg["transformer"], cfg["ddp"], cfg["optimizer"], cfg["args"]
+    for c in (par, tc):
+        assert c.tensor_model_parallel_size == s.tp
+        assert c.pipeline_model_parallel_size == s.pp
+        assert c.virtual_pipeline_model_parallel_size == (s.vpp if s.vpp > 1 else None)
+        assert c.context_parallel_size == s.cp
+        assert c.expert_model_parallel_size == s.ep
+        assert c.sequence_parallel == s.sequence_parallel
+        assert c.bf16 == (t.precision != "fp16") and c.fp16 == (t.precision == "fp16")
+    assert tc.num_layers_in_first_pipeline_stage == s.num_layers_in_first_stage
+    assert tc.num_layers_in_last_pipeline_stage == s.num_layers_in_last_stage
+    assert (tc.num_layers, tc.hidden_size, tc.ffn_hidden_size) == (m.num_layers, m.hidden_size, m.ffn_hidden_size)
+    assert (tc.num_attention_heads, tc.num_query_groups, tc.kv_channels) == (m.num_attention_heads, m.kv_heads, m.head_size)
+    assert tc.gated_linear_unit == m.gated_mlp
+    assert tc.normalization == {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[m.norm]
+    assert tc.add_bias_linear == m.linear_bias and tc.add_qkv_bias == (m.linear_bias or m.qkv_bias)
+    expected_recompute = {"none": (None, None, None), "selective": ("selective", None, None),
+                          "full": ("full", "uniform" if s.recompute_num_layers is None else "block",
+                                   s.recompute_num_layers or 1)}[s.recompute]
+    assert (tc.recompute_granularity, tc.recompute_method, tc.recompute_num_layers) == expected_recompute
+    assert tc.fp8 == ("hybrid" if t.precision == "fp8" else None)
+    assert ddp.use_distributed_optimizer == (s.zero_stage >= 1)
+    assert ddp.use_megatron_fsdp == (s.zero_stage >= 2)
+    assert ddp.data_parallel_sharding_strategy == {0: "no_shard", 1: "no_shard", 2: "optim_grads",
+                                                   3: "optim_grads_params"}[s.zero_stage]
+    assert ddp.overlap_grad_reduce == s.overlap_grad_reduce
+    assert ddp.overlap_param_gather == (s.overlap_grad_reduce and s.overlap_param_gather and s.zero_stage >= 1)
+    assert ddp.grad_reduce_in_fp32 == (t.grad_precision == "fp32")
+    if opt is not None:
+        assert opt.optimizer == t.optimizer and opt.optimizer_cpu_offload == s.offload_optimizer
+        assert opt.use_distributed_optimizer == (s.zero_stage >= 1)
+    else:
+        assert s.offload_optimizer and args["optimizer_cpu_offload"] and args["use_precision_aware_optimizer"]
+    assert cfg["training"] == {"micro_batch_size": s.micro_batch_size, "global_batch_size": t.global_batch_size,
+                               "seq_length": t.seq_len}
+    assert cfg["gpt"]["share_embeddings_and_output_weights"] == m.tie_embeddings
+    megatron_lm_argument_rules(plan, args)
+
+
+def megatron_lm_argument_rules(plan: Plan, args: dict[str, Any]) -> None:
+    """Megatron-LM's `validate_args` rules that megatron-core's dataclasses do not repeat
+    (megatron/training/arguments.py, core_r0.16)."""
+    s = facts(plan).strategy
+    if args.get("overlap_param_gather"):
+        assert args.get("use_distributed_optimizer") and args.get("overlap_grad_reduce")
+    if args.get("optimizer_cpu_offload"):
+        assert args.get("use_precision_aware_optimizer") and args.get("use_distributed_optimizer")
+    if args.get("use_megatron_fsdp"):
+        assert args.get("ckpt_format") == "fsdp_dtensor" and args.get("use_distributed_optimizer")
+    if args.get("decoder_first_pipeline_num_layers") or args.get("decoder_last_pipeline_num_layers"):
+        assert "num_layers_per_virtual_pipeline_stage" not in args  # only --num-virtual-stages-per-pipeline-rank
+    if s.cp > 1:
+        assert args["seq_length"] % (2 * s.cp) == 0
+    assert args["max_position_embeddings"] >= args["seq_length"]
+    if args.get("recompute_granularity") == "selective":
+        assert "recompute_method" not in args
+    assert not (args.get("bf16") and args.get("fp16"))
+
+
+def check_bridge(plan: Plan, overrides: list[str]) -> None:
+    """Megatron-Bridge overrides: every key is a field of the megatron-core dataclass its section
+    holds (Megatron-Bridge itself is not installed), and the dataclasses build from them."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer import TransformerConfig
+
+    sections: dict[str, dict[str, Any]] = {}
+    for item in overrides:
+        key, raw = item.split("=", 1)
+        section, _, field = key.partition(".")
+        sections.setdefault(section, {})[field or section] = _hydra(raw)
+    model = dict(sections["model"])
+    provider_extras = {k: model.pop(k) for k in ("seq_length", "position_embedding_type",
+                                                 "share_embeddings_and_output_weights")}
+    fields = set(TransformerConfig.__dataclass_fields__)
+    assert set(model) <= fields, set(model) - fields
+    recipe = sections["mixed_precision"]["mixed_precision"]
+    dtype = torch.float16 if recipe.startswith("fp16") else torch.bfloat16
+    model |= {"params_dtype": dtype, "pipeline_dtype": dtype, "bf16": dtype == torch.bfloat16,
+              "fp16": dtype == torch.float16}
+    if model.get("gated_linear_unit"):
+        model["activation_func"] = F.silu
+    tc = TransformerConfig(**model)
+    ddp = DistributedDataParallelConfig(**sections["ddp"])
+    if not (sections["optimizer"]["use_precision_aware_optimizer"]
+            and importlib.util.find_spec("transformer_engine") is None):  # see megatron_configs
+        OptimizerConfig(**sections["optimizer"], bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+                        params_dtype=dtype)
+    s, t = facts(plan).strategy, plan.train
+    assert (tc.tensor_model_parallel_size, tc.pipeline_model_parallel_size, tc.context_parallel_size) == (s.tp, s.pp, s.cp)
+    assert tc.virtual_pipeline_model_parallel_size == (s.vpp if s.vpp > 1 else None)
+    assert ddp.use_distributed_optimizer == (s.zero_stage >= 1)
+    assert sections["train"] == {"micro_batch_size": s.micro_batch_size, "global_batch_size": t.global_batch_size}
+    assert provider_extras["seq_length"] == t.seq_len == sections["dataset"]["sequence_length"]
+
+
+def _hydra(raw: str) -> Any:
+    if raw in ("true", "false"):
+        return raw == "true"
+    if raw == "null":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+# ---- DeepSpeed -------------------------------------------------------------------------------
+class ModelParallelUnit:
+    """The mpu interface DeepSpeed reads its data-parallel world size from (what Megatron-DeepSpeed passes)."""
+
+    def __init__(self, dp: int, tp: int, pp: int) -> None:
+        self.dp, self.tp, self.pp = dp, tp, pp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.tp
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        return self.tp
+
+    def get_pipeline_model_parallel_world_size(self) -> int:
+        return self.pp
+
+    def get_data_parallel_rank(self) -> int:
+        return 0
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+
+def check_deepspeed(plan: Plan, config: dict[str, Any], launcher_args: list[str] | None = None) -> None:
+    """DeepSpeed's own config parser, for the plan's data-parallel world size, derives the plan's numbers."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    f = facts(plan)
+    s, t = f.strategy, plan.train
+    parsed = DeepSpeedConfig(json.loads(json.dumps(config)), mpu=ModelParallelUnit(f.dp, s.tp, s.pp))
+    assert parsed.world_size == f.dp
+    assert parsed.train_batch_size == t.global_batch_size
+    assert parsed.train_micro_batch_size_per_gpu == s.micro_batch_size
+    assert parsed.gradient_accumulation_steps == f.num_microbatches
+    assert parsed.zero_optimization_stage == s.zero_stage
+    assert parsed.bfloat16_config.enabled == (t.precision == "bf16")
+    assert parsed.float16_config.enabled == (t.precision == "fp16")
+    offload = parsed.zero_config.offload_optimizer
+    assert (offload is not None and str(offload.device).endswith("cpu")) == s.offload_optimizer
+    if s.zero_stage:
+        assert parsed.zero_config.overlap_comm == s.overlap_grad_reduce
+    if s.pp > 1:
+        assert parsed.pipeline["activation_checkpoint_interval"] == (1 if s.recompute == "full" else 0)
+        assert s.zero_stage < 2  # DeepSpeed's PipelineEngine asserts this at start-up
+    if launcher_args is not None:
+        check_megatron_deepspeed_args(plan, launcher_args)
+
+
+def check_megatron_deepspeed_args(plan: Plan, argv: list[str]) -> None:
+    import deepspeed
+
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    known, rest = parser.parse_known_args(argv)
+    assert known.deepspeed and known.deepspeed_config == "ds_config.json"
+    s = facts(plan).strategy
+    pairs = dict(zip(rest, rest[1:]))
+    assert int(pairs["--tensor-model-parallel-size"]) == s.tp and int(pairs["--pipeline-model-parallel-size"]) == s.pp
+    assert int(pairs["--zero-stage"]) == s.zero_stage and int(pairs["--micro-batch-size"]) == s.micro_batch_size
+    assert ("--no-pipeline-parallel" in rest) == (s.pp == 1)
+
+
+# ---- Colossal-AI -----------------------------------------------------------------------------------
+def colossalai_kwargs(spec: dict[str, Any]) -> tuple[type, dict[str, Any]]:
+    """The plugin class and its keyword arguments with the JSON placeholders made real."""
+    import torch
+    from colossalai.booster import plugin as plugins
+    from colossalai.shardformer import PipelineGradientCheckpointConfig
+
+    kwargs = dict(spec["kwargs"])
+    if "communication_dtype" in kwargs:
+        kwargs["communication_dtype"] = getattr(torch, kwargs["communication_dtype"])
+    if "gradient_checkpoint_config" in kwargs:
+        kwargs["gradient_checkpoint_config"] = PipelineGradientCheckpointConfig(
+            **kwargs["gradient_checkpoint_config"]["PipelineGradientCheckpointConfig"])
+    return getattr(plugins, spec["plugin"]), kwargs
+
+
+def check_colossalai(plan: Plan, spec: dict[str, Any]) -> None:
+    """Bind the kwargs to the real constructor (no unknown or missing argument), plus the
+    constructor's own assertions that do not need a process group."""
+    from colossalai.booster.plugin.hybrid_parallel_plugin import SUPPORT_SP_MODE
+
+    cls, kwargs = colossalai_kwargs(spec)
+    inspect.signature(cls.__init__).bind(object(), **kwargs)
+    f = facts(plan)
+    s = f.strategy
+    if spec["plugin"] == "HybridParallelPlugin":
+        assert (kwargs["tp_size"], kwargs["pp_size"]) == (s.tp, s.pp)
+        assert kwargs["zero_stage"] in (0, 1, 2) and kwargs["zero_stage"] == s.zero_stage
+        if kwargs.get("enable_sequence_parallelism"):
+            assert kwargs["sequence_parallelism_mode"] in SUPPORT_SP_MODE
+        sp = kwargs.get("sp_size") or 1
+        assert plan.num_gpus // (s.tp * s.pp * sp) == f.dp  # the plugin derives dp from the world size
+        if s.pp > 1:
+            assert kwargs["zero_stage"] <= 1
+            assert kwargs["num_microbatches"] * kwargs["microbatch_size"] == f.local_batch_size()
+            assert (kwargs.get("pp_style", "1f1b") == "interleaved") == (s.vpp > 1)
+            assert kwargs.get("num_model_chunks", 1) == s.vpp
+            if "num_layers_per_stage" in kwargs:
+                assert len(kwargs["num_layers_per_stage"]) == s.pp
+                assert sum(kwargs["num_layers_per_stage"]) == plan.model.num_layers
+        ckpt = kwargs.get("gradient_checkpoint_config")
+        if ckpt is not None:
+            for stage in range(s.pp):
+                for chunk in range(s.vpp):
+                    n = ckpt.get_num_ckpt_layers(stage, s.pp, plan.model.num_layers, chunk, s.vpp)
+                    assert 0 < n <= f.layers_per_chunk()[chunk * s.pp + stage]
+    elif spec["plugin"] == "LowLevelZeroPlugin":
+        assert kwargs["stage"] == s.zero_stage in (1, 2) and s.tp == s.pp == s.cp == 1
+    else:
+        assert spec["plugin"] == "GeminiPlugin" and s.zero_stage == 3 and kwargs["tp_size"] == s.tp
+    batch = spec["training"]["dataloader_batch_size"] * spec["training"]["gradient_accumulation_steps"]
+    assert batch * f.dp == plan.train.global_batch_size
+
+
+# ---- torchtitan ----------------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def import_torchtitan_config():
+    """torchtitan 0.2.x's ConfigManager and ParallelDims, or None when absent (or 0.3+, which has no TOML).
+
+    torchtitan's package __init__ imports its MoE kernels (triton); the config and
+    ParallelDims modules do not need them, so the package is entered without its __init__.
+    """
+    if importlib.util.find_spec("tyro") is None:
+        return None
+    if "torchtitan" not in sys.modules:
+        spec = importlib.util.find_spec("torchtitan")
+        if spec is None or spec.submodule_search_locations is None:
+            return None
+        pkg = types.ModuleType("torchtitan")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        pkg.__spec__ = spec
+        sys.modules["torchtitan"] = pkg
+    try:
+        from torchtitan.config import ConfigManager, JobConfig
+        from torchtitan.distributed.parallel_dims import ParallelDims
+    except ImportError:
+        return None
+    if not hasattr(ConfigManager, "_maybe_load_toml"):
+        return None
+    return ConfigManager, JobConfig, ParallelDims
+
+
+#: torchtitan 0.2.x JobConfig fields meshplan writes (torchtitan/config/job_config.py, documented
+#: per field there and in docs/), with their types: the fallback check when torchtitan is absent.
+DOCUMENTED_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "model": {"name": str, "flavor": str, "converters": list},
+    "training": {"local_batch_size": int, "global_batch_size": int, "seq_len": int, "mixed_precision_param": str,
+                 "mixed_precision_reduce": str, "enable_cpu_offload": bool},
+    "parallelism": {"data_parallel_replicate_degree": int, "data_parallel_shard_degree": int,
+                    "fsdp_reshard_after_forward": str, "tensor_parallel_degree": int, "context_parallel_degree": int,
+                    "pipeline_parallel_degree": int, "pipeline_parallel_schedule": str,
+                    "pipeline_parallel_microbatch_size": int, "pipeline_parallel_layers_per_stage": int,
+                    "pipeline_parallel_first_stage_less_layers": int, "pipeline_parallel_last_stage_less_layers": int,
+                    "module_fqns_per_model_part": list, "expert_parallel_degree": int,
+                    "expert_tensor_parallel_degree": int},
+    "activation_checkpoint": {"mode": str, "selective_ac_option": str},
+    "quantize.linear.float8": {"recipe_name": str},
+}
+DOCUMENTED_CHOICES = {("parallelism", "fsdp_reshard_after_forward"): {"default", "always", "never"},
+                      ("activation_checkpoint", "mode"): {"selective", "full", "memory_budget", "none"},
+                      ("training", "mixed_precision_param"): {"bfloat16", "float32"},
+                      ("training", "mixed_precision_reduce"): {"float32"}}
+
+
+def _flat_sections(doc: dict[str, Any], prefix: str = "") -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            scalars = {k: v for k, v in value.items() if not isinstance(v, dict)}
+            if scalars:
+                out[name] = scalars
+            out |= _flat_sections({k: v for k, v in value.items() if isinstance(v, dict)}, f"{name}.")
+    return out
+
+
+def check_torchtitan(plan: Plan, toml_text: str, tmp_dir: Path) -> str:
+    """Parse with torchtitan's ConfigManager when importable, else against its documented fields.
+    Returns which check ran ("torchtitan" or "documented-fields")."""
+    doc = tomllib.loads(toml_text)
+    f = facts(plan)
+    s, t = f.strategy, plan.train
+    par, training = doc["parallelism"], doc["training"]
+    loaded = import_torchtitan_config()
+    if loaded is not None:
+        ConfigManager, _, ParallelDims = loaded
+        path = tmp_dir / "job.toml"
+        path.write_text(toml_text)
+        job = ConfigManager().parse_args(["--job.config_file", str(path)])
+        p = job.parallelism
+        dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                            cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                            ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=plan.num_gpus)
+        assert dims.dp_replicate * dims.dp_shard == f.dp and (dims.tp, dims.pp, dims.cp) == (s.tp, s.pp, s.cp)
+        assert t.seq_len % dims.seq_len_divisor == 0  # torchtitan's parallelize asserts this
+        par, training = {k: getattr(p, k) for k in par}, {k: getattr(job.training, k) for k in training}
+        which = "torchtitan"
+    else:
+        for section, table in _flat_sections(doc).items():
+            assert section in DOCUMENTED_FIELDS, section
+            for key, value in table.items():
+                assert key in DOCUMENTED_FIELDS[section], f"{section}.{key}"
+                assert isinstance(value, DOCUMENTED_FIELDS[section][key]), f"{section}.{key}={value!r}"
+                choices = DOCUMENTED_CHOICES.get((section, key))
+                assert choices is None or value in choices, f"{section}.{key}={value!r}"
+        which = "documented-fields"
+    # torchtitan's batch rules (train.py): gradient accumulation and pipeline micro-batches
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    assert dp == f.dp
+    grad_accum = training["global_batch_size"] // (training["local_batch_size"] * dp)
+    assert training["global_batch_size"] == t.global_batch_size
+    if s.pp > 1:
+        assert grad_accum == 1
+        assert training["local_batch_size"] // par["pipeline_parallel_microbatch_size"] == f.num_microbatches
+        if par.get("module_fqns_per_model_part") is not None:
+            parts = par["module_fqns_per_model_part"]
+            assert len(parts) == s.pp * s.vpp
+            assert sum(1 for part in parts for name in part if name.startswith("layers.")) == plan.model.num_layers
+        else:
+            # documented: num_virtual_stages = ceil((layers + first_less + last_less) / layers_per_stage)
+            stages = -(-(plan.model.num_layers + par["pipeline_parallel_first_stage_less_layers"]
+                         + par["pipeline_parallel_last_stage_less_layers"]) // par["pipeline_parallel_layers_per_stage"])
+            assert stages == s.pp * s.vpp
+    else:
+        assert grad_accum == f.num_microbatches and training["local_batch_size"] == s.micro_batch_size
+    return which
+
+
+# ---- launch scripts ------------------------------------------------------------------------------------
+def check_shell(script: str, tmp_dir: Path) -> None:
+    """bash parses the script (`bash -n`), without running it."""
+    path = tmp_dir / "launch.sh"
+    path.write_text(script)
+    proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,67 @@
+"""DeepSpeed JSON, parsed by DeepSpeed's own DeepSpeedConfig for the plan's data-parallel world size (issue 3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from emit_checks import check_deepspeed
+from emit_plans import PUBLISHED, make_plan
+from planner.emit import NotExpressibleError, emit, emit_data
+from planner.emit.deepspeed import ds_config, megatron_deepspeed_args
+
+LLAMA8 = ("llama3-8b", "dgx-h100", 16, 64, 4096)
+
+
+@pytest.fixture(autouse=True)
+def _comm(deepspeed_comm):
+    return deepspeed_comm
+
+
+@pytest.mark.parametrize("strategy", [
+    dict(zero_stage=0),
+    dict(zero_stage=1, micro_batch_size=2),
+    dict(zero_stage=2, recompute="full"),
+    dict(zero_stage=3, overlap_param_gather=False),
+    dict(zero_stage=3, offload_optimizer=True),
+    dict(tp=2, pp=2, zero_stage=1, sequence_parallel=True, recompute="full"),
+    dict(tp=4, zero_stage=3, recompute="selective"),
+    dict(tp=2, recompute="full", recompute_num_layers=4),
+], ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_deepspeed_parses_the_plan(strategy):
+    plan = make_plan(*LLAMA8, strategy=strategy)
+    data = emit_data(plan, "deepspeed")
+    check_deepspeed(plan, data["config"], data["megatron_deepspeed_args"])
+    assert json.loads(emit(plan, "deepspeed")) == data["config"]
+
+
+def test_gpt3_published_plan(deepspeed_comm):
+    plan = PUBLISHED["gpt3-175b-1024xA100-tp8pp8"]()
+    config = ds_config(plan)
+    check_deepspeed(plan, config, megatron_deepspeed_args(plan))
+    assert config["gradient_accumulation_steps"] == 1536 // 16 and config["fp16"]["enabled"]
+    assert config["pipeline"] == {"stages": 8, "activation_checkpoint_interval": 1}
+
+
+def test_bucket_sizes_follow_hidden_size():
+    zero = ds_config(make_plan(*LLAMA8, strategy=dict(zero_stage=3)))["zero_optimization"]
+    h = 4096
+    assert zero["reduce_bucket_size"] == h * h and zero["stage3_prefetch_bucket_size"] == int(0.9 * h * h)
+    assert zero["stage3_param_persistence_threshold"] == 10 * h
+
+
+@pytest.mark.parametrize("strategy,precision,reason", [
+    (dict(tp=2, pp=2, zero_stage=2), "bf16", r"zero_stage 2 with pp \(2\) > 1"),
+    (dict(pp=4, zero_stage=3), "bf16", r"zero_stage 3 with pp \(4\) > 1"),
+    (dict(pp=4, vpp=2, zero_stage=1), "bf16", r"vpp \(2\) > 1; DeepSpeed's pipeline engine has no interleaved"),
+    (dict(cp=2), "bf16", r"cp \(2\) > 1; DeepSpeed's sequence parallelism is Ulysses"),
+    (dict(pp=2, recompute="full", recompute_num_layers=2), "bf16", r"recompute_num_layers \(2\) with pp \(2\)"),
+    (dict(pp=4, num_layers_in_first_stage=7, num_layers_in_last_stage=7), "bf16", r"uneven pipeline stages"),
+    (dict(tp=2), "fp8", r"precision 'fp8'"),
+])
+def test_what_deepspeed_cannot_express_is_refused(strategy, precision, reason):
+    plan = make_plan(*LLAMA8, strategy=strategy, precision=precision)
+    for backend in ("deepspeed", "megatron-deepspeed"):
+        with pytest.raises(NotExpressibleError, match="^not expressible in DeepSpeed: " + reason):
+            emit(plan, backend)

@@ -1,0 +1,122 @@
+"""Megatron-LM flags and Megatron-Bridge overrides, checked by megatron-core's own config classes (issue 3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from emit_checks import check_bridge, check_megatron, megatron_configs
+from emit_plans import PUBLISHED, make_plan
+from planner.emit import NotExpressibleError, emit_data
+from planner.emit.megatron import FLAGS, megatron_args, parse_args, settings, to_args
+
+pytest.importorskip("megatron.core")
+
+LLAMA = ("llama3-70b", "dgx-h100", 64, 128, 8192)
+EDGE_CASES = {
+    "uneven-first-last": ("llama3.1-405b", "dgx-h100", 512, 256, 8192,
+                          dict(tp=8, pp=8, num_layers_in_first_stage=15, num_layers_in_last_stage=15,
+                               sequence_parallel=True, zero_stage=1, recompute="selective")),
+    "uneven-vpp": ("llama3-8b", "dgx-h100", 32, 128, 4096,
+                   dict(tp=2, pp=4, vpp=2, num_layers_in_first_stage=6, num_layers_in_last_stage=6,
+                        micro_batch_size=1)),
+    "fsdp-zero3-cp": LLAMA + (dict(cp=4, zero_stage=3, recompute="full", recompute_num_layers=2),),
+    "zero2-tp": LLAMA + (dict(tp=8, zero_stage=2, sequence_parallel=True),),
+    "offload": LLAMA + (dict(tp=8, pp=2, zero_stage=1, offload_optimizer=True),),
+    "no-overlap": LLAMA + (dict(tp=8, pp=4, zero_stage=1, overlap_grad_reduce=False, overlap_param_gather=False),),
+}
+
+
+def edge_plan(name: str, **train):
+    *question, strategy = EDGE_CASES[name]
+    return make_plan(*question, strategy=strategy, **train)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_plans_build_megatron_core_configs(name):
+    plan = PUBLISHED[name]()
+    check_megatron(plan, megatron_args(plan))
+    check_bridge(plan, emit_data(plan, "megatron-bridge")["overrides"])
+
+
+@pytest.mark.parametrize("name", sorted(EDGE_CASES))
+def test_edge_cases_build_megatron_core_configs(name):
+    plan = edge_plan(name)
+    check_megatron(plan, megatron_args(plan))
+    check_bridge(plan, emit_data(plan, "megatron-bridge")["overrides"])
+
+
+@pytest.mark.parametrize("precision,grads", [("fp8", "fp32"), ("fp16", "fp32"), ("fp16", "fp16"), ("bf16", "bf16")])
+def test_precision_flags(precision, grads):
+    plan = make_plan(*LLAMA, strategy=dict(tp=8, pp=2, zero_stage=1), precision=precision, grad_precision=grads)
+    argv = megatron_args(plan)
+    check_megatron(plan, argv)
+    if precision == "fp8":
+        assert argv[argv.index("--fp8-format") + 1] == "hybrid" and "--bf16" in argv
+        assert megatron_configs(argv)["transformer"].fp8_recipe == "delayed"
+
+
+def test_unrepresentable_grad_precision_is_refused():
+    plan = make_plan(*LLAMA, strategy=dict(tp=8, pp=2), grad_precision="fp16")
+    with pytest.raises(NotExpressibleError, match=r"^not expressible in Megatron-LM: grad_precision 'fp16'"):
+        megatron_args(plan)
+
+
+def test_flags_round_trip_through_the_mapping_table():
+    plan = edge_plan("uneven-first-last")
+    values = settings(plan)
+    assert parse_args(to_args(values)) == {k: v for k, v in values.items()}
+    assert len({f.flag for f in FLAGS.values()}) == len(FLAGS)  # one destination per flag
+
+
+def test_model_shape_flags_for_gqa_swiglu_rmsnorm_rope():
+    argv = megatron_args(make_plan(*LLAMA, strategy=dict(tp=8, pp=4, zero_stage=1)))
+    pairs = dict(zip(argv, argv[1:]))
+    assert pairs["--num-query-groups"] == "8" and "--group-query-attention" in argv
+    assert "--swiglu" in argv and pairs["--normalization"] == "RMSNorm"
+    assert pairs["--position-embedding-type"] == "rope" and "--untie-embeddings-and-output-weights" in argv
+    assert "--disable-bias-linear" in argv
+
+
+def test_gpt3_shape_flags():
+    argv = megatron_args(PUBLISHED["gpt3-175b-1024xA100-tp8pp8"]())
+    pairs = dict(zip(argv, argv[1:]))
+    assert pairs["--position-embedding-type"] == "learned_absolute" and pairs["--max-position-embeddings"] == "2048"
+    assert pairs["--attention-dropout"] == "0.1" and "--disable-bias-linear" not in argv and "--swiglu" not in argv
+    assert "--fp16" in argv and "--accumulate-allreduce-grads-in-fp32" in argv
+
+
+# ---- what megatron-core accepts but is wrong: our own checks (issue 3) ----------------------------
+def test_kv_heads_not_divisible_by_tp_is_refused_though_megatron_core_accepts_it():
+    # llama3-70b has 8 KV heads; megatron-core takes tp=16 (it replicates KV heads when tp is a
+    # multiple of them), but the planner's memory and FLOP model shards them, so the flags would not
+    # run the plan that was scored.
+    plan = make_plan(*LLAMA, strategy=dict(tp=16, pp=1, cp=1, zero_stage=1))
+    with pytest.raises(NotExpressibleError, match=r"tp \(16\) must divide num_kv_heads \(8\)"):
+        megatron_args(plan)
+    values = dict(settings(make_plan(*LLAMA, strategy=dict(tp=8, pp=1, zero_stage=1))), tensor_model_parallel_size=16)
+    assert megatron_configs(to_args(values))["transformer"].num_query_groups == 8  # megatron-core accepted it
+
+
+def test_layers_not_divisible_by_pp_vpp_is_refused_though_megatron_core_accepts_it():
+    plan = make_plan(*LLAMA, strategy=dict(tp=8, pp=8, vpp=3, zero_stage=1))  # 80 layers, 8·3 = 24
+    with pytest.raises(NotExpressibleError, match=r"pp·vpp \(8·3\) must divide num_layers \(80\)"):
+        megatron_args(plan)
+    good = settings(make_plan(*LLAMA, strategy=dict(tp=8, pp=8, vpp=2, zero_stage=1)))
+    bad = to_args(dict(good, num_virtual_stages_per_pipeline_rank=3))
+    assert megatron_configs(bad)["transformer"].virtual_pipeline_model_parallel_size == 3  # accepted
+
+
+def test_experts_not_divisible_by_ep_is_refused():
+    # ModelSpec has no experts yet: any ep > 1 is refused before megatron-core (which would raise
+    # "num_moe_experts must be non None to use expert-parallel") sees it.
+    plan = make_plan(*LLAMA, strategy=dict(tp=8, pp=1, zero_stage=1))
+    bad = plan.model_copy(update={"strategy": plan.strategy.model_copy(update={"ep": 2})})
+    with pytest.raises(NotExpressibleError, match=r"ep \(2\) and etp \(1\) must be 1: model llama3-70b is dense"):
+        megatron_args(bad)
+
+
+def test_bridge_overrides_use_megatron_core_field_names():
+    overrides = emit_data(edge_plan("uneven-first-last"), "megatron-bridge")["overrides"]
+    assert "model.num_layers_in_first_pipeline_stage=15" in overrides
+    assert "model.sequence_parallel=true" in overrides and "mixed_precision=bf16_mixed" in overrides
+    assert "train.global_batch_size=256" in overrides

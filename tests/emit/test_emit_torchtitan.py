@@ -1,0 +1,82 @@
+"""torchtitan TOML, parsed by torchtitan's own ConfigManager and ParallelDims when torchtitan 0.2.x
+(the last release with TOML job files) and tyro are installed; otherwise checked against the
+JobConfig fields torchtitan documents (torchtitan/config/job_config.py), and the test says which
+(issue 3)."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+import emit_checks
+from emit_checks import check_torchtitan, import_torchtitan_config
+from emit_plans import PUBLISHED, make_plan
+from planner.emit import NotExpressibleError, emit, emit_data
+
+LLAMA8 = ("llama3-8b", "dgx-h100", 16, 64, 4096)
+LLAMA70 = ("llama3-70b", "dgx-h100", 64, 128, 8192)
+CHECKER = "torchtitan ConfigManager" if import_torchtitan_config() else "documented JobConfig fields (torchtitan absent)"
+
+
+@pytest.mark.parametrize("question,strategy,precision", [
+    (LLAMA8, dict(zero_stage=0), "bf16"),
+    (LLAMA8, dict(zero_stage=3, recompute="full"), "bf16"),
+    (LLAMA8, dict(tp=2, zero_stage=1, sequence_parallel=True, recompute="selective"), "fp8"),
+    (LLAMA8, dict(tp=2, pp=2, zero_stage=0, recompute="full", recompute_num_layers=4), "bf16"),
+    (LLAMA8, dict(cp=4, zero_stage=2, offload_optimizer=True), "bf16"),
+    (LLAMA70, dict(tp=4, pp=4, cp=2, vpp=5, sequence_parallel=True, zero_stage=1), "bf16"),
+    (("llama3.1-405b", "dgx-h100", 512, 256, 8192),
+     dict(tp=8, pp=8, num_layers_in_first_stage=15, num_layers_in_last_stage=15, zero_stage=1), "bf16"),
+])
+def test_torchtitan_reads_the_plan(question, strategy, precision, tmp_path, monkeypatch):
+    plan = make_plan(*question, strategy=strategy, precision=precision)
+    text = emit(plan, "torchtitan")
+    which = check_torchtitan(plan, text, tmp_path)
+    assert which == ("torchtitan" if import_torchtitan_config() else "documented-fields")
+    assert tomllib.loads(text) == emit_data(plan, "torchtitan")["config"]
+    monkeypatch.setattr(emit_checks, "import_torchtitan_config", lambda: None)  # the fallback agrees
+    assert check_torchtitan(plan, text, tmp_path) == "documented-fields"
+
+
+def test_checker_in_use_is_reported():
+    print(f"torchtitan TOML checked by: {CHECKER}")
+
+
+def test_hsdp_degrees_and_schedule():
+    doc = emit_data(make_plan(*LLAMA70, strategy=dict(tp=4, pp=4, cp=2, vpp=5, sequence_parallel=True,
+                                                          zero_stage=1)), "torchtitan")["config"]
+    par = doc["parallelism"]
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, 2)
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B" and par["pipeline_parallel_layers_per_stage"] == 4
+    assert doc["training"]["local_batch_size"] == 64 and par["pipeline_parallel_microbatch_size"] == 1
+    ddp = emit_data(make_plan(*LLAMA8, strategy=dict(zero_stage=0)), "torchtitan")["config"]["parallelism"]
+    assert (ddp["data_parallel_replicate_degree"], ddp["data_parallel_shard_degree"]) == (16, 1)
+
+
+def test_uneven_pipeline_spells_out_module_names():
+    plan = make_plan("llama3.1-405b", "dgx-h100", 512, 256, 8192,
+                     strategy=dict(tp=8, pp=8, num_layers_in_first_stage=15, num_layers_in_last_stage=15, zero_stage=1))
+    parts = emit_data(plan, "torchtitan")["config"]["parallelism"]["module_fqns_per_model_part"]
+    assert parts[0][:2] == ["tok_embeddings", "layers.0"] and len(parts[0]) == 16
+    assert parts[-1][-2:] == ["norm", "output"] and [len(p) for p in parts[1:-1]] == [16] * 6
+
+
+def test_fp16_and_uneven_recompute_are_refused():
+    with pytest.raises(NotExpressibleError, match="^not expressible in torchtitan: precision 'fp16'"):
+        emit(PUBLISHED["gpt3-175b-1024xA100-tp8pp8"](), "torchtitan")
+    plan = make_plan(*LLAMA8, strategy=dict(recompute="full", recompute_num_layers=3))
+    with pytest.raises(NotExpressibleError, match=r"recompute_num_layers \(3\) of 32 layers per chunk"):
+        emit(plan, "torchtitan")
+
+
+@pytest.mark.parametrize("real", [True, False], ids=["torchtitan", "documented-fields"])
+def test_both_checkers_reject_an_unknown_key(real, tmp_path, monkeypatch):
+    if real and not import_torchtitan_config():
+        pytest.skip("torchtitan 0.2.x with tyro is not installed")
+    if not real:
+        monkeypatch.setattr(emit_checks, "import_torchtitan_config", lambda: None)
+    plan = make_plan(*LLAMA8, strategy=dict(tp=2, zero_stage=1))
+    text = emit(plan, "torchtitan").replace("[parallelism]\n", "[parallelism]\nbogus_degree = 2\n")
+    with pytest.raises((AssertionError, ValueError)):
+        check_torchtitan(plan, text, tmp_path)

@@ -1,0 +1,37 @@
+# Megatron-Bridge plan 1: gpt3-175b on 1024x A100-SXM4-80GB (dgx-a100-80gb), dp16 tp8 pp8 z0 mbs1 rc=full; predicted <estimate>
+# Append to a Megatron-Bridge recipe script: python <recipe>.py "${OVERRIDES[@]}"
+OVERRIDES=(
+  model.tensor_model_parallel_size=8
+  model.pipeline_model_parallel_size=8
+  model.virtual_pipeline_model_parallel_size=null
+  model.context_parallel_size=1
+  model.recompute_granularity=full
+  model.recompute_method=uniform
+  model.recompute_num_layers=1
+  model.num_layers=96
+  model.hidden_size=12288
+  model.ffn_hidden_size=49152
+  model.num_attention_heads=96
+  model.num_query_groups=null
+  model.normalization=LayerNorm
+  model.add_qkv_bias=true
+  model.attention_dropout=0.1
+  model.hidden_dropout=0.1
+  model.seq_length=2048
+  model.position_embedding_type=learned_absolute
+  model.share_embeddings_and_output_weights=true
+  train.micro_batch_size=1
+  train.global_batch_size=1536
+  dataset.sequence_length=2048
+  ddp.use_distributed_optimizer=false
+  ddp.overlap_grad_reduce=true
+  ddp.overlap_param_gather=false
+  ddp.grad_reduce_in_fp32=true
+  ddp.use_megatron_fsdp=false
+  ddp.data_parallel_sharding_strategy=no_shard
+  optimizer.optimizer=adam
+  optimizer.use_distributed_optimizer=false
+  optimizer.optimizer_cpu_offload=false
+  optimizer.use_precision_aware_optimizer=false
+  mixed_precision=fp16_mixed
+)

@@ -1,0 +1,29 @@
+# Megatron-LM plan 1: gpt3-175b on 1024x A100-SXM4-80GB (dgx-a100-80gb), dp16 tp8 pp8 z0 mbs1 rc=full; predicted <estimate>
+# Add your data, tokenizer, learning-rate and checkpoint flags, then run
+#   torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+MEGATRON_ARGS=(
+  --tensor-model-parallel-size 8
+  --pipeline-model-parallel-size 8
+  --context-parallel-size 1
+  --micro-batch-size 1
+  --global-batch-size 1536
+  --seq-length 2048
+  --recompute-granularity full
+  --recompute-method uniform
+  --recompute-num-layers 1
+  --overlap-grad-reduce
+  --optimizer adam
+  --fp16
+  --accumulate-allreduce-grads-in-fp32
+  --num-layers 96
+  --hidden-size 12288
+  --ffn-hidden-size 49152
+  --num-attention-heads 96
+  --normalization LayerNorm
+  --position-embedding-type learned_absolute
+  --max-position-embeddings 2048
+  --attention-dropout 0.1
+  --hidden-dropout 0.1
+  --attention-backend flash
+)

@@ -1,0 +1,36 @@
+# Megatron-Bridge plan 1: llama3-70b on 64x H100-SXM5-80GB (dgx-h100), dp2 tp4 pp4 cp2 vpp5 sp z1 mbs1 rc=none; predicted <estimate>
+# Append to a Megatron-Bridge recipe script: python <recipe>.py "${OVERRIDES[@]}"
+OVERRIDES=(
+  model.tensor_model_parallel_size=4
+  model.pipeline_model_parallel_size=4
+  model.virtual_pipeline_model_parallel_size=5
+  model.context_parallel_size=2
+  model.sequence_parallel=true
+  model.num_layers=80
+  model.hidden_size=8192
+  model.ffn_hidden_size=28672
+  model.num_attention_heads=64
+  model.num_query_groups=8
+  model.gated_linear_unit=true
+  model.normalization=RMSNorm
+  model.add_bias_linear=false
+  model.attention_dropout=0.0
+  model.hidden_dropout=0.0
+  model.seq_length=8192
+  model.position_embedding_type=rope
+  model.share_embeddings_and_output_weights=false
+  train.micro_batch_size=1
+  train.global_batch_size=128
+  dataset.sequence_length=8192
+  ddp.use_distributed_optimizer=true
+  ddp.overlap_grad_reduce=true
+  ddp.overlap_param_gather=true
+  ddp.grad_reduce_in_fp32=true
+  ddp.use_megatron_fsdp=false
+  ddp.data_parallel_sharding_strategy=no_shard
+  optimizer.optimizer=adam
+  optimizer.use_distributed_optimizer=true
+  optimizer.optimizer_cpu_offload=false
+  optimizer.use_precision_aware_optimizer=false
+  mixed_precision=bf16_mixed
+)

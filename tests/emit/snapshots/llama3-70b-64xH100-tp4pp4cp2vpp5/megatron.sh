@@ -1,0 +1,34 @@
+# Megatron-LM plan 1: llama3-70b on 64x H100-SXM5-80GB (dgx-h100), dp2 tp4 pp4 cp2 vpp5 sp z1 mbs1 rc=none; predicted <estimate>
+# Add your data, tokenizer, learning-rate and checkpoint flags, then run
+#   torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+MEGATRON_ARGS=(
+  --tensor-model-parallel-size 4
+  --pipeline-model-parallel-size 4
+  --num-virtual-stages-per-pipeline-rank 5
+  --context-parallel-size 2
+  --sequence-parallel
+  --micro-batch-size 1
+  --global-batch-size 128
+  --seq-length 8192
+  --use-distributed-optimizer
+  --overlap-grad-reduce
+  --overlap-param-gather
+  --optimizer adam
+  --bf16
+  --num-layers 80
+  --hidden-size 8192
+  --ffn-hidden-size 28672
+  --num-attention-heads 64
+  --group-query-attention
+  --num-query-groups 8
+  --swiglu
+  --normalization RMSNorm
+  --position-embedding-type rope
+  --max-position-embeddings 8192
+  --untie-embeddings-and-output-weights
+  --disable-bias-linear
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+  --attention-backend flash
+)

@@ -1,0 +1,46 @@
+#!/bin/bash
+#SBATCH --job-name=meshplan
+#SBATCH --nodes=8
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --exclusive
+# plan 1: llama3-70b on 64x H100-SXM5-80GB (dgx-h100), dp2 tp4 pp4 cp2 vpp5 sp z1 mbs1 rc=none; predicted <estimate>
+set -euo pipefail
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR
+export MASTER_PORT=29500
+# export NCCL_SOCKET_IFNAME=...   # the interface that reaches the other nodes (site-specific)
+# export NCCL_IB_HCA=...          # InfiniBand adapters to use (site-specific)
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+MEGATRON_ARGS=(
+  --tensor-model-parallel-size 4
+  --pipeline-model-parallel-size 4
+  --num-virtual-stages-per-pipeline-rank 5
+  --context-parallel-size 2
+  --sequence-parallel
+  --micro-batch-size 1
+  --global-batch-size 128
+  --seq-length 8192
+  --use-distributed-optimizer
+  --overlap-grad-reduce
+  --overlap-param-gather
+  --optimizer adam
+  --bf16
+  --num-layers 80
+  --hidden-size 8192
+  --ffn-hidden-size 28672
+  --num-attention-heads 64
+  --group-query-attention
+  --num-query-groups 8
+  --swiglu
+  --normalization RMSNorm
+  --position-embedding-type rope
+  --max-position-embeddings 8192
+  --untie-embeddings-and-output-weights
+  --disable-bias-linear
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+  --attention-backend flash
+)
+srun --kill-on-bad-exit=1 torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
+  pretrain_gpt.py "${MEGATRON_ARGS[@]}"

@@ -1,0 +1,119 @@
+"""`meshplan emit`: from plan JSON (file or stdin) or plan options; errors and exit codes (issue 3)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+import typer
+
+from planner import plan
+from planner.cli import app, main
+from planner.emit import emit
+
+PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
+             "--seq-len", "4096"]
+# Frozen `emit` surface: extend it, never rename (users' scripts depend on it).
+FROZEN_EMIT = ["--attention-kernel", "--backend", "--cluster", "--constraint", "--constraints", "--format",
+               "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for", "--master-port",
+               "--model", "--optimizer", "--precision", "--rank", "--script", "--seq-len"]
+
+
+def run(capsys, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
+    if stdin is not None:
+        sys.stdin = io.StringIO(stdin)
+    try:
+        code = main(list(args))
+    finally:
+        sys.stdin = sys.__stdin__
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def result():
+    return plan(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096, top_k=3)
+
+
+@pytest.fixture
+def plan_file(result, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(result.model_dump(mode="json")))
+    return path
+
+
+def test_emit_surface_is_frozen():
+    cmd = typer.main.get_command(app).commands["emit"]
+    assert sorted(o for p in cmd.params for o in p.opts if o.startswith("--")) == FROZEN_EMIT
+
+
+@pytest.mark.parametrize("backend", ["megatron", "megatron-bridge", "torchtitan", "torchrun", "slurm"])
+def test_emit_from_plan_file_matches_the_api(capsys, result, plan_file, backend):
+    code, out, err = run(capsys, "emit", str(plan_file), "--backend", backend, "--rank", "2")
+    assert code == 0, err
+    assert out == emit(result.plans[1], backend)
+
+
+def test_emit_from_stdin_and_json_format(capsys, result, plan_file):
+    code, out, err = run(capsys, "emit", "-", "--backend", "megatron", "--format", "json", stdin=plan_file.read_text())
+    assert code == 0, err
+    assert json.loads(out)["args"] == result.plans[0].to_megatron_args()
+
+
+def test_emit_from_plan_options(capsys, result):
+    code, out, err = run(capsys, "emit", "-B", "megatron", *PLAN_ARGS)
+    assert code == 0, err
+    assert out == emit(result.plans[0], "megatron")
+
+
+def test_emit_launch_for_torchtitan(capsys, plan_file):
+    code, out, err = run(capsys, "emit", str(plan_file), "-B", "torchrun", "--launch-for", "torchtitan")
+    assert code == 0, err
+    assert "-m torchtitan.train --job.config_file meshplan_torchtitan.toml" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["emit", "-B", "megatorn", *PLAN_ARGS], "unknown emit backend 'megatorn'; close matches: megatron"),
+    (["emit"], "give a plan: PLAN_JSON"),
+    (["emit", "--model", "llama3-8b"], "missing plan option(s) --cluster, --gpus, --global-batch-size, --seq-len"),
+    (["emit", "--rank", "0", *PLAN_ARGS], "--rank must be >= 1 (got 0)"),
+    (["emit", "missing.json"], "cannot read 'missing.json'"),
+])
+def test_user_errors_are_one_line_and_exit_2(capsys, args, message):
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_plan_file_and_options_together_are_refused(capsys, plan_file):
+    code, _, err = run(capsys, "emit", str(plan_file), "--model", "llama3-8b")
+    assert code == 2 and "give either PLAN_JSON or plan options, not both" in err
+
+
+def test_rank_not_in_file(capsys, plan_file):
+    code, _, err = run(capsys, "emit", str(plan_file), "--rank", "7")
+    assert code == 2 and "--rank 7 is not in" in err and "plans ranked 1, 2, 3" in err
+
+
+def test_not_json_and_not_a_plan(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    code, _, err = run(capsys, "emit", str(bad))
+    assert code == 2 and "is not JSON" in err
+    bad.write_text('{"hello": 1}')
+    code, _, err = run(capsys, "emit", str(bad))
+    assert code == 2 and "is not a meshplan plan" in err
+
+
+def test_not_expressible_is_a_clear_error(capsys):
+    code, out, err = run(capsys, "emit", "-B", "deepspeed", *PLAN_ARGS, "-C", "cp=2", "-C", "tp=1")
+    assert code == 2 and out == ""
+    assert err.startswith("error: not expressible in DeepSpeed: cp (2) > 1")
+
+
+def test_nothing_fits_exits_1(capsys):
+    code, out, err = run(capsys, "emit", "--model", "llama3-70b", "--cluster", "dgx-a100-40gb", "--gpus", "8",
+                         "--global-batch-size", "8", "--seq-len", "4096")
+    assert code == 1 and out == "" and "no strategy fits" in err

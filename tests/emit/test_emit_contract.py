@@ -1,0 +1,107 @@
+"""Contract: every registered emitter over a sample of the search's own output (issue 3 acceptance).
+
+For each of a few hundred strategies the search returned (ranked plans and, where
+nothing fits, the closest ones), across every knob it varies, every backend either
+emits something its real library accepts, or refuses with "not expressible in
+<framework>: <reason>" where the reason is one that framework documents. The
+generic rules (tp divides the KV heads, pp·vpp divides the layers, ...) never
+fire here: the search already enforces them.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+
+import pytest
+
+from emit_checks import check_bridge, check_colossalai, check_deepspeed, check_megatron, check_shell, check_torchtitan
+from emit_plans import search_sample
+from planner.emit import EmitOptions, Emitter, NotExpressibleError, backends, get_emitter
+
+pytest.importorskip("megatron.core")
+pytest.importorskip("colossalai.booster.plugin")
+
+#: the only refusals each framework may give for a strategy the search returns
+ALLOWED_REFUSALS = {
+    "megatron": [],
+    "megatron-bridge": [],
+    "deepspeed": [r"zero_stage [23] with pp", r"vpp \(\d+\) > 1", r"uneven pipeline stages", r"cp \(\d+\) > 1",
+                  r"recompute_num_layers \(\d+\) with pp", r"precision 'fp8'"],
+    "colossalai": [r"zero_stage 2 with pp", r"zero_stage 3 with pp", r"cp \(\d+\) > 1 with sequence_parallel",
+                   r"recompute_num_layers \(\d+\) without pipeline", r"selective recompute with the unfused"],
+    "torchtitan": [r"precision 'fp16'", r"recompute_num_layers \(\d+\) of \d+ layers per chunk"],
+    "torchrun": [],
+    "slurm": [],
+}
+ALLOWED_REFUSALS["megatron-deepspeed"] = ALLOWED_REFUSALS["deepspeed"]
+LAUNCH_EVERY = 10  # bash -n one launch script in ten (a subprocess each)
+FULL_PARSE_EVERY = 10  # torchtitan's full ConfigManager.parse_args for one in ten; its TOML conversion for all
+
+
+@pytest.fixture(scope="module")
+def sample():
+    plans = search_sample(per_key=1)
+    assert len(plans) >= 200
+    return plans
+
+
+def test_sample_covers_every_knob(sample):
+    seen = collections.Counter()
+    for p in sample:
+        s = p.strategy
+        seen.update(k for k, on in {
+            "tp": s.tp > 1, "pp": s.pp > 1, "cp": s.cp > 1, "vpp": s.vpp > 1, "sp": s.sequence_parallel,
+            "uneven": s.num_layers_in_first_stage is not None, "recompute_num_layers": s.recompute_num_layers,
+            f"zero{s.zero_stage}": True, f"recompute={s.recompute}": True, p.train.precision: True,
+            "unfused": p.train.attention_kernel == "unfused", "does-not-fit": not p.estimate.fits}.items() if on)
+    expected = {"tp", "pp", "cp", "vpp", "sp", "uneven", "recompute_num_layers", "zero0", "zero1", "zero2", "zero3",
+                "recompute=none", "recompute=selective", "recompute=full", "bf16", "fp16", "fp8", "unfused",
+                "does-not-fit"}
+    assert expected <= set(seen), expected - set(seen)
+
+
+def test_every_backend_is_in_the_contract():
+    assert set(backends()) == set(ALLOWED_REFUSALS)
+
+
+@pytest.mark.parametrize("backend", sorted(ALLOWED_REFUSALS))
+def test_backend_accepts_or_refuses_every_searched_strategy(backend, sample, deepspeed_comm, tmp_path):
+    emitter = get_emitter(backend)
+    assert isinstance(emitter, Emitter)
+    options = EmitOptions()
+    counts = collections.Counter()
+    for i, plan in enumerate(sample):
+        try:
+            data = emitter.data(plan, options)
+        except NotExpressibleError as exc:
+            prefix = f"not expressible in {emitter.framework}: "
+            assert str(exc).startswith(prefix), str(exc)
+            assert any(re.match(r, exc.reason) for r in ALLOWED_REFUSALS[backend]), (plan.strategy.short(), str(exc))
+            with pytest.raises(NotExpressibleError):
+                emitter.render(plan, options)
+            counts["refused: " + exc.reason.split(";")[0]] += 1
+            continue
+        text = emitter.render(plan, options)
+        assert text.endswith("\n") and json.loads(json.dumps(data)) == data
+        _check_with_real_library(backend, plan, data, text, tmp_path, i)
+        counts["accepted"] += 1
+    print(f"\n{backend}: {dict(counts)}")
+    assert counts["accepted"] > 0
+
+
+def _check_with_real_library(backend, plan, data, text, tmp_path, i):
+    if backend == "megatron":
+        check_megatron(plan, data["args"])
+    elif backend == "megatron-bridge":
+        check_bridge(plan, data["overrides"])
+    elif backend in ("deepspeed", "megatron-deepspeed"):
+        args = data["megatron_deepspeed_args"] if backend == "deepspeed" else data["args"]
+        check_deepspeed(plan, data["config"], args)
+    elif backend == "colossalai":
+        check_colossalai(plan, data)
+    elif backend == "torchtitan":
+        check_torchtitan(plan, text, tmp_path, full_parse=i % FULL_PARSE_EVERY == 0)
+    elif i % LAUNCH_EVERY == 0:
+        check_shell(text, tmp_path)

@@ -1,0 +1,83 @@
+"""The emitter interface and registry: contract, duplicates, unknown names, Plan helpers (issue 3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from emit_plans import PUBLISHED, make_plan
+from planner.emit import EmitOptions, Emitter, NotExpressibleError, Registry, backends, emit, emit_data, get_emitter
+from planner.emit.base import shell_array
+from planner.errors import SpecError
+
+EXPECTED = ["megatron", "megatron-bridge", "deepspeed", "megatron-deepspeed", "colossalai", "torchtitan", "torchrun",
+            "slurm"]
+
+
+def test_registered_backends():
+    assert backends() == EXPECTED
+    for name in EXPECTED:
+        emitter = get_emitter(name)
+        assert isinstance(emitter, Emitter) and emitter.name == name
+        assert emitter.syntax in ("shell", "json", "toml", "python")
+
+
+def test_unknown_backend_lists_close_matches():
+    with pytest.raises(SpecError, match=r"unknown emit backend 'megatorn'; close matches: megatron"):
+        get_emitter("megatorn")
+
+
+def test_registry_refuses_duplicates_and_non_emitters():
+    reg = Registry()
+    reg.register(get_emitter("megatron"))
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register(get_emitter("megatron"))
+    with pytest.raises(TypeError, match="does not implement the Emitter protocol"):
+        reg.register(object())
+
+
+def test_not_expressible_is_a_spec_error_naming_the_framework():
+    exc = NotExpressibleError("DeepSpeed", "vpp (2) > 1")
+    assert isinstance(exc, SpecError) and str(exc) == "not expressible in DeepSpeed: vpp (2) > 1"
+
+
+@pytest.mark.parametrize("backend", EXPECTED)
+def test_output_is_deterministic_serialisable_and_leaves_the_plan_alone(backend):
+    plan = make_plan("llama3-70b", "dgx-h100", 64, 128, 8192, strategy=dict(tp=8, pp=2, zero_stage=1))
+    before = plan.model_dump()
+    first, second = emit(plan, backend), emit(plan, backend)
+    assert first == second and first.endswith("\n")
+    data = emit_data(plan, backend)
+    assert json.loads(json.dumps(data)) == data
+    assert plan.model_dump() == before
+
+
+def test_plan_helpers_match_the_emitters():
+    plan = PUBLISHED["gpt3-175b-1024xA100-tp8pp8"]()
+    assert plan.to_megatron_args() == emit_data(plan, "megatron")["args"]
+    assert plan.to_megatron_bridge_overrides() == emit_data(plan, "megatron-bridge")["overrides"]
+    assert plan.to_deepspeed_config() == emit_data(plan, "deepspeed")["config"]
+    assert plan.to_colossalai_plugin() == emit_data(plan, "colossalai")
+    with pytest.raises(NotExpressibleError, match="torchtitan: precision 'fp16'"):
+        plan.to_torchtitan_toml()
+    llama = PUBLISHED["llama3-70b-64xH100-tp4pp4cp2vpp5"]()
+    assert llama.to_torchtitan_toml() == emit(llama, "torchtitan")
+
+
+def test_plan_helpers_survive_a_json_round_trip():
+    plan = PUBLISHED["llama3-70b-64xH100-tp4pp4cp2vpp5"]()
+    again = type(plan).model_validate(json.loads(plan.model_dump_json()))
+    assert again.to_megatron_args() == plan.to_megatron_args()
+
+
+def test_emit_options_are_validated():
+    with pytest.raises(ValueError):
+        EmitOptions(job_name="bad name; rm -rf /")
+    with pytest.raises(ValueError):
+        EmitOptions(launch_for="jax")
+
+
+def test_shell_array_quotes_and_groups_values():
+    assert shell_array("A", ["--x", "1", "--flag", "--name", "a b", "--neg", "-1"]) == (
+        "A=(\n  --x 1\n  --flag\n  --name 'a b'\n  --neg -1\n)\n")

@@ -1,0 +1,75 @@
+"""Snapshots of every emitter's output for published plans (issue 3).
+
+- GPT-3 175B on 1024 A100-80GB, TP 8 / PP 8 (Narayanan et al., SC'21)
+- Llama-3-70B on 64 H100, TP 4 / PP 4 / CP 2 / VPP 5 (NVIDIA NeMo performance recipe)
+- A MoE plan is not snapshotted yet: ModelSpec has no experts, so there is no MoE plan to emit.
+
+The predicted step time, MFU and memory in each header come from the cost model and are
+masked, so calibration changes do not churn the snapshots. Regenerate after an intended
+change with MESHPLAN_UPDATE_SNAPSHOTS=1 and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from emit_plans import PUBLISHED
+from planner.emit import NotExpressibleError, backends, emit, emit_data
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+UPDATE = os.environ.get("MESHPLAN_UPDATE_SNAPSHOTS") == "1"
+SUFFIX = {"shell": "sh", "json": "json", "toml": "toml", "python": "py"}
+ESTIMATE = re.compile(r"predicted [^\n]*? GiB peak per GPU")
+
+
+def _render(plan, backend: str) -> tuple[str, str]:
+    from planner.emit import get_emitter
+
+    emitter = get_emitter(backend)
+    try:
+        text = emit(plan, backend)
+    except NotExpressibleError as exc:
+        return "refused.txt", f"{exc}\n"
+    return SUFFIX[emitter.syntax], ESTIMATE.sub("predicted <estimate>", text)
+
+
+def _compare(path: Path, text: str) -> None:
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"missing snapshot {path}; run with MESHPLAN_UPDATE_SNAPSHOTS=1"
+    assert text == path.read_text(), f"{path} changed; if intended, regenerate with MESHPLAN_UPDATE_SNAPSHOTS=1"
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_snapshot(name, backend):
+    suffix, text = _render(PUBLISHED[name](), backend)
+    _compare(SNAPSHOTS / name / f"{backend}.{suffix}", text)
+    stale = [p for p in (SNAPSHOTS / name).glob(f"{backend}.*")
+             if p.name not in (f"{backend}.{suffix}", f"{backend}.data.json")]
+    assert not stale, f"stale snapshots {stale}: the backend now {'refuses' if suffix == 'refused.txt' else 'emits'}"
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_colossalai_json_snapshot(name):
+    plan = PUBLISHED[name]()
+    try:
+        text = json.dumps(emit_data(plan, "colossalai"), indent=2) + "\n"
+    except NotExpressibleError as exc:
+        text = f"{exc}\n"
+    _compare(SNAPSHOTS / name / "colossalai.data.json", text)
+
+
+def test_published_plans_are_the_published_strategies():
+    gpt3 = PUBLISHED["gpt3-175b-1024xA100-tp8pp8"]()
+    assert (gpt3.strategy.dp, gpt3.strategy.tp, gpt3.strategy.pp, gpt3.num_gpus) == (16, 8, 8, 1024)
+    assert gpt3.train.global_batch_size == 1536 and gpt3.model.num_params() / 1e9 == pytest.approx(174.6, abs=0.5)
+    llama = PUBLISHED["llama3-70b-64xH100-tp4pp4cp2vpp5"]()
+    s = llama.strategy
+    assert (s.dp, s.tp, s.pp, s.cp, s.vpp, llama.num_gpus) == (2, 4, 4, 2, 5, 64)

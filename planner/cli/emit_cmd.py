@@ -61,6 +61,7 @@ def emit_cmd(
         metavar="[PLAN_JSON]", help="Output of `meshplan plan --format json` (a path, or - for stdin).")] = None,
     backend: Annotated[str, typer.Option("--backend", "-B", help=_backend_help())] = "megatron",
     rank: Annotated[int, typer.Option("--rank", "-r", help="Which plan to emit: 1 = the fastest.")] = 1,
+    best_expressible: Annotated[bool, typer.Option("--best-expressible", help="Emit the best plan (from --rank down) that the backend can run, skipping the ones it cannot express.")] = False,
     model: ModelOpt = None,
     cluster: ClusterOpt = None,
     gpus: GpusOpt = None,
@@ -91,7 +92,10 @@ def emit_cmd(
         given = [k for k, v in search.items() if v is not None]
         if given:
             raise SpecError(f"give either PLAN_JSON or plan options, not both (got PLAN_JSON and {', '.join(given)})")
-        chosen = plan_from_json(read_text_arg(plan_json), rank, plan_json)
+        result, single = plan_result_from_json(read_text_arg(plan_json), plan_json)
+        source = repr(plan_json)
+        if single:  # one Plan's JSON: emit it, whatever its rank
+            rank = result.plans[0].rank
     else:
         missing = [k for k, v in search.items() if v is None]
         if len(missing) == len(search):
@@ -99,32 +103,40 @@ def emit_cmd(
                             "options --model --cluster --gpus --global-batch-size --seq-len")
         if missing:
             raise SpecError(f"missing plan option(s) {', '.join(missing)} (or give PLAN_JSON instead)")
-        chosen = _search(model, cluster, gpus, global_batch_size, seq_len, precision.value, rank,
-                         parse_constraints(constraint, constraints),
-                         train_options(grad_precision, attention_kernel, optimizer))
+        top_k = max(rank, SEARCH_DEPTH) if best_expressible else rank
+        result, source = _search(model, cluster, gpus, global_batch_size, seq_len, precision.value, top_k,
+                                 parse_constraints(constraint, constraints),
+                                 train_options(grad_precision, attention_kernel, optimizer)), "the search"
     try:
         options = EmitOptions(launch_for=launch_for.value, script=script, master_port=master_port, job_name=job_name)
     except ValidationError as exc:
         from profiles import format_validation_error
 
         raise SpecError(f"invalid emit option: {format_validation_error(exc)}") from None
+    chosen = pick(result, rank, source)
+    if best_expressible:
+        chosen = _best_expressible(result, chosen, backend, options)
     if fmt is EmitFormat.json:
         emit_json(emitter.data(chosen, options))
     else:
         sys.stdout.write(emitter.render(chosen, options))
 
 
-def _search(model: str, cluster: str, gpus: int, gbs: int, seq: int, precision: str, rank: int,
-            constraints: dict[str, Any], train: dict[str, Any]) -> Plan:
+#: plans searched for --best-expressible when the plan comes from plan options
+SEARCH_DEPTH = 2000
+
+
+def _search(model: str, cluster: str, gpus: int, gbs: int, seq: int, precision: str, top_k: int,
+            constraints: dict[str, Any], train: dict[str, Any]) -> PlanResult:
     from planner.api import plan as api_plan
 
-    result = api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=gbs, seq_len=seq,
-                      precision=precision, constraints=constraints, top_k=rank, **train)
-    return pick(result, rank, "the search")
+    return api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=gbs, seq_len=seq,
+                    precision=precision, constraints=constraints, top_k=top_k, **train)
 
 
-def plan_from_json(text: str, rank: int, source: str) -> Plan:
-    """A Plan from `meshplan plan --format json` output (a PlanResult) or a single Plan's JSON."""
+def plan_result_from_json(text: str, source: str) -> tuple[PlanResult, bool]:
+    """`meshplan plan --format json` output (a PlanResult), or a single Plan's JSON wrapped as one;
+    the flag says which."""
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -133,12 +145,28 @@ def plan_from_json(text: str, rank: int, source: str) -> Plan:
         raise SpecError(f"{source!r} is not a meshplan plan: expected the output of `meshplan plan --format json`")
     try:
         if "plans" in obj:
-            return pick(PlanResult.model_validate(obj), rank, source)
-        return Plan.model_validate(obj)
+            return PlanResult.model_validate(obj), False
+        single = Plan.model_validate(obj)
     except ValidationError as exc:
         from profiles import format_validation_error
 
         raise SpecError(f"{source!r} is not a valid meshplan plan: {format_validation_error(exc)}") from None
+    stats = {"num_candidates": 1, "num_valid": 1, "num_feasible": 1, "rejected": {}, "search_time_s": 0.0}
+    return PlanResult(plans=[single], stats=stats, model=single.model, cluster=single.cluster, train=single.train,
+                      num_gpus=single.num_gpus), True
+
+
+def _best_expressible(result: PlanResult, chosen: Plan, backend: str, options) -> Plan:
+    from planner.cli.common import stderr
+    from planner.emit import first_expressible, summarize
+
+    candidates = [p for p in result.plans if p.rank >= chosen.rank]
+    best, refused = first_expressible(candidates, backend, options)
+    if refused:
+        stderr.print(f"emitting plan {best.rank} ({best.strategy.short()}): plans {chosen.rank}-{best.rank - 1} are "
+                     f"not expressible in {refused[0][1].framework} ({summarize(refused)})", markup=False,
+                     highlight=False)
+    return best
 
 
 def pick(result: PlanResult, rank: int, source: str) -> Plan:
@@ -149,5 +177,7 @@ def pick(result: PlanResult, rank: int, source: str) -> Plan:
         from planner.cli.plan_cmds import no_fit_message
 
         raise ExitWith(1, f"{source}: " + no_fit_message(result))
-    raise SpecError(f"--rank {rank} is not in {source}: it has plans ranked "
-                    f"{', '.join(str(p.rank) for p in result.plans)}")
+    ranks = [p.rank for p in result.plans]
+    listed = (f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 3 and ranks == list(range(ranks[0], ranks[-1] + 1))
+              else ", ".join(map(str, ranks)))
+    raise SpecError(f"--rank {rank} is not in {source}: it has plans ranked {listed}")

@@ -46,5 +46,33 @@ def emit_data(plan: Plan, backend: str, options: EmitOptions | None = None) -> A
     return get_emitter(backend).data(plan, options or EmitOptions())
 
 
+def first_expressible(plans: list[Plan], backend: str,
+                      options: EmitOptions | None = None) -> tuple[Plan, list[tuple[Plan, NotExpressibleError]]]:
+    """The best-ranked of `plans` that `backend` can run, and the better ones it refused (with why).
+
+    Raises NotExpressibleError, counting the reasons, when it can run none of them.
+    """
+    emitter = get_emitter(backend)
+    options = options or EmitOptions()
+    refused: list[tuple[Plan, NotExpressibleError]] = []
+    for p in plans:
+        try:
+            emitter.data(p, options)
+        except NotExpressibleError as exc:
+            refused.append((p, exc))
+            continue
+        return p, refused
+    raise NotExpressibleError(emitter.framework, f"none of the {len(plans)} plans: " + summarize(refused))
+
+
+def summarize(refused: list[tuple[Plan, NotExpressibleError]]) -> str:
+    """`cp > 1: 180, vpp > 1: 40` style counts of refusal reasons (first clause, numbers dropped)."""
+    import re
+    from collections import Counter
+
+    counts = Counter(re.sub(r" \(\d+\)", "", exc.reason.split(";")[0]) for _, exc in refused)
+    return ", ".join(f"{reason}: {n}" for reason, n in counts.most_common())
+
+
 __all__ = ["EmitOptions", "Emitter", "NotExpressibleError", "Registry", "backends", "emit", "emit_data",
-           "get_emitter", "register"]
+           "first_expressible", "get_emitter", "register", "summarize"]

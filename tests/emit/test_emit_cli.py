@@ -16,7 +16,7 @@ from planner.emit import emit
 PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
              "--seq-len", "4096"]
 # Frozen `emit` surface: extend it, never rename (users' scripts depend on it).
-FROZEN_EMIT = ["--attention-kernel", "--backend", "--cluster", "--constraint", "--constraints", "--format",
+FROZEN_EMIT = ["--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints", "--format",
                "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for", "--master-port",
                "--model", "--optimizer", "--precision", "--rank", "--script", "--seq-len"]
 
@@ -117,3 +117,33 @@ def test_nothing_fits_exits_1(capsys):
     code, out, err = run(capsys, "emit", "--model", "llama3-70b", "--cluster", "dgx-a100-40gb", "--gpus", "8",
                          "--global-batch-size", "8", "--seq-len", "4096")
     assert code == 1 and out == "" and "no strategy fits" in err
+
+
+def test_best_expressible_walks_down_the_ranking(capsys):
+    args = ["--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch-size", "128",
+            "--seq-len", "8192"]
+    code, out, err = run(capsys, "emit", "-B", "deepspeed", "--best-expressible", "-f", "json", *args)
+    assert code == 0, err
+    assert err.startswith("emitting plan ") and "are not expressible in DeepSpeed (cp > 1:" in err
+    rank = int(err.split()[2])
+    best = plan(model="llama3-70b", cluster="dgx-h100", num_gpus=64, global_batch_size=128, seq_len=8192,
+                top_k=rank).plans[rank - 1]
+    assert json.loads(out)["config"] == best.to_deepspeed_config()
+    code, out, err = run(capsys, "emit", "-B", "megatron", "--best-expressible", *args)
+    assert code == 0 and err == ""  # rank 1 is expressible: nothing skipped
+
+
+def test_best_expressible_with_too_short_a_file(capsys, tmp_path):
+    result = plan(model="llama3-70b", cluster="dgx-h100", num_gpus=64, global_batch_size=128, seq_len=8192, top_k=2)
+    path = tmp_path / "plans.json"
+    path.write_text(json.dumps(result.model_dump(mode="json")))
+    code, _, err = run(capsys, "emit", str(path), "-B", "deepspeed", "--best-expressible")
+    assert code == 2 and "not expressible in DeepSpeed: none of the 2 plans: cp > 1: 2" in err
+
+
+def test_single_plan_json_is_accepted(capsys, result, tmp_path):
+    path = tmp_path / "one.json"
+    path.write_text(result.plans[2].model_dump_json())
+    code, out, err = run(capsys, "emit", str(path), "-B", "megatron")
+    assert code == 0, err
+    assert out == emit(result.plans[2], "megatron")

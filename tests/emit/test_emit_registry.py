@@ -7,7 +7,8 @@ import json
 import pytest
 
 from emit_plans import PUBLISHED, make_plan
-from planner.emit import EmitOptions, Emitter, NotExpressibleError, Registry, backends, emit, emit_data, get_emitter
+from planner.emit import (EmitOptions, Emitter, NotExpressibleError, Registry, backends, emit, emit_data,
+                          first_expressible, get_emitter)
 from planner.emit.base import shell_array
 from planner.errors import SpecError
 
@@ -81,3 +82,12 @@ def test_emit_options_are_validated():
 def test_shell_array_quotes_and_groups_values():
     assert shell_array("A", ["--x", "1", "--flag", "--name", "a b", "--neg", "-1"]) == (
         "A=(\n  --x 1\n  --flag\n  --name 'a b'\n  --neg -1\n)\n")
+
+
+def test_first_expressible_skips_refused_plans_and_says_why():
+    refused_plan = make_plan("llama3-8b", "dgx-h100", 16, 64, 4096, strategy=dict(cp=2), rank=1)
+    ok_plan = make_plan("llama3-8b", "dgx-h100", 16, 64, 4096, strategy=dict(tp=2, zero_stage=1), rank=2)
+    best, refused = first_expressible([refused_plan, ok_plan], "deepspeed")
+    assert best is ok_plan and [p for p, _ in refused] == [refused_plan]
+    with pytest.raises(NotExpressibleError, match=r"DeepSpeed: none of the 1 plans: cp > 1: 1$"):
+        first_expressible([refused_plan], "deepspeed")

@@ -14,6 +14,9 @@ Mapping choices:
   algorithm the planner models. The two cannot be combined (one mode per plugin).
 - `dp_outside=False` puts pipeline stages outermost and tensor ranks innermost,
   the rank layout the planner's communication model assumes.
+- Flash attention is `enable_flash_attention` for the plugins that rewrite the
+  model (Hybrid, Gemini); LowLevelZeroPlugin keeps the model's own attention, so
+  the notes say to load the model with a flash kernel.
 - Selective recomputation saves exactly the attention scores, which flash
   attention never stores, so with the flash kernel it is flash attention with
   no checkpointing; full recomputation is `model.gradient_checkpointing_enable()`

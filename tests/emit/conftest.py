@@ -14,9 +14,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def deepspeed_comm():
-    """DeepSpeed's communication backend on a one-process gloo group.
+    """DeepSpeed's communication backend on a one-process gloo group, for one test module
+    (torn down after it, so no process group outlives the emitter tests).
 
     DeepSpeedConfig asks deepspeed.comm for the rank first and, only if that
     works, asks the mpu for the data-parallel world size; without a backend it

@@ -11,7 +11,9 @@ the first node), the node's rank (torchrun's static rendezvous; Slurm uses the
 c10d rendezvous, which assigns ranks itself), and what the backend needs on
 every rank (Megatron's CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP).
 Interconnect settings (NCCL_SOCKET_IFNAME, NCCL_IB_HCA) depend on the site and
-are left as comments.
+are left as comments. The Slurm script writes its config files once, in the
+submission directory, which every node must see (a shared filesystem); the
+torchrun script writes them on each node.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class Workload:
 
 def workload(plan: Plan, options: EmitOptions) -> Workload:
     target = options.launch_for
-    script = options.script or DEFAULT_SCRIPT[target]
+    # a user's entry point is re-quoted token by token so it cannot break the script
+    script = shlex.join(shlex.split(options.script)) if options.script else DEFAULT_SCRIPT[target]
     if target == "megatron":
         return Workload({}, megatron.environment(plan), {"MEGATRON_ARGS": megatron.megatron_args(plan)},
                         f'{script} "${{MEGATRON_ARGS[@]}}"')

@@ -69,3 +69,11 @@ def test_partial_nodes_are_refused():
     plan = make_plan("llama3-8b", "dgx-h100", 12, 48, 4096, strategy=dict(tp=4, zero_stage=1))
     with pytest.raises(NotExpressibleError, match=r"^not expressible in Slurm: num_gpus \(12\) must fill whole nodes"):
         emit(plan, "slurm")
+
+
+@needs_bash
+def test_user_script_is_quoted(tmp_path):
+    plan = make_plan("llama3-8b", "dgx-h100", 8, 32, 4096, strategy=dict(tp=2, zero_stage=1))
+    script = emit(plan, "torchrun", EmitOptions(script="train.py --tag $(whoami); echo"))
+    check_shell(script, tmp_path)
+    assert "train.py --tag '$(whoami);' echo \"${MEGATRON_ARGS[@]}\"" in script  # arguments, never commands

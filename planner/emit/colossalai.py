@@ -61,7 +61,7 @@ def plugin_spec(plan: Plan) -> dict[str, Any]:
     notes: list[str] = []
     if s.tp == 1 and s.pp == 1 and s.cp == 1 and s.zero_stage in (1, 2):
         plugin, kwargs = "LowLevelZeroPlugin", {"stage": s.zero_stage, "precision": precision}
-        kwargs |= _zero_kwargs(f, notes)
+        kwargs |= _zero_kwargs(f)
     elif s.zero_stage == 3:
         plugin, kwargs = "GeminiPlugin", {"precision": precision, "placement_policy": "static",
                                           "shard_param_frac": 1.0,
@@ -115,7 +115,7 @@ def _refuse_unsupported(f: PlanFacts) -> None:
         refuse(f"ep ({s.ep}) / etp ({s.etp}) > 1; expert parallelism needs MoeHybridParallelPlugin and an MoE model")
 
 
-def _zero_kwargs(f: PlanFacts, notes: list[str]) -> dict[str, Any]:
+def _zero_kwargs(f: PlanFacts) -> dict[str, Any]:
     s, t = f.strategy, f.train
     compute = "fp16" if t.precision == "fp16" else "bf16"
     out: dict[str, Any] = {"overlap_communication": s.overlap_grad_reduce, "overlap_allgather": s.overlap_param_gather,
@@ -127,8 +127,10 @@ def _zero_kwargs(f: PlanFacts, notes: list[str]) -> dict[str, Any]:
 
 def _grad_note(f: PlanFacts, notes: list[str], what: str) -> None:
     compute = "fp16" if f.train.precision == "fp16" else "bf16"
-    if f.train.grad_precision != compute:
-        notes.append(f"grad_precision {f.train.grad_precision}: {what} ({compute}); gradient traffic is half the plan's")
+    grads = f.train.grad_precision
+    if grads != compute:
+        effect = "half the plan's gradient traffic" if grads == "fp32" else "the same traffic in another 16-bit type"
+        notes.append(f"grad_precision {grads}: {what} ({compute}); {effect}")
 
 
 def _hybrid_kwargs(f: PlanFacts, precision: str, notes: list[str]) -> dict[str, Any]:
@@ -150,7 +152,7 @@ def _hybrid_kwargs(f: PlanFacts, precision: str, notes: list[str]) -> dict[str, 
             ckpt = chunks if s.recompute_num_layers is None else [min(s.recompute_num_layers, n) for n in chunks]
             kwargs["gradient_checkpoint_config"] = {"PipelineGradientCheckpointConfig": {"num_ckpt_layers_per_stage": ckpt}}
     if s.zero_stage >= 1:
-        kwargs |= _zero_kwargs(f, notes)
+        kwargs |= _zero_kwargs(f)
     else:
         kwargs["overlap_communication"] = s.overlap_grad_reduce
         _grad_note(f, notes, "data parallel all-reduce runs in the compute dtype")

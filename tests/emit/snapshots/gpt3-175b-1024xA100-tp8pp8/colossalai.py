@@ -1,5 +1,5 @@
 # Colossal-AI plan 1: gpt3-175b on 1024x A100-SXM4-80GB (dgx-a100-80gb), dp16 tp8 pp8 z0 mbs1 rc=full; predicted <estimate>
-# note: grad_precision fp32: data parallel all-reduce runs in the compute dtype (fp16); gradient traffic is half the plan's
+# note: grad_precision fp32: data parallel all-reduce runs in the compute dtype (fp16); half the plan's gradient traffic
 import torch
 from colossalai.booster import Booster
 from colossalai.booster.plugin import HybridParallelPlugin

@@ -117,7 +117,7 @@ FP8_SETTINGS = {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_amax_history_len"
 def settings(plan: Plan) -> dict[str, Any]:
     """The plan as Megatron-LM argparse destinations, in the order the flags are printed."""
     f = check_plan(plan, FRAMEWORK)
-    s, m, t = f.strategy, plan.model, plan.train
+    s, t = f.strategy, plan.train
     out: dict[str, Any] = {
         "tensor_model_parallel_size": s.tp,
         "pipeline_model_parallel_size": s.pp,

@@ -50,7 +50,7 @@ FLOAT8_RECIPE = "tensorwise"
 def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """(TOML sections, notes). Section and key names are torchtitan's JobConfig fields."""
     f = check_plan(plan, FRAMEWORK)
-    s, t, m = f.strategy, f.train, plan.model
+    t, m = f.train, plan.model
     notes: list[str] = []
 
     def refuse(reason: str) -> None:

@@ -25,7 +25,7 @@ def deepspeed_comm():
     memory all-reduce op (tens of seconds) that a config check never uses, so
     that op is marked unavailable for this process.
     """
-    deepspeed = pytest.importorskip("deepspeed")
+    pytest.importorskip("deepspeed")
     import deepspeed.ops
     from deepspeed import comm as dist
     from deepspeed.accelerator import get_accelerator

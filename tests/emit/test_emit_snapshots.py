@@ -23,7 +23,7 @@ from planner.emit import NotExpressibleError, backends, emit, emit_data
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("MESHPLAN_UPDATE_SNAPSHOTS") == "1"
-SUFFIX = {"shell": "sh", "json": "json", "toml": "toml", "python": "py"}
+SUFFIX = {"shell": "sh", "json": "json", "toml": "toml", "python": "py.txt"}  # snippets, not modules
 ESTIMATE = re.compile(r"predicted [^\n]*? GiB peak per GPU")
 
 

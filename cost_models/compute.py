@@ -34,6 +34,11 @@ BACKWARD_GEMM_FACTOR = 2.0
 BACKWARD_ELEMENTWISE_FACTOR = 1.5
 
 
+#: FP8 training (Transformer Engine's recipe) runs the transformer-layer linear GEMMs in FP8
+#: but keeps the attention core and the output (vocabulary) layer in BF16.
+UNQUANTISED = {"fp8": "bf16", "bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+
+
 @dataclass
 class LayerTimes:
     """Seconds for one layer and one micro-batch on one rank (arrays over candidates)."""
@@ -85,7 +90,7 @@ def layer_times(model, train, gpu, b, tp, cp, sp) -> LayerTimes:
     # and writes the output. The softmax/dropout traffic itself is added below.
     qkvo = act * tokens * (2 * q + 2 * k) / tp
     scores_rw = 2 * act * a / tp * tokens * s if train.attention_kernel == "unfused" else 0.0
-    core = np.maximum(fl["core"] / (gpu.peak(prec) * gpu.gemm_efficiency),
+    core = np.maximum(fl["core"] / (gpu.peak(UNQUANTISED[prec]) * gpu.gemm_efficiency),
                       (qkvo + scores_rw) / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)) + 2 * gpu.kernel_overhead_s
     hbm = gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency
     rep = np.where(sp, tp, 1)
@@ -112,7 +117,7 @@ def head_times(model, train, gpu, b, tp, cp, sp) -> tuple[np.ndarray, np.ndarray
     tokens = train.seq_len / cp * b
     v, h = model.vocab_size, model.hidden_size
     flop = 2 * tokens * h * v / tp
-    gemm = gemm_time(flop, tokens, v / tp, h, gpu, prec)
+    gemm = gemm_time(flop, tokens, v / tp, h, gpu, UNQUANTISED[prec])
     hbm = gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency
     # Final norm (read/write) + fp32 softmax cross-entropy over the vocab shard (read logits, write fp32).
     loss = (2 * act * tokens * h / np.where(sp, tp, 1) + (act + 4 + 4) * tokens * v / tp) / hbm

@@ -27,6 +27,9 @@ FROZEN = {
                  "--optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--pp", "--precision",
                  "--recompute", "--recompute-num-layers", "--seq-len", "--sp", "--tp", "--vpp", "--zero",
                  "--zero-stage"],
+    "emit": ["--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints",
+             "--format", "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for",
+             "--master-port", "--model", "--optimizer", "--precision", "--rank", "--script", "--seq-len"],
     "models": ["--format"],
     "clusters": ["--format"],
 }

@@ -156,6 +156,35 @@ def korthikanti_table4() -> list[LayerCase]:
     ]
 
 
+def torchtitan_fsdp2() -> list[StepCase]:
+    """torchtitan's FSDP2 runs on 64 A100-80GB (benchmarks/data/torchtitan_fsdp2_a100.json).
+
+    'selective layer' checkpointing (every second layer) is full recompute of half
+    the layers; 'selective op' is torchtitan's own op-level policy, which meshplan
+    does not model, so those rows are left out.
+    """
+    data = json.loads((ROOT / "benchmarks" / "data" / "torchtitan_fsdp2_a100.json").read_text())
+    from profiles import load_model
+
+    cases = []
+    for r in data["rows"]:
+        ac = r["activation_checkpointing"]
+        if ac == "selective op":
+            continue
+        model = load_model(r["model"])
+        n, b, s = 64, r["local_batch_size"], r["seq_len"]
+        recompute = {"no": {"recompute": "none"}, "full": {"recompute": "full", "recompute_num_layers": None},
+                     "selective layer": {"recompute": "full", "recompute_num_layers": model.num_layers // 2}}[ac]
+        cases.append(StepCase(
+            label=f"{r['model']} mbs{b} AC {ac}", table="torchtitan FSDP2", model=model, num_gpus=n,
+            global_batch_size=b * n, seq_len=s, measured_step_s=b * s / r["tokens_per_s_per_gpu"],
+            train_options={"precision": "bf16", "grad_precision": "fp32", "attention_kernel": "flash"},
+            constraints={"dp": n, "tp": 1, "pp": 1, "cp": 1, "zero_stage": 3, "micro_batch_size": b,
+                         "sequence_parallel": False} | recompute,
+        ))
+    return cases
+
+
 @dataclass(frozen=True)
 class ZeroCase:
     label: str

@@ -16,7 +16,15 @@ import pytest
 import yaml
 
 from planner.calibration import fit_efficiencies
-from planner.validation import MEGATRON_2022, korthikanti_table4, korthikanti_table5, predict, sc21_table1, sc21_table2
+from planner.validation import (
+    MEGATRON_2022,
+    korthikanti_table4,
+    korthikanti_table5,
+    predict,
+    sc21_table1,
+    sc21_table2,
+    torchtitan_fsdp2,
+)
 from profiles import PROFILES_DIR, load_cluster, load_gpu
 
 
@@ -27,7 +35,10 @@ def _errors(cases):
 
 
 @pytest.mark.parametrize("table,loader,rows", [("SC'21 Table 1", sc21_table1, 10),
-                                               ("Korthikanti Table 5", korthikanti_table5, 8)])
+                                               ("Korthikanti Table 5", korthikanti_table5, 8),
+                                               # FSDP2 (ZeRO-3) on 64 A100s, torchtitan docs/performance.md;
+                                               # held out like the others, same targets.
+                                               ("torchtitan FSDP2", torchtitan_fsdp2, 5)])
 def test_step_time_targets(validation_path, table, loader, rows):
     errors = _errors(loader())
     assert len(errors) == rows

@@ -16,7 +16,15 @@ import sys
 import numpy as np
 
 from cost_models.memory import model_state_bytes
-from planner.validation import korthikanti_table5, predict, sc21_table1, sc21_table2, torchtitan_fsdp2, zero_table1
+from planner.validation import (
+    korthikanti_table5,
+    nemo_h100_fp8,
+    predict,
+    sc21_table1,
+    sc21_table2,
+    torchtitan_fsdp2,
+    zero_table1,
+)
 
 TARGETS = {"SC'21 Table 1": (0.07, 0.15), "Korthikanti Table 5": (0.07, 0.15)}
 
@@ -25,7 +33,8 @@ def step_tables() -> dict[str, list]:
     return {"SC'21 Table 1": [predict(c) for c in sc21_table1()],
             "Korthikanti Table 5": [predict(c) for c in korthikanti_table5()],
             "SC'21 Table 2": [predict(c) for c in sc21_table2()],
-            "torchtitan FSDP2 (64 A100)": [predict(c) for c in torchtitan_fsdp2()]}
+            "torchtitan FSDP2 (64 A100)": [predict(c) for c in torchtitan_fsdp2()],
+            "NeMo DGX-H100 FP8 (H100 efficiencies carried over from the A100)": [predict(c) for c in nemo_h100_fp8()]}
 
 
 def zero_rows() -> list[tuple[str, float, float, float]]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.units import ACTIVATION_BYTES, MASK, WEIGHT_BYTES
+from cost_models.units import ACTIVATION_BYTES, FP8, MASK, WEIGHT_BYTES
 
 #: Element-wise kernels per layer forward: 2 norms, 2 bias-dropout-add, activation,
 #: rotary (rope only) and the unfused softmax (unfused only). GEMMs: QKV, 2 attention, output, 2-3 MLP.
@@ -99,7 +99,14 @@ def layer_times(model, train, gpu, b, tp, cp, sp) -> LayerTimes:
     residual = 2 * (3 * act + mask) * tokens * h / rep  # read x and residual, write sum (+ mask), twice
     activation = (3 if model.gated_mlp else 2) * act * tokens * f / tp  # read (2 inputs if gated), write
     rotary = (2 * act * tokens * (q + k) / tp) if model.position_embedding == "rope" else 0.0
-    elementwise = (norms + residual + activation + rotary) / hbm + ELEMENTWISE_KERNELS_FWD * gpu.kernel_overhead_s
+    # FP8: every linear layer's input is quantised (read 16-bit, write 8-bit); weights are cast once
+    # per step (Transformer Engine caches them across micro-batches), which is not counted here.
+    fp8_casts = 0.0
+    if prec == "fp8":
+        gemm_inputs = tokens * (2 * h + q / tp + f / tp)  # QKV and MLP inputs are whole (gathered) sequences
+        fp8_casts = (act + FP8) * gemm_inputs
+    elementwise = ((norms + residual + activation + rotary + fp8_casts) / hbm
+                   + ELEMENTWISE_KERNELS_FWD * gpu.kernel_overhead_s)
     softmax = 0.0
     if train.attention_kernel == "unfused":
         scores = a / tp * tokens * s

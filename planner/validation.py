@@ -185,6 +185,29 @@ def torchtitan_fsdp2() -> list[StepCase]:
     return cases
 
 
+def nemo_h100_fp8() -> list[StepCase]:
+    """NeMo 24.07's FP8 pre-training runs on DGX-H100 (benchmarks/data/nemo_h100_fp8.json).
+
+    The table gives the parallel layout but not SP, the optimizer sharding or
+    recomputation: SP is assumed with tp > 1, the rest is searched.
+    """
+    data = json.loads((ROOT / "benchmarks" / "data" / "nemo_h100_fp8.json").read_text())
+    from profiles import load_model
+
+    cases = []
+    for r in data["rows"]:
+        n, B, s = r["num_gpus"], r["global_batch_size"], r["seq_len"]
+        cases.append(StepCase(
+            label=f"{r['model']} n{n} tp{r['tp']} pp{r['pp']} cp{r['cp']} vp{r['vp']}", table="NeMo DGX-H100 FP8",
+            model=load_model(r["model"]), num_gpus=n, global_batch_size=B, seq_len=s, cluster="dgx-h100",
+            measured_step_s=B * s / (n * r["tokens_per_s_per_gpu"]),
+            train_options={"precision": "fp8", "grad_precision": "fp32", "attention_kernel": "flash"},
+            constraints={"tp": r["tp"], "pp": r["pp"], "cp": r["cp"], "vpp": r["vp"], "micro_batch_size": r["micro_batch_size"],
+                         "sequence_parallel": r["tp"] > 1, "zero_stage": [0, 1]},
+        ))
+    return cases
+
+
 @dataclass(frozen=True)
 class ZeroCase:
     label: str

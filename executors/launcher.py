@@ -32,7 +32,7 @@ WORKER_MODULE = "executors.worker"
 
 
 def torchrun_command(nproc: int, config_path: Path, out_dir: Path, *, standalone: bool = True,
-                     extra_args: list[str] | None = None) -> list[str]:
+                     extra_args: list[str] | None = None, worker_args: list[str] | None = None) -> list[str]:
     """The torchrun argument list of one run. `standalone=False` with `extra_args`
     (e.g. `--nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=host:29500`) gives the
     multi-node form that a Slurm script runs on every node."""
@@ -40,7 +40,7 @@ def torchrun_command(nproc: int, config_path: Path, out_dir: Path, *, standalone
     if standalone:
         cmd.append("--standalone")
     cmd += [f"--nproc_per_node={nproc}", *(extra_args or []),
-            "-m", WORKER_MODULE, "--config", str(config_path), "--out", str(out_dir)]
+            "-m", WORKER_MODULE, "--config", str(config_path), "--out", str(out_dir), *(worker_args or [])]
     return cmd
 
 
@@ -207,7 +207,10 @@ def launch_reference(cfg: RunConfig, run_dir: Path) -> tuple[list[float] | None,
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "run.json"
     config_path.write_text(cfg.model_dump_json(indent=1))
-    proc = run_process(reference_command(config_path, run_dir), cfg.timeout_s, run_dir, worker_env(cfg.device))
+    # Megatron-core needs its parallel state even on one GPU: its reference runs under torchrun.
+    cmd = (torchrun_command(1, config_path, run_dir, worker_args=["--reference"]) if cfg.engine == "megatron"
+           else reference_command(config_path, run_dir))
+    proc = run_process(cmd, cfg.timeout_s, run_dir, worker_env(cfg.device))
     try:
         return json.loads((run_dir / "reference.json").read_text())["losses"], ""
     except (OSError, ValueError, KeyError):

@@ -68,8 +68,13 @@ def dp_mesh(mesh, cfg: RunConfig):
 
 
 # ---- tensor parallel ----------------------------------------------------------
-def apply_tp(model: Transformer, tp_mesh, sequence_parallel: bool) -> None:
-    """Megatron-style TP (+SP) on every part the (possibly partial, pipeline-stage) model has."""
+def apply_tp(model: Transformer, tp_mesh, sequence_parallel: bool, vocab_parallel_loss: bool = True) -> None:
+    """Megatron-style TP (+SP) on every part the (possibly partial, pipeline-stage) model has.
+
+    `vocab_parallel_loss`: the output head returns logits sharded over the vocabulary
+    (a DTensor) for `torch.distributed.tensor.parallel.loss_parallel`, Megatron's
+    vocab-parallel cross entropy; otherwise the logits are all-gathered (used inside
+    pipeline stages, whose outputs must be plain tensors)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -109,7 +114,8 @@ def apply_tp(model: Transformer, tp_mesh, sequence_parallel: bool) -> None:
     if model.norm is not None and sp:
         plan["norm"] = SequenceParallel()
     if model.output is not None:
-        plan["output"] = ColwiseParallel(input_layouts=stream, output_layouts=Replicate())
+        plan["output"] = (ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1), use_local_output=False)
+                          if vocab_parallel_loss else ColwiseParallel(input_layouts=stream, output_layouts=Replicate()))
     tied = model.embed is not None and model.output is not None and model.output.weight is model.embed.tok.weight
     # Every rank built the same full weights from the seed: take local shards, no scatter.
     parallelize_module(model, tp_mesh, plan, src_data_rank=None)
@@ -190,7 +196,9 @@ def wrap_data_parallel(cfg: RunConfig, module: nn.Module, mesh, layers: list[nn.
     from torch.nn.parallel import DistributedDataParallel
 
     # Buffers (positions, rope tables) are identical on every rank: no per-forward sync.
+    # gradient_as_bucket_view: the gradients live in the buckets (one copy, like Megatron's grad buffer).
     ddp = DistributedDataParallel(module, process_group=group, forward_sync_buffers=False,
+                                  gradient_as_bucket_view=True,
                                   device_ids=None if cfg.device == "cpu" else [torch.cuda.current_device()])
     return ddp, "ddp", None
 

@@ -8,7 +8,7 @@ group; the launcher folds those into one `RunResult` per plan.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,6 +45,10 @@ class RunConfig(BaseModel):
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu runs on gloo, cuda on NCCL.")
     engine: Engine = Field("torch", description="torch: PyTorch parallel APIs; megatron: Megatron-core GPTModel; "
                            "deepspeed: deepspeed.initialize (both CUDA only).")
+    engine_config: dict[str, Any] | None = Field(
+        None, description="megatron: the emitter's megatron-core kwargs (planner.emit.megatron.core_config_kwargs); "
+        "deepspeed: the emitter's DeepSpeed JSON (planner.emit.deepspeed.ds_config); None for torch."
+    )
     hsdp_replicate: int = Field(
         1, ge=1, description="With zero_stage >= 2: split dp into hsdp_replicate replicas of dp/hsdp_replicate "
         "shards each (HSDP on a 2-D mesh); 1 = plain FSDP over all of dp."

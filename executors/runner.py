@@ -49,7 +49,7 @@ class Runner:
             module.set_recompute(st.recompute, st.recompute_num_layers)
             module.to(device)
             if st.tp > 1:
-                apply_tp(module, mesh["tp"], st.sequence_parallel)
+                apply_tp(module, mesh["tp"], st.sequence_parallel, vocab_parallel_loss=st.pp == 1)
             wrapped, kind, sync = wrap_data_parallel(cfg, module, mesh, list(module.layers.values()))
             modules.append(wrapped)
             kinds.add(kind)
@@ -96,6 +96,13 @@ class Runner:
         self.optimizer.zero_grad(set_to_none=True)
         return loss
 
+    def _loss_context(self):
+        if self.st.tp == 1:
+            return nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
     def _step_plain(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         model = self.modules[0]
         mbs, m = self.st.micro_batch_size, self.num_microbatches
@@ -103,10 +110,11 @@ class Runner:
         for i in range(m):
             x = tokens[i * mbs: (i + 1) * mbs]
             y = targets[i * mbs: (i + 1) * mbs]
-            with no_sync(model, self.kind, i == m - 1), self._cp_context([x, y], model):
+            with no_sync(model, self.kind, i == m - 1), self._cp_context([x, y], model), self._loss_context():
                 loss = loss_fn(model(x), y) / m
                 loss.backward()
-            total += loss.detach()
+            value = loss.detach()
+            total += value.full_tensor() if hasattr(value, "full_tensor") else value
         return total
 
     def global_loss(self, local: torch.Tensor | None) -> float:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from planner.specs import ModelSpec, Strategy, TrainSpec
 
 CPU_ONLY_MISSING = {
-    "cp": "cp ({cp}) > 1 needs torch's context_parallel, whose ring attention dispatches only to the CUDA "
-          "flash/efficient SDPA kernels; not supported by this executor on cpu",
+    "cp": "cp ({cp}) > 1: torch's context_parallel implements ring attention for the CUDA flash/efficient/cuDNN "
+          "SDPA kernels only (on cpu: 'aten._scaled_dot_product_flash_attention_for_cpu does not have a sharding "
+          "strategy registered'); not supported by this executor on cpu",
 }
 
 

@@ -158,9 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="RunConfig JSON written by the launcher")
     parser.add_argument("--out", required=True, type=Path, help="directory for rank<r>.json results")
     parser.add_argument("--reference", action="store_true", help="compute the single-process reference losses")
-    args = parser.parse_args(argv)
+    # Launch scripts emitted for a framework append that framework's flags; they are not ours.
+    args, _ignored = parser.parse_known_args(argv)
     cfg = RunConfig.model_validate_json(args.config.read_text())
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.reference and cfg.engine == "megatron":
+        from executors.megatron_worker import run_rank as run_megatron
+
+        return run_megatron(cfg, args.out, reference=True)
     if args.reference:
         run_reference(cfg, args.out)
         return 0

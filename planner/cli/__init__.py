@@ -11,6 +11,8 @@ from planner.cli.app import app
 COMMAND_MODULES = [
     "planner.cli.plan_cmds",
     "planner.cli.emit_cmd",
+    "planner.cli.validate_cmd",
+    "planner.cli.profile_cmd",
 ]
 
 for _name in COMMAND_MODULES:

@@ -1,0 +1,105 @@
+"""Prediction next to measurement (no torch).
+
+Step time: the plan's `Estimate.step_time_s` against the median timed step of
+the slowest rank. Memory: the estimate's peak minus its `framework_reserve`
+term (the runtime's own memory, which the worker measures as its baseline and
+subtracts) against the largest per-rank peak. Errors are signed, relative to
+the measurement: (predicted - measured) / measured.
+
+Ranks are compared among the plans that ran `ok`: the predicted rank orders
+them by predicted step time, the measured rank by measured step time.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from executors.results import Outcome, ParityCheck, RunResult
+from planner.specs import Estimate, ModelSpec, Strategy, TrainSpec
+
+RESERVE_TERM = "framework_reserve"
+
+
+class PlanComparison(BaseModel):
+    """One validated plan: what was predicted, what was measured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: str = Field(description="Run label.")
+    strategy: Strategy = Field(description="The strategy.")
+    outcome: Outcome = Field(description="Run outcome (see executors.results.Outcome).")
+    reason: str = Field("", description="Why the outcome is not ok.")
+    predicted_step_time_s: float | None = Field(None, description="Estimate.step_time_s, seconds.")
+    measured_step_time_s: float | None = Field(None, description="Median timed step of the slowest rank, seconds.")
+    step_time_error: float | None = Field(None, description="(predicted - measured) / measured.")
+    predicted_memory_bytes: float | None = Field(None, description="Estimate peak minus framework_reserve, bytes.")
+    measured_memory_bytes: float | None = Field(None, description="Largest per-rank training peak, bytes.")
+    memory_error: float | None = Field(None, description="(predicted - measured) / measured.")
+    predicted_fits: bool | None = Field(None, description="Estimate.fits.")
+    predicted_rank: int | None = Field(None, description="Rank by predicted step time among the plans that ran ok.")
+    measured_rank: int | None = Field(None, description="Rank by measured step time among the plans that ran ok.")
+    parity: ParityCheck | None = Field(None, description="Loss parity against the single-process reference.")
+    time_s: dict[str, float] = Field(default_factory=dict, description="Predicted step-time breakdown, seconds.")
+    notes: list[str] = Field(default_factory=list, description="Deviations of the run from the plan.")
+
+
+class ValidationReport(BaseModel):
+    """Every validated plan, and how well the prediction ranked them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelSpec = Field(description="The model that was run (before per-plan untying).")
+    cluster: str = Field(description="Cluster profile the predictions used.")
+    train: TrainSpec = Field(description="Batch, sequence, precision, optimizer.")
+    num_gpus: int = Field(description="Ranks per run.")
+    device: str = Field(description="cpu (gloo) or cuda (NCCL).")
+    engine: str = Field(description="torch, megatron or deepspeed.")
+    comparisons: list[PlanComparison] = Field(description="In the order the plans were given.")
+    median_abs_step_time_error: float | None = Field(None, description="Median |step_time_error| over ok runs.")
+    median_abs_memory_error: float | None = Field(None, description="Median |memory_error| over ok runs.")
+    measured_best: str | None = Field(None, description="Label of the fastest measured plan.")
+    measured_best_predicted_rank: int | None = Field(None, description="Its rank by prediction among the ok plans.")
+    measured_best_in_predicted_top2: bool | None = Field(None, description="measured_best_predicted_rank <= 2.")
+    runs: list[RunResult] = Field(default_factory=list, description="The raw run results.")
+
+
+def _rel(pred: float | None, meas: float | None) -> float | None:
+    if pred is None or meas is None or meas <= 0:
+        return None
+    return (pred - meas) / meas
+
+
+def compare_one(run: RunResult, estimate: Estimate | None) -> PlanComparison:
+    c = PlanComparison(label=run.label, strategy=run.strategy, outcome=run.outcome, reason=run.reason,
+                       measured_step_time_s=run.step_time_s, measured_memory_bytes=run.peak_memory_bytes,
+                       parity=run.parity, notes=run.notes)
+    if estimate is not None:
+        c.predicted_step_time_s = estimate.step_time_s
+        c.predicted_memory_bytes = estimate.peak_memory_bytes - estimate.memory_bytes.get(RESERVE_TERM, 0.0)
+        c.predicted_fits = estimate.fits
+        c.time_s = dict(estimate.time_s)
+    if run.outcome == "ok":
+        c.step_time_error = _rel(c.predicted_step_time_s, c.measured_step_time_s)
+        c.memory_error = _rel(c.predicted_memory_bytes, c.measured_memory_bytes)
+    return c
+
+
+def rank_and_summarise(comparisons: list[PlanComparison]) -> dict:
+    """Fill predicted/measured ranks in place; return the report's summary fields."""
+    ok = [c for c in comparisons if c.outcome == "ok" and c.predicted_step_time_s is not None]
+    for i, c in enumerate(sorted(ok, key=lambda c: c.predicted_step_time_s), start=1):
+        c.predicted_rank = i
+    for i, c in enumerate(sorted(ok, key=lambda c: c.measured_step_time_s), start=1):
+        c.measured_rank = i
+    step_errs = [abs(c.step_time_error) for c in ok if c.step_time_error is not None]
+    mem_errs = [abs(c.memory_error) for c in ok if c.memory_error is not None]
+    best = next((c for c in ok if c.measured_rank == 1), None)
+    return {
+        "median_abs_step_time_error": statistics.median(step_errs) if step_errs else None,
+        "median_abs_memory_error": statistics.median(mem_errs) if mem_errs else None,
+        "measured_best": best.label if best else None,
+        "measured_best_predicted_rank": best.predicted_rank if best else None,
+        "measured_best_in_predicted_top2": (best.predicted_rank <= 2) if best else None,
+    }

@@ -1,0 +1,187 @@
+"""Megatron-core executor: GPTModel with Megatron's parallel state and schedules (CUDA only).
+
+Used for `RunConfig.engine == "megatron"`. The model and parallel settings are
+the megatron-core config kwargs the Megatron emitter derives from the plan
+(`planner.emit.megatron.core_config_kwargs`, carried in
+`RunConfig.engine_config`), so the run exercises exactly the emitted
+configuration. Weights are initialised on the CPU (`use_cpu_initialization`),
+which makes them independent of tp and pp; the parity reference is the same
+executor on one GPU (`reference_engine_config`).
+
+Not exercised in CI (no GPU there): tests carrying the `gpu` marker run it
+where CUDA is present.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from executors.parity import parity_failure
+from executors.results import RankResult, RunConfig
+
+DTYPES = ("float32", "bfloat16", "float16")
+SINGLE_GPU = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
+              "virtual_pipeline_model_parallel_size": None, "sequence_parallel": False}
+
+
+def reference_engine_config(kw: dict[str, Any]) -> dict[str, Any]:
+    """The same model on one GPU: every parallel degree 1, no distributed optimizer."""
+    out = {k: dict(v) for k, v in kw.items()}
+    for section in ("parallel", "transformer"):
+        out[section].update({k: v for k, v in SINGLE_GPU.items() if k in out[section] or section == "parallel"})
+        for uneven in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+            out[section].pop(uneven, None)
+    out["ddp"]["use_distributed_optimizer"] = False
+    out["optimizer"]["use_distributed_optimizer"] = False
+    return out
+
+
+def _resolve(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Dtype names -> torch dtypes, activation names -> functions."""
+    import torch
+    import torch.nn.functional as F
+
+    out = dict(kwargs)
+    for key in ("params_dtype", "pipeline_dtype"):
+        if isinstance(out.get(key), str) and out[key] in DTYPES:
+            out[key] = getattr(torch, out[key])
+    if out.get("activation_func") == "silu":
+        out["activation_func"] = F.silu
+    return out
+
+
+def build(cfg: RunConfig, kw: dict[str, Any]):
+    import torch
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    par = kw["parallel"]
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=par.get("tensor_model_parallel_size", 1),
+        pipeline_model_parallel_size=par.get("pipeline_model_parallel_size", 1),
+        virtual_pipeline_model_parallel_size=par.get("virtual_pipeline_model_parallel_size"),
+        context_parallel_size=par.get("context_parallel_size", 1))
+    tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
+    tkw = _resolve(kw["transformer"]) | {"hidden_dropout": 0.0, "attention_dropout": 0.0,
+                                         "use_cpu_initialization": True}
+    config = TransformerConfig(**tkw)
+    spec = get_gpt_layer_local_spec(normalization=tkw.get("normalization"))
+    vpp = par.get("virtual_pipeline_model_parallel_size") or 1
+    models = []
+    for v in range(vpp):
+        vp = v if vpp > 1 else None
+        module = GPTModel(
+            config, spec, vocab_size=cfg.model.vocab_size, max_sequence_length=kw["gpt"]["max_sequence_length"],
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+            share_embeddings_and_output_weights=kw["gpt"]["share_embeddings_and_output_weights"],
+            position_embedding_type=kw["gpt"]["position_embedding_type"], vp_stage=vp).cuda()
+        models.append(DistributedDataParallel(config, DistributedDataParallelConfig(**kw["ddp"]), module))
+    okw = _resolve(kw["optimizer"]) | {"lr": cfg.learning_rate, "weight_decay": 0.0, "clip_grad": 0.0}
+    optimizer = get_megatron_optimizer(OptimizerConfig(**okw), models)
+    return models, optimizer
+
+
+def run_rank(cfg: RunConfig, out: Path, reference: bool = False) -> int:
+    """One rank of a Megatron-core run (or, with `reference`, the one-GPU reference)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from executors.memory import MemoryMeter
+    from executors.model import synthetic_batch
+    from executors.worker import write_json_atomic
+
+    if cfg.engine_config is None:
+        raise SystemExit("engine 'megatron' needs RunConfig.engine_config (the emitter's megatron-core kwargs)")
+    kw = reference_engine_config(cfg.engine_config) if reference else cfg.engine_config
+    rank = int(os.environ.get("RANK", "0"))
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl", timeout=timedelta(seconds=cfg.timeout_s))
+    meter = MemoryMeter("cuda")
+    meter.start()
+    models, optimizer = build(cfg, kw)
+    meter.model_built()
+    dp = parallel_state.get_data_parallel_world_size()
+    dp_rank = parallel_state.get_data_parallel_rank()
+    mbs = 1 if reference else cfg.strategy.micro_batch_size
+    rows = cfg.train.global_batch_size // dp
+    m = rows // mbs
+    seq = cfg.train.seq_len
+    fwd_bwd = get_forward_backward_func()
+
+    def forward_step(data_iterator, model):
+        x, y = next(data_iterator)
+        pos = torch.arange(seq, device=x.device).unsqueeze(0).expand_as(x)
+        output = model(x, pos, None, labels=y)
+
+        def loss_func(per_token):
+            loss = per_token.float().mean()
+            return loss, {"loss": loss.detach()}
+
+        return output, loss_func
+
+    def step(i: int) -> float | None:
+        tokens, targets = synthetic_batch(cfg.model, cfg.train.global_batch_size, seq, cfg.seed, i)
+        x, y = tokens[dp_rank * rows: (dp_rank + 1) * rows].cuda(), targets[dp_rank * rows: (dp_rank + 1) * rows].cuda()
+        batches = [(x[j * mbs:(j + 1) * mbs], y[j * mbs:(j + 1) * mbs]) for j in range(m)]
+        for model in models:
+            model.zero_grad_buffer()
+        optimizer.zero_grad()
+        iters = [iter(batches) for _ in models]
+        losses = fwd_bwd(forward_step_func=forward_step, data_iterator=iters if len(models) > 1 else iters[0],
+                         model=models if len(models) > 1 else models[0], num_microbatches=m, seq_length=seq,
+                         micro_batch_size=mbs, forward_only=False)
+        optimizer.step()
+        local = torch.stack([d["loss"] for d in losses]).mean() if losses else None
+        owner = local is not None and parallel_state.get_tensor_model_parallel_rank() == 0
+        t = torch.tensor([float(local) if owner else 0.0, 1.0 if owner else 0.0], device="cuda", dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t[0] / t[1])
+
+    result = RankResult(rank=rank, status="ok")
+    try:
+        result.losses = [step(i) for i in range(cfg.parity_steps)]
+        if reference:
+            if rank == 0:
+                import json
+
+                write_json_atomic(out / "reference.json", json.dumps({"losses": result.losses}))
+            return 0
+        failure = parity_failure(cfg, result.losses) if cfg.reference_losses else ""
+        if failure:
+            result.status, result.error = "wrong", failure
+            return 0
+        step_index = cfg.parity_steps
+        for _ in range(cfg.warmup_steps):
+            step(step_index)
+            step_index += 1
+        for _ in range(cfg.timed_steps):
+            dist.barrier()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step(step_index)
+            torch.cuda.synchronize()
+            result.step_times_s.append(time.perf_counter() - t0)
+            step_index += 1
+        result.peak_memory_bytes, result.reserved_memory_bytes = meter.peak()
+    except Exception as exc:  # reported in the rank's JSON and through the exit status
+        from executors.worker import is_oom
+
+        result.status = "oom" if is_oom(exc) else "error"
+        result.error = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        if not reference:
+            write_json_atomic(out / f"rank{rank}.json", result.model_dump_json())
+    dist.destroy_process_group()
+    return 0

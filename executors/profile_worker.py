@@ -1,0 +1,264 @@
+"""Hardware micro-benchmarks, run on every rank under torchrun (imports torch).
+
+    torchrun --standalone --nproc_per_node=N -m executors.profile_worker --out DIR [--quick]
+
+All ranks measure at the same time (a barrier before each case), so the
+figures are what one rank gets while the others run too — the situation of a
+training job (on a CPU the ranks share the memory bus and the cores).
+
+- GEMM: (m, k) x (k, n) matmuls over square and transformer-shaped sizes and
+  every dtype the device runs; FLOP/s = 2mnk / time.
+- Memory bandwidth: copy of a large tensor; bytes/s = (read + write) / time.
+- Per-op overhead: a tiny element-wise op whose input requires grad (dispatch,
+  allocation and autograd recording).
+- Collectives on the world group and on groups of consecutive ranks of every
+  power-of-two size: all-reduce, all-gather, reduce-scatter, all-to-all, and
+  send/recv between ranks 0 and 1, over message sizes 4 B to 64 MiB. Bus
+  bandwidth follows nccl-tests' convention (PERFORMANCE.md): all-reduce
+  2(n-1)/n x bytes / time; all-gather, reduce-scatter, all-to-all
+  (n-1)/n x bytes / time with bytes the full buffer; send/recv bytes / time.
+
+Rank 0 writes DIR/profile.json (a `HardwareProfile`, see executors.profiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+CPU_GEMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+CUDA_GEMM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
+SQUARE_SIZES = (256, 512, 1024, 2048)
+HIDDEN_SIZES = (256, 512, 1024)
+TOKENS = 2048
+MIN_TIME_S = 0.2
+MAX_ITERS = 50
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: torch.device, min_time_s: float = MIN_TIME_S, max_iters: int = MAX_ITERS) -> float:
+    """Seconds per call: a warm-up call, a probe call, then enough calls for `min_time_s`
+    (at most `max_iters`). The count is agreed over all ranks (the slowest probe decides),
+    so collectives run the same number of times everywhere."""
+    fn()
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    probe = _max_over_ranks(time.perf_counter() - start, device)
+    iters = int(min(max_iters, max(1, min_time_s / max(probe, 1e-9))))
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / iters
+
+
+def gemm_shapes(quick: bool) -> list[tuple[int, int, int]]:
+    """(m, n, k): squares, and the QKV / MLP-up / MLP-down GEMMs of a TOKENS-token micro-batch."""
+    squares = SQUARE_SIZES[:2] if quick else SQUARE_SIZES
+    shapes = [(s, s, s) for s in squares]
+    for h in HIDDEN_SIZES[:1] if quick else HIDDEN_SIZES:
+        shapes += [(TOKENS, 3 * h, h), (TOKENS, 4 * h, h), (TOKENS, h, 4 * h)]
+    return shapes
+
+
+def bench_gemm(device: torch.device, quick: bool) -> list[dict]:
+    rows = []
+    dtypes = CUDA_GEMM_DTYPES if device.type == "cuda" else CPU_GEMM_DTYPES
+    for name, dtype in dtypes.items():
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        for m, n, k in gemm_shapes(quick):
+            a = torch.randn(m, k, device=device).to(dtype)
+            b = torch.randn(k, n, device=device).to(dtype)
+            dist.barrier()
+            t = timed(lambda: torch.mm(a, b), device)
+            rows.append({"dtype": name, "m": m, "n": n, "k": k, "time_s": t, "flop_per_s": 2 * m * n * k / t})
+    return rows
+
+
+def bench_memory(device: torch.device, quick: bool) -> dict:
+    nbytes = (64 if quick else 256) * 2**20 if device.type == "cpu" else 2**30
+    src = torch.ones(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    dist.barrier()
+    t = timed(lambda: dst.copy_(src), device)
+    return {"bytes": nbytes, "time_s": t, "bytes_per_s": 2 * nbytes / t}
+
+
+def bench_op_overhead(device: torch.device) -> dict:
+    x = torch.ones(16, device=device, requires_grad=True)
+    reps = 200
+
+    def chain():
+        y = x
+        for _ in range(reps):
+            y = y * 1.0001
+        return y
+
+    dist.barrier()
+    t = timed(chain, device)
+    return {"time_per_op_s": t / reps}
+
+
+BUS_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "send_recv": lambda n: 1.0,
+}
+
+
+def message_sizes(quick: bool) -> list[int]:
+    top = 22 if quick else 26
+    return [2**k for k in range(2, top + 1, 2)]
+
+
+def _collective(op: str, nbytes: int, group, n: int, device: torch.device):
+    """A closure that runs one `op` over `nbytes` (the full buffer) in `group` of `n` ranks."""
+    elems = max(n, nbytes // 4 // n * n)
+    full = torch.ones(elems, device=device)
+    shard = torch.ones(elems // n, device=device)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(full, group=group)
+    # Recent torch names them *_single; older releases only have *_into_tensor / *_tensor.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    if op == "all_gather":
+        return lambda: gather(full, shard, group=group)
+    if op == "reduce_scatter":
+        return lambda: scatter(shard, full, group=group)
+    if op == "all_to_all":
+        out = torch.empty_like(full)
+        return lambda: dist.all_to_all_single(out, full, group=group)
+    raise ValueError(op)
+
+
+def _max_over_ranks(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t[0])
+
+
+def bench_collectives(device: torch.device, quick: bool) -> list[dict]:
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+    rows = []
+    sizes = [2**k for k in range(1, world.bit_length()) if 2**k <= world]
+    for n in sizes:
+        groups = [dist.new_group(list(range(lo, lo + n))) for lo in range(0, world - n + 1, n)]
+        mine = next((g for i, g in enumerate(groups) if i * n <= rank < (i + 1) * n), None)
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+            for nbytes in message_sizes(quick):
+                fn = _collective(op, nbytes, mine, n, device) if mine is not None else (lambda: None)
+                dist.barrier()
+                t = timed(fn, device, min_time_s=0.05 if quick else 0.1, max_iters=20 if quick else 50)
+                t = _max_over_ranks(t, device)
+                rows.append(_row(op, n, nbytes, t))
+    if world >= 2:
+        for nbytes in message_sizes(quick):
+            buf = torch.ones(max(1, nbytes // 4), device=device)
+
+            def ping_pong():
+                if rank == 0:
+                    dist.send(buf, dst=1)
+                    dist.recv(buf, src=1)
+                elif rank == 1:
+                    dist.recv(buf, src=0)
+                    dist.send(buf, dst=0)
+
+            dist.barrier()
+            t = timed(ping_pong, device, min_time_s=0.05 if quick else 0.1, max_iters=20 if quick else 50) / 2
+            rows.append(_row("send_recv", 2, nbytes, _max_over_ranks(t if rank < 2 else 0.0, device)))
+    return rows
+
+
+def _row(op: str, n: int, nbytes: int, t: float) -> dict:
+    algbw = nbytes / t
+    return {"op": op, "group_size": n, "bytes": nbytes, "time_s": t, "algbw_bytes_per_s": algbw,
+            "busbw_bytes_per_s": algbw * BUS_FACTORS[op](n)}
+
+
+def runtime_baseline_bytes() -> float:
+    from executors.memory import status_bytes
+
+    return status_bytes("RssAnon")["RssAnon"]
+
+
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model or platform.processor() or 'cpu'} ({os.cpu_count()} logical cores)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m executors.profile_worker")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--quick", action="store_true", help="fewer shapes and sizes (tests)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend)
+    baseline = runtime_baseline_bytes() if device.type == "cpu" else float(torch.cuda.memory_reserved(device))
+    started = datetime.now(timezone.utc)
+    result = {
+        "device": device.type, "backend": backend, "description": device_description(device),
+        "hostname": platform.node(), "world_size": dist.get_world_size(), "local_world_size": local_world,
+        "threads_per_rank": torch.get_num_threads(), "torch_version": torch.__version__,
+        "started_utc": started.isoformat(timespec="seconds"), "quick": args.quick,
+        "runtime_baseline_bytes": _max_over_ranks(baseline, device),
+        "memory_total_bytes": _memory_total(device),
+        "gemm": bench_gemm(device, args.quick), "memory": bench_memory(device, args.quick),
+        "op_overhead": bench_op_overhead(device), "collectives": bench_collectives(device, args.quick),
+    }
+    result["duration_s"] = (datetime.now(timezone.utc) - started).total_seconds()
+    if dist.get_rank() == 0:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "profile.json").write_text(json.dumps(result, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _memory_total(device: torch.device) -> float:
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return float(line.split()[1]) * 1024
+    return 0.0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

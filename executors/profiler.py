@@ -1,0 +1,182 @@
+"""`meshplan profile`: measure this machine and write GPU + cluster profiles (no torch).
+
+Runs `executors.profile_worker` under torchrun, then turns its measurements
+into the two YAML files the planner loads (vendor units in the key names, like
+every file in profiles/):
+
+gpus/<name>.yaml
+    memory_gib            available memory / ranks (CPU: MemAvailable x 0.9 / ranks;
+                          CUDA: the device's total memory)
+    peak_tflops.<dtype>   the fastest GEMM of the sweep, per dtype
+    gemm_efficiency       median over the sweep of (GEMM rate / that peak), for the
+                          dtype the ranks train in (fp32 on CPU, bf16 on CUDA)
+    hbm_bw_gb_per_s       copy bandwidth per rank, all ranks copying at once
+    hbm_efficiency        1.0: the bandwidth above is itself an achieved rate
+    kernel_overhead_us    time of a tiny element-wise op that records autograd
+    framework_reserve_gib memory a rank holds before the model (runtime, libraries)
+clusters/<name>.yaml
+    intra_node            bw_gb_per_s: median all-reduce bus bandwidth over messages
+                          >= 1 MiB; latency_us: per-hop latency, the median
+                          small-message (<= 4 KiB) all-reduce time / (2 log2 n) hops
+                          (the cost model's all-reduce latency term); efficiency 1.0
+                          (the bandwidth is measured bus bandwidth)
+    inter_node            a copy of intra_node: one machine has no second tier
+The full measurement tables are kept as comments in the files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from executors.launcher import run_process, worker_env
+
+GIB = 2**30
+KIB, MIB = 2**10, 2**20
+CPU_MEMORY_SHARE = 0.9  # leave 10% of MemAvailable to the OS and the launcher
+TRAIN_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
+
+
+def profile_command(nproc: int, out_dir: Path, device: str, quick: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "executors.profile_worker", "--out", str(out_dir), "--device", device]
+    return cmd + (["--quick"] if quick else [])
+
+
+def run_profile(nproc: int, out_dir: Path, device: str = "cpu", quick: bool = False,
+                timeout_s: float = 1200.0) -> dict[str, Any]:
+    """Run the micro-benchmarks on `nproc` ranks; the raw measurements (see profile_worker)."""
+    from planner.errors import SpecError
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    proc = run_process(profile_command(nproc, out_dir, device, quick), timeout_s, out_dir, worker_env(device))
+    path = out_dir / "profile.json"
+    if proc.timed_out or not path.exists():
+        why = f"timed out after {timeout_s:.0f} s" if proc.timed_out else f"exited with status {proc.return_code}"
+        raise SpecError(f"hardware profile run {why}:\n{proc.stderr_tail}")
+    return json.loads(path.read_text())
+
+
+# ---- summaries -------------------------------------------------------------
+def gemm_summary(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per dtype: peak FLOP/s (fastest GEMM) and the median fraction of it over the sweep."""
+    out = {}
+    for dtype in sorted({r["dtype"] for r in raw["gemm"]}):
+        rates = [r["flop_per_s"] for r in raw["gemm"] if r["dtype"] == dtype]
+        peak = max(rates)
+        out[dtype] = {"peak_flop_per_s": peak, "median_fraction": statistics.median(x / peak for x in rates)}
+    return out
+
+
+def collective_summary(raw: dict[str, Any], op: str, group_size: int) -> dict[str, float]:
+    rows = [r for r in raw["collectives"] if r["op"] == op and r["group_size"] == group_size]
+    small = [r["time_s"] for r in rows if r["bytes"] <= 4 * KIB] or [min(r["time_s"] for r in rows)]
+    large = [r["busbw_bytes_per_s"] for r in rows if r["bytes"] >= MIB] or [max(r["busbw_bytes_per_s"] for r in rows)]
+    return {"small_message_s": statistics.median(small), "busbw_bytes_per_s": statistics.median(large)}
+
+
+def all_reduce_hops(n: int) -> int:
+    """Latency hops of one all-reduce in the cost model: 2·ceil(log2 n)."""
+    return 2 * max(1, math.ceil(math.log2(n)))
+
+
+# ---- YAML ------------------------------------------------------------------
+def _source(raw: dict[str, Any]) -> str:
+    return (f"measured by `meshplan profile` on {raw['hostname']} ({raw['description']}), {raw['started_utc']}, "
+            f"torch {raw['torch_version']}, backend {raw['backend']}, {raw['world_size']} ranks x "
+            f"{raw['threads_per_rank']} threads, all ranks measuring at once")
+
+
+def gpu_profile(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    gemm = gemm_summary(raw)
+    train_dtype = TRAIN_DTYPE[raw["device"]] if TRAIN_DTYPE[raw["device"]] in gemm else next(iter(gemm))
+    if raw["device"] == "cpu":
+        memory = raw["memory_total_bytes"] * CPU_MEMORY_SHARE / raw["local_world_size"]
+        memory_rule = f"MemAvailable x {CPU_MEMORY_SHARE} / {raw['local_world_size']} ranks"
+    else:
+        memory, memory_rule = raw["memory_total_bytes"], "device total memory"
+    return {
+        "name": name,
+        "memory_gib": round(memory / GIB, 3),
+        "peak_tflops": {k: round(v["peak_flop_per_s"] / 1e12, 5) for k, v in gemm.items()},
+        "hbm_bw_gb_per_s": round(raw["memory"]["bytes_per_s"] / 1e9, 3),
+        "gemm_efficiency": round(gemm[train_dtype]["median_fraction"], 4),
+        "hbm_efficiency": 1.0,
+        "kernel_overhead_us": round(raw["op_overhead"]["time_per_op_s"] * 1e6, 3),
+        "framework_reserve_gib": round(raw["runtime_baseline_bytes"] / GIB, 4),
+        "framework_reserve_source": "measured: resident memory of one rank after torch and the process group "
+                                    "are initialised, before the model",
+        "calibration": f"from this profile's micro-benchmarks, not from training runs: peak_tflops = fastest GEMM "
+                       f"of the sweep; gemm_efficiency = median {train_dtype} GEMM rate / that peak; memory_gib = "
+                       f"{memory_rule}; hbm_efficiency 1.0 (hbm_bw is a measured copy rate)",
+        "source": _source(raw),
+    }
+
+
+def cluster_profile(raw: dict[str, Any], name: str, gpu_ref: str | dict[str, Any]) -> dict[str, Any]:
+    n = raw["world_size"]
+    if n < 2:
+        tier = {"name": "none", "bw_gb_per_s": 1.0, "latency_us": 0.0, "efficiency": 1.0}
+    else:
+        ar = collective_summary(raw, "all_reduce", n)
+        tier = {
+            "name": f"{raw['backend']}-local",
+            "bw_gb_per_s": round(ar["busbw_bytes_per_s"] / 1e9, 4),
+            "latency_us": round(ar["small_message_s"] / all_reduce_hops(n) * 1e6, 2),
+            "efficiency": 1.0,
+        }
+    return {
+        "name": name,
+        "gpu": gpu_ref,
+        "gpus_per_node": raw["local_world_size"],
+        "max_gpus": n,
+        "intra_node": tier,
+        "inter_node": dict(tier, name=f"{tier['name']} (single machine: copy of intra_node)"),
+        "source": _source(raw) + "; bw = median all-reduce bus bandwidth (nccl-tests convention) over messages "
+                  ">= 1 MiB; latency = median all-reduce time for messages <= 4 KiB / 2 log2(n) hops",
+    }
+
+
+def measurement_comments(raw: dict[str, Any]) -> list[str]:
+    lines = [f"Measurements ({raw['device']}, {raw['backend']}, {raw['world_size']} ranks, {raw['duration_s']:.0f} s):",
+             "GEMM  dtype  m x n x k  TFLOP/s"]
+    for r in raw["gemm"]:
+        lines.append(f"  {r['dtype']:5s} {r['m']}x{r['n']}x{r['k']}  {r['flop_per_s'] / 1e12:.4f}")
+    mem = raw["memory"]
+    lines.append(f"copy {mem['bytes'] / MIB:.0f} MiB: {mem['bytes_per_s'] / 1e9:.2f} GB/s (read + write) per rank")
+    lines.append(f"per-op overhead: {raw['op_overhead']['time_per_op_s'] * 1e6:.2f} us")
+    lines.append("collective  ranks  bytes  time (us)  busbw (GB/s)")
+    for r in raw["collectives"]:
+        lines.append(f"  {r['op']:14s} {r['group_size']} {r['bytes']:>9d} {r['time_s'] * 1e6:10.1f} "
+                     f"{r['busbw_bytes_per_s'] / 1e9:9.4f}")
+    return lines
+
+
+def _dump(data: dict[str, Any], comments: list[str]) -> str:
+    head = "".join(f"# {line}\n" for line in comments)
+    return head + yaml.safe_dump(data, sort_keys=False, width=120)
+
+
+def write_profiles(raw: dict[str, Any], name: str, root: Path) -> tuple[Path, Path]:
+    """Write root/gpus/<name>.yaml and root/clusters/<name>.yaml; the cluster names its GPU
+    preset when `root` is on the profile search path, and embeds it otherwise."""
+    from profiles import search_dirs
+
+    gpu = gpu_profile(raw, name)
+    on_path = any(root.resolve() == d.resolve() for d in search_dirs())
+    cluster = cluster_profile(raw, name, name if on_path else gpu)
+    comments = [f"Written by `meshplan profile` on {datetime.now().date().isoformat()}; re-run it to refresh.",
+                *measurement_comments(raw)]
+    gpu_path, cluster_path = root / "gpus" / f"{name}.yaml", root / "clusters" / f"{name}.yaml"
+    gpu_path.parent.mkdir(parents=True, exist_ok=True)
+    cluster_path.parent.mkdir(parents=True, exist_ok=True)
+    gpu_path.write_text(_dump(gpu, comments))
+    cluster_path.write_text(_dump(cluster, comments))
+    return gpu_path, cluster_path

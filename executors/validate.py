@@ -1,0 +1,287 @@
+"""Validate plans: run each one briefly and put the measurement next to the prediction (no torch).
+
+For every strategy, in order: decide whether the executor can run it
+(`executors.support`), score it with `planner.evaluate` on the model that is
+actually built (fewer layers, untied embeddings under pp), compute the
+single-process reference losses (once per distinct model), launch it under
+torchrun with a wall-clock limit, and fold the per-rank results. One plan that
+hangs, crashes, runs out of memory or fails parity is reported as such and the
+next plan still runs.
+
+Multi-node: `prepare_runs` writes each run's `run.json` (reference losses
+included) and the torchrun command to start it on every node
+(`executors.launcher.torchrun_command(standalone=False)`); after the job,
+`collect_runs` folds the rank files the nodes wrote into the same report.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from executors.compare import PlanComparison, ValidationReport, compare_one, rank_and_summarise
+from executors.launcher import ProcessOutcome, fold, launch, launch_reference, read_ranks
+from executors.results import Engine, RunConfig, RunResult
+from executors.support import executed_model, unsupported_reasons
+from planner.errors import SpecError
+from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, Strategy, TrainSpec
+
+PARITY_TOLERANCES = {"fp32": (1e-5, 1e-2), "bf16": (2e-2, 0.5), "fp16": (2e-2, 0.5)}
+"""precision -> (loss rtol, loss-change rtol); see executors.parity."""
+
+
+class ValidateOptions(BaseModel):
+    """How each plan is run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    warmup_steps: int = Field(1, ge=0, description="Untimed steps after the parity steps.")
+    timed_steps: int = Field(3, ge=1, description="Timed steps per plan.")
+    parity_steps: int = Field(2, ge=1, description="Leading steps checked against the single-process reference.")
+    timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of each run, seconds.")
+    num_layers: int | None = Field(None, ge=1, description="Build the model with this many layers (shapes kept).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
+    engine: Engine = Field("torch", description="torch, megatron or deepspeed (the last two need CUDA).")
+    hsdp_replicate: int = Field(1, ge=1, description="HSDP replicas for zero_stage >= 2 (1 = plain FSDP).")
+    seed: int = Field(1234, description="Seed of weights and data.")
+    learning_rate: float = Field(1e-3, gt=0, description="Optimizer learning rate.")
+    work_dir: Path | None = Field(None, description="Where run directories go; default: a temporary directory.")
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def run_dir_name(index: int, label: str) -> str:
+    return f"{index:02d}-" + re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")
+
+
+def predict(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, num_gpus: int,
+            st: Strategy) -> tuple[Estimate | None, str]:
+    from planner import evaluate
+
+    try:
+        est = evaluate(model=model, cluster=cluster, num_gpus=num_gpus, global_batch_size=train.global_batch_size,
+                       seq_len=train.seq_len, precision=train.precision, strategy=st,
+                       grad_precision=train.grad_precision, optimizer=train.optimizer,
+                       attention_kernel=train.attention_kernel)
+    except SpecError as exc:
+        return None, f"no prediction: {exc}"
+    return est, ""
+
+
+def engine_reasons(options: ValidateOptions, device: str, train: TrainSpec) -> list[str]:
+    reasons = []
+    if options.engine != "torch" and device != "cuda":
+        reasons.append(f"engine {options.engine!r} needs CUDA (device is {device})")
+    if options.engine == "torch" and train.precision == "fp8":
+        reasons.append("precision fp8 needs Transformer Engine; the torch executor runs fp32, bf16 or fp16 "
+                       "(use the megatron engine)")
+    if device == "cpu" and train.precision == "fp16":
+        reasons.append("precision fp16 is not supported on cpu (use fp32 or bf16)")
+    return reasons
+
+
+def engine_config(engine: str, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, num_gpus: int,
+                  st: Strategy, estimate: Estimate | None) -> tuple[dict | None, str]:
+    """The emitted configuration the megatron / deepspeed executors run, or (None, why not)."""
+    if engine == "torch":
+        return None, ""
+    if engine == "deepspeed" and (st.tp > 1 or st.pp > 1 or st.cp > 1):
+        return None, "the deepspeed engine runs dp/ZeRO plans only (tp, pp and cp need Megatron-DeepSpeed)"
+    if estimate is None:
+        return None, "no prediction to build the plan the emitter needs"
+    from planner.emit.base import NotExpressibleError
+    from planner.specs import Plan
+
+    plan = Plan(rank=1, strategy=st, estimate=estimate, model=model, cluster=cluster, train=train, num_gpus=num_gpus)
+    try:
+        if engine == "megatron":
+            from planner.emit.megatron import core_config_kwargs, megatron_args, parse_args
+
+            return core_config_kwargs(parse_args(megatron_args(plan))), ""
+        from planner.emit.deepspeed import ds_config
+
+        return ds_config(plan), ""
+    except NotExpressibleError as exc:
+        return None, str(exc)
+
+
+def make_config(label: str, model: ModelSpec, train: TrainSpec, st: Strategy, num_gpus: int,
+                options: ValidateOptions, device: str, notes: list[str]) -> RunConfig:
+    rtol, update_rtol = PARITY_TOLERANCES.get(train.precision, (2e-2, 0.5))
+    return RunConfig(label=label, model=model, train=train, strategy=st, num_gpus=num_gpus, seed=options.seed,
+                     parity_steps=options.parity_steps, warmup_steps=options.warmup_steps,
+                     timed_steps=options.timed_steps, learning_rate=options.learning_rate, device=device,
+                     engine=options.engine, hsdp_replicate=options.hsdp_replicate, parity_rtol=rtol,
+                     update_rtol=update_rtol, timeout_s=options.timeout_s, notes=notes)
+
+
+def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
+                        num_gpus: int, options: ValidateOptions | None = None,
+                        progress: Callable[[int, int, RunResult], None] | None = None,
+                        labels: list[str] | None = None) -> ValidationReport:
+    """Run every strategy (in order) and compare each with its prediction."""
+    options = options or ValidateOptions()
+    device = resolve_device(options.device)
+    work = Path(options.work_dir or tempfile.mkdtemp(prefix="meshplan-validate-"))
+    references: dict[str, tuple[list[float] | None, str]] = {}
+    comparisons: list[PlanComparison] = []
+    runs: list[RunResult] = []
+    for i, st in enumerate(strategies):
+        st = st.resolve(num_gpus)
+        label = labels[i] if labels else st.short()
+        run_model, notes = executed_model(model, st, options.num_layers)
+        estimate, why = predict(run_model, cluster, train, num_gpus, st)
+        if why:
+            notes = notes + [why]
+        reasons = engine_reasons(options, device, train) + unsupported_reasons(
+            run_model, train, st, device, options.hsdp_replicate)
+        cfg = make_config(label, run_model, train, st, num_gpus, options, device, notes)
+        if not reasons and options.engine != "torch":
+            emitted, why_not = engine_config(options.engine, run_model, cluster, train, num_gpus, st, estimate)
+            reasons += [why_not] if why_not else []
+            cfg = cfg.model_copy(update={"engine_config": emitted})
+        if reasons:
+            run = RunResult(label=label, strategy=st, outcome="unsupported", reason="; ".join(reasons), notes=notes)
+        else:
+            key = run_model.model_dump_json()
+            if key not in references:
+                references[key] = launch_reference(cfg, work / f"reference-{len(references)}")
+            ref, ref_error = references[key]
+            if ref is None:
+                run = RunResult(label=label, strategy=st, outcome="crashed", reason=ref_error, notes=notes)
+            else:
+                run = launch(cfg.model_copy(update={"reference_losses": ref}), work / run_dir_name(i, label))
+        runs.append(run)
+        comparisons.append(compare_one(run, estimate))
+        if progress:
+            progress(i + 1, len(strategies), run)
+    summary = rank_and_summarise(comparisons)
+    base_model, _ = executed_model(model, Strategy(dp=1), options.num_layers)
+    return ValidationReport(model=base_model, cluster=cluster.name, train=train, num_gpus=num_gpus, device=device,
+                            engine=options.engine, comparisons=comparisons, runs=runs, **summary)
+
+
+def validate_plans(plans: list[Plan], options: ValidateOptions | None = None,
+                   progress: Callable[[int, int, RunResult], None] | None = None) -> ValidationReport:
+    """Validate ranked plans (all for the same model, cluster, training and GPU count)."""
+    if not plans:
+        raise SpecError("no plans to validate (the plan result is empty: nothing fits?)")
+    first = plans[0]
+    for p in plans[1:]:
+        if (p.model, p.cluster.name, p.train, p.num_gpus) != (first.model, first.cluster.name, first.train, first.num_gpus):
+            raise SpecError("all plans to validate must share model, cluster, training settings and num_gpus")
+    return validate_strategies([p.strategy for p in plans], first.model, first.cluster, first.train,
+                               first.num_gpus, options, progress)
+
+
+# ---- multi-node: prepare, run elsewhere, collect ------------------------------------
+EMIT_TARGETS = ("torchtitan", "megatron", "deepspeed", "colossalai")
+"""Frameworks tried, in order, for the emitted launch scripts; the first that can express
+the plan wins. The worker ignores the framework's own flags the scripts append."""
+
+
+def emitted_launch_scripts(cfg: RunConfig, cluster: ClusterSpec, estimate: Estimate | None,
+                           run_dir: Path) -> dict[str, str]:
+    """The emitters' torchrun and Slurm scripts for this run, with the worker as entry point
+    (empty when no emitter is installed or none can express the plan)."""
+    try:
+        from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError
+        import planner.emit.launch  # noqa: F401  (registers torchrun and slurm)
+    except ImportError:
+        return {}
+    if estimate is None:
+        return {}
+    from planner.specs import Plan
+
+    plan = Plan(rank=1, strategy=cfg.strategy, estimate=estimate, model=cfg.model, cluster=cluster, train=cfg.train,
+                num_gpus=cfg.num_gpus)
+    entry = f"-m executors.worker --config {run_dir / 'run.json'} --out {run_dir}"
+    if cfg.engine == "deepspeed":
+        targets = ("deepspeed",)
+    else:
+        targets = EMIT_TARGETS
+    for target in targets:
+        options = EmitOptions(launch_for=target, script=entry, job_name="meshplan-validate")
+        try:
+            return {"launch-torchrun.sh": REGISTRY.get("torchrun").render(plan, options),
+                    "launch-slurm.sbatch": REGISTRY.get("slurm").render(plan, options)}
+        except NotExpressibleError:
+            continue
+    return {}
+
+
+def prepare_runs(strategies: list[Strategy], model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
+                 num_gpus: int, options: ValidateOptions, out_dir: Path) -> list[tuple[Path, list[str]]]:
+    """Write out_dir/<run>/run.json for every supported strategy (reference losses computed
+    here), the emitters' launch scripts next to it when they can express the plan, and
+    return (run dir, torchrun command) pairs; `collect_runs` reads the results back."""
+    from executors.launcher import torchrun_command
+
+    device = resolve_device(options.device)
+    prepared = []
+    references: dict[str, tuple[list[float] | None, str]] = {}
+    for i, st in enumerate(strategies):
+        st = st.resolve(num_gpus)
+        run_model, notes = executed_model(model, st, options.num_layers)
+        if engine_reasons(options, device, train) + unsupported_reasons(run_model, train, st, device,
+                                                                         options.hsdp_replicate):
+            continue
+        cfg = make_config(st.short(), run_model, train, st, num_gpus, options, device, notes)
+        estimate, _ = predict(run_model, cluster, train, num_gpus, st)
+        if options.engine != "torch":
+            emitted, why_not = engine_config(options.engine, run_model, cluster, train, num_gpus, st, estimate)
+            if why_not:
+                continue
+            cfg = cfg.model_copy(update={"engine_config": emitted})
+        key = run_model.model_dump_json()
+        if key not in references:
+            references[key] = launch_reference(cfg, out_dir / f"reference-{len(references)}")
+        ref, error = references[key]
+        if ref is None:
+            raise SpecError(error)
+        run_dir = (out_dir / run_dir_name(i, cfg.label)).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "run.json").write_text(cfg.model_copy(update={"reference_losses": ref}).model_dump_json(indent=1))
+        for name, text in emitted_launch_scripts(cfg, cluster, estimate, run_dir).items():
+            (run_dir / name).write_text(text)
+        per_node = min(num_gpus, cluster.gpus_per_node)
+        multi = num_gpus > per_node
+        extra = [f"--nnodes={num_gpus // per_node}", "--rdzv-backend=c10d", "--rdzv-endpoint=$MASTER_ADDR:29500",
+                 "--rdzv-id=$SLURM_JOB_ID"] if multi else []
+        prepared.append((run_dir, torchrun_command(per_node, run_dir / "run.json", run_dir, standalone=not multi,
+                                                   extra_args=extra)))
+    return prepared
+
+
+def collect_runs(out_dir: Path, cluster: ClusterSpec) -> ValidationReport:
+    """Fold the rank files of runs started elsewhere (see `prepare_runs`) into a report."""
+    configs = [(d, RunConfig.model_validate_json((d / "run.json").read_text()))
+               for d in sorted(out_dir.iterdir()) if d.is_dir() and (d / "run.json").exists()
+               and not d.name.startswith("reference")]
+    if not configs:
+        raise SpecError(f"no prepared runs (run.json files) under {str(out_dir)!r}")
+    comparisons, runs = [], []
+    for d, cfg in configs:
+        ranks = read_ranks(d)
+        run = fold(cfg, ranks, ProcessOutcome(return_code=None, timed_out=False, wall_s=0.0,
+                                              stderr_tail="(run started outside meshplan; see its job logs)"))
+        estimate, _ = predict(cfg.model, cluster, cfg.train, cfg.num_gpus, cfg.strategy)
+        runs.append(run)
+        comparisons.append(compare_one(run, estimate))
+    first = configs[0][1]
+    return ValidationReport(model=first.model, cluster=cluster.name, train=first.train, num_gpus=first.num_gpus,
+                            device=first.device, engine=first.engine, comparisons=comparisons, runs=runs,
+                            **rank_and_summarise(comparisons))

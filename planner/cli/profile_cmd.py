@@ -1,0 +1,80 @@
+"""`meshplan profile`: measure this machine and write a GPU + cluster profile the planner loads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from planner.cli.app import app
+from planner.cli.common import Format, FormatOpt, emit_json, stderr, stdout
+
+
+def _default_nproc(device: str) -> int:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.device_count()
+    return max(2, os.cpu_count() or 1)
+
+
+def print_summary(raw: dict, paths: tuple[Path, Path]) -> None:
+    from executors.profiler import collective_summary, gemm_summary
+
+    table = Table(title=f"{raw['description']}: {raw['world_size']} ranks, {raw['backend']}")
+    table.add_column("measurement")
+    table.add_column("value", justify="right")
+    for dtype, g in gemm_summary(raw).items():
+        table.add_row(f"GEMM peak {dtype} (TFLOP/s)", f"{g['peak_flop_per_s'] / 1e12:.4f}")
+        table.add_row(f"GEMM median / peak {dtype}", f"{g['median_fraction']:.2f}")
+    table.add_row("copy bandwidth per rank (GB/s)", f"{raw['memory']['bytes_per_s'] / 1e9:.2f}")
+    table.add_row("per-op overhead (us)", f"{raw['op_overhead']['time_per_op_s'] * 1e6:.2f}")
+    sizes = sorted({r["group_size"] for r in raw["collectives"]})
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"):
+        for n in sizes if op != "send_recv" else [2]:
+            if not any(r["op"] == op and r["group_size"] == n for r in raw["collectives"]):
+                continue
+            s = collective_summary(raw, op, n)
+            table.add_row(f"{op} x{n}: busbw (GB/s) / small-message time (us)",
+                          f"{s['busbw_bytes_per_s'] / 1e9:.3f} / {s['small_message_s'] * 1e6:.0f}")
+    stdout.print(table)
+    stdout.print(f"wrote {paths[0]}\nwrote {paths[1]}", markup=False, highlight=False)
+
+
+@app.command("profile")
+def profile_cmd(
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Ranks to measure with (default: all CPU cores, at least 2; or all GPUs).")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu (gloo) or cuda (NCCL).")] = "auto",
+    name: Annotated[Optional[str], typer.Option("--name", help="Profile name (default: local-cpu, or local-<gpu> on CUDA).")] = None,
+    out_dir: Annotated[Path, typer.Option("--out-dir", help="Profiles root: writes <dir>/gpus/<name>.yaml and <dir>/clusters/<name>.yaml. Add the directory to MESHPLAN_PROFILES to load the profile by name, or pass the cluster YAML path.")] = Path("meshplan-profiles"),
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and message sizes (seconds instead of a minute).")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Wall-clock limit of the measurement, seconds.")] = 1200.0,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Measure GEMM throughput, memory bandwidth and collective bandwidth/latency of this machine and
+    write a GPU and a cluster profile from them."""
+    import re
+    import tempfile
+
+    from executors.profiler import run_profile, write_profiles
+    from executors.validate import resolve_device
+    from planner.errors import SpecError
+
+    dev = resolve_device(device)
+    if dev not in ("cpu", "cuda"):
+        raise SpecError(f"--device must be auto, cpu or cuda (got {device!r})")
+    ranks = nproc or _default_nproc(dev)
+    if ranks < 1:
+        raise SpecError(f"--nproc must be >= 1 (got {ranks})")
+    stderr.print(f"measuring {ranks} ranks on {dev}{' (quick)' if quick else ''}...", markup=False, highlight=False)
+    raw = run_profile(ranks, Path(tempfile.mkdtemp(prefix="meshplan-profile-")), dev, quick, timeout)
+    if name is None:
+        name = "local-cpu" if dev == "cpu" else "local-" + re.sub(r"[^a-z0-9]+", "-", raw["description"].lower()).strip("-")
+    paths = write_profiles(raw, name, out_dir)
+    if fmt is Format.json:
+        emit_json({"profile": raw, "gpu_yaml": str(paths[0]), "cluster_yaml": str(paths[1])})
+    else:
+        print_summary(raw, paths)

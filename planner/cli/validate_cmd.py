@@ -1,0 +1,204 @@
+"""`meshplan validate`: run plans briefly with torchrun and compare them with the prediction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+
+from planner.cli.app import app
+from planner.cli.common import (
+    AttentionOpt,
+    ExitWith,
+    Format,
+    FormatOpt,
+    GradPrecisionOpt,
+    OptimizerOpt,
+    Precision,
+    emit_csv,
+    emit_json,
+    parse_constraints,
+    read_text_arg,
+    stderr,
+    stdout,
+    train_options,
+)
+from planner.errors import SpecError
+
+MIB = 2**20
+FAILED = ("wrong", "crashed", "timeout")
+
+
+def _plans_from_json(text: str):
+    """A PlanResult, one Plan, or a list of Plans (as `meshplan plan --format json` writes them)."""
+    from planner.specs import Plan, PlanResult
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"--plan is not valid JSON: {exc}") from None
+    if isinstance(data, dict) and "plans" in data:
+        return PlanResult.model_validate(data).plans
+    if isinstance(data, dict):
+        return [Plan.model_validate(data)]
+    if isinstance(data, list):
+        return [Plan.model_validate(p) for p in data]
+    raise SpecError("--plan must hold a PlanResult, a Plan or a list of Plans")
+
+
+def _strategies(items: list[str] | None):
+    from planner.api import coerce_strategy
+
+    out = []
+    for item in items or []:
+        try:
+            out.append(coerce_strategy(json.loads(item)))
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"--strategy {item!r} is not a JSON object: {exc}") from None
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.0f}"
+
+
+def _num(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def print_report(report) -> None:
+    table = Table(title=f"{report.model.name}: {report.num_gpus} ranks on {report.cluster} ({report.device}, "
+                        f"{report.engine}), global batch {report.train.global_batch_size} x {report.train.seq_len}, "
+                        f"{report.train.precision}")
+    for col in ("#", "strategy", "outcome", "step pred (s)", "step meas (s)", "step err %", "mem pred (MiB)",
+                "mem meas (MiB)", "mem err %", "rank pred", "rank meas", "parity"):
+        table.add_column(col, justify="left" if col in ("strategy", "outcome") else "right")
+    for i, c in enumerate(report.comparisons, start=1):
+        parity = "-" if c.parity is None else ("pass" if c.parity.passed else "FAIL")
+        table.add_row(str(i), c.label, c.outcome, _num(c.predicted_step_time_s), _num(c.measured_step_time_s),
+                      _pct(c.step_time_error),
+                      _num(c.predicted_memory_bytes and c.predicted_memory_bytes / MIB, "{:.0f}"),
+                      _num(c.measured_memory_bytes and c.measured_memory_bytes / MIB, "{:.0f}"),
+                      _pct(c.memory_error), _num(c.predicted_rank, "{}"), _num(c.measured_rank, "{}"), parity)
+    stdout.print(table)
+    for i, c in enumerate(report.comparisons, start=1):
+        if c.outcome != "ok":
+            stdout.print(f"  #{i} {c.outcome}: {c.reason}", markup=False, highlight=False)
+        for note in c.notes:
+            stdout.print(f"  #{i} note: {note}", markup=False, highlight=False)
+    if report.median_abs_step_time_error is not None:
+        stdout.print(f"median |step-time error|: {100 * report.median_abs_step_time_error:.1f}%   "
+                     f"median |memory error|: {100 * (report.median_abs_memory_error or 0):.1f}%")
+        stdout.print(f"measured best: {report.measured_best} (predicted rank {report.measured_best_predicted_rank}; "
+                     f"in predicted top 2: {'yes' if report.measured_best_in_predicted_top2 else 'no'})",
+                     markup=False, highlight=False)
+
+
+def comparison_row(c) -> dict[str, Any]:
+    return {"label": c.label, "outcome": c.outcome, "predicted_step_time_s": c.predicted_step_time_s,
+            "measured_step_time_s": c.measured_step_time_s, "step_time_error": c.step_time_error,
+            "predicted_memory_bytes": c.predicted_memory_bytes, "measured_memory_bytes": c.measured_memory_bytes,
+            "memory_error": c.memory_error, "predicted_rank": c.predicted_rank, "measured_rank": c.measured_rank,
+            "parity_passed": None if c.parity is None else c.parity.passed, "reason": c.reason}
+
+
+def emit_report(report, fmt: Format) -> None:
+    if fmt is Format.json:
+        emit_json(report.model_dump(mode="json"))
+    elif fmt is Format.csv:
+        emit_csv([comparison_row(c) for c in report.comparisons])
+    else:
+        print_report(report)
+    failed = [c for c in report.comparisons if c.outcome in FAILED]
+    if failed:
+        raise ExitWith(1, f"{len(failed)} of {len(report.comparisons)} runs did not pass: "
+                          + ", ".join(f"{c.label} ({c.outcome})" for c in failed))
+
+
+@app.command("validate")
+def validate_cmd(
+    plan_file: Annotated[Optional[str], typer.Option("--plan", help="Plans to run: a `meshplan plan --format json` file (PlanResult, Plan or list of Plans); '-' reads stdin.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Plan first: model preset, YAML or HF config.json.")] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster preset or YAML (e.g. the `meshplan profile` output).")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", help="Ranks per run.")] = None,
+    global_batch_size: Annotated[Optional[int], typer.Option("--global-batch-size", "-b", help="Sequences per optimizer step.")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", "-s", help="Tokens per sequence.")] = None,
+    precision: Annotated[Precision, typer.Option("--precision", help="GEMM precision (fp32 on CPU).")] = Precision.bf16,
+    top: Annotated[int, typer.Option("--top", "-k", help="Validate the K best predicted plans.")] = 3,
+    constraint: Annotated[Optional[list[str]], typer.Option("--constraint", "-C", help="Restrict the plan search: tp=2, zero_stage=3 (repeatable).")] = None,
+    constraints: Annotated[Optional[str], typer.Option("--constraints", help="Plan constraints as a JSON object.")] = None,
+    strategy: Annotated[Optional[list[str]], typer.Option("--strategy", help='Also validate this strategy (JSON, e.g. \'{"tp": 2, "sequence_parallel": true}\'; repeatable).')] = None,
+    grad_precision: GradPrecisionOpt = "fp32",
+    attention_kernel: AttentionOpt = "flash",
+    optimizer: OptimizerOpt = "adam",
+    num_layers: Annotated[Optional[int], typer.Option("--num-layers", help="Run the model with this many layers (per-layer shapes kept); predictions use the same.")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps after the parity steps.")] = 1,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps per plan (the median is reported).")] = 3,
+    parity_steps: Annotated[int, typer.Option("--parity-steps", help="Leading steps whose loss must equal the single-process reference.")] = 2,
+    timeout: Annotated[float, typer.Option("--timeout", help="Wall-clock limit per run, seconds; the run's process group is killed after it.")] = 300.0,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu (gloo) or cuda (NCCL).")] = "auto",
+    engine: Annotated[str, typer.Option("--engine", help="torch (PyTorch parallel APIs), megatron or deepspeed (CUDA only).")] = "torch",
+    hsdp_replicate: Annotated[int, typer.Option("--hsdp-replicate", help="With ZeRO-2/3: HSDP replicas (2-D mesh); 1 = plain FSDP.")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of weights and synthetic data.")] = 1234,
+    work_dir: Annotated[Optional[Path], typer.Option("--work-dir", help="Directory for run configs, per-rank results and logs (default: a temporary directory).")] = None,
+    prepare: Annotated[Optional[Path], typer.Option("--prepare", help="Multi-node: write run configs here and print the torchrun command of each run instead of launching.")] = None,
+    collect: Annotated[Optional[Path], typer.Option("--collect", help="Multi-node: fold the results of runs prepared with --prepare (needs --cluster).")] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Run the top plans for a few steps, check their loss against a single-process run, and put the
+    measured step time and memory next to the prediction."""
+    from executors.validate import ValidateOptions, collect_runs, prepare_runs, validate_strategies
+    from profiles import load_cluster
+
+    options = ValidateOptions(warmup_steps=warmup, timed_steps=steps, parity_steps=parity_steps, timeout_s=timeout,
+                              num_layers=num_layers, device=device, engine=engine, hsdp_replicate=hsdp_replicate,
+                              seed=seed, work_dir=work_dir)
+    if collect is not None:
+        if cluster is None:
+            raise SpecError("--collect needs --cluster (the profile the predictions are made on)")
+        emit_report(collect_runs(collect, load_cluster(cluster)), fmt)
+        return
+    extra = _strategies(strategy)
+    if plan_file is not None:
+        plans = _plans_from_json(read_text_arg(plan_file))
+        if not plans:
+            raise SpecError("--plan holds no plans")
+        first = plans[0]
+        spec_model, spec_cluster, train, num_gpus = first.model, first.cluster, first.train, first.num_gpus
+        strategies = [p.strategy for p in plans[:top]]
+    else:
+        missing = [flag for flag, v in (("--model", model), ("--cluster", cluster), ("--gpus", gpus),
+                                        ("--global-batch-size", global_batch_size), ("--seq-len", seq_len)) if v is None]
+        if missing:
+            raise SpecError(f"give --plan FILE, or plan options: missing {', '.join(missing)}")
+        from planner.api import plan as api_plan
+
+        result = api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
+                          seq_len=seq_len, precision=precision.value, top_k=top,
+                          constraints=parse_constraints(constraint, constraints),
+                          **train_options(grad_precision, attention_kernel, optimizer))
+        spec_model, spec_cluster, train, num_gpus = result.model, result.cluster, result.train, result.num_gpus
+        strategies = [p.strategy for p in result.plans]
+    seen, unique = set(), []
+    for st in strategies + extra:
+        key = st.resolve(num_gpus).model_dump_json()
+        if key not in seen:
+            seen.add(key)
+            unique.append(st)
+    if not unique:
+        raise SpecError("nothing to validate: no plan fits and no --strategy was given")
+    if prepare is not None:
+        for run_dir, cmd in prepare_runs(unique, spec_model, spec_cluster, train, num_gpus, options, prepare):
+            stdout.print(f"# {run_dir.name}", markup=False, highlight=False)
+            stdout.print(" ".join(cmd), markup=False, highlight=False)
+        return
+
+    def progress(i: int, n: int, run) -> None:
+        step = f"{run.step_time_s:.3f} s/step" if run.step_time_s is not None else run.reason[:120]
+        stderr.print(f"[{i}/{n}] {run.label}: {run.outcome} ({step})", markup=False, highlight=False)
+
+    report = validate_strategies(unique, spec_model, spec_cluster, train, num_gpus, options, progress)
+    emit_report(report, fmt)

@@ -15,6 +15,7 @@ abort at shutdown after writing complete results is still `ok`.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -68,13 +69,32 @@ def worker_env(device: str) -> dict[str, str]:
     return env
 
 
+#: Errors that follow another rank's failure (its peers lose their connections);
+#: a rank reporting one of these is not the root cause.
+SECONDARY_ERRORS = ("connection closed by peer", "connection reset by peer", "broken pipe",
+                    "remote worker crashing", "nccl communicator was aborted", "timed out")
+ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b:?")
+
+
 def tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
+    """The exception lines of the log (at most 8, first seen first), then its last `lines` lines."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return ""
     kept = [ln for ln in text.splitlines() if ln.strip()]
-    return "\n".join(kept[-lines:])
+    errors: list[str] = []
+    for ln in kept:
+        if ERROR_LINE.match(ln) and ln not in errors and len(errors) < 8:
+            errors.append(ln)
+    head = errors + ["..."] if errors else []
+    return "\n".join(head + kept[-lines:])
+
+
+def root_cause(errors: list[RankResult]) -> RankResult | None:
+    """The failed rank whose error is not a consequence of another rank's failure."""
+    primary = [r for r in errors if r.error and not any(m in r.error.lower() for m in SECONDARY_ERRORS)]
+    return (primary or [r for r in errors if r.error] or [None])[0]
 
 
 def _is_our_worker(pid: int) -> bool:
@@ -175,7 +195,7 @@ def fold(cfg: RunConfig, ranks: list[RankResult], proc: ProcessOutcome) -> RunRe
             result.notes.append(f"processes exited with status {proc.return_code} after writing complete results "
                                 "(teardown)")
     else:
-        failed = next((r for r in errors if r.error), None)
+        failed = root_cause(errors)
         result.reason = (f"rank {failed.rank}: {failed.error}" if failed
                          else f"exited with status {proc.return_code}; {len(ranks)}/{cfg.num_gpus} ranks wrote results")
     if result.outcome != "ok":

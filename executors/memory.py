@@ -102,6 +102,18 @@ class MemoryMeter:
         self._reserved = s["VmHWM"] - s["RssFile"] - s["RssShmem"] - self.baseline_bytes
         self._prof = None
 
+    def abandon(self) -> None:
+        """Close an open profiler window without reading it (a failed run)."""
+        if self._prof is None:
+            return
+        try:
+            if self._marker is not None:
+                self._marker.__exit__(None, None, None)
+            self._prof.__exit__(None, None, None)
+        except Exception:  # the run already failed; its own error is the one reported
+            pass
+        self._prof = None
+
     def peak(self) -> tuple[float, float]:
         """(peak, reserved) bytes of training on this rank."""
         if self.device == "cuda":

@@ -137,6 +137,7 @@ def run_rank(cfg: RunConfig, out: Path) -> int:
         result.status = "oom" if is_oom(exc) else "error"
         result.error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc(file=sys.stderr)
+        meter.abandon()
         exit_code = 1
     finally:
         write_json_atomic(out / f"rank{rank}.json", result.model_dump_json())

@@ -1,0 +1,60 @@
+"""The transformer the executor builds from a ModelSpec (single process, imports torch)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from executor_fixtures import TINY, TRAIN  # noqa: E402
+
+from executors.memory import peak_live_bytes  # noqa: E402
+from executors.model import apply_rope, build_model, rope_tables  # noqa: E402
+from executors.results import RunConfig  # noqa: E402
+from executors.runner import reference_losses  # noqa: E402
+from planner.specs import ModelSpec, Strategy  # noqa: E402
+
+GPT_LIKE = ModelSpec(name="gpt-like", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256,
+                     vocab_size=300, tie_embeddings=True, position_embedding="learned", max_position_embeddings=64,
+                     norm="layernorm", linear_bias=True)
+QWEN_LIKE = ModelSpec(name="qwen-like", num_layers=2, hidden_size=64, num_attention_heads=8, num_kv_heads=2,
+                      ffn_hidden_size=96, gated_mlp=True, vocab_size=300, tie_embeddings=False, qkv_bias=True)
+
+
+@pytest.mark.parametrize("spec", [TINY, GPT_LIKE, QWEN_LIKE], ids=lambda s: s.name)
+def test_parameter_count_matches_the_spec(spec):
+    model = build_model(spec, seq_len=32, seed=0)
+    assert sum(p.numel() for p in model.parameters()) == spec.num_params()
+
+
+def test_same_seed_same_weights_and_causal_output():
+    a, b = build_model(TINY, 32, seed=3), build_model(TINY, 32, seed=3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    x = torch.randint(0, TINY.vocab_size, (2, 16))
+    y = a(x)
+    assert y.shape == (2, 16, TINY.vocab_size)
+    x2 = x.clone()
+    x2[:, 8:] = 0  # the future does not change the past
+    assert torch.allclose(a(x2)[:, :8], y[:, :8], atol=1e-5)
+
+
+def test_rope_rotation_keeps_norms():
+    cos, sin = rope_tables(8, 16, None)
+    q = torch.randn(1, 2, 8, 16)
+    assert torch.allclose(apply_rope(q, cos, sin).norm(dim=-1), q.norm(dim=-1), atol=1e-5)
+
+
+def test_reference_losses_are_deterministic_and_start_at_log_vocab():
+    cfg = RunConfig(label="ref", model=TINY, train=TRAIN, strategy=Strategy(dp=1), num_gpus=1, parity_steps=2)
+    first, second = reference_losses(cfg), reference_losses(cfg)
+    assert first == second
+    assert first[0] == pytest.approx(math.log(TINY.vocab_size), rel=0.02)
+    assert first[1] < first[0]
+
+
+def test_peak_live_bytes_counts_from_the_window_start():
+    events = [(0, 100), (1, 50), (2, -100), (3, 30), (4, -80)]
+    assert peak_live_bytes(events, after_ns=0) == 150
+    assert peak_live_bytes(events, after_ns=2) == 80  # live bytes before the marker still count

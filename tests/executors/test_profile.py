@@ -1,0 +1,96 @@
+"""Hardware profiles: measurements -> GPU/cluster YAML the planner loads (no torch for the
+conversion; the real measurement and the CLI round trip carry the `executor` marker)."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+
+import pytest
+import yaml
+
+from executors.profiler import cluster_profile, gpu_profile, write_profiles
+from profiles import load_cluster, load_gpu
+
+
+def synthetic_raw(world: int = 2) -> dict:
+    gemm = [{"dtype": d, "m": s, "n": s, "k": s, "time_s": 1.0, "flop_per_s": rate}
+            for d, base in (("fp32", 50e9), ("bf16", 100e9)) for s, rate in ((256, base / 2), (512, base))]
+    colls = []
+    for op, factor in (("all_reduce", 1.0), ("all_gather", 0.5), ("reduce_scatter", 0.5), ("all_to_all", 0.5),
+                       ("send_recv", 1.0)):
+        for nbytes in (4, 4096, 2**20, 2**22):
+            t = 200e-6 + nbytes / 1e9
+            colls.append({"op": op, "group_size": world, "bytes": nbytes, "time_s": t,
+                          "algbw_bytes_per_s": nbytes / t, "busbw_bytes_per_s": nbytes / t * factor})
+    return {"device": "cpu", "backend": "gloo", "description": "test cpu", "hostname": "host", "world_size": world,
+            "local_world_size": world, "threads_per_rank": 1, "torch_version": "x", "started_utc": "2025-01-01",
+            "quick": True, "runtime_baseline_bytes": 2**28, "memory_total_bytes": 8 * 2**30,
+            "gemm": gemm, "memory": {"bytes": 2**26, "time_s": 0.01, "bytes_per_s": 20e9},
+            "op_overhead": {"time_per_op_s": 5e-6}, "collectives": colls, "duration_s": 3.0}
+
+
+def test_profile_values_follow_their_documented_rules():
+    raw = synthetic_raw()
+    gpu = gpu_profile(raw, "box")
+    assert gpu["peak_tflops"] == {"bf16": 0.1, "fp32": 0.05}
+    assert gpu["gemm_efficiency"] == 0.75  # median of 0.5 and 1.0
+    assert gpu["memory_gib"] == pytest.approx(8 * 0.9 / 2, rel=1e-3)
+    assert gpu["hbm_bw_gb_per_s"] == 20.0 and gpu["kernel_overhead_us"] == 5.0
+    cluster = cluster_profile(raw, "box", "box")
+    tier = cluster["intra_node"]
+    # small messages: 200 us + 4 ns / 4.3 us; the model's all-reduce pays 2*log2(2) = 2 hops
+    assert tier["latency_us"] == pytest.approx((200 + (4 + 4096) / 1e3 / 2) / 2, rel=1e-3)
+    assert 0.8 < tier["bw_gb_per_s"] < 1.0
+    assert cluster["max_gpus"] == 2 and cluster["gpus_per_node"] == 2
+
+
+def test_written_profiles_load_by_path(tmp_path):
+    gpu_path, cluster_path = write_profiles(synthetic_raw(), "box", tmp_path)
+    text = cluster_path.read_text()
+    assert text.startswith("# Written by `meshplan profile`") and "all_reduce" in text
+    cluster = load_cluster(str(cluster_path))
+    assert cluster.gpu.peak("fp32") == pytest.approx(50e9)
+    assert cluster.intra_node.efficiency == 1.0
+    assert load_gpu(str(gpu_path)).framework_reserve_bytes == 2**28
+    assert isinstance(yaml.safe_load(text)["gpu"], dict)  # embedded: tmp_path is not on the search path
+
+
+def _cli(argv: list[str]) -> tuple[int, str]:
+    from planner.cli import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(argv)
+    return code, out.getvalue()
+
+
+@pytest.mark.executor
+def test_profile_then_validate_from_the_command_line(tmp_path):
+    pytest.importorskip("torch")
+    from executor_fixtures import TINY, TRAIN
+
+    code, text = _cli(["profile", "--nproc", "2", "--device", "cpu", "--quick", "--name", "ci-cpu",
+                       "--out-dir", str(tmp_path), "--format", "json"])
+    assert code == 0
+    raw = json.loads(text)["profile"]
+    assert {r["op"] for r in raw["collectives"]} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                                     "send_recv"}
+    assert {r["dtype"] for r in raw["gemm"]} >= {"fp32"}
+    cluster_yaml = tmp_path / "clusters" / "ci-cpu.yaml"
+    assert load_cluster(str(cluster_yaml)).gpu.peak("fp32") > 0
+
+    model_yaml = tmp_path / "tiny.yaml"
+    model_yaml.write_text(yaml.safe_dump(TINY.model_dump()))
+    code, text = _cli(["validate", "--model", str(model_yaml), "--cluster", str(cluster_yaml), "--gpus", "2",
+                       "--global-batch-size", str(TRAIN.global_batch_size), "--seq-len", str(TRAIN.seq_len),
+                       "--precision", "fp32", "--top", "1", "--strategy", '{"cp": 2}', "--warmup", "0",
+                       "--steps", "1", "--device", "cpu", "--work-dir", str(tmp_path / "runs"), "--format", "json"])
+    assert code == 0, text
+    report = json.loads(text)
+    first, second = report["comparisons"]
+    assert first["outcome"] == "ok" and first["parity"]["passed"]
+    assert first["predicted_step_time_s"] > 0 and first["measured_step_time_s"] > 0
+    assert second["outcome"] == "unsupported" and "cp (2)" in second["reason"]
+    assert report["measured_best"] == first["label"] and report["measured_best_in_predicted_top2"]

@@ -9,6 +9,10 @@ training job (on a CPU the ranks share the memory bus and the cores).
 - GEMM: (m, k) x (k, n) matmuls over square and transformer-shaped sizes and
   every dtype the device runs; FLOP/s = 2mnk / time.
 - Memory bandwidth: copy of a large tensor; bytes/s = (read + write) / time.
+- Element-wise kernels: layer norm, GELU, softmax and add on transformer-shaped
+  tensors; bytes/s of the mix (its ratio to the copy rate is hbm_efficiency).
+- Attention: causal SDPA forward, FLOP/s (recorded; the cost model has no
+  separate attention efficiency).
 - Per-op overhead: a tiny element-wise op whose input requires grad (dispatch,
   allocation and autograd recording).
 - Collectives on the world group and on groups of consecutive ranks of every
@@ -27,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -42,6 +47,7 @@ HIDDEN_SIZES = (256, 512, 1024)
 TOKENS = 2048
 MIN_TIME_S = 0.2
 MAX_ITERS = 50
+REPEATS = 3  # each GEMM / copy case is timed this many times, interleaved with the others; the median is kept
 
 
 def _sync(device: torch.device) -> None:
@@ -77,17 +83,21 @@ def gemm_shapes(quick: bool) -> list[tuple[int, int, int]]:
 
 
 def bench_gemm(device: torch.device, quick: bool) -> list[dict]:
-    rows = []
     dtypes = CUDA_GEMM_DTYPES if device.type == "cuda" else CPU_GEMM_DTYPES
-    for name, dtype in dtypes.items():
-        if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
-        for m, n, k in gemm_shapes(quick):
+    cases = [(name, dtype, shape) for name, dtype in dtypes.items() for shape in gemm_shapes(quick)]
+    times: dict[int, list[float]] = {i: [] for i in range(len(cases))}
+    for _ in range(1 if quick else REPEATS):
+        for i, (name, dtype, (m, n, k)) in enumerate(cases):
+            if device.type == "cuda":
+                torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
             a = torch.randn(m, k, device=device).to(dtype)
             b = torch.randn(k, n, device=device).to(dtype)
             dist.barrier()
-            t = timed(lambda: torch.mm(a, b), device)
-            rows.append({"dtype": name, "m": m, "n": n, "k": k, "time_s": t, "flop_per_s": 2 * m * n * k / t})
+            times[i].append(timed(lambda: torch.mm(a, b), device))
+    rows = []
+    for i, (name, _, (m, n, k)) in enumerate(cases):
+        t = statistics.median(times[i])
+        rows.append({"dtype": name, "m": m, "n": n, "k": k, "time_s": t, "flop_per_s": 2 * m * n * k / t})
     return rows
 
 
@@ -95,9 +105,50 @@ def bench_memory(device: torch.device, quick: bool) -> dict:
     nbytes = (64 if quick else 256) * 2**20 if device.type == "cpu" else 2**30
     src = torch.ones(nbytes // 4, device=device)
     dst = torch.empty_like(src)
-    dist.barrier()
-    t = timed(lambda: dst.copy_(src), device)
+    runs = []
+    for _ in range(1 if quick else REPEATS):
+        dist.barrier()
+        runs.append(timed(lambda: dst.copy_(src), device))
+    t = statistics.median(runs)
     return {"bytes": nbytes, "time_s": t, "bytes_per_s": 2 * nbytes / t}
+
+
+def bench_elementwise(device: torch.device, quick: bool) -> dict:
+    """Transformer element-wise kernels on (TOKENS, 1024) tensors: layer norm, tanh-GELU,
+    softmax (2 tensors moved each) and add (3). Bytes are the algorithmic traffic (read the
+    inputs, write the output); the mix's rate is total bytes / total time."""
+    import torch.nn.functional as F
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    h = 1024
+    x = torch.randn(TOKENS, h, device=device, dtype=dtype)
+    w, b = torch.ones(h, device=device, dtype=dtype), torch.zeros(h, device=device, dtype=dtype)
+    ops = {"layer_norm": (lambda: F.layer_norm(x, (h,), w, b), 2), "gelu": (lambda: F.gelu(x, approximate="tanh"), 2),
+           "softmax": (lambda: torch.softmax(x, dim=-1), 2), "add": (lambda: x + x, 3)}
+    rows, total_bytes, total_s = {}, 0, 0.0
+    for name, (fn, tensors) in ops.items():
+        runs = []
+        for _ in range(1 if quick else REPEATS):
+            dist.barrier()
+            runs.append(timed(fn, device, min_time_s=0.1))
+        t = statistics.median(runs)
+        nbytes = tensors * x.numel() * x.element_size()
+        rows[name] = {"bytes": nbytes, "time_s": t, "bytes_per_s": nbytes / t}
+        total_bytes += nbytes
+        total_s += t
+    return {"ops": rows, "bytes_per_s": total_bytes / total_s}
+
+
+def bench_attention(device: torch.device) -> dict:
+    """Causal scaled-dot-product attention forward, FLOP/s counted as 4·b·a·s²·d (no causal credit)."""
+    import torch.nn.functional as F
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    b, a, s, d = 4, 8, 256, 64
+    q = torch.randn(b, a, s, d, device=device, dtype=dtype)
+    dist.barrier()
+    t = timed(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), device, min_time_s=0.1)
+    return {"shape_b_a_s_d": [b, a, s, d], "time_s": t, "flop_per_s": 4 * b * a * s * s * d / t}
 
 
 def bench_op_overhead(device: torch.device) -> dict:
@@ -167,7 +218,7 @@ def bench_collectives(device: torch.device, quick: bool) -> list[dict]:
             for nbytes in message_sizes(quick):
                 fn = _collective(op, nbytes, mine, n, device) if mine is not None else (lambda: None)
                 dist.barrier()
-                t = timed(fn, device, min_time_s=0.05 if quick else 0.1, max_iters=20 if quick else 50)
+                t = timed(fn, device, min_time_s=0.05 if quick else 0.2, max_iters=20 if quick else 100)
                 t = _max_over_ranks(t, device)
                 rows.append(_row(op, n, nbytes, t))
     if world >= 2:
@@ -240,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         "runtime_baseline_bytes": _max_over_ranks(baseline, device),
         "memory_total_bytes": _memory_total(device),
         "gemm": bench_gemm(device, args.quick), "memory": bench_memory(device, args.quick),
+        "elementwise": bench_elementwise(device, args.quick), "attention": bench_attention(device),
         "op_overhead": bench_op_overhead(device), "collectives": bench_collectives(device, args.quick),
     }
     result["duration_s"] = (datetime.now(timezone.utc) - started).total_seconds()

@@ -11,7 +11,8 @@ gpus/<name>.yaml
     gemm_efficiency       median over the sweep of (GEMM rate / that peak), for the
                           dtype the ranks train in (fp32 on CPU, bf16 on CUDA)
     hbm_bw_gb_per_s       copy bandwidth per rank, all ranks copying at once
-    hbm_efficiency        1.0: the bandwidth above is itself an achieved rate
+    hbm_efficiency        element-wise mix rate (layer norm, GELU, softmax, add) / copy rate,
+                          at most 1: the fraction of the copy bandwidth element-wise kernels get
     kernel_overhead_us    time of a tiny element-wise op that records autograd
     framework_reserve_gib memory a rank holds before the model (runtime, libraries)
 clusters/<name>.yaml
@@ -108,14 +109,15 @@ def gpu_profile(raw: dict[str, Any], name: str) -> dict[str, Any]:
         "peak_tflops": {k: round(v["peak_flop_per_s"] / 1e12, 5) for k, v in gemm.items()},
         "hbm_bw_gb_per_s": round(raw["memory"]["bytes_per_s"] / 1e9, 3),
         "gemm_efficiency": round(gemm[train_dtype]["median_fraction"], 4),
-        "hbm_efficiency": 1.0,
+        "hbm_efficiency": round(min(1.0, raw["elementwise"]["bytes_per_s"] / raw["memory"]["bytes_per_s"]), 4),
         "kernel_overhead_us": round(raw["op_overhead"]["time_per_op_s"] * 1e6, 3),
         "framework_reserve_gib": round(raw["runtime_baseline_bytes"] / GIB, 4),
         "framework_reserve_source": "measured: resident memory of one rank after torch and the process group "
                                     "are initialised, before the model",
         "calibration": f"from this profile's micro-benchmarks, not from training runs: peak_tflops = fastest GEMM "
                        f"of the sweep; gemm_efficiency = median {train_dtype} GEMM rate / that peak; memory_gib = "
-                       f"{memory_rule}; hbm_efficiency 1.0 (hbm_bw is a measured copy rate)",
+                       f"{memory_rule}; hbm_bw = copy rate; hbm_efficiency = element-wise mix (layer norm, GELU, softmax, "
+                       f"add) rate / copy rate",
         "source": _source(raw),
     }
 
@@ -151,6 +153,11 @@ def measurement_comments(raw: dict[str, Any]) -> list[str]:
         lines.append(f"  {r['dtype']:5s} {r['m']}x{r['n']}x{r['k']}  {r['flop_per_s'] / 1e12:.4f}")
     mem = raw["memory"]
     lines.append(f"copy {mem['bytes'] / MIB:.0f} MiB: {mem['bytes_per_s'] / 1e9:.2f} GB/s (read + write) per rank")
+    for name, r in raw["elementwise"]["ops"].items():
+        lines.append(f"element-wise {name}: {r['bytes_per_s'] / 1e9:.2f} GB/s")
+    lines.append(f"element-wise mix: {raw['elementwise']['bytes_per_s'] / 1e9:.2f} GB/s")
+    att = raw["attention"]
+    lines.append(f"causal SDPA forward {att['shape_b_a_s_d']}: {att['flop_per_s'] / 1e12:.4f} TFLOP/s")
     lines.append(f"per-op overhead: {raw['op_overhead']['time_per_op_s'] * 1e6:.2f} us")
     lines.append("collective  ranks  bytes  time (us)  busbw (GB/s)")
     for r in raw["collectives"]:

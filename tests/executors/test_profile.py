@@ -28,7 +28,9 @@ def synthetic_raw(world: int = 2) -> dict:
             "local_world_size": world, "threads_per_rank": 1, "torch_version": "x", "started_utc": "2025-01-01",
             "quick": True, "runtime_baseline_bytes": 2**28, "memory_total_bytes": 8 * 2**30,
             "gemm": gemm, "memory": {"bytes": 2**26, "time_s": 0.01, "bytes_per_s": 20e9},
-            "op_overhead": {"time_per_op_s": 5e-6}, "collectives": colls, "duration_s": 3.0}
+            "op_overhead": {"time_per_op_s": 5e-6}, "collectives": colls, "duration_s": 3.0,
+            "elementwise": {"ops": {"add": {"bytes": 1, "time_s": 1.0, "bytes_per_s": 10e9}}, "bytes_per_s": 10e9},
+            "attention": {"shape_b_a_s_d": [1, 1, 1, 1], "time_s": 1.0, "flop_per_s": 1e9}}
 
 
 def test_profile_values_follow_their_documented_rules():
@@ -38,6 +40,7 @@ def test_profile_values_follow_their_documented_rules():
     assert gpu["gemm_efficiency"] == 0.75  # median of 0.5 and 1.0
     assert gpu["memory_gib"] == pytest.approx(8 * 0.9 / 2, rel=1e-3)
     assert gpu["hbm_bw_gb_per_s"] == 20.0 and gpu["kernel_overhead_us"] == 5.0
+    assert gpu["hbm_efficiency"] == 0.5  # element-wise mix 10 GB/s of the 20 GB/s copy rate
     cluster = cluster_profile(raw, "box", "box")
     tier = cluster["intra_node"]
     # small messages: 200 us + 4 ns / 4.3 us; the model's all-reduce pays 2*log2(2) = 2 hops

@@ -58,13 +58,10 @@ class ProcessOutcome:
 
 
 def worker_env(device: str) -> dict[str, str]:
-    from executors.memory import CPU_ENV
-
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, env["PYTHONPATH"]]) if env.get("PYTHONPATH") else root
     if device == "cpu":
-        env.update(CPU_ENV)
         env.setdefault("OMP_NUM_THREADS", "1")  # the worker sets torch's thread count itself
     return env
 

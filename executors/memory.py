@@ -14,16 +14,17 @@ activations are included). Timed steps run outside the window, unprofiled.
 
 The process-level figure (`reserved`) is the growth of anonymous resident
 memory over the same steps: VmHWM (reset through `/proc/self/clear_refs`, Linux
->= 4.0) - RssFile - RssShmem - RssAnon before the model. It adds the
-allocator's and the runtime's own memory; the launcher sets
-`MALLOC_MMAP_THRESHOLD_` so freed tensors go back to the kernel.
+>= 4.0) - RssFile - RssShmem - RssAnon before the model. It adds what the
+allocator keeps cached and the runtime's own memory. (glibc's allocator is left
+at its defaults: forcing every tensor into its own mapping would make RSS track
+live tensors, but every step would then page-fault its activations in again,
+which costs more time than the kernels themselves on a small CPU.)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-CPU_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
 MARKER = "meshplan::steps"
 
 

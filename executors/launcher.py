@@ -193,8 +193,10 @@ def fold(cfg: RunConfig, ranks: list[RankResult], proc: ProcessOutcome) -> RunRe
                                 "(teardown)")
     else:
         failed = root_cause(errors)
+        status = ("started outside meshplan" if proc.return_code is None
+                  else f"exited with status {proc.return_code}")
         result.reason = (f"rank {failed.rank}: {failed.error}" if failed
-                         else f"exited with status {proc.return_code}; {len(ranks)}/{cfg.num_gpus} ranks wrote results")
+                         else f"{status}; {len(ranks)}/{cfg.num_gpus} ranks wrote results")
     if result.outcome != "ok":
         result.stderr_tail = proc.stderr_tail
         return result

@@ -116,16 +116,28 @@ def print_table(report: ValidationReport, why: list[str], rounds: list[Validatio
     print(f"median |memory error|: {100 * (report.median_abs_memory_error or 0):.1f}%")
     print(f"measured best: {report.measured_best} (predicted rank {report.measured_best_predicted_rank} of the ok "
           f"plans; in predicted top 2: {'yes' if report.measured_best_in_predicted_top2 else 'NO'})")
+    ok = [c for c in report.comparisons if c.predicted_rank]
+    if ok:
+        p_best = min(ok, key=lambda c: c.predicted_rank)
+        m_best = min(ok, key=lambda c: c.measured_rank)
+        print(f"predicted step of the measured best vs the predicted best: "
+              f"{100 * (m_best.predicted_step_time_s / p_best.predicted_step_time_s - 1):+.1f}%; "
+              f"measured step of the predicted best vs the measured best: "
+              f"{100 * (p_best.measured_step_time_s / m_best.measured_step_time_s - 1):+.1f}%")
 
 
 def main(argv: list[str] | None = None) -> int:
+    global GLOBAL_BATCH, SEQ_LEN
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cluster", default="local-cpu", help="cluster profile (name or YAML path)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over all plans; the fastest is kept")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run")
     parser.add_argument("--work-dir", type=Path, default=None, help="run directories (default: temporary)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    parser.add_argument("--global-batch-size", type=int, default=GLOBAL_BATCH, help="sequences per step")
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN, help="tokens per sequence")
     args = parser.parse_args(argv)
+    GLOBAL_BATCH, SEQ_LEN = args.global_batch_size, args.seq_len
     cluster = load_cluster(args.cluster)
     _, _, train = make_inputs(MODEL, cluster, NUM_RANKS, GLOBAL_BATCH, SEQ_LEN, "fp32")
     strategies, why = strategies_to_run(cluster)

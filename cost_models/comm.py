@@ -55,24 +55,26 @@ class TierCommModel:
         self.intra_lat = cluster.intra_node.latency_s
         self.inter_bw = cluster.inter_node.bus_bw_bytes_per_s
         self.inter_lat = cluster.inter_node.latency_s
+        self.intra_gs_bw = cluster.intra_node.gather_scatter_bw_bytes_per_s
+        self.inter_gs_bw = cluster.inter_node.gather_scatter_bw_bytes_per_s
 
-    def _tier(self, size, stride):
+    def _tier(self, size, stride, intra_bw, inter_bw):
         size, stride = np.asarray(size, dtype=float), np.asarray(stride, dtype=float)
         inside = size * stride <= self.domain
         members_per_domain = np.clip(self.domain // np.maximum(stride, 1), 1, size)
-        bw = np.where(inside, self.intra_bw, np.minimum(self.intra_bw, self.inter_bw * members_per_domain))
+        bw = np.where(inside, intra_bw, np.minimum(intra_bw, inter_bw * members_per_domain))
         lat = np.where(inside, self.intra_lat, self.inter_lat)
         return bw, lat
 
     def all_reduce_s(self, nbytes, size, stride) -> np.ndarray:
         n = np.asarray(size, dtype=float)
-        bw, lat = self._tier(n, stride)
+        bw, lat = self._tier(n, stride, self.intra_bw, self.inter_bw)
         t = 2 * (n - 1) / n * nbytes / bw + 2 * np.ceil(np.log2(np.maximum(n, 1))) * lat
         return np.where(n > 1, t, 0.0)
 
     def gather_scatter_s(self, nbytes, size, stride) -> np.ndarray:
         n = np.asarray(size, dtype=float)
-        bw, lat = self._tier(n, stride)
+        bw, lat = self._tier(n, stride, self.intra_gs_bw, self.inter_gs_bw)
         t = (n - 1) / n * nbytes / bw + (n - 1) * lat
         return np.where(n > 1, t, 0.0)
 

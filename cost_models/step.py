@@ -81,7 +81,7 @@ def evaluate_arrays(model, cluster, train, st: StrategyArrays, comm: CommModel |
     memory = {k: _pick(np.broadcast_to(mem[k], params.shape), binding) for k in MEMORY_TERMS}
 
     # ---- time of one micro-batch on each stage kind (3, N) ----------------
-    pl = per_layer_times(model, train, gpu, comm, st)
+    pl = per_layer_times(model, train, gpu, comm, st, cluster.comm_overlap)
     lt = pl.layer
     head_f, head_b, _ = head_times(model, train, gpu, b, tp, cp, sp)
     layer_act_bytes = tokens * model.hidden_size * act
@@ -112,16 +112,19 @@ def evaluate_arrays(model, cluster, train, st: StrategyArrays, comm: CommModel |
     weights_all = params * weight_b
     grad_reduce = np.where(zero == 0, comm.all_reduce_s(grads_all, shard, tp), comm.gather_scatter_s(grads_all, shard, tp))
     param_gather = np.where((zero == 1) | (zero == 2), comm.gather_scatter_s(weights_all, shard, tp), 0.0)
-    exposed = np.where(st.overlap_grad_reduce, np.maximum(grad_reduce - bwd_mb, 0.0), grad_reduce)
-    exposed += np.where(st.overlap_param_gather, np.maximum(param_gather - fwd_mb, 0.0), param_gather)
+    overlap = cluster.comm_overlap
+    exposed = np.where(st.overlap_grad_reduce, exposed_s(grad_reduce, bwd_mb, overlap), grad_reduce)
+    exposed += np.where(st.overlap_param_gather, exposed_s(param_gather, fwd_mb, overlap), param_gather)
     # ZeRO-3 gathers each layer's weights before its forward and again before its backward and
     # reduce-scatters its gradients after, every micro-batch; prefetching hides it behind the
     # layer's own compute, the first gather of a step excepted.
     layer_params = layer_params_per_rank(model, tp)
     z3_gather = comm.gather_scatter_s(layer_params * weight_b, shard, tp)
-    z3_layer = 2 * z3_gather + comm.gather_scatter_s(layer_params * grad_b, shard, tp)
-    z3_hidden = lt.fwd_s + lt.bwd_s + np.where(rc > 0, pl.recompute_s, 0.0)
-    z3 = m * lay.layers * np.maximum(z3_layer - z3_hidden, 0.0) + z3_gather
+    z3_reduce = comm.gather_scatter_s(layer_params * grad_b, shard, tp)
+    hideable = np.where(st.overlap_param_gather, 2 * z3_gather, 0.0) + np.where(st.overlap_grad_reduce, z3_reduce, 0.0)
+    z3_layer = exposed_s(hideable, lt.fwd_s + lt.bwd_s + np.where(rc > 0, pl.recompute_s, 0.0), overlap)
+    z3_layer = z3_layer + (2 * z3_gather + z3_reduce - hideable)
+    z3 = m * lay.layers * z3_layer + z3_gather
     z3 = z3 + np.where(lay.has_embedding | lay.has_head, m * comm.gather_scatter_s(
         (params - lay.layers * layer_params) * weight_b, shard, tp), 0.0)
     dp_comm = np.where(zero == 3, z3, exposed)
@@ -181,7 +184,15 @@ class PerLayerTimes:
         return self.layer.bwd_s + self.tp_fwd_s + 2 * self.cp_fwd_s + self.recompute_s
 
 
-def per_layer_times(model, train, gpu, comm: CommModel, st: StrategyArrays) -> PerLayerTimes:
+def exposed_s(comm_s, window_s, overlap: float):
+    """Communication time left on the critical path when it is overlapped with
+    `window_s` of compute: all of it past the window, and the share of the rest
+    that does not really run concurrently (1 - cluster.comm_overlap)."""
+    return comm_s - overlap * np.minimum(comm_s, window_s)
+
+
+def per_layer_times(model, train, gpu, comm: CommModel, st: StrategyArrays,
+                    comm_overlap: float = 1.0) -> PerLayerTimes:
     """Per-layer compute and exposed TP/CP communication for every candidate."""
     tp, cp, b = st.tp, st.cp, st.micro_batch_size
     act = ACTIVATION_BYTES[train.precision]
@@ -191,7 +202,7 @@ def per_layer_times(model, train, gpu, comm: CommModel, st: StrategyArrays) -> P
     tp_fwd = 2 * tp_ar  # after attention and after the MLP (AG + RS with SP: the same volume)
     kv_bytes = tokens * 2 * model.kv_width * act / tp
     cp_hop = comm.p2p_s(kv_bytes, tp, tp * cp)
-    cp_fwd = np.where(cp > 1, np.maximum((cp - 1) * cp_hop - lt.attn_core_fwd_s, 0.0), 0.0)
+    cp_fwd = np.where(cp > 1, exposed_s((cp - 1) * cp_hop, lt.attn_core_fwd_s, comm_overlap), 0.0)
     rc = st.recompute
     recompute = np.where(rc == 2, lt.fwd_s + tp_fwd + cp_fwd, np.where(rc == 1, lt.attn_core_fwd_s, 0.0))
     return PerLayerTimes(layer=lt, tp_all_reduce_s=tp_ar, tp_fwd_s=tp_fwd, cp_fwd_s=cp_fwd, recompute_s=recompute)

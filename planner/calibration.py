@@ -39,7 +39,7 @@ def predict_layer(case: LayerCase, cluster: ClusterSpec, train_options: dict) ->
                         recompute=case.recompute)
     st = StrategyArrays.from_strategies([strategy])
     train = TrainSpec(global_batch_size=case.micro_batch_size, seq_len=case.seq_len, **train_options)
-    pl = per_layer_times(case.model, train, cluster.gpu, TierCommModel(cluster), st)
+    pl = per_layer_times(case.model, train, cluster.gpu, TierCommModel(cluster), st, cluster.comm_overlap)
     return float(pl.fwd_s[0]), float(pl.bwd_s[0])
 
 

@@ -164,8 +164,9 @@ def _tier(data: Any, what: str) -> LinkTier:
         raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{what} has a non-numeric value: {exc}") from None
-    if "efficiency" in data:
-        fields["efficiency"] = data.pop("efficiency")
+    for key in ("efficiency", "gather_scatter_efficiency"):
+        if key in data:
+            fields[key] = data.pop(key)
     if data:
         raise SpecError(f"{what} has unknown field(s): {', '.join(sorted(data))}")
     return _validated(LinkTier, fields, what)
@@ -183,7 +184,7 @@ def cluster_from_yaml(data: dict[str, Any], what: str = "cluster") -> ClusterSpe
         "intra_node": _tier(data.pop("intra_node", None), f"{what}.intra_node"),
         "inter_node": _tier(data.pop("inter_node", None), f"{what}.inter_node"),
     }
-    for key in ("gpus_per_node", "nvlink_domain_size", "max_gpus", "source"):
+    for key in ("gpus_per_node", "nvlink_domain_size", "max_gpus", "comm_overlap", "source"):
         if key in data:
             fields[key] = data.pop(key)
     if data:

@@ -32,6 +32,11 @@ FROZEN = {
              "--master-port", "--model", "--optimizer", "--precision", "--rank", "--script", "--seq-len"],
     "models": ["--format"],
     "clusters": ["--format"],
+    "validate": ["--attention-kernel", "--cluster", "--collect", "--constraint", "--constraints", "--device", "--engine",
+                 "--format", "--global-batch-size", "--gpus", "--grad-precision", "--hsdp-replicate", "--model",
+                 "--num-layers", "--optimizer", "--parity-steps", "--plan", "--precision", "--prepare", "--seed",
+                 "--seq-len", "--steps", "--strategy", "--timeout", "--top", "--warmup", "--work-dir"],
+    "profile": ["--device", "--format", "--name", "--nproc", "--out-dir", "--quick", "--timeout"],
 }
 FROZEN["explain"] = FROZEN["evaluate"]
 

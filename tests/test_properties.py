@@ -182,3 +182,23 @@ def test_evaluate_never_crashes_on_any_strategy(tp, pp, cp, vpp, zero, mbs, reco
         return
     assert np.isfinite(est.step_time_s) and est.step_time_s > 0
     assert est.fits == (not est.reasons)
+
+
+def test_comm_overlap_and_gather_scatter_efficiency():
+    """comm_overlap = 1 hides DP communication behind backward; 0 exposes all of it.
+    A lower all-gather/reduce-scatter efficiency slows only the collectives that use them."""
+    base = load_cluster("dgx-h100")
+    serial = base.model_copy(update={"comm_overlap": 0.0})
+    q = dict(model="llama3-8b", num_gpus=64, global_batch_size=64, seq_len=4096)
+    ddp = Strategy(dp=64, micro_batch_size=1, recompute="full")
+    fast, slow = evaluate(cluster=base, strategy=ddp, **q), evaluate(cluster=serial, strategy=ddp, **q)
+    assert slow.time_s["dp_comm"] > fast.time_s["dp_comm"]
+    no_overlap = evaluate(cluster=base, strategy=ddp.model_copy(update={"overlap_grad_reduce": False}), **q)
+    assert slow.time_s["dp_comm"] == no_overlap.time_s["dp_comm"]
+    tier = base.inter_node.model_copy(update={"gather_scatter_efficiency": 0.2})
+    gloo_like = base.model_copy(update={"inter_node": tier, "comm_overlap": 0.0})
+    z3 = Strategy(dp=64, zero_stage=3, micro_batch_size=1, recompute="full")
+    assert (evaluate(cluster=gloo_like, strategy=z3, **q).time_s["dp_comm"]
+            > evaluate(cluster=serial, strategy=z3, **q).time_s["dp_comm"])
+    assert (evaluate(cluster=gloo_like, strategy=ddp, **q).time_s["dp_comm"]
+            == evaluate(cluster=serial, strategy=ddp, **q).time_s["dp_comm"])  # all-reduce unaffected

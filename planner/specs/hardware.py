@@ -64,12 +64,21 @@ class LinkTier(BaseModel):
     bw_bytes_per_s: float = Field(gt=0, description="Per-GPU unidirectional link bandwidth, bytes/s.")
     latency_s: float = Field(ge=0, description="Per-message latency (alpha), seconds.")
     efficiency: float = Field(
-        0.8, gt=0, le=1, description="Achievable bus bandwidth as a fraction of the link rate (NCCL busbw)."
+        0.8, gt=0, le=1, description="Achievable all-reduce bus bandwidth as a fraction of the link rate (NCCL busbw)."
+    )
+    gather_scatter_efficiency: float | None = Field(
+        None, gt=0, le=1,
+        description="Achievable all-gather / reduce-scatter bus bandwidth as a fraction of the link rate; "
+        "default: the all-reduce efficiency (as NCCL gets; gloo on CPU gets less).",
     )
 
     @property
     def bus_bw_bytes_per_s(self) -> float:
         return self.bw_bytes_per_s * self.efficiency
+
+    @property
+    def gather_scatter_bw_bytes_per_s(self) -> float:
+        return self.bw_bytes_per_s * (self.gather_scatter_efficiency or self.efficiency)
 
 
 class ClusterSpec(BaseModel):
@@ -86,6 +95,12 @@ class ClusterSpec(BaseModel):
     intra_node: LinkTier = Field(description="The tier inside an NVLink domain.")
     inter_node: LinkTier = Field(description="The scale-out tier between domains, per GPU (one NIC per GPU).")
     max_gpus: int | None = Field(None, gt=0, description="Largest GPU count this cluster has, if bounded.")
+    comm_overlap: float = Field(
+        1.0, ge=0, le=1,
+        description="Fraction of the communication a schedule overlaps with compute that really runs concurrently: "
+        "1 where NICs and copy engines move the data (GPUs), near 0 where the computing cores also move it "
+        "(gloo on CPU). Measured by `meshplan profile`.",
+    )
     source: str = Field("", description="Datasheets the numbers come from.")
 
     @model_validator(mode="after")

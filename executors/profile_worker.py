@@ -47,6 +47,7 @@ HIDDEN_SIZES = (256, 512, 1024)
 TOKENS = 2048
 MIN_TIME_S = 0.2
 MAX_ITERS = 50
+MIB = 2**20
 REPEATS = 3  # each GEMM / copy case is timed this many times, interleaved with the others; the median is kept
 
 
@@ -239,6 +240,49 @@ def bench_collectives(device: torch.device, quick: bool) -> list[dict]:
     return rows
 
 
+def bench_overlap(device: torch.device, quick: bool) -> dict:
+    """How much of an all-reduce really runs concurrently with a GEMM stream.
+
+    Times a chain of GEMMs alone, a 16 MiB all-reduce alone, and both at once
+    (the all-reduce issued asynchronously first); overlap = time saved over
+    running them back to back, as a fraction of the shorter one (1 = fully
+    concurrent, 0 = serialised, as when the computing cores also move the data).
+    """
+    world = dist.get_world_size()
+    if world < 2:
+        return {"overlap": 1.0, "gemm_s": 0.0, "comm_s": 0.0, "both_s": 0.0}
+    buf = torch.ones(4 * MIB // 4 * (1 if quick else 4), device=device)
+    a = torch.randn(512, 512, device=device)
+    gemm_iters = 8
+
+    def gemms():
+        x = a
+        for _ in range(gemm_iters):
+            x = x @ a
+        return x
+
+    def comm():
+        dist.all_reduce(buf)
+
+    def both():
+        work = dist.all_reduce(buf, async_op=True)
+        gemms()
+        work.wait()
+
+    results = {}
+    for name, fn in (("gemm_s", gemms), ("comm_s", comm), ("both_s", both)):
+        dist.barrier()
+        results[name] = _max_over_ranks(timed(fn, device, min_time_s=0.05 if quick else 0.3, max_iters=50), device)
+    # Size the GEMM chain so both legs take about as long, then measure again.
+    gemm_iters = max(1, round(gemm_iters * results["comm_s"] / max(results["gemm_s"], 1e-9)))
+    for name, fn in (("gemm_s", gemms), ("both_s", both)):
+        dist.barrier()
+        results[name] = _max_over_ranks(timed(fn, device, min_time_s=0.05 if quick else 0.3, max_iters=50), device)
+    saved = results["gemm_s"] + results["comm_s"] - results["both_s"]
+    results["overlap"] = min(1.0, max(0.0, saved / min(results["gemm_s"], results["comm_s"])))
+    return results
+
+
 def _row(op: str, n: int, nbytes: int, t: float) -> dict:
     algbw = nbytes / t
     return {"op": op, "group_size": n, "bytes": nbytes, "time_s": t, "algbw_bytes_per_s": algbw,
@@ -293,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         "gemm": bench_gemm(device, args.quick), "memory": bench_memory(device, args.quick),
         "elementwise": bench_elementwise(device, args.quick), "attention": bench_attention(device),
         "op_overhead": bench_op_overhead(device), "collectives": bench_collectives(device, args.quick),
+        "overlap": bench_overlap(device, args.quick),
     }
     result["duration_s"] = (datetime.now(timezone.utc) - started).total_seconds()
     if dist.get_rank() == 0:

@@ -128,11 +128,13 @@ def cluster_profile(raw: dict[str, Any], name: str, gpu_ref: str | dict[str, Any
         tier = {"name": "none", "bw_gb_per_s": 1.0, "latency_us": 0.0, "efficiency": 1.0}
     else:
         ar = collective_summary(raw, "all_reduce", n)
+        gs = [collective_summary(raw, op, n)["busbw_bytes_per_s"] for op in ("all_gather", "reduce_scatter")]
         tier = {
             "name": f"{raw['backend']}-local",
             "bw_gb_per_s": round(ar["busbw_bytes_per_s"] / 1e9, 4),
             "latency_us": round(ar["small_message_s"] / all_reduce_hops(n) * 1e6, 2),
             "efficiency": 1.0,
+            "gather_scatter_efficiency": round(min(1.0, statistics.median(gs) / ar["busbw_bytes_per_s"]), 4),
         }
     return {
         "name": name,
@@ -141,8 +143,11 @@ def cluster_profile(raw: dict[str, Any], name: str, gpu_ref: str | dict[str, Any
         "max_gpus": n,
         "intra_node": tier,
         "inter_node": dict(tier, name=f"{tier['name']} (single machine: copy of intra_node)"),
+        "comm_overlap": round(raw["overlap"]["overlap"], 3) if "overlap" in raw else 1.0,
         "source": _source(raw) + "; bw = median all-reduce bus bandwidth (nccl-tests convention) over messages "
-                  ">= 1 MiB; latency = median all-reduce time for messages <= 4 KiB / 2 log2(n) hops",
+                  ">= 1 MiB; latency = median all-reduce time for messages <= 4 KiB / 2 log2(n) hops; "
+                  "gather_scatter_efficiency = median all-gather and reduce-scatter bus bandwidth / all-reduce's; "
+                  "comm_overlap = share of a 16 MiB all-reduce hidden behind a concurrent GEMM chain",
     }
 
 
@@ -159,6 +164,10 @@ def measurement_comments(raw: dict[str, Any]) -> list[str]:
     att = raw["attention"]
     lines.append(f"causal SDPA forward {att['shape_b_a_s_d']}: {att['flop_per_s'] / 1e12:.4f} TFLOP/s")
     lines.append(f"per-op overhead: {raw['op_overhead']['time_per_op_s'] * 1e6:.2f} us")
+    if "overlap" in raw:
+        ov = raw["overlap"]
+        lines.append(f"overlap: GEMMs {ov['gemm_s'] * 1e3:.1f} ms, all-reduce {ov['comm_s'] * 1e3:.1f} ms, both at once "
+                     f"{ov['both_s'] * 1e3:.1f} ms -> comm_overlap {ov['overlap']:.2f}")
     lines.append("collective  ranks  bytes  time (us)  busbw (GB/s)")
     for r in raw["collectives"]:
         lines.append(f"  {r['op']:14s} {r['group_size']} {r['bytes']:>9d} {r['time_s'] * 1e6:10.1f} "

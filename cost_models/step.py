@@ -198,8 +198,11 @@ def per_layer_times(model, train, gpu, comm: CommModel, st: StrategyArrays,
     act = ACTIVATION_BYTES[train.precision]
     tokens = train.seq_len / cp * b
     lt = layer_times(model, train, gpu, b, tp, cp, st.sequence_parallel)
-    tp_ar = comm.all_reduce_s(tokens * model.hidden_size * act, tp, 1)
-    tp_fwd = 2 * tp_ar  # after attention and after the MLP (AG + RS with SP: the same volume)
+    layer_bytes = tokens * model.hidden_size * act
+    tp_ar = comm.all_reduce_s(layer_bytes, tp, 1)
+    # Two exchanges per layer forward (attention and MLP): an all-reduce each, or with SP an
+    # all-gather before and a reduce-scatter after (the same volume, but their own bandwidth).
+    tp_fwd = 2 * np.where(st.sequence_parallel, 2 * comm.gather_scatter_s(layer_bytes, tp, 1), tp_ar)
     kv_bytes = tokens * 2 * model.kv_width * act / tp
     cp_hop = comm.p2p_s(kv_bytes, tp, tp * cp)
     cp_fwd = np.where(cp > 1, exposed_s((cp - 1) * cp_hop, lt.attn_core_fwd_s, comm_overlap), 0.0)

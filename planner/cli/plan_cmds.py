@@ -140,27 +140,33 @@ OgrOpt = Annotated[bool, typer.Option("--overlap-grad-reduce/--no-overlap-grad-r
 OpgOpt = Annotated[bool, typer.Option("--overlap-param-gather/--no-overlap-param-gather", help="Overlap ZeRO parameter gathers with forward.")]
 
 
-def _score(model, cluster, gpus, global_batch_size, seq_len, precision, strategy, opts) -> Estimate:
-    return api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
-                        seq_len=seq_len, precision=precision.value, strategy=strategy, **opts)
+def _one_strategy_command(render):
+    """A command scoring the strategy given by flags; `render(strategy, estimate, fmt)` prints it.
+    `evaluate` and `explain` share every option."""
+
+    def command(
+        model: ModelOpt, cluster: ClusterOpt, gpus: GpusOpt, global_batch_size: GbsOpt, seq_len: SeqOpt,
+        precision: PrecisionOpt = Precision.bf16,
+        dp: DpOpt = None, tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, vpp: VppOpt = 1, sp: SpOpt = False,
+        zero: ZeroOpt = 0, mbs: MbsOpt = 1, recompute: RecomputeArg = RecomputeOpt.none,
+        recompute_num_layers: RclOpt = None, first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+        overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True,
+        grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash",
+        optimizer: OptimizerOpt = "adam", fmt: FormatOpt = Format.table,
+    ) -> None:
+        strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
+                             last_stage_layers, overlap_grad_reduce, overlap_param_gather)
+        est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
+                           seq_len=seq_len, precision=precision.value, strategy=strategy,
+                           **train_options(grad_precision, attention_kernel, optimizer))
+        render(strategy.resolve(gpus), est, fmt)
+        if not est.fits:
+            raise ExitWith(1)
+
+    return command
 
 
-@app.command("evaluate")
-def evaluate_cmd(
-    model: ModelOpt, cluster: ClusterOpt, gpus: GpusOpt, global_batch_size: GbsOpt, seq_len: SeqOpt,
-    precision: PrecisionOpt = Precision.bf16,
-    dp: DpOpt = None, tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, vpp: VppOpt = 1, sp: SpOpt = False,
-    zero: ZeroOpt = 0, mbs: MbsOpt = 1, recompute: RecomputeArg = RecomputeOpt.none,
-    recompute_num_layers: RclOpt = None, first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
-    overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True,
-    grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash", optimizer: OptimizerOpt = "adam",
-    fmt: FormatOpt = Format.table,
-) -> None:
-    """Score one strategy: step time, throughput, MFU, peak memory and whether it fits."""
-    strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
-                         last_stage_layers, overlap_grad_reduce, overlap_param_gather)
-    est = _score(model, cluster, gpus, global_batch_size, seq_len, precision, strategy,
-                 train_options(grad_precision, attention_kernel, optimizer))
+def render_evaluate(strategy: Strategy, est: Estimate, fmt: Format) -> None:
     if fmt is Format.json:
         emit_json(est.model_dump(mode="json"))
     elif fmt is Format.csv:
@@ -170,9 +176,7 @@ def evaluate_cmd(
         row["reasons"] = "; ".join(est.reasons)
         emit_csv([row])
     else:
-        print_estimate_summary(strategy.resolve(gpus), est)
-    if not est.fits:
-        raise ExitWith(1)
+        print_estimate_summary(strategy, est)
 
 
 def print_estimate_summary(strategy: Strategy, est: Estimate) -> None:
@@ -191,22 +195,7 @@ def print_estimate_summary(strategy: Strategy, est: Estimate) -> None:
         stdout.print("[green]fits[/]")
 
 
-@app.command("explain")
-def explain_cmd(
-    model: ModelOpt, cluster: ClusterOpt, gpus: GpusOpt, global_batch_size: GbsOpt, seq_len: SeqOpt,
-    precision: PrecisionOpt = Precision.bf16,
-    dp: DpOpt = None, tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, vpp: VppOpt = 1, sp: SpOpt = False,
-    zero: ZeroOpt = 0, mbs: MbsOpt = 1, recompute: RecomputeArg = RecomputeOpt.none,
-    recompute_num_layers: RclOpt = None, first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
-    overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True,
-    grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash", optimizer: OptimizerOpt = "adam",
-    fmt: FormatOpt = Format.table,
-) -> None:
-    """Break one strategy's memory and step time down term by term (which stage, which term binds)."""
-    strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
-                         last_stage_layers, overlap_grad_reduce, overlap_param_gather)
-    est = _score(model, cluster, gpus, global_batch_size, seq_len, precision, strategy,
-                 train_options(grad_precision, attention_kernel, optimizer))
+def render_explain(strategy: Strategy, est: Estimate, fmt: Format) -> None:
     if fmt is Format.json:
         emit_json(est.model_dump(mode="json"))
         return
@@ -215,9 +204,8 @@ def explain_cmd(
         rows += [{"kind": "time_s", "term": k, "value": v} for k, v in est.time_s.items()]
         emit_csv(rows)
         return
-    resolved = strategy.resolve(gpus)
-    print_estimate_summary(resolved, est)
-    mem = Table(title=f"memory of the most-loaded rank: {binding_ranks(resolved, est.binding_stage)}",
+    print_estimate_summary(strategy, est)
+    mem = Table(title=f"memory of the most-loaded rank: {binding_ranks(strategy, est.binding_stage)}",
                 title_justify="left")
     for col in ("term", "GiB", "% of peak"):
         mem.add_column(col, justify="left" if col == "term" else "right")
@@ -234,8 +222,12 @@ def explain_cmd(
         tim.add_row(term, f"{value:.4f}", f"{100 * value / est.step_time_s:.1f}")
     tim.add_row("[bold]step[/]", f"{est.step_time_s:.4f}", "100.0")
     stdout.print(tim)
-    if not est.fits:
-        raise ExitWith(1)
+
+
+app.command("evaluate", help="Score one strategy: step time, throughput, MFU, peak memory and whether it fits.")(
+    _one_strategy_command(render_evaluate))
+app.command("explain", help="Break one strategy's memory and step time down term by term (which stage, which "
+                            "term binds).")(_one_strategy_command(render_explain))
 
 
 def binding_ranks(strategy: Strategy, stage_kind: str) -> str:

@@ -16,11 +16,11 @@ where CUDA is present.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from executors.parity import parity_failure
+from executors.timing import run_timed_steps
 from executors.results import RankResult, RunConfig
 
 
@@ -77,18 +77,8 @@ def run_rank(cfg: RunConfig, out: Path) -> int:
         if failure:
             result.status, result.error = "wrong", failure
             return 0
-        index = cfg.parity_steps
-        for _ in range(cfg.warmup_steps):
-            step(index)
-            index += 1
-        for _ in range(cfg.timed_steps):
-            dist.barrier()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            step(index)
-            torch.cuda.synchronize()
-            result.step_times_s.append(time.perf_counter() - t0)
-            index += 1
+        result.step_times_s = run_timed_steps(step, cfg.parity_steps, cfg.warmup_steps, cfg.timed_steps,
+                                              torch.cuda.synchronize)
         result.peak_memory_bytes, result.reserved_memory_bytes = meter.peak()
     except Exception as exc:  # reported in the rank's JSON and through the exit status
         result.status = "oom" if is_oom(exc) else "error"

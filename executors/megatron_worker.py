@@ -15,12 +15,12 @@ where CUDA is present.
 from __future__ import annotations
 
 import os
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from executors.parity import parity_failure
+from executors.timing import run_timed_steps
 from executors.results import RankResult, RunConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -55,7 +55,6 @@ def _resolve(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def build(cfg: RunConfig, kw: dict[str, Any]):
-    import torch
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
@@ -161,18 +160,8 @@ def run_rank(cfg: RunConfig, out: Path, reference: bool = False) -> int:
         if failure:
             result.status, result.error = "wrong", failure
             return 0
-        step_index = cfg.parity_steps
-        for _ in range(cfg.warmup_steps):
-            step(step_index)
-            step_index += 1
-        for _ in range(cfg.timed_steps):
-            dist.barrier()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            step(step_index)
-            torch.cuda.synchronize()
-            result.step_times_s.append(time.perf_counter() - t0)
-            step_index += 1
+        result.step_times_s = run_timed_steps(step, cfg.parity_steps, cfg.warmup_steps, cfg.timed_steps,
+                                              torch.cuda.synchronize)
         result.peak_memory_bytes, result.reserved_memory_bytes = meter.peak()
     except Exception as exc:  # reported in the rank's JSON and through the exit status
         from executors.worker import is_oom

@@ -30,6 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from executors.parity import parity_failure
+from executors.timing import run_timed_steps
 from executors.results import RankResult, RunConfig
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
@@ -119,19 +120,8 @@ def run_rank(cfg: RunConfig, out: Path) -> int:
                 result.status, result.error = "wrong", failure
                 return 0
         _inject_fault(cfg, rank, world)
-        step = cfg.parity_steps
-        for _ in range(cfg.warmup_steps):
-            runner.step(step)
-            step += 1
-        meter.stop()
-        for _ in range(cfg.timed_steps):
-            dist.barrier()
-            _sync(cfg)
-            t0 = time.perf_counter()
-            runner.step(step)
-            _sync(cfg)
-            result.step_times_s.append(time.perf_counter() - t0)
-            step += 1
+        result.step_times_s = run_timed_steps(runner.step, cfg.parity_steps, cfg.warmup_steps, cfg.timed_steps,
+                                              lambda: _sync(cfg), after_warmup=meter.stop)
         result.peak_memory_bytes, result.reserved_memory_bytes = meter.peak()
     except Exception as exc:  # reported in the rank's JSON, then re-raised through the exit code
         result.status = "oom" if is_oom(exc) else "error"

@@ -17,7 +17,7 @@ from cost_models import StrategyArrays
 from cost_models.comm import TierCommModel
 from cost_models.step import per_layer_times
 from planner.specs import ClusterSpec, Strategy, TrainSpec
-from planner.validation import LayerCase, StepCase
+from planner.validation import LayerCase, StepCase, predict
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,10 @@ def predict_layer(case: LayerCase, cluster: ClusterSpec, train_options: dict) ->
 
 def predict_step(case: StepCase, cluster: ClusterSpec) -> float:
     """Fastest predicted step under the case's constraints (what the authors would have tuned)."""
-    from planner.api import plan
-
-    result = plan(model=case.model, cluster=cluster, num_gpus=case.num_gpus, global_batch_size=case.global_batch_size,
-                  seq_len=case.seq_len, constraints=case.constraints, top_k=1, **case.train_options)
-    if not result.plans:
-        raise ValueError(f"calibration row {case.label!r} has no fitting strategy")
-    return result.plans[0].estimate.step_time_s
+    prediction = predict(case, cluster)
+    if prediction.predicted_step_s is None:
+        raise ValueError(f"calibration row {case.label!r} has no fitting strategy: {prediction.note}")
+    return prediction.predicted_step_s
 
 
 def fit_efficiencies(layer_cases: list[LayerCase], step_cases: list[StepCase], cluster: ClusterSpec,

@@ -91,7 +91,7 @@ def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list
     step = float(costs.step_time_s[i])
     if not np.isfinite(step) or step <= 0:
         raise SpecError(f"the cost model produced a non-positive step time ({step}) for this strategy")
-    tokens = train.global_batch_size * train.seq_len
+    tokens = train.tokens_per_step
     model_flop = float(costs.model_flop_per_step[i])
     hw_flop = float(costs.hardware_flop_per_step[i])
     memory = {k: float(v[i]) for k, v in costs.memory_bytes.items()}

@@ -238,15 +238,16 @@ class Prediction:
         return self.predicted_step_s / self.case.measured_step_s - 1
 
 
-def predict(case: StepCase) -> Prediction:
+def predict(case: StepCase, cluster=None) -> Prediction:
     """Plan the case under the paper's constraints; the fastest fitting plan is the prediction.
 
     Fields the paper did not report (SC'21 Table 1: micro-batch size and
-    interleaving) are searched, as the authors tuned them.
+    interleaving) are searched, as the authors tuned them. `cluster` overrides
+    the case's cluster preset (calibration tries candidate efficiencies).
     """
     from planner.api import plan
 
-    result = plan(model=case.model, cluster=case.cluster, num_gpus=case.num_gpus,
+    result = plan(model=case.model, cluster=cluster or case.cluster, num_gpus=case.num_gpus,
                   global_batch_size=case.global_batch_size, seq_len=case.seq_len, constraints=case.constraints,
                   top_k=1, **case.train_options)
     if result.plans:

@@ -13,7 +13,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -163,5 +163,3 @@ def read_text_arg(path: str) -> str:
     except OSError as exc:
         raise SpecError(f"cannot read {path!r}: {exc.strerror}") from None
 
-
-OptionalInt = Optional[int]

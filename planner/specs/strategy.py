@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from planner.errors import SpecError
 
 Recompute = Literal["none", "selective", "full"]
-RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 
 
 class Strategy(BaseModel):

@@ -4,7 +4,9 @@ FLOPs (one layer, forward, one micro-batch of b sequences of s tokens):
   QKV 2sbh(q + 2k) + scores 2s²bq + over V 2s²bq + output 2sbqh
   + MLP 2sbhf·(3 gated | 2 plain); logits 2sbhV on the last stage.
 For GPT shapes this is Korthikanti Eq. 7's 24sbh² + 4s²bh per layer (the
-`1 + s/(6h)` factor); backward is twice the forward; full recompute adds a
+`1 + s/(6h)` factor); backward is twice the forward in FLOPs, and its GEMMs take
+`gpu.backward_gemm_ratio` times the forward GEMM time (fitted per GPU, 2.0 where
+nothing was fitted); full recompute adds a
 forward, selective recompute adds the attention-core forward (4s²bh; Eq. 8).
 Causal masking is not credited (the convention of SC'21 and Korthikanti).
 
@@ -26,8 +28,6 @@ from cost_models.units import ACTIVATION_BYTES, FP8, MASK, WEIGHT_BYTES
 #: Element-wise kernels per layer forward: 2 norms, 2 bias-dropout-add and the activation
 #: (rotary is counted in them; the unfused softmax adds its own; each GEMM pays its overhead in gemm_time).
 ELEMENTWISE_KERNELS_FWD = 5
-#: Backward runs two GEMMs (input gradient and weight gradient) per forward GEMM.
-BACKWARD_GEMM_FACTOR = 2.0
 #: An element-wise backward reads the incoming gradient and the saved input and
 #: writes one gradient: three tensors against the forward's two.
 BACKWARD_ELEMENTWISE_FACTOR = 1.5
@@ -111,7 +111,7 @@ def layer_times(model, train, gpu, b, tp, cp, sp) -> LayerTimes:
         scores = a / tp * tokens * s
         softmax = (2 * act + (2 * act + mask if model.dropout else 0)) * scores / hbm + gpu.kernel_overhead_s
     fwd = gemms + core + softmax + elementwise
-    bwd = BACKWARD_GEMM_FACTOR * (gemms + core) + BACKWARD_ELEMENTWISE_FACTOR * (softmax + elementwise)
+    bwd = gpu.backward_gemm_ratio * (gemms + core) + BACKWARD_ELEMENTWISE_FACTOR * (softmax + elementwise)
     return LayerTimes(fwd_s=fwd, bwd_s=bwd, attn_core_fwd_s=core + softmax,
                       fwd_flop=fl["qkv"] + fl["core"] + fl["out"] + fl["mlp"], attn_core_flop=fl["core"])
 
@@ -128,5 +128,5 @@ def head_times(model, train, gpu, b, tp, cp, sp) -> tuple[np.ndarray, np.ndarray
     # Final norm (read/write) + fp32 softmax cross-entropy over the vocab shard (read logits, write fp32).
     loss = (2 * act * tokens * h / np.where(sp, tp, 1) + (act + 4 + 4) * tokens * v / tp) / hbm
     fwd = gemm + loss + 2 * gpu.kernel_overhead_s
-    bwd = BACKWARD_GEMM_FACTOR * gemm + BACKWARD_ELEMENTWISE_FACTOR * loss + 2 * gpu.kernel_overhead_s
+    bwd = gpu.backward_gemm_ratio * gemm + BACKWARD_ELEMENTWISE_FACTOR * loss + 2 * gpu.kernel_overhead_s
     return fwd, bwd, flop

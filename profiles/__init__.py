@@ -112,7 +112,8 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
     fields["framework_reserve_bytes"] = float(data.pop("framework_reserve_gib", 0.0)) * GIB
     data.pop("framework_reserve_source", None)
     calib = data.pop("calibration", None)
-    for key, conv in (("gemm_efficiency", 1.0), ("hbm_efficiency", 1.0), ("kernel_overhead_us", MICRO)):
+    for key, conv in (("gemm_efficiency", 1.0), ("hbm_efficiency", 1.0), ("backward_gemm_ratio", 1.0),
+                      ("kernel_overhead_us", MICRO)):
         if key in data:
             fields[key.replace("_us", "_s")] = float(data.pop(key)) * conv
     fields["source"] = str(data.pop("source", ""))
@@ -135,6 +136,10 @@ def load_gpu(ref: str | GpuSpec) -> GpuSpec:
     return gpu_from_yaml(data, f"GPU profile {path.name}")
 
 
+#: GPU fields a calibration file may set.
+CALIBRATED_FIELDS = ("gemm_efficiency", "hbm_efficiency", "backward_gemm_ratio", "kernel_overhead_us")
+
+
 def _calibration_for(gpu_key: str) -> dict[str, Any]:
     for d in search_dirs():
         path = d / "calibration" / f"{gpu_key}.yaml"
@@ -143,7 +148,7 @@ def _calibration_for(gpu_key: str) -> dict[str, Any]:
             fitted_on = calib.pop("fitted_on", "")
             calib.pop("method", None)
             calib.pop("residuals", None)
-            out = {k: calib[k] for k in ("gemm_efficiency", "hbm_efficiency", "kernel_overhead_us") if k in calib}
+            out = {k: calib[k] for k in CALIBRATED_FIELDS if k in calib}
             out["calibration"] = f"{path.name}: fitted on {fitted_on}" if fitted_on else path.name
             return out
     return {}

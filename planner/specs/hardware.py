@@ -35,6 +35,11 @@ class GpuSpec(BaseModel):
     hbm_efficiency: float = Field(
         0.8, gt=0, le=1, description="Achievable fraction of HBM bandwidth for element-wise kernels (calibrated)."
     )
+    backward_gemm_ratio: float = Field(
+        2.0, gt=0, le=4,
+        description="Time of a layer's backward GEMMs over its forward GEMMs. The FLOP ratio is 2 (input and "
+        "weight gradients); measured kernels differ (fitted per GPU; 2.0 where nothing was fitted).",
+    )
     kernel_overhead_s: float = Field(
         5e-6, ge=0, description="Fixed cost per kernel (launch and tail), seconds (calibrated)."
     )

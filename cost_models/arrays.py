@@ -3,7 +3,9 @@
 The field names are the Strategy field names (one vocabulary); categorical
 fields are integer codes (`recompute`: 0 none, 1 selective, 2 full). Optional
 integers use 0 for "not set" (`recompute_num_layers` 0 = all layers of the
-chunk; `num_layers_in_first_stage` 0 = even split).
+chunk; `num_layers_in_first_stage` 0 = even split). `stage_layers`, the one
+field that is a list, is an (N, P) array padded with zeros (P = the longest
+explicit split; P = 0 when no candidate has one).
 """
 
 from __future__ import annotations
@@ -36,8 +38,13 @@ class StrategyArrays:
     num_layers_in_last_stage: np.ndarray  # 0 = even split
     overlap_grad_reduce: np.ndarray  # bool
     overlap_param_gather: np.ndarray  # bool
+    embedding_as_layer: np.ndarray  # bool
+    loss_as_layer: np.ndarray  # bool
+    stage_layers: np.ndarray  # (N, P) int, 0-padded; P = 0 when no candidate has an explicit split
 
-    BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather")
+    BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather",
+                   "embedding_as_layer", "loss_as_layer")
+    LIST_FIELDS = ("stage_layers",)
 
     def __len__(self) -> int:
         return int(self.dp.shape[0])
@@ -53,20 +60,36 @@ class StrategyArrays:
             n = max((np.size(v) for v in columns.values()), default=0)
         out = {}
         for name in cls.names():
+            if name in cls.LIST_FIELDS:
+                value = np.asarray(columns.get(name, np.zeros((n, 0))), dtype=np.int64)
+                if value.ndim != 2:
+                    value = value.reshape(-1, value.shape[-1] if value.ndim else 0)
+                out[name] = np.broadcast_to(value, (n, value.shape[1])).copy()
+                continue
             dtype = bool if name in cls.BOOL_FIELDS else np.int64
-            out[name] = np.broadcast_to(np.asarray(columns[name], dtype=dtype), (n,)).copy()
+            default = False if name in ("embedding_as_layer", "loss_as_layer") else None
+            value = columns[name] if default is None or name in columns else default
+            out[name] = np.broadcast_to(np.asarray(value, dtype=dtype), (n,)).copy()
         return cls(**out)
 
     @classmethod
     def from_strategies(cls, strategies: Iterable[Any]) -> "StrategyArrays":
         """From resolved Strategy objects (dp must be an int)."""
         rows = [row_of(s) for s in strategies]
-        columns = {name: np.array([r[name] for r in rows]) for name in cls.names()}
+        columns = {name: np.array([r[name] for r in rows]) for name in cls.names() if name not in cls.LIST_FIELDS}
+        width = max((len(r["stage_layers"]) for r in rows), default=0)
+        columns["stage_layers"] = np.array([list(r["stage_layers"]) + [0] * (width - len(r["stage_layers"]))
+                                            for r in rows], dtype=np.int64).reshape(len(rows), width)
         return cls.from_columns(columns, len(rows))
 
     @classmethod
     def concat(cls, parts: list["StrategyArrays"]) -> "StrategyArrays":
-        return cls(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in cls.names()})
+        width = max(p.stage_layers.shape[1] for p in parts)
+        out = {name: np.concatenate([getattr(p, name) for p in parts]) for name in cls.names()
+               if name not in cls.LIST_FIELDS}
+        out["stage_layers"] = np.concatenate([np.pad(p.stage_layers, ((0, 0), (0, width - p.stage_layers.shape[1])))
+                                              for p in parts])
+        return cls(**out)
 
     def take(self, index: Any) -> "StrategyArrays":
         return StrategyArrays(**{name: getattr(self, name)[index] for name in self.names()})
@@ -76,6 +99,9 @@ class StrategyArrays:
         out: dict[str, Any] = {}
         for name in self.names():
             value = getattr(self, name)[i]
+            if name in self.LIST_FIELDS:
+                out[name] = [int(v) for v in value if v] or None
+                continue
             out[name] = bool(value) if name in self.BOOL_FIELDS else int(value)
         out["recompute"] = RECOMPUTE_NAMES[out["recompute"]]
         for name in ("recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage"):
@@ -89,4 +115,5 @@ def row_of(strategy: Any) -> dict[str, Any]:
     row["recompute"] = RECOMPUTE_CODE[row["recompute"]]
     for name in ("recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage"):
         row[name] = row[name] or 0
+    row["stage_layers"] = list(row["stage_layers"] or [])
     return row

@@ -30,30 +30,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models.schedule import PipelineLayout
-from cost_models.units import ACTIVATION_BYTES, DTYPE_BYTES, FP32, INT64, MASK, WEIGHT_BYTES, optimizer_state_bytes
+from cost_models.blocks import Micro, ModelBlocks
+from cost_models.layout import ParallelLayout
+from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes
 
 
-def layer_params_per_rank(model, tp: np.ndarray) -> np.ndarray:
-    """Parameters of one layer on one TP rank: matrices and their biases split over tp,
-    the two norms replicated (elements)."""
-    norms = 2 * model.norm_params
-    return (model.layer_params() - norms) / tp + norms
+def layer_params_per_rank(blocks: ModelBlocks, tp: np.ndarray) -> np.ndarray:
+    """Parameters of the model's average layer on one TP rank: matrices and their biases
+    split over tp, the norms replicated (elements)."""
+    return blocks.mean(lambda layer: layer.params_per_rank(tp))
 
 
-def stage_params(model, tp: np.ndarray, pp: np.ndarray, lay: PipelineLayout) -> np.ndarray:
-    """Parameters held by one rank of each stage kind (3, N), elements.
+def stage_params(blocks: ModelBlocks, lay: ParallelLayout) -> np.ndarray:
+    """Parameters held by one rank of each stage row (S, N), elements.
 
-    First stage: word embedding split over tp (vocab parallel) + learned positions
-    (replicated). Last stage: final norm + output projection split over tp; with
-    tied embeddings and pp > 1 it is Megatron's copy of the word embedding.
+    First stage: word embedding split over tp (vocab parallel, padded as Megatron pads
+    it) + learned positions (replicated). Last stage: final norm + output projection
+    split over tp; with tied embeddings and pp > 1 it is Megatron's copy of the word
+    embedding, with pp = 1 the embedding itself (no extra parameters).
     """
-    per_layer = layer_params_per_rank(model, tp)
-    word = model.vocab_size * model.hidden_size / tp
-    positions = model.embedding_params() - model.vocab_size * model.hidden_size
-    head_matrix = np.where(model.tie_embeddings & (pp == 1), 0.0, word)
-    head = model.norm_params + head_matrix
-    return lay.layers * per_layer + lay.has_embedding * (word + positions) + lay.has_head * head
+    rows, tp = lay.rows, lay.tp
+    per_layer = layer_params_per_rank(blocks, tp)
+    shared = blocks.head.tied & (lay.pp == 1)
+    return (rows.layers * per_layer + rows.has_embedding * blocks.embedding.params_per_rank(tp)
+            + rows.has_head * blocks.head.params_per_rank(tp, shared))
 
 
 def model_state_bytes(params: np.ndarray, zero_stage: np.ndarray, shard: np.ndarray, offload: np.ndarray,
@@ -74,71 +74,64 @@ def model_state_bytes(params: np.ndarray, zero_stage: np.ndarray, shard: np.ndar
     return {"params": weights, "grads": grads, "optimizer": states}
 
 
-def layer_activation_bytes(model, train, b, tp, cp, sp, recompute) -> np.ndarray:
-    """Activation bytes one layer stores for one micro-batch on one rank.
+def layer_activation_bytes(blocks: ModelBlocks, x: Micro, recompute) -> np.ndarray:
+    """Activation bytes the model's average layer stores for one micro-batch on one rank.
 
     `recompute`: 0 none, 1 selective (attention core recomputed), 2 full (layer
     input only). Reproduces Korthikanti Table 2 for GPT shapes:
 
     >>> from types import SimpleNamespace as NS
-    >>> gpt = NS(hidden_size=12288, num_attention_heads=96, q_width=12288, kv_width=12288,
-    ...          ffn_hidden_size=4 * 12288, gated_mlp=False, dropout=True)
-    >>> train = NS(seq_len=2048, precision="bf16", attention_kernel="unfused")
+    >>> from cost_models.blocks import model_blocks
+    >>> gpt = NS(hidden_size=12288, num_attention_heads=96, q_width=12288, kv_width=12288, num_layers=1,
+    ...          ffn_hidden_size=4 * 12288, gated_mlp=False, dropout=True, norm="layernorm", linear_bias=True,
+    ...          qkv_bias=False, position_embedding="learned", max_position_embeddings=2048, vocab_size=51200,
+    ...          tie_embeddings=True)
     >>> s, b, h, a, t = 2048, 1, 12288, 96, 8
-    >>> bool(layer_activation_bytes(gpt, train, b, t, 1, False, 0) == s*b*h*(10 + 24/t + 5*a*s/(h*t)))
+    >>> x = lambda sp: Micro(s, np.array(b), np.array(t), np.array(1), np.array(sp), "bf16", "unfused")
+    >>> bool(layer_activation_bytes(model_blocks(gpt), x(False), 0) == s*b*h*(10 + 24/t + 5*a*s/(h*t)))
     True
-    >>> bool(layer_activation_bytes(gpt, train, b, t, 1, True, 1) == s*b*h*34/t)
+    >>> bool(layer_activation_bytes(model_blocks(gpt), x(True), 1) == s*b*h*34/t)
     True
     """
-    b, tp, cp, sp, recompute = map(np.asarray, (b, tp, cp, sp, recompute))
-    act = ACTIVATION_BYTES[train.precision]
-    h, q, k, f = model.hidden_size, model.q_width, model.kv_width, model.ffn_hidden_size
-    a = model.num_attention_heads
-    tokens = train.seq_len / cp * b  # s·b on this rank
-    masks = 2 * MASK * h if model.dropout else 0
-    replicated = tokens * (act * (2 * h + h + h) + masks)  # 2 LN inputs, QKV input, MLP input (+ masks)
-    mlp = (3 if model.gated_mlp else 2) * act * f
-    split = tokens * (act * (q + k) + act * k + act * q + mlp)
-    if train.attention_kernel == "unfused":
-        probs = act + (MASK + act if model.dropout else 0)  # softmax out (+ dropout mask and output)
-        scores = probs * a * tokens * train.seq_len
-    else:
-        scores = FP32 * a * tokens  # softmax log-sum-exp statistics
-    full = replicated / np.where(sp, tp, 1) + (split + scores) / tp
-    selective = full - np.where(train.attention_kernel == "unfused", scores / tp, 0.0)
-    checkpoint = tokens * act * h / np.where(sp, tp, 1)
-    return np.where(recompute == 2, checkpoint, np.where(recompute == 1, selective, full))
+    recompute = np.asarray(recompute)
+
+    def one(layer) -> np.ndarray:
+        a = layer.activations(x)
+        full = a.replicated / x.seq_split + (a.split + a.scores) / x.tp
+        selective = full - (a.scores / x.tp if x.attention_kernel == "unfused" else 0.0)
+        checkpoint = x.tokens * x.act * layer.attention().hidden / x.seq_split
+        return np.where(recompute == 2, checkpoint, np.where(recompute == 1, selective, full))
+
+    return blocks.mean(one)
 
 
-def stage_activation_bytes(model, train, st, lay: PipelineLayout) -> dict[str, np.ndarray]:
-    """Activations held at the peak by one rank of each stage kind (3, N), bytes.
+def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st, lay: ParallelLayout,
+                           num_microbatches: np.ndarray) -> dict[str, np.ndarray]:
+    """Activations held at the peak by one rank of each stage row (S, N), bytes.
 
     The stage holds `inflight_chunks` (micro-batch, chunk) pairs of `chunk_layers`
     layers each. Full recompute with `recompute_num_layers` n recomputes n layers
     per chunk (Megatron's block method) and stores the rest whole; while it
     recomputes, one layer's full activations are live (`recompute_working`).
     """
-    b, t, c, sp, rc = st.micro_batch_size, st.tp, st.cp, st.sequence_parallel, st.recompute
-    act = ACTIVATION_BYTES[train.precision]
-    h, tokens = model.hidden_size, train.seq_len / c * b
-    full_layer = layer_activation_bytes(model, train, b, t, c, sp, 0)
-    stored_layer = layer_activation_bytes(model, train, b, t, c, sp, rc)
-    n_rc = np.where(st.recompute_num_layers > 0, np.minimum(st.recompute_num_layers, lay.chunk_layers), lay.chunk_layers)
-    per_chunk = np.where(rc == 2, n_rc * stored_layer + (lay.chunk_layers - n_rc) * full_layer,
-                         lay.chunk_layers * stored_layer)
-    layers = lay.inflight_chunks * per_chunk
-    working = np.where(rc == 2, full_layer, 0.0) * (lay.layers > 0)
-    sp_div = np.where(sp, t, 1)
-    # Input ids (int64) and the embedding dropout mask, per in-flight micro-batch (Korthikanti App. A).
-    embed = lay.has_embedding * lay.inflight_microbatches * tokens * (INT64 + (MASK * h / sp_div if model.dropout else 0))
-    # Final norm input and output-layer input (16-bit) + fp32 logits for the loss, one micro-batch.
-    head = lay.has_head * tokens * (2 * act * h / sp_div + FP32 * model.vocab_size / t)
+    rows, rc = lay.rows, st.recompute
+    full_layer = layer_activation_bytes(blocks, x, 0)
+    stored_layer = layer_activation_bytes(blocks, x, rc)
+    n_rc = np.where(st.recompute_num_layers > 0, np.minimum(st.recompute_num_layers, rows.chunk_layers),
+                    rows.chunk_layers)
+    per_chunk = np.where(rc == 2, n_rc * stored_layer + (rows.chunk_layers - n_rc) * full_layer,
+                         rows.chunk_layers * stored_layer)
+    layers = lay.inflight_chunks(rows.rank, num_microbatches) * per_chunk
+    working = np.where(rc == 2, full_layer, 0.0) * (rows.layers > 0)
+    embed = rows.has_embedding * lay.inflight_microbatches(rows.rank, num_microbatches) * blocks.embedding.input_bytes(x)
+    head_act = blocks.head.activations(x)
+    head = rows.has_head * (head_act.replicated / x.seq_split + head_act.split / x.tp)
     return {"activations": layers, "recompute_working": working, "embedding_activations": embed, "logits": head}
 
 
-def zero3_working_bytes(model, st, precision: str, grad_precision: str) -> np.ndarray:
+def zero3_working_bytes(blocks: ModelBlocks, st, precision: str, grad_precision: str) -> np.ndarray:
     """ZeRO-3 gathers whole layers: the current and the prefetched one (16-bit),
     plus one layer's unsharded gradient before its reduce-scatter, bytes."""
-    per_layer = layer_params_per_rank(model, st.tp)
+    per_layer = layer_params_per_rank(blocks, st.tp)
     gathered = (2 * WEIGHT_BYTES[precision] + DTYPE_BYTES[grad_precision]) * per_layer
     return np.where(st.zero_stage >= 3, gathered, 0.0)

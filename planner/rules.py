@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from cost_models.arrays import StrategyArrays
+from cost_models.layout import ParallelLayout
 
 
 @dataclass(frozen=True)
@@ -30,34 +31,22 @@ class Rule:
     message: Callable[[Context, dict], str]
 
 
-def _layers_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
-    L = ctx.model.num_layers
-    first, last, pp, vpp = st.num_layers_in_first_stage, st.num_layers_in_last_stage, st.pp, st.vpp
-    uneven = (first > 0) | (last > 0)
-    even_ok = L % (pp * vpp) == 0
-    rest = L - first - last
-    inner = pp - (first > 0) - (last > 0)
-    inner_ok = np.where(inner > 0, (rest > 0) & (rest % np.maximum(inner, 1) == 0), rest == 0)
-    uneven_ok = (pp > 1) & (vpp == 1) & inner_ok & (first <= L) & (last <= L)
-    return np.where(uneven, uneven_ok, even_ok)
-
-
-def _layers_msg(ctx: Context, r: dict) -> str:
-    L = ctx.model.num_layers
-    if r["num_layers_in_first_stage"] or r["num_layers_in_last_stage"]:
-        return (f"uneven pipeline: num_layers ({L}) minus first ({r['num_layers_in_first_stage'] or 0}) and last "
-                f"({r['num_layers_in_last_stage'] or 0}) stage layers must split evenly over the other stages of "
-                f"pp ({r['pp']}), with vpp 1 (vpp is {r['vpp']})")
-    return f"pp·vpp ({r['pp']}·{r['vpp']}) must divide num_layers ({L})"
+def _layout(ctx: Context, st: StrategyArrays) -> ParallelLayout:
+    return ParallelLayout.of(st, ctx.model.num_layers)
 
 
 def _microbatches(ctx: Context, st: StrategyArrays) -> np.ndarray:
-    return ctx.train.global_batch_size // (st.micro_batch_size * st.dp)
+    return _layout(ctx, st).num_microbatches(ctx.train.global_batch_size, st.micro_batch_size)
 
 
-def _chunk_layers(ctx: Context, st: StrategyArrays) -> np.ndarray:
-    first = np.where(st.num_layers_in_first_stage > 0, st.num_layers_in_first_stage, ctx.model.num_layers // st.pp)
-    return np.maximum(first // st.vpp, 1)
+def _layers_msg(ctx: Context, r: dict) -> str:
+    from types import SimpleNamespace
+
+    return ParallelLayout.of_strategy(SimpleNamespace(**r), ctx.model.num_layers).split_message()
+
+
+def _max_chunk_layers(ctx: Context, st: StrategyArrays) -> np.ndarray:
+    return np.nanmax(_layout(ctx, st).rows.chunk_layers, axis=0)
 
 
 RULES: tuple[Rule, ...] = (
@@ -70,16 +59,16 @@ RULES: tuple[Rule, ...] = (
     Rule("tp_kv_heads",
          lambda c, s: c.model.kv_heads % s.tp == 0,
          lambda c, r: f"tp ({r['tp']}) must divide num_kv_heads ({c.model.kv_heads})"),
-    Rule("layers", _layers_ok, _layers_msg),
+    Rule("layers", lambda c, s: _layout(c, s).split_ok(), _layers_msg),
     Rule("batch",
-         lambda c, s: c.train.global_batch_size % (s.micro_batch_size * s.dp) == 0,
+         lambda c, s: _layout(c, s).batch_ok(c.train.global_batch_size, s.micro_batch_size),
          lambda c, r: f"micro_batch_size·dp ({r['micro_batch_size']}·{r['dp']}) must divide global_batch_size "
                       f"({c.train.global_batch_size})"),
     Rule("vpp_pp",
          lambda c, s: (s.vpp == 1) | (s.pp > 1),
          lambda c, r: f"vpp ({r['vpp']}) > 1 requires pp > 1"),
     Rule("interleave_microbatches",
-         lambda c, s: (s.vpp == 1) | (_microbatches(c, s) % s.pp == 0),
+         lambda c, s: _layout(c, s).megatron_schedule_ok(_microbatches(c, s)),
          lambda c, r: f"with vpp > 1, num_microbatches ({c.train.global_batch_size // (r['micro_batch_size'] * r['dp'])}) "
                       f"must be a multiple of pp ({r['pp']})"),
     Rule("cp_seq",
@@ -95,9 +84,10 @@ RULES: tuple[Rule, ...] = (
          lambda c, s: (s.ep == 1) & (s.etp == 1),
          lambda c, r: f"ep ({r['ep']}) and etp ({r['etp']}) must be 1: model {c.model.name} is dense (no experts)"),
     Rule("recompute_layers",
-         lambda c, s: (s.recompute_num_layers == 0) | ((s.recompute == 2) & (s.recompute_num_layers <= _chunk_layers(c, s))),
+         lambda c, s: (s.recompute_num_layers == 0) | ((s.recompute == 2)
+                                                         & (s.recompute_num_layers <= _max_chunk_layers(c, s))),
          lambda c, r: f"recompute_num_layers ({r['recompute_num_layers']}) needs recompute='full' and must not exceed "
-                      f"the layers per pipeline chunk"),
+                      f"the layers of the largest pipeline chunk"),
     Rule("offload",
          lambda c, s: ~s.offload_optimizer,
          lambda c, r: "offload_optimizer is not modelled yet (host memory and PCIe are not in ClusterSpec)"),

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from cost_models import CostArrays, StrategyArrays, evaluate_arrays
-from cost_models.schedule import STAGE_NAMES
+from cost_models.layout import STAGE_NAMES
 from cost_models.step import MEMORY_TERMS, TIME_TERMS
 from planner.errors import SpecError
 from planner.rules import Context, check, first_failure_counts, messages
@@ -83,7 +83,7 @@ def _memory_reason(costs: CostArrays, i: int) -> list[str]:
         return []
     term = max(MEMORY_TERMS, key=lambda t: costs.memory_bytes[t][i])
     return [f"peak memory {peak / GIB:.1f} GiB > {cap / GIB:.1f} GiB per GPU by {(peak - cap) / GIB:.1f} GiB on the "
-            f"{STAGE_NAMES[costs.binding_stage[i]]} pipeline stage (largest term: {term} "
+            f"{STAGE_NAMES[costs.binding_stage[i]]} pipeline stage (pipeline rank {int(costs.binding_pipeline_rank[i])}; largest term: {term} "
             f"{costs.memory_bytes[term][i] / GIB:.1f} GiB)"]
 
 
@@ -107,6 +107,8 @@ def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list
         memory_bytes=memory,
         time_s={k: float(costs.time_s[k][i]) for k in TIME_TERMS},
         binding_stage=STAGE_NAMES[int(costs.binding_stage[i])],
+        binding_pipeline_rank=int(costs.binding_pipeline_rank[i]),
+        comm_hidden_fraction=float(costs.comm_hidden_fraction[i]),
         binding_memory_term=max(memory, key=memory.get),
         num_microbatches=int(costs.num_microbatches[i]),
         bubble_fraction=float(costs.bubble_fraction[i]),

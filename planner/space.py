@@ -6,6 +6,9 @@ Default choices per field (constraints replace them):
 - vpp: 1 and every v > 1 that divides the layers per stage. When pp does not
   divide the layers, one uneven split: middle stages get ⌈L/pp⌉ layers and the
   first and last stages share the rest (Megatron's first/last-stage layer flags).
+  Whether a split is possible is `ParallelLayout.split_ok`'s answer (the rules).
+- stage_layers, embedding_as_layer, loss_as_layer: only as constrained (default:
+  none, off, off).
 - micro_batch_size: every divisor of global_batch_size / dp.
 - sequence_parallel: off, and on when tp > 1. zero_stage: 0-3.
 - recompute: none, selective, full (all layers) and full with every
@@ -23,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from cost_models.arrays import RECOMPUTE_CODE, StrategyArrays
+from cost_models.layout import ParallelLayout
 from planner.errors import SpecError
 from planner.specs import Strategy
 
@@ -39,7 +43,8 @@ def divisors(n: int) -> list[int]:
 
 INT_FIELDS = {"dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "zero_stage"}
 OPTIONAL_INT_FIELDS = {"recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage"}
-BOOL_FIELDS = {"sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather"}
+BOOL_FIELDS = {"sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather",
+               "embedding_as_layer", "loss_as_layer"}
 
 
 def _check_value(key: str, v: Any) -> Any:
@@ -57,6 +62,13 @@ def _check_value(key: str, v: Any) -> Any:
         if not isinstance(v, bool):
             raise SpecError(f"constraint {key}={v!r} must be true or false")
         return v
+    if key == "stage_layers":
+        if v is None:
+            return v
+        if (not isinstance(v, (list, tuple)) or not v
+                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in v)):
+            raise SpecError(f"constraint stage_layers={v!r} must be a list of positive layer counts, one per stage")
+        return tuple(v)
     if key == "recompute":
         if v not in RECOMPUTE_CODE:
             raise SpecError(f"constraint recompute={v!r} must be one of {', '.join(RECOMPUTE_CODE)}")
@@ -72,7 +84,12 @@ def normalise_constraints(constraints: dict[str, Any]) -> dict[str, list[Any]]:
     for key, value in constraints.items():
         if key not in STRATEGY_FIELDS:
             raise SpecError(f"unknown constraint field {key!r}; fields: {', '.join(STRATEGY_FIELDS)}")
-        values = list(value) if isinstance(value, (list, tuple, set)) else [value]
+        if key == "stage_layers":  # one split [1, 2, 2, 3], or a list of splits to choose from
+            nested = isinstance(value, (list, tuple)) and bool(value) and all(
+                isinstance(v, (list, tuple)) or v is None for v in value)
+            values = list(value) if nested else [value]
+        else:
+            values = list(value) if isinstance(value, (list, tuple, set)) else [value]
         if not values:
             raise SpecError(f"constraint {key!r} allows no value (empty list)")
         out[key] = [_check_value(key, v) for v in values]
@@ -94,7 +111,8 @@ def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) ->
     pps = _allowed(cons, "pp", [d for d in divs if d <= L])
     dps = cons.get("dp")
     zeros = _allowed(cons, "zero_stage", [0, 1, 2, 3])
-    structure: list[tuple[int, ...]] = []  # (dp, tp, pp, cp, vpp, first, last) per block
+    structure: list[tuple[int, ...]] = []  # (dp, tp, pp, cp, vpp, first, last, split index) per block
+    splits: list[tuple[int, ...]] = [()]  # explicit stage_layers choices; index 0 = none
     blocks: list[np.ndarray] = []  # (k, 4) rows of (mbs, sp, zero, recompute code, recompute layers) per block
     for tp, cp, pp in itertools.product(tps, cps, pps):
         if num_gpus % (tp * cp * pp):
@@ -104,9 +122,11 @@ def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) ->
             continue
         mbss = _allowed(cons, "micro_batch_size", divisors(B // dp) if B % dp == 0 else [1])
         sps = _allowed(cons, "sequence_parallel", [False, True] if tp > 1 else [False])
-        for vpp, first, last in _pipeline_splits(L, pp, cons):
-            chunk = (first or L // pp) // vpp
-            structure.append((dp, tp, pp, cp, vpp, first, last))
+        for vpp, first, last, explicit in _pipeline_splits(L, pp, cons):
+            if explicit not in splits:
+                splits.append(explicit)
+            chunk = _largest_chunk(model.num_layers, pp, vpp, first, last, explicit)
+            structure.append((dp, tp, pp, cp, vpp, first, last, splits.index(explicit)))
             blocks.append(_grid(tuple(mbss), tuple(sps), tuple(zeros), tuple(_recompute_choices(cons, chunk))))
     if not blocks:
         raise SpecError(_empty_space_message(num_gpus, cons))
@@ -118,6 +138,7 @@ def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) ->
         "num_layers_in_first_stage": struct[:, 5], "num_layers_in_last_stage": struct[:, 6],
         "micro_batch_size": inner[:, 0], "sequence_parallel": inner[:, 1].astype(bool), "zero_stage": inner[:, 2],
         "recompute": inner[:, 3], "recompute_num_layers": inner[:, 4],
+        "stage_layers": _split_table(splits)[struct[:, 7]],
     }
     rare = _inner_columns(cons)
     base = StrategyArrays.from_columns({**cols, **{k: v[0] for k, v in rare.items()}}, len(inner))
@@ -153,26 +174,49 @@ def _inner_columns(cons: dict[str, list[Any]]) -> dict[str, list[Any]]:
         "offload_optimizer": _allowed(cons, "offload_optimizer", [False]),
         "overlap_grad_reduce": _allowed(cons, "overlap_grad_reduce", [True]),
         "overlap_param_gather": _allowed(cons, "overlap_param_gather", [True]),
+        "embedding_as_layer": _allowed(cons, "embedding_as_layer", [False]),
+        "loss_as_layer": _allowed(cons, "loss_as_layer", [False]),
     }
 
 
-def _pipeline_splits(L: int, pp: int, cons: dict[str, list[Any]]) -> list[tuple[int, int, int]]:
-    """(vpp, first-stage layers, last-stage layers) choices; 0 = even split."""
+def _pipeline_splits(L: int, pp: int, cons: dict[str, list[Any]]) -> list[tuple[int, int, int, tuple]]:
+    """(vpp, first-stage layers, last-stage layers, explicit split) choices; 0 / () = not set.
+    Impossible combinations are kept: the rules reject and count them."""
     vpps = cons.get("vpp")
+    explicit = [tuple(x) for x in cons.get("stage_layers", []) if x]
+    if explicit:
+        return [(v, 0, 0, x) for v in (vpps or [1]) for x in explicit if len(x) == pp] or [(1, 0, 0, explicit[0])]
     firsts, lasts = cons.get("num_layers_in_first_stage"), cons.get("num_layers_in_last_stage")
     if firsts is not None or lasts is not None:
-        return [(v, f or 0, la or 0) for v in (vpps or [1]) for f in (firsts or [None]) for la in (lasts or [None])]
+        return [(v, f or 0, la or 0, ()) for v in (vpps or [1]) for f in (firsts or [None]) for la in (lasts or [None])]
     if L % pp == 0:
         per_stage = L // pp
         default = [1] + ([v for v in divisors(per_stage) if v > 1] if pp > 1 else [])
-        return [(v, 0, 0) for v in (vpps or default)]
+        return [(v, 0, 0, ()) for v in (vpps or default)]
     # Uneven: ⌈L/pp⌉ layers on middle stages, the rest shared by the first and last.
     k = -(-L // pp)
     rest = L - k * (pp - 2)
     first, last = rest // 2, rest - rest // 2
     if pp < 2 or first < 1 or last > k:
-        return [(v, 0, 0) for v in (vpps or [1])]  # invalid; the rules reject and count it
-    return [(v, first, last) for v in (vpps or [1])]
+        return [(v, 0, 0, ()) for v in (vpps or [1])]
+    return [(v, first, last, ()) for v in (vpps or [1])]
+
+
+@functools.lru_cache(maxsize=4096)
+def _largest_chunk(L: int, pp: int, vpp: int, first: int, last: int, explicit: tuple) -> int:
+    """Layers of the largest virtual chunk of a split (the recompute_num_layers range)."""
+    lay = ParallelLayout(num_layers=L, tp=np.ones(1, np.int64), cp=np.ones(1, np.int64), dp=np.ones(1, np.int64),
+                         pp=np.array([pp]), vpp=np.array([vpp]), ep=np.ones(1, np.int64), etp=np.ones(1, np.int64),
+                         first=np.array([first]), last=np.array([last]), embedding_as_layer=np.zeros(1, bool),
+                         loss_as_layer=np.zeros(1, bool),
+                         stage_layers=np.array([explicit], dtype=np.int64) if explicit else None)
+    return max(1, max(lay.layers_per_chunk(0), default=1))
+
+
+def _split_table(splits: list[tuple[int, ...]]) -> np.ndarray:
+    """Explicit splits as a zero-padded (len(splits), P) table; row 0 is 'none'."""
+    width = max(len(x) for x in splits)
+    return np.array([list(x) + [0] * (width - len(x)) for x in splits], dtype=np.int64).reshape(len(splits), width)
 
 
 def _recompute_choices(cons: dict[str, list[Any]], chunk_layers: int) -> list[tuple[int, int]]:

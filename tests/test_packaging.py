@@ -38,7 +38,7 @@ def test_preset_yaml_is_package_data():
 
 
 @pytest.mark.parametrize("module", ["cost_models.memory", "cost_models.units", "cost_models.compute",
-                                    "cost_models.comm", "cost_models.schedule"])
+                                    "cost_models.comm", "cost_models.layout", "cost_models.blocks"])
 def test_doctests(module):
     result = doctest.testmod(importlib.import_module(module))
     assert result.failed == 0

@@ -7,8 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from cost_models import StrategyArrays, evaluate_arrays
+from cost_models.blocks import model_blocks, padded_vocab
+from cost_models.layout import ParallelLayout
 from cost_models.memory import model_state_bytes, stage_params
-from cost_models.schedule import layout
 from planner import ModelSpec, TrainSpec, evaluate, plan
 from planner.rules import Context, check
 from planner.search import evaluate_one
@@ -90,11 +91,17 @@ def test_tp1_has_no_tp_communication(q):
     assert np.all(costs.time_s["dp_comm"][single] == 0)
 
 
+def _layout(model, tp, pp):
+    one, zero = np.ones(1, dtype=int), np.zeros(1, dtype=int)
+    return ParallelLayout(num_layers=model.num_layers, tp=np.array([tp]), cp=one, dp=one, pp=np.array([pp]), vpp=one,
+                          ep=one, etp=one, first=zero, last=zero, embedding_as_layer=np.array([False]),
+                          loss_as_layer=np.array([False]))
+
+
 def _max_weight_bytes(model, tp, pp, zero, shard):
-    tp, pp, zero, shard = (np.array([x]) for x in (tp, pp, zero, shard))
-    zeros = np.zeros(1, dtype=int)
-    lay = layout(model.num_layers, pp, np.ones(1, dtype=int), zeros, zeros, np.array([64]))
-    params = stage_params(model, tp, pp, lay)
+    lay = _layout(model, tp, pp)
+    zero, shard = np.array([zero]), np.array([shard])
+    params = stage_params(model_blocks(model), lay)
     return float(model_state_bytes(params, zero, shard, np.array([False]), "bf16", "fp32", "adam")["params"].max())
 
 
@@ -115,13 +122,12 @@ def test_weight_bytes_never_grow_with_tp_pp_or_zero(model, tp, pp):
 def test_stage_shards_sum_to_the_model(model, pp):
     if model.num_layers % pp:
         return
-    one = np.array([1])
-    zeros = np.zeros(1, dtype=int)
-    lay = layout(model.num_layers, np.array([pp]), one, zeros, zeros, np.array([64]))
-    first, middle, last = stage_params(model, one, np.array([pp]), lay)[:, 0]
+    first, middle, last = stage_params(model_blocks(model), _layout(model, 1, pp))[:, 0]
     total = first + last + max(pp - 2, 0) * middle if pp > 1 else first
+    padding = (int(padded_vocab(model.vocab_size, 1)) - model.vocab_size) * model.hidden_size  # Megatron's padding
+    matrices = 1 + (pp > 1 or not model.tie_embeddings)  # embedding, and the output layer or its tied copy
     tied_copy = model.vocab_size * model.hidden_size if (model.tie_embeddings and pp > 1) else 0
-    assert total == model.num_params() + tied_copy
+    assert total == model.num_params() + tied_copy + matrices * padding
 
 
 def test_search_agrees_with_one_by_one_evaluation():

@@ -30,9 +30,13 @@ class Estimate(BaseModel):
     memory_bytes: dict[str, float] = Field(description="Peak-memory breakdown of the most-loaded rank, bytes per term.")
     time_s: dict[str, float] = Field(description="Step-time breakdown, seconds per term (exposed time only).")
     binding_stage: str = Field(description="Pipeline stage that binds memory: first, middle or last.")
+    binding_pipeline_rank: int = Field(0, description="Pipeline rank (0 = first stage) of the stage that binds memory.")
     binding_memory_term: str = Field(description="Largest term of the memory breakdown.")
     num_microbatches: int = Field(description="Micro-batches per step per pipeline.")
     bubble_fraction: float = Field(description="Pipeline bubble ÷ ideal compute time: (pp-1)/(vpp·m).")
+    comm_hidden_fraction: float = Field(
+        0.0, description="Share of the step's communication the prediction assumes hidden behind compute (0..1); "
+        "near 1 the prediction rests on overlap that real runs may not reach.")
     fits: bool = Field(description="Peak memory fits in the GPU's memory.")
     reasons: list[str] = Field(default_factory=list, description="Why the strategy is invalid or does not fit; empty when it does.")
 

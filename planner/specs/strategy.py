@@ -49,6 +49,19 @@ class Strategy(BaseModel):
     num_layers_in_last_stage: int | None = Field(
         None, ge=1, description="Layers on the last pipeline stage when the split is uneven; None = even split."
     )
+    stage_layers: list[int] | None = Field(
+        None,
+        description="Explicit split: transformer layers on each pipeline stage, first to last (length pp; each a "
+        "multiple of vpp, summing to num_layers); None = even split or the first/last-stage fields.",
+    )
+    embedding_as_layer: bool = Field(
+        False, description="Count the input embedding as one layer when splitting layers evenly over pipeline "
+        "stages, so the first stage gets one transformer layer fewer (Megatron's account-for-embedding split).",
+    )
+    loss_as_layer: bool = Field(
+        False, description="Count the output layer and loss as one layer when splitting layers evenly over "
+        "pipeline stages, so the last stage gets one transformer layer fewer (Megatron's account-for-loss split).",
+    )
     overlap_grad_reduce: bool = Field(True, description="Overlap the data parallel gradient reduction with backward.")
     overlap_param_gather: bool = Field(True, description="Overlap the ZeRO parameter all-gather with forward.")
 
@@ -65,6 +78,16 @@ class Strategy(BaseModel):
         uneven = (self.num_layers_in_first_stage, self.num_layers_in_last_stage)
         if any(v is not None for v in uneven) and self.pp == 1:
             raise SpecError("num_layers_in_first_stage/last_stage need pp > 1 (pp is 1)")
+        if self.stage_layers is not None:
+            if len(self.stage_layers) != self.pp or any(n < 1 for n in self.stage_layers):
+                raise SpecError(f"stage_layers {self.stage_layers} must list a positive layer count for each of the "
+                                f"pp ({self.pp}) stages")
+            if any(v is not None for v in uneven) or self.embedding_as_layer or self.loss_as_layer:
+                raise SpecError("stage_layers fixes every stage; it cannot be combined with num_layers_in_first_stage/"
+                                "last_stage or embedding_as_layer/loss_as_layer")
+        if (self.embedding_as_layer or self.loss_as_layer) and any(v is not None for v in uneven):
+            raise SpecError("embedding_as_layer/loss_as_layer apply to an even split; they cannot be combined with "
+                            "num_layers_in_first_stage/last_stage")
         if self.offload_optimizer and self.zero_stage == 0:
             raise SpecError("offload_optimizer needs zero_stage >= 1 (ZeRO-Offload shards the optimizer)")
         return self
@@ -97,6 +120,21 @@ class Strategy(BaseModel):
             raise SpecError("dp is 'auto'; resolve the strategy for a GPU count first")
         return global_batch_size // (self.micro_batch_size * self.dp)
 
+    def split_label(self) -> str:
+        """The non-default parts of the stage split, e.g. `split=[3,4*30,3]`, `first=3 last=3`,
+        `emb+loss`; empty for an even split."""
+        if self.stage_layers is not None:
+            return "split=" + ",".join(map(str, self.stage_layers))
+        parts = []
+        if self.num_layers_in_first_stage is not None:
+            parts.append(f"first={self.num_layers_in_first_stage}")
+        if self.num_layers_in_last_stage is not None:
+            parts.append(f"last={self.num_layers_in_last_stage}")
+        if self.embedding_as_layer or self.loss_as_layer:
+            parts.append("+".join(n for n, on in (("emb", self.embedding_as_layer), ("loss", self.loss_as_layer)) if on)
+                         + "-as-layer")
+        return " ".join(parts)
+
     def short(self) -> str:
         """Compact label, e.g. `dp16 tp8 pp8 vpp3 sp z1 mbs1 rc=selective`."""
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
@@ -109,6 +147,9 @@ class Strategy(BaseModel):
         parts += [f"z{self.zero_stage}", f"mbs{self.micro_batch_size}", f"rc={self.recompute}"]
         if self.recompute_num_layers:
             parts.append(f"rcl{self.recompute_num_layers}")
+        split = self.split_label()
+        if split:
+            parts.append(split)
         if self.offload_optimizer:
             parts.append("offload")
         return " ".join(parts)

@@ -1,0 +1,408 @@
+"""ParallelLayout: the parallel degrees, the rank order, every group, the stage split
+and the micro-batch rules of many candidates at once (numpy arrays over candidates).
+
+This is the one place that knows how ranks are laid out and how layers are split
+over pipeline stages; the cost model, the rules, the search space, the executors,
+the emitters and the CLI all ask it. Nothing else does stride or split arithmetic.
+
+Rank order. A rank order names the dimensions innermost first; Megatron-core's
+default is ``"tp-cp-ep-dp-pp"``. The dense mesh uses the dimensions tp, cp, dp and
+pp (ep subdivides dp for the expert layers only and has no stride of its own in the
+dense mesh). A dimension's stride is the product of the sizes of the dimensions
+inside it. Worked example, 16 GPUs with tp=2, dp=2, pp=4 (cp=1): ranks {0, 1} are
+a TP group (stride 1), {0, 2} a DP group (stride 2), {0, 4, 8, 12} a pipeline
+(stride 4), and the first and last stages' embedding copies are ranks 0 and 12.
+
+Expert layers (Megatron-core's expert mesh) order etp innermost, then ep, then the
+expert-data-parallel group edp = tp·cp·dp / (etp·ep) over the same ranks, pp outermost.
+
+Stage split (Megatron-core's `get_num_layers_to_build` and its pipeline layout):
+- even: L / pp layers per pipeline rank, L / (pp·vpp) per virtual chunk;
+- uneven first/last: the first (last) pipeline rank gets `first` (`last`) layers,
+  the other ranks share the rest evenly; with vpp > 1 each rank's layers split
+  evenly over its vpp chunks (so each rank's count must divide by vpp);
+- explicit: `stage_layers` gives the layers of every pipeline rank;
+- embedding / loss as layers (`--account-for-embedding-in-pipeline-split`,
+  `--account-for-loss-in-pipeline-split`): the input embedding (and the output
+  layer with the loss) count as one layer each in an even split over pp·vpp
+  virtual stages; the first (last) virtual stage builds one transformer layer fewer.
+
+Stage rows. Per-stage quantities are (S, N) arrays: row 0 is pipeline rank 0, the
+last row is rank pp-1. Without an explicit split S = 3 and row 1 stands for every
+middle rank (rank 1, the one holding the most in-flight micro-batches; all middle
+ranks have the same layers); with explicit splits S is the largest pp among them and
+every rank has its row (shorter pipelines repeat their first row, which changes no
+maximum). With pp = 1 every row is the single stage; with pp = 2 row 1 repeats row 0.
+
+Schedules (SC'21 Sec. 2.2; Megatron-core's interleaved schedule): pipeline rank r
+holds min(pp - r, m) micro-batches in flight under 1F1B; interleaved 1F1B keeps
+2·(pp - r - 1) + (vpp - 1)·pp + 1 (micro-batch, chunk) pairs, capped at m·vpp, which
+gives Korthikanti et al. (2022) Sec. 4.2.3's first-stage factor 1 + (pp-1)/(pp·vpp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+#: Megatron-core's default order, innermost first.
+DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
+DENSE_DIMS = ("tp", "cp", "dp", "pp")
+STAGE_NAMES = ("first", "middle", "last")
+
+
+def _arr(x: Any, n: int, dtype=np.int64) -> np.ndarray:
+    return np.broadcast_to(np.asarray(x, dtype=dtype), (n,))
+
+
+@dataclass
+class ParallelLayout:
+    """Degrees, rank order, groups and stage split of N candidates.
+
+    Integer arrays of length N; 0 in `first`/`last` means "not set" (even split).
+    `stage_layers` holds explicit splits as an (N, P) array padded with 0 (P = the
+    largest pp among explicit rows; a row of zeros means no explicit split).
+    """
+
+    num_layers: int
+    tp: np.ndarray
+    cp: np.ndarray
+    dp: np.ndarray
+    pp: np.ndarray
+    vpp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    embedding_as_layer: np.ndarray  # bool
+    loss_as_layer: np.ndarray  # bool
+    stage_layers: np.ndarray | None = None
+    rank_order: str = DEFAULT_RANK_ORDER
+    _rows: "StageRows | None" = field(default=None, repr=False)
+
+    # ---- construction -------------------------------------------------------
+    @classmethod
+    def of(cls, st: Any, num_layers: int, rank_order: str = DEFAULT_RANK_ORDER) -> "ParallelLayout":
+        """From `StrategyArrays` (arrays) or a resolved `Strategy` (one candidate)."""
+        if isinstance(st.tp, (int, np.integer)):
+            return cls.of_strategy(st, num_layers, rank_order)
+        n = len(st.tp)
+        explicit = getattr(st, "stage_layers", None)
+        return cls(num_layers=int(num_layers), tp=st.tp, cp=st.cp, dp=st.dp, pp=st.pp, vpp=st.vpp, ep=st.ep,
+                   etp=st.etp, first=st.num_layers_in_first_stage, last=st.num_layers_in_last_stage,
+                   embedding_as_layer=_arr(getattr(st, "embedding_as_layer", False), n, bool),
+                   loss_as_layer=_arr(getattr(st, "loss_as_layer", False), n, bool),
+                   stage_layers=explicit if explicit is not None and explicit.size and explicit.any() else None,
+                   rank_order=rank_order)
+
+    @classmethod
+    def of_strategy(cls, s: Any, num_layers: int, rank_order: str = DEFAULT_RANK_ORDER) -> "ParallelLayout":
+        """One resolved Strategy (dp an integer) as a layout of one candidate."""
+        explicit = getattr(s, "stage_layers", None)
+        one = lambda v: np.array([v], dtype=np.int64)  # noqa: E731
+        return cls(num_layers=int(num_layers), tp=one(s.tp), cp=one(s.cp), dp=one(s.dp), pp=one(s.pp),
+                   vpp=one(s.vpp), ep=one(s.ep), etp=one(s.etp), first=one(s.num_layers_in_first_stage or 0),
+                   last=one(s.num_layers_in_last_stage or 0),
+                   embedding_as_layer=np.array([bool(getattr(s, "embedding_as_layer", False))]),
+                   loss_as_layer=np.array([bool(getattr(s, "loss_as_layer", False))]),
+                   stage_layers=np.array([list(explicit)], dtype=np.int64) if explicit else None,
+                   rank_order=rank_order)
+
+    def __len__(self) -> int:
+        return int(self.tp.shape[0])
+
+    # ---- degrees --------------------------------------------------------------
+    @property
+    def num_gpus(self) -> np.ndarray:
+        return self.dp * self.tp * self.cp * self.pp
+
+    @property
+    def shard(self) -> np.ndarray:
+        """Ranks that hold the same dense parameters and see different tokens: dp·cp (the ZeRO group)."""
+        return self.dp * self.cp
+
+    @property
+    def expert_dp(self) -> np.ndarray:
+        """Expert-data-parallel degree: the ranks of one pipeline stage left over by etp·ep."""
+        return self.tp * self.cp * self.dp // np.maximum(self.etp * self.ep, 1)
+
+    # ---- rank order and groups -------------------------------------------------
+    def _order(self) -> list[str]:
+        dims = [d for d in self.rank_order.split("-") if d in DENSE_DIMS]
+        if sorted(dims) != sorted(DENSE_DIMS):
+            raise ValueError(f"rank order {self.rank_order!r} must name each of {', '.join(DENSE_DIMS)} once")
+        return dims
+
+    def stride(self, dim: str) -> np.ndarray:
+        """Rank distance between neighbours of a group along `dim` (product of the inner sizes).
+
+        The 16-GPU example of the module docstring (tp=2, dp=2, pp=4):
+
+        >>> from types import SimpleNamespace as S
+        >>> s = S(tp=2, cp=1, dp=2, pp=4, vpp=1, ep=1, etp=1, num_layers_in_first_stage=None,
+        ...       num_layers_in_last_stage=None, stage_layers=None)
+        >>> lay = ParallelLayout.of_strategy(s, 8)
+        >>> [int(lay.stride(d)[0]) for d in ("tp", "dp", "pp")], lay.stage_ranks(3)
+        ([1, 2, 4], [12, 13, 14, 15])
+        """
+        out = np.ones(len(self), dtype=np.int64)
+        for d in self._order():
+            if d == dim:
+                return out
+            out = out * getattr(self, d)
+        raise ValueError(f"unknown dimension {dim!r}; dimensions: {', '.join(DENSE_DIMS)}")
+
+    def group(self, *dims: str) -> tuple[np.ndarray, np.ndarray]:
+        """(size, stride) of the group spanning `dims` together (e.g. `group("dp", "cp")`,
+        the ZeRO group). The stride is the innermost member's; dims that are not
+        adjacent in the rank order are refused (the group would not be a strided range)."""
+        order = self._order()
+        pos = sorted(order.index(d) for d in dims)
+        if pos != list(range(pos[0], pos[0] + len(pos))):
+            raise ValueError(f"dimensions {dims} are not adjacent in rank order {self.rank_order!r}")
+        size = np.ones(len(self), dtype=np.int64)
+        for d in dims:
+            size = size * getattr(self, d)
+        return size, self.stride(order[pos[0]])
+
+    def embedding_group(self) -> tuple[np.ndarray, np.ndarray]:
+        """The first and last pipeline ranks holding copies of tied word embeddings:
+        (2, (pp-1)·pp stride) when pp > 1, else (1, 1)."""
+        two = self.pp > 1
+        return np.where(two, 2, 1), np.where(two, (self.pp - 1) * self.stride("pp"), 1)
+
+    def expert_group(self, dim: str) -> tuple[np.ndarray, np.ndarray]:
+        """(size, stride) of an expert-mesh group: etp (stride 1), ep (stride etp),
+        edp (stride etp·ep)."""
+        if dim == "etp":
+            return self.etp.copy(), np.ones(len(self), dtype=np.int64)
+        if dim == "ep":
+            return self.ep.copy(), self.etp.copy()
+        if dim == "edp":
+            return self.expert_dp, self.etp * self.ep
+        raise ValueError(f"unknown expert dimension {dim!r}; dimensions: etp, ep, edp")
+
+    def coords(self, rank: int, i: int = 0) -> dict[str, int]:
+        """Coordinates of global `rank` of candidate i along each dense dimension."""
+        out, rest = {}, int(rank)
+        for d in self._order():
+            size = int(getattr(self, d)[i])
+            out[d] = rest % size
+            rest //= size
+        return out
+
+    def rank(self, i: int = 0, **coords: int) -> int:
+        """Global rank of candidate i at the given coordinates (missing ones are 0)."""
+        return int(sum(int(coords.get(d, 0)) * int(self.stride(d)[i]) for d in self._order()))
+
+    def stage_ranks(self, stage: int, i: int = 0) -> list[int]:
+        """Every global rank of pipeline stage `stage` of candidate i, ascending."""
+        world = int(self.num_gpus[i])
+        return [r for r in range(world) if self.coords(r, i)["pp"] == stage]
+
+    # ---- stage split ------------------------------------------------------------
+    def layers_per_stage(self, i: int = 0) -> list[int]:
+        """Transformer layers of each pipeline rank of candidate i, first to last.
+        Not validated: an impossible split gives counts `split_ok` rejects.
+
+        Llama 3.1 405B (126 layers) on pp 16 with vpp 8, embedding and loss counted as
+        layers (Llama 3 paper, Sec. 3.3.2: first and last stage one layer short):
+
+        >>> from types import SimpleNamespace as S
+        >>> s = S(tp=8, cp=1, dp=1, pp=16, vpp=8, ep=1, etp=1, num_layers_in_first_stage=None,
+        ...       num_layers_in_last_stage=None, embedding_as_layer=True, loss_as_layer=True, stage_layers=None)
+        >>> counts = ParallelLayout.of_strategy(s, 126).layers_per_stage()
+        >>> counts[:2], counts[-1], sum(counts)
+        ([7, 8], 7, 126)
+        """
+        L, p, v = self.num_layers, int(self.pp[i]), int(self.vpp[i])
+        if self.stage_layers is not None and self.stage_layers[i].any():
+            return [int(x) for x in self.stage_layers[i][:p]]
+        first, last = int(self.first[i]), int(self.last[i])
+        if first or last:
+            inner = p - bool(first) - bool(last)
+            each = (L - first - last) // inner if inner > 0 else 0
+            return ([first] if first else [each]) + [each] * (p - 2) + ([last] if last else [each]) if p > 1 else [L]
+        emb, loss = bool(self.embedding_as_layer[i]), bool(self.loss_as_layer[i])
+        per_chunk = (L + emb + loss) // (p * v)
+        counts = [per_chunk * v] * p
+        counts[0] -= emb
+        counts[-1] -= loss
+        return counts
+
+    def layers_per_chunk(self, i: int = 0) -> list[int]:
+        """Layers of each virtual stage in schedule order (virtual stage c·pp + r runs on rank r)."""
+        p, v = int(self.pp[i]), int(self.vpp[i])
+        emb, loss = bool(self.embedding_as_layer[i]), bool(self.loss_as_layer[i])
+        if emb or loss:  # an even split of L + emb + loss; the first (last) virtual stage has one layer fewer
+            each = (self.num_layers + emb + loss) // (p * v)
+            out = [each] * (p * v)
+            out[0] -= emb
+            out[-1] -= loss
+            return out
+        per_rank = self.layers_per_stage(i)
+        return [per_rank[r] // v for _ in range(v) for r in range(p)]
+
+    def split_ok(self) -> np.ndarray:
+        """Whether each candidate's stage split is possible (bool array): every rank and
+        virtual chunk gets a whole, non-negative number of layers summing to L; only the
+        first or last rank may be empty, and only when it holds the embedding or the loss."""
+        L, p, v = self.num_layers, self.pp, self.vpp
+        first, last = self.first, self.last
+        uneven = (first > 0) | (last > 0)
+        emb, loss = self.embedding_as_layer, self.loss_as_layer
+        total = L + emb + loss
+        even_ok = (total % (p * v) == 0) & (total >= p * v)
+        rest = L - first - last
+        inner = p - (first > 0) - (last > 0)
+        each = rest // np.maximum(inner, 1)
+        inner_ok = np.where(inner > 0, (rest > 0) & (rest % np.maximum(inner, 1) == 0), rest == 0)
+        per_rank_div = ((first % v) == 0) & ((last % v) == 0) & np.where(inner > 0, each % v == 0, True)
+        uneven_ok = (p > 1) & inner_ok & per_rank_div & ~emb & ~loss
+        ok = np.where(uneven, uneven_ok, even_ok)
+        if self.stage_layers is not None:
+            sl = self.stage_layers
+            has = sl.any(axis=1)
+            cols = np.arange(sl.shape[1])[None, :]
+            inside = cols < p[:, None]
+            count_ok = (np.count_nonzero(sl, axis=1) <= p) & (np.where(inside, 0, sl).sum(axis=1) == 0)
+            explicit_ok = (count_ok & (sl.sum(axis=1) == L) & np.all(np.where(inside, sl % v[:, None] == 0, True), axis=1)
+                           & np.all(np.where(inside, sl >= 1, True), axis=1) & ~uneven & ~emb & ~loss)
+            ok = np.where(has, explicit_ok, ok)
+        return ok
+
+    def split_message(self, i: int = 0) -> str:
+        """Why candidate i's split is impossible, naming the fields and the values."""
+        L, p, v = self.num_layers, int(self.pp[i]), int(self.vpp[i])
+        if self.stage_layers is not None and self.stage_layers[i].any():
+            return (f"stage_layers {self.layers_per_stage(i)} must give each of the pp ({p}) stages at least one "
+                    f"layer, a multiple of vpp ({v}), and sum to num_layers ({L})")
+        if self.first[i] or self.last[i]:
+            return (f"uneven pipeline: num_layers ({L}) minus first ({int(self.first[i])}) and last "
+                    f"({int(self.last[i])}) stage layers must split evenly over the other stages of pp ({p}), and "
+                    f"every stage's layers must be a multiple of vpp ({v}) (not combined with embedding/loss as layers)")
+        extra = int(self.embedding_as_layer[i]) + int(self.loss_as_layer[i])
+        if extra:
+            return f"pp·vpp ({p}·{v}) must divide num_layers ({L}) plus the embedding/loss counted as layers ({extra})"
+        return f"pp·vpp ({p}·{v}) must divide num_layers ({L})"
+
+    @property
+    def rows(self) -> "StageRows":
+        """Per-stage-row arrays (S, N); see the module docstring."""
+        if self._rows is None:
+            self._rows = _stage_rows(self)
+        return self._rows
+
+    # ---- micro-batches -------------------------------------------------------------
+    def num_microbatches(self, global_batch_size: int, micro_batch_size: np.ndarray) -> np.ndarray:
+        """global_batch_size / (micro_batch_size · dp), at least 1 (divisibility: `batch_ok`)."""
+        return np.maximum(global_batch_size // (micro_batch_size * self.dp), 1)
+
+    def batch_ok(self, global_batch_size: int, micro_batch_size: np.ndarray) -> np.ndarray:
+        return global_batch_size % (micro_batch_size * self.dp) == 0
+
+    def megatron_schedule_ok(self, num_microbatches: np.ndarray) -> np.ndarray:
+        """Megatron-core's interleaved 1F1B needs num_microbatches to be a multiple of pp."""
+        return (self.vpp == 1) | (num_microbatches % self.pp == 0)
+
+    def torch_schedule_ok(self, num_microbatches: np.ndarray) -> np.ndarray:
+        """torch.distributed.pipelining: 1F1B needs num_microbatches >= pp; the interleaved
+        schedule needs num_microbatches to be a multiple of max(1, num_microbatches // pp)."""
+        m, p = num_microbatches, self.pp
+        plain = (p == 1) | (m >= p)
+        rounds = np.maximum(1, m // p)
+        return np.where(self.vpp > 1, m % rounds == 0, plain)
+
+    def inflight_chunks(self, rank: np.ndarray, num_microbatches: np.ndarray) -> np.ndarray:
+        """(micro-batch, chunk) activation sets pipeline rank `rank` holds at its peak."""
+        p, v, m = self.pp, self.vpp, np.maximum(num_microbatches, 1)
+        interleaved = np.minimum(2 * (p - rank - 1) + (v - 1) * p + 1, m * v)
+        plain = np.minimum(p - rank, m)
+        return np.where(v > 1, interleaved, plain)
+
+    def inflight_microbatches(self, rank: np.ndarray, num_microbatches: np.ndarray) -> np.ndarray:
+        """Micro-batches whose stage input (ids, embedding output) rank `rank` holds at its peak."""
+        return np.minimum(self.pp - rank, np.maximum(num_microbatches, 1))
+
+    def bubble_fraction(self, num_microbatches: np.ndarray) -> np.ndarray:
+        """Pipeline bubble over ideal time: (pp - 1) / (vpp · m) (SC'21 Sec. 2.2.2)."""
+        return (self.pp - 1) / (self.vpp * np.maximum(num_microbatches, 1))
+
+
+@dataclass
+class StageRows:
+    """Per stage row (axis 0) and candidate (axis 1)."""
+
+    rank: np.ndarray  # pipeline rank of the row
+    layers: np.ndarray  # transformer layers on the rank (float; L/pp where the split is impossible)
+    chunk_layers: np.ndarray  # layers per virtual chunk of the rank (layers / vpp)
+    has_embedding: np.ndarray  # bool: the rank holds the input embedding
+    has_head: np.ndarray  # bool: the rank holds the output layer and the loss
+    kind: np.ndarray  # 0 first, 1 middle, 2 last (for reports; pp = 1 is "first")
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rank.shape[0])
+
+
+def _stage_rows(lay: ParallelLayout) -> StageRows:
+    L, p, v, n = lay.num_layers, lay.pp, lay.vpp, len(lay)
+    ok = lay.split_ok()
+    first, last = lay.first, lay.last
+    emb, loss = lay.embedding_as_layer, lay.loss_as_layer
+    # Layers of rank 0, of a middle rank and of rank pp-1 under the even / uneven rules.
+    even = (L + emb + loss) / (p * v) * v
+    rest = L - np.where(first > 0, first, 0) - np.where(last > 0, last, 0)
+    inner = p - (first > 0) - (last > 0)
+    mid = np.where(inner > 0, rest / np.maximum(inner, 1), even)
+    mid = np.where((first > 0) | (last > 0), mid, even)
+    first_l = np.where(first > 0, first, mid) - np.where((first == 0) & (last == 0), emb, 0)
+    last_l = np.where(last > 0, last, mid) - np.where((first == 0) & (last == 0), loss, 0)
+    first_l = np.where(p == 1, L, first_l)
+    last_l = np.where(p == 1, L, last_l)
+    mid = np.where(p <= 2, first_l, mid)
+    layers = np.stack([first_l, mid, last_l]).astype(float)
+    rank = np.stack([np.zeros(n, dtype=np.int64), np.where(p <= 2, 0, 1), p - 1])
+    if lay.stage_layers is not None:
+        explicit = lay.stage_layers.any(axis=1)
+        P = lay.stage_layers.shape[1]
+        S = max(P, 3)
+        r = np.arange(S)[:, None]
+        r_cand = np.where(r < p[None, :], r, 0)  # rows past pp repeat rank 0
+        sl = np.concatenate([lay.stage_layers.T, np.zeros((S - P, n), dtype=np.int64)]) if S > P else lay.stage_layers.T
+        ex_layers = np.take_along_axis(sl, r_cand, axis=0).astype(float)
+        # Implicit rows widened to S: rows 0..2 as above, the rest repeat row 0.
+        pad = S - 3
+        imp_layers = np.concatenate([layers, np.repeat(layers[:1], pad, axis=0)]) if pad else layers
+        imp_rank = np.concatenate([rank, np.repeat(rank[:1], pad, axis=0)]) if pad else rank
+        layers = np.where(explicit[None, :], ex_layers, imp_layers)
+        rank = np.where(explicit[None, :], r_cand, imp_rank)
+    # An impossible split (the rules reject it and say why) is costed as an even one, so that
+    # `evaluate` still reports finite, non-negative terms next to its reasons.
+    layers = np.where(ok[None, :], layers, L / p)
+    has_embedding = rank == 0
+    has_head = rank == (p - 1)[None, :]
+    kind = np.where(rank == (p - 1)[None, :], 2, np.where(rank == 0, 0, 1))
+    kind = np.where((p == 1)[None, :], 0, kind)
+    return StageRows(rank=rank, layers=layers, chunk_layers=layers / v, has_embedding=has_embedding,
+                     has_head=has_head, kind=kind)
+
+
+def layout_of(strategy: Any, num_layers: int, rank_order: str = DEFAULT_RANK_ORDER) -> ParallelLayout:
+    """Convenience: the layout of one resolved Strategy."""
+    return ParallelLayout.of_strategy(strategy, num_layers, rank_order)
+
+
+def describe_stages(counts: Sequence[int]) -> str:
+    """`[1, 2, 2, 3]`-style text of a split, collapsing long even middles: `[1, 2×14, 3]`."""
+    out: list[str] = []
+    i = 0
+    while i < len(counts):
+        j = i
+        while j + 1 < len(counts) and counts[j + 1] == counts[i]:
+            j += 1
+        out.append(f"{counts[i]}×{j - i + 1}" if j - i >= 2 else ", ".join(str(c) for c in counts[i:j + 1]))
+        i = j + 1
+    return "[" + ", ".join(out) + "]"

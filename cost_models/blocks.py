@@ -30,7 +30,7 @@ Sources per block below; activation terms are Korthikanti et al. 2022 Sec. 4 / T
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -122,6 +122,7 @@ class Comm:
 ZERO = np.zeros(())
 
 
+@runtime_checkable
 class Block(Protocol):
     """Contract: pure functions of the model's shape and numpy arrays (`Micro`); every
     value is per rank, for one micro-batch, in elements / FLOP / bytes as named; never

@@ -1,6 +1,7 @@
 """ModelSpec: the architecture of a decoder-only transformer.
 
-Parameter counts follow Megatron-LM's `theoretical_memory_usage.py` layout
+Parameter counts come from the cost blocks (`cost_models.blocks`) and follow
+Megatron-LM's `theoretical_memory_usage.py` layout
 (`../shared/validation/formulas.json`, "parameter_count") generalised to GQA,
 gated MLPs and optional biases; `num_params()` for the GPT-3 presets reproduces
 SC'21 Eq. 2 (`P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h))`) exactly.
@@ -77,46 +78,37 @@ class ModelSpec(BaseModel):
         """Width of all key (or value) heads together (g·d)."""
         return self.kv_heads * self.head_size
 
-    @property
-    def norm_params(self) -> int:
-        """Parameters of one normalisation layer: weight (+ bias for LayerNorm)."""
-        return self.hidden_size * (2 if self.norm == "layernorm" else 1)
+    # ---- parameter counts (elements), from the cost blocks -----------------
+    def _blocks(self):
+        from cost_models.blocks import model_blocks
 
-    # ---- parameter counts (elements) -----------------------------------
+        return model_blocks(self)
+
     def attention_params(self) -> int:
-        h, q, kv = self.hidden_size, self.q_width, self.kv_width
-        weights = h * q + 2 * h * kv + q * h  # Wq, Wk, Wv, Wo
-        bias = 0
-        if self.linear_bias:
-            bias = q + 2 * kv + h
-        elif self.qkv_bias:
-            bias = q + 2 * kv
-        return weights + bias
+        return self._blocks().layers[0][0].attention().params()
 
     def mlp_params(self) -> int:
-        h, f = self.hidden_size, self.ffn_hidden_size
-        num_in = 2 if self.gated_mlp else 1
-        weights = num_in * h * f + f * h
-        bias = (num_in * f + h) if self.linear_bias else 0
-        return weights + bias
+        from cost_models.blocks import DenseMLP
+
+        layer = self._blocks().layers[0][0]
+        return next(b for b in layer.blocks if isinstance(b, DenseMLP)).params()
 
     def layer_params(self) -> int:
         """One transformer layer: attention + MLP + two norms."""
-        return self.attention_params() + self.mlp_params() + 2 * self.norm_params
+        return self._blocks().layers[0][0].params()
 
     def embedding_params(self) -> int:
-        """Word embedding plus learned position table (input side)."""
-        pos = self.max_position_embeddings * self.hidden_size if self.position_embedding == "learned" else 0
-        return self.vocab_size * self.hidden_size + pos
+        """Word embedding plus learned position table (input side), unpadded."""
+        return self._blocks().embedding.params()
 
     def output_params(self) -> int:
         """Final norm plus the untied output projection (0 extra when tied)."""
-        head = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
-        return self.norm_params + head
+        return self._blocks().head.params()
 
     def num_params(self) -> int:
-        """Total unique parameters (elements)."""
-        return self.num_layers * self.layer_params() + self.embedding_params() + self.output_params()
+        """Total unique parameters (elements), vocabulary unpadded."""
+        b = self._blocks()
+        return sum(n * layer.params() for layer, n in b.layers) + b.embedding.params() + b.head.params()
 
     # ---- Hugging Face ---------------------------------------------------
     @classmethod

@@ -30,11 +30,14 @@ Sources per block below; activation terms are Korthikanti et al. 2022 Sec. 4 / T
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from cost_models.units import ACTIVATION_BYTES, FP8, FP32, INT64, MASK
+from cost_models.units import ACTIVATION_BYTES, FP32, INT64, MASK
+
+if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
+    from planner.specs import ModelSpec
 
 #: Megatron-LM pads the vocabulary to a multiple of `--make-vocab-size-divisible-by` (default
 #: 128) times tp (megatron/training/tokenizer `_vocab_size_with_padding`).
@@ -414,12 +417,12 @@ class ModelBlocks:
     def num_layers(self) -> int:
         return sum(n for _, n in self.layers)
 
-    def mean(self, f) -> np.ndarray:
+    def mean(self, f: Callable[[Layer], np.ndarray]) -> np.ndarray:
         """The model's average layer of a per-layer quantity `f(layer)` (exact for one kind)."""
         return sum(n * f(layer) for layer, n in self.layers) / self.num_layers
 
 
-def dense_layer(model) -> Layer:
+def dense_layer(model: ModelSpec) -> Layer:
     """The decoder layer of a dense ModelSpec: norm, attention, add, norm, MLP, add."""
     norm = Norm(model.hidden_size, model.norm == "layernorm")
     q, k = model.q_width, model.kv_width
@@ -431,7 +434,7 @@ def dense_layer(model) -> Layer:
     return Layer((norm, attention, residual, norm, mlp, residual))
 
 
-def model_blocks(model) -> ModelBlocks:
+def model_blocks(model: ModelSpec) -> ModelBlocks:
     """The blocks of a ModelSpec (read by attribute)."""
     positions = model.max_position_embeddings if model.position_embedding == "learned" else 0
     embedding = Embedding(model.hidden_size, model.vocab_size, positions, model.dropout)

@@ -14,14 +14,18 @@ Time conventions (NCCL's bus-bandwidth convention, nccl-tests PERFORMANCE.md):
   all-gather       (n-1)/n · bytes / busbw      (bytes = the gathered, full size)
   reduce-scatter   (n-1)/n · bytes / busbw      (bytes = the full input size)
 plus a latency term: 2·⌈log2 n⌉ hops for all-reduce (NCCL switches to trees at
-scale) and n - 1 hops for all-gather and reduce-scatter (ring only).
+scale) and n - 1 hops for all-gather and reduce-scatter (ring only); the hop counts are
+an estimate of NCCL's algorithm choice, the latencies per hop come from the cluster profile.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:  # specs are read by attribute only
+    from planner.specs import ClusterSpec
 
 
 class CommModel(Protocol):
@@ -49,7 +53,7 @@ class TierCommModel:
     its traffic (other groups use the others), so busbw = min(intra, k · inter).
     """
 
-    def __init__(self, cluster) -> None:
+    def __init__(self, cluster: ClusterSpec) -> None:
         self.domain = cluster.domain_size
         self.intra_bw = cluster.intra_node.bus_bw_bytes_per_s
         self.intra_lat = cluster.intra_node.latency_s

@@ -15,12 +15,17 @@ the GPU profile (`profiles/`), never from this file.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 import numpy as np
 
 from cost_models.blocks import Gemm, Head, Layer, Micro, ModelBlocks
 from cost_models.units import ACTIVATION_BYTES, FP8, WEIGHT_BYTES
+
+if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
+    from planner.specs import GpuSpec
 
 #: An element-wise backward reads the incoming gradient and the saved input and
 #: writes one gradient: three tensors against the forward's two.
@@ -42,7 +47,7 @@ class LayerTimes:
     attn_core_flop: np.ndarray
 
 
-def gemm_time(g: Gemm, gpu, precision: str) -> np.ndarray:
+def gemm_time(g: Gemm, gpu: GpuSpec, precision: str) -> np.ndarray:
     """Roofline time of one GEMM, seconds, plus the kernel overhead. Non-quantised GEMMs
     run at the unquantised precision's peak under FP8 training."""
     prec = precision if g.quantised else UNQUANTISED[precision]
@@ -51,7 +56,7 @@ def gemm_time(g: Gemm, gpu, precision: str) -> np.ndarray:
     return np.maximum(compute, traffic) + gpu.kernel_overhead_s
 
 
-def _layer_times(layer: Layer, x: Micro, gpu) -> LayerTimes:
+def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     prec = x.precision
     hbm = gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency
     gemms = layer.gemms(x)
@@ -71,14 +76,14 @@ def _layer_times(layer: Layer, x: Micro, gpu) -> LayerTimes:
                       fwd_flop=sum(g.flop for g in gemms) + core.flop, attn_core_flop=core.flop)
 
 
-def layer_times(blocks: ModelBlocks, x: Micro, gpu) -> LayerTimes:
+def layer_times(blocks: ModelBlocks, x: Micro, gpu: GpuSpec) -> LayerTimes:
     """Forward, backward and attention-core times of the model's average layer on one rank."""
     kinds = [(_layer_times(layer, x, gpu), n) for layer, n in blocks.layers]
     mean = lambda field: sum(n * getattr(t, field) for t, n in kinds) / blocks.num_layers  # noqa: E731
     return LayerTimes(**{f: mean(f) for f in ("fwd_s", "bwd_s", "attn_core_fwd_s", "fwd_flop", "attn_core_flop")})
 
 
-def head_times(head: Head, x: Micro, gpu) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def head_times(head: Head, x: Micro, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Output layer + cross-entropy on the last stage, one micro-batch: (fwd_s, bwd_s, fwd_flop)."""
     (g,) = head.gemms(x)
     gemm_s = gemm_time(g, gpu, x.precision)

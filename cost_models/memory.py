@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_models.arrays import StrategyArrays
 from cost_models.blocks import Micro, ModelBlocks
 from cost_models.layout import ParallelLayout
 from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes
@@ -105,7 +106,7 @@ def layer_activation_bytes(blocks: ModelBlocks, x: Micro, recompute) -> np.ndarr
     return blocks.mean(one)
 
 
-def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st, lay: ParallelLayout,
+def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, lay: ParallelLayout,
                            num_microbatches: np.ndarray) -> dict[str, np.ndarray]:
     """Activations held at the peak by one rank of each stage row (S, N), bytes.
 
@@ -129,7 +130,7 @@ def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st, lay: ParallelLayou
     return {"activations": layers, "recompute_working": working, "embedding_activations": embed, "logits": head}
 
 
-def zero3_working_bytes(blocks: ModelBlocks, st, precision: str, grad_precision: str) -> np.ndarray:
+def zero3_working_bytes(blocks: ModelBlocks, st: StrategyArrays, precision: str, grad_precision: str) -> np.ndarray:
     """ZeRO-3 gathers whole layers: the current and the prefetched one (16-bit),
     plus one layer's unsharded gradient before its reduce-scatter, bytes."""
     per_layer = layer_params_per_rank(blocks, st.tp)

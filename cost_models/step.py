@@ -18,6 +18,8 @@ parallel tail (gradient reduction, ZeRO gathers, optimizer step).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +31,9 @@ from cost_models.compute import LayerTimes, head_times, layer_times
 from cost_models.layout import ParallelLayout
 from cost_models.memory import layer_params_per_rank, model_state_bytes, stage_activation_bytes, stage_params, zero3_working_bytes
 from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES, optimizer_step_traffic_bytes
+
+if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
+    from planner.specs import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "recompute_working", "embedding_activations",
                 "logits", "zero3_buffers", "comm_buffers", "framework_reserve")
@@ -70,9 +75,9 @@ class CostArrays:
 class Setup:
     """The question in the shapes every part needs (arrays over candidates)."""
 
-    model: object
-    cluster: object
-    train: object
+    model: ModelSpec
+    cluster: ClusterSpec
+    train: TrainSpec
     st: StrategyArrays
     comm: CommModel
     blocks: ModelBlocks
@@ -81,7 +86,7 @@ class Setup:
     num_microbatches: np.ndarray
 
     @property
-    def gpu(self):
+    def gpu(self) -> GpuSpec:
         return self.cluster.gpu
 
 
@@ -89,7 +94,7 @@ def _pick(stacked: np.ndarray, index: np.ndarray) -> np.ndarray:
     return np.take_along_axis(stacked, index[None, :], axis=0)[0]
 
 
-def setup(model, cluster, train, st: StrategyArrays, comm: CommModel | None = None) -> Setup:
+def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> Setup:
     lay = ParallelLayout.of(st, model.num_layers)
     x = Micro(train.seq_len, st.micro_batch_size, st.tp, st.cp, st.sequence_parallel, train.precision,
               train.attention_kernel)
@@ -97,7 +102,7 @@ def setup(model, cluster, train, st: StrategyArrays, comm: CommModel | None = No
                  lay.num_microbatches(train.global_batch_size, st.micro_batch_size))
 
 
-def evaluate_arrays(model, cluster, train, st: StrategyArrays, comm: CommModel | None = None) -> CostArrays:
+def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> CostArrays:
     """Score every candidate in `st`; validity is the caller's job (planner.rules)."""
     s = setup(model, cluster, train, st, comm)
     mem_rows = stage_memory(s)
@@ -180,7 +185,7 @@ def exposed_s(comm_s, window_s, overlap: float):
     return comm_s - overlap * np.minimum(comm_s, window_s)
 
 
-def per_layer_times(model, train, gpu, comm: CommModel, st: StrategyArrays, comm_overlap: float = 1.0,
+def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: CommModel, st: StrategyArrays, comm_overlap: float = 1.0,
                     s: Setup | None = None) -> PerLayerTimes:
     """Per-layer compute and exposed TP/CP communication for every candidate."""
     blocks = s.blocks if s else model_blocks(model)

@@ -84,10 +84,18 @@ class Setup:
     lay: ParallelLayout
     x: Micro
     num_microbatches: np.ndarray
+    _params: np.ndarray | None = None
 
     @property
     def gpu(self) -> GpuSpec:
         return self.cluster.gpu
+
+    @property
+    def params(self) -> np.ndarray:
+        """Parameters of one rank of each stage row (S, N), elements (computed once)."""
+        if self._params is None:
+            self._params = stage_params(self.blocks, self.lay)
+        return self._params
 
 
 def _pick(stacked: np.ndarray, index: np.ndarray) -> np.ndarray:
@@ -143,7 +151,7 @@ def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st
 def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     """Every memory term of one rank of each stage row (S, N), bytes."""
     st, train, lay, x = s.st, s.train, s.lay, s.x
-    params = stage_params(s.blocks, lay)
+    params = s.params
     mem = model_state_bytes(params, st.zero_stage, lay.shard, st.offload_optimizer, train.precision,
                             train.grad_precision, train.optimizer)
     mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches)
@@ -261,7 +269,7 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     rows, lt, m, zero = lay.rows, pl.layer, s.num_microbatches, st.zero_stage
     shard, shard_stride = lay.group("cp", "dp")
     tp = lay.tp
-    params = stage_params(s.blocks, lay)
+    params = s.params
     grad_b, weight_b = DTYPE_BYTES[train.grad_precision], WEIGHT_BYTES[train.precision]
     fwd_mb = rows.layers * lt.fwd_s
     bwd_mb = rows.layers * lt.bwd_s + rows.has_head * pl.head_bwd_s

@@ -45,8 +45,16 @@ def _layers_msg(ctx: Context, r: dict) -> str:
     return ParallelLayout.of_strategy(SimpleNamespace(**r), ctx.model.num_layers).split_message()
 
 
-def _max_chunk_layers(ctx: Context, st: StrategyArrays) -> np.ndarray:
-    return np.nanmax(_layout(ctx, st).rows.chunk_layers, axis=0)
+def _recompute_layers_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
+    """recompute_num_layers needs full recompute and at most the layers of the largest chunk
+    (stage rows are built only for the candidates that set it)."""
+    ok = st.recompute_num_layers == 0
+    need = np.flatnonzero(~ok)
+    if len(need):
+        sub = st.take(need)
+        largest = _layout(ctx, sub).rows.chunk_layers.max(axis=0)
+        ok[need] = (sub.recompute == 2) & (sub.recompute_num_layers <= largest)
+    return ok
 
 
 RULES: tuple[Rule, ...] = (
@@ -84,8 +92,7 @@ RULES: tuple[Rule, ...] = (
          lambda c, s: (s.ep == 1) & (s.etp == 1),
          lambda c, r: f"ep ({r['ep']}) and etp ({r['etp']}) must be 1: model {c.model.name} is dense (no experts)"),
     Rule("recompute_layers",
-         lambda c, s: (s.recompute_num_layers == 0) | ((s.recompute == 2)
-                                                         & (s.recompute_num_layers <= _max_chunk_layers(c, s))),
+         _recompute_layers_ok,
          lambda c, r: f"recompute_num_layers ({r['recompute_num_layers']}) needs recompute='full' and must not exceed "
                       f"the layers of the largest pipeline chunk"),
     Rule("offload",

@@ -1,6 +1,6 @@
 """Predict every published row in ../shared/validation and print the errors.
 
-    python benchmarks/accuracy.py
+    python -m benchmarks.accuracy
 
 Compares step times (SC'21 hardware TFLOP/s are turned into step times with
 their Eq. 3, so FLOP conventions cancel), and ZeRO Table 1 model-state memory.
@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from cost_models.memory import model_state_bytes
-from planner.validation import (
+from benchmarks.validation import (
     korthikanti_table5,
     nemo_h100_fp8,
     predict,

@@ -1,8 +1,8 @@
 """Fit the A100's GEMM and HBM efficiencies and write them to
 profiles/calibration/a100-80gb.yaml and a100-40gb.yaml (same silicon).
 
-    python benchmarks/calibrate.py          # fit, print residuals, write the files
-    python benchmarks/calibrate.py --check  # fit and print only
+    python -m benchmarks.calibrate          # fit, print residuals, write the files
+    python -m benchmarks.calibrate --check  # fit and print only
 
 Fitted on: Korthikanti et al. 2022 Table 4 (five per-layer forward/backward
 timings of the 22B model; both parameters) and SC'21 Table 2's six PTD rows
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from planner.calibration import fit_efficiencies
-from planner.validation import MEGATRON_2022, korthikanti_table4, sc21_table2
+from benchmarks.calibration import fit_efficiencies
+from benchmarks.validation import MEGATRON_2022, korthikanti_table4, sc21_table2
 from profiles import PROFILES_DIR, load_cluster
 
 FITTED_ON = ("Korthikanti et al. 2022 Table 4 (22B per-layer forward/backward times, 5 rows: both parameters) and "

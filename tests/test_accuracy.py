@@ -15,8 +15,8 @@ import statistics
 import pytest
 import yaml
 
-from planner.calibration import fit_efficiencies
-from planner.validation import (
+from benchmarks.calibration import fit_efficiencies
+from benchmarks.validation import (
     MEGATRON_2022,
     korthikanti_table4,
     korthikanti_table5,

@@ -14,7 +14,7 @@ import pytest
 
 from cost_models.memory import layer_activation_bytes, model_state_bytes
 from cost_models.schedule import layout
-from planner.validation import zero_table1
+from benchmarks.validation import zero_table1
 
 
 def _states(params, stage, nd, grad="fp16", precision="fp16"):

@@ -17,7 +17,7 @@ from cost_models import StrategyArrays
 from cost_models.comm import TierCommModel
 from cost_models.step import per_layer_times
 from planner.specs import ClusterSpec, Strategy, TrainSpec
-from planner.validation import LayerCase, StepCase, predict
+from benchmarks.validation import LayerCase, StepCase, predict
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Predict every published row in ../shared/validation and benchmarks/data, and print the errors.
 
-    python -m benchmarks.accuracy
+    python -m benchmarks.accuracy                  # print every row and the summaries
+    python -m benchmarks.accuracy --update-readme  # also rewrite README.md's accuracy figures
 
 Compares step times (SC'21 hardware TFLOP/s are turned into step times with
 their Eq. 3, so FLOP conventions cancel), Korthikanti Table 4's per-layer
@@ -17,6 +18,7 @@ every other row is not fitted. Exit code 0 when every target is met.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import yaml
@@ -101,7 +103,66 @@ def verdict(name: str, table_role: str, summary: Summary) -> tuple[str, bool]:
     return f"target median <= {target_med:.0%}, max <= {target_max:.0%}: {'met' if met else 'MISSED'}", met
 
 
-def main() -> int:
+README = Path(__file__).resolve().parents[1] / "README.md"
+BEGIN = "<!-- accuracy figures: written by `python -m benchmarks.accuracy --update-readme` -->"
+END = "<!-- end of accuracy figures -->"
+DESCRIPTIONS = {
+    "Korthikanti Table 4 forward": "Korthikanti Table 4, forward (22B layer, 5 settings)",
+    "Korthikanti Table 4 backward": "Korthikanti Table 4, backward incl. recompute",
+    "Korthikanti Table 5": "Korthikanti Table 5 (22B-1T, 8-512 GPUs)",
+    "SC'21 Table 1": "SC'21 Table 1 (1.7B-1T, 32-3072 GPUs)",
+    "SC'21 Table 2 PTD": "SC'21 Table 2, PTD rows (175B, 530B)",
+    "torchtitan FSDP2": "torchtitan FSDP2 on 64 A100s (Llama 2/3 8B-70B; `benchmarks/data/`)",
+    "SC'21 Table 2 ZeRO-3": "SC'21 Table 2, DeepSpeed ZeRO-3 rows (known limit, below)",
+    "NeMo DGX-H100 FP8": "NeMo 24.07 FP8 on DGX-H100 (Llama; `benchmarks/data/`), A100 fit carried over",
+}
+ROLES = {"fitted": "**calibration rows** (fitted)", "same paper": "same paper, not fitted",
+         "held out": "held out"}
+
+
+def readme_block(results, memory: Summary, within: int, lopo: dict) -> str:
+    """The README's accuracy tables, from the printed results and the profile's LOPO table."""
+    pct = lambda v: f"{v * 100:.1f} %"  # noqa: E731
+    signed = lambda v: f"{v * 100:+.1f} %"  # noqa: E731
+    lines = [BEGIN, "", "| published rows | rows | used by the shipped fit? | median abs. error | max abs. error "
+             "| signed mean error |", "|---|---|---|---|---|---|"]
+    for name, table_role, rows in results:
+        s = Summary.of(rows)
+        n = f"{s.n}" if s.n == s.n_rows else f"{s.n} of {s.n_rows}"
+        lines.append(f"| {DESCRIPTIONS.get(name, name)} | {n} | {ROLES.get(table_role, table_role)} | "
+                     f"{pct(s.median_abs)} | {pct(s.max_abs)} | {signed(s.mean)} |")
+    lines.append(f"| ZeRO Table 1, model-state memory | {memory.n} | no fit involved | {memory.median_abs * 100:.2f} % | "
+                 f"{memory.max_abs * 100:.1f} % ({within} of {memory.n} within the printed digit) | "
+                 f"{memory.mean * 100:+.2f} % |")
+    fits = list(lopo)
+    lines += ["", "Leave one paper out (`python -m benchmarks.calibrate`): median abs. error / signed mean error "
+              "of each table under each fit; *fitted* marks the fit's own rows.", "",
+              "| table | " + " | ".join(f"fit on {lopo[k]['label']}{' (shipped)' if lopo[k]['shipped'] else ''}"
+                                        for k in fits) + " |",
+              "|---|" + "---|" * len(fits)]
+    for i, t in enumerate(lopo[fits[0]]["tables"]):
+        cells = []
+        for k in fits:
+            c = lopo[k]["tables"][i]
+            tag = "*fitted* " if c["role"] == "fitted" else ""
+            cells.append(f"{tag}{pct(c['median_abs_error'])} / {signed(c['mean_error'])}")
+        lines.append(f"| {t['table']} | " + " | ".join(cells) + " |")
+    lines.append("| parameters | " + " | ".join(
+        ", ".join(f"{p} {v:g}" + ("" if p in lopo[k]["fitted"] else " (held)") for p, v in lopo[k]["parameters"].items())
+        for k in fits) + " |")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def update_readme(block: str, path: Path = README) -> None:
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path} has no accuracy-figure markers ({BEGIN!r} ... {END!r})")
+    head, rest = text.split(BEGIN, 1)
+    path.write_text(head + block + rest.split(END, 1)[1])
+
+
+def main(argv: list[str]) -> int:
     fit_key = shipped_fit()
     spec = FITS.get(fit_key)
     print(f"A100 parameters: profiles/calibration/a100-80gb.yaml, fit {fit_key!r}")
@@ -147,8 +208,12 @@ def main() -> int:
         s = Summary.of(rows)
         print(f"  {name:30s} {table_role:11s} {s.line()}  {verdict(name, table_role, s)[0]}")
     print(f"\n{'all targets met' if ok else 'some targets MISSED'}")
+    if "--update-readme" in argv:
+        doc = yaml.safe_load((PROFILES_DIR / "calibration" / "a100-80gb.yaml").read_text())
+        update_readme(readme_block(results, memory, sum(within), doc["leave_one_paper_out"]))
+        print(f"rewrote the accuracy figures in {README}")
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -71,12 +71,13 @@ def lopo_doc(fits: list[Fit], table: dict) -> dict:
     for f in fits:
         out[f.spec.key] = {
             "shipped": f.spec.key == SHIPPED,
+            "label": f.spec.label,
             "fitted_on": f.spec.fitted_on,
             "parameters": {k: f.params[k] for k in BOUNDS},
             "fitted": list(f.spec.parameters),
             "tables": [{"table": t.name, "role": role(f.spec, t), "n": s.n,
-                        "median_abs_error": round(s.median_abs, 4), "max_abs_error": round(s.max_abs, 4),
-                        "mean_error": round(s.mean, 4)}
+                        "median_abs_error": round(s.median_abs, 5), "max_abs_error": round(s.max_abs, 5),
+                        "mean_error": round(s.mean, 5)}
                        for t in A100_TABLES for s in [table[f.spec.key][t.name]]],
         }
     return out

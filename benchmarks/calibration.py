@@ -200,6 +200,7 @@ class FitSpec:
     """Which rows (of one paper) a fit uses, which parameters it fits, and what it holds."""
 
     key: str
+    label: str  # a few words: which rows
     paper: str
     fitted_on: str  # one sentence: the rows, for the profile's `fitted_on`
     parameters: tuple[str, ...]
@@ -210,7 +211,7 @@ class FitSpec:
 
 FITS = {
     "korthikanti-table4": FitSpec(
-        key="korthikanti-table4", paper=KORTHIKANTI,
+        key="korthikanti-table4", label="Korthikanti Table 4", paper=KORTHIKANTI,
         fitted_on="Korthikanti et al. 2022 Table 4: forward and backward time of one layer of the 22B model "
                   "(tp 8, s 2048, micro-batch 4; no recompute, SP, full, selective, selective + SP): 5 rows, "
                   "10 numbers; A100-SXM4-80GB on Selene",
@@ -218,7 +219,7 @@ FITS = {
         tables=(A100_TABLES[0], A100_TABLES[1]),
     ),
     "sc21": FitSpec(
-        key="sc21", paper=SC21,
+        key="sc21", label="SC'21 Table 1 + Table 2 PTD", paper=SC21,
         fitted_on="Narayanan et al. SC'21 Table 1 (10 runs, 1.7B-1T) and Table 2's 6 PTD runs (175B, 530B), "
                   "end-to-end step times; A100-SXM4-80GB on Selene",
         parameters=("gemm_efficiency",),

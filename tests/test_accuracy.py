@@ -96,3 +96,16 @@ def test_summary_keeps_the_sign_of_the_errors():
     assert s.median_abs == pytest.approx(0.05)
     assert s.max_abs == pytest.approx(0.10)
     assert s.mean == pytest.approx((-0.10 - 0.05 + 0.02) / 3)
+
+
+def test_readme_figures_are_rewritten_between_their_markers(tmp_path):
+    from benchmarks.accuracy import BEGIN, END, README, update_readme
+
+    assert BEGIN in README.read_text() and END in README.read_text()
+    page = tmp_path / "README.md"
+    page.write_text(f"# title\n{BEGIN}\nold figures\n{END}\nafter\n")
+    update_readme(f"{BEGIN}\nnew figures\n{END}", page)
+    assert page.read_text() == f"# title\n{BEGIN}\nnew figures\n{END}\nafter\n"
+    page.write_text("no markers\n")
+    with pytest.raises(SystemExit):
+        update_readme("x", page)

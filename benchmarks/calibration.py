@@ -93,14 +93,6 @@ def predict_layer(case: LayerCase, cluster: ClusterSpec, train_options: dict) ->
     return float(pl.fwd_s[0]), float(pl.bwd_s[0])
 
 
-def predict_step(case: StepCase, cluster: ClusterSpec) -> float:
-    """Fastest predicted step under the case's constraints (what the authors would have tuned)."""
-    prediction = predict(case, cluster)
-    if prediction.predicted_step_s is None:
-        raise ValueError(f"calibration row {case.label!r} has no fitting strategy: {prediction.note}")
-    return prediction.predicted_step_s
-
-
 # ---- errors and their summary ----------------------------------------------
 @dataclass(frozen=True)
 class RowError:
@@ -261,7 +253,11 @@ def fit(spec: FitSpec, fixed: dict[str, float] | None = None) -> Fit:
 
     def residuals(x) -> np.ndarray:
         p = params_of(x)
-        return np.array([r.error for t in spec.tables for r in table_errors(t, p)])
+        rows = [r for t in spec.tables for r in table_errors(t, p)]
+        unfit = [f"{r.label}: {r.note}" for r in rows if r.error is None]
+        if unfit:
+            raise ValueError(f"fit {spec.key!r}: calibration rows with no fitting strategy: {'; '.join(unfit)}")
+        return np.array([r.error for r in rows])
 
     lo, hi = zip(*(BOUNDS[n] for n in names))
     result = least_squares(residuals, x0=np.array([START[n] for n in names]), bounds=(lo, hi), diff_step=1e-4)

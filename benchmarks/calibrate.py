@@ -1,17 +1,23 @@
-"""Fit the A100's GEMM and HBM efficiencies and write them to
-profiles/calibration/a100-80gb.yaml and a100-40gb.yaml (same silicon).
+"""Fit the A100's calibrated parameters leave-one-paper-out, print the result,
+and write the shipped fit to profiles/calibration/.
 
-    python benchmarks/calibrate.py          # fit, print residuals, write the files
-    python benchmarks/calibrate.py --check  # fit and print only
+    python -m benchmarks.calibrate          # both fits, LOPO table, write the files
+    python -m benchmarks.calibrate --check  # both fits and the LOPO table only
 
-Fitted on: Korthikanti et al. 2022 Table 4 (five per-layer forward/backward
-timings of the 22B model; both parameters) and SC'21 Table 2's six PTD rows
-(GPT-3 175B and 530B end to end on 384-2240 GPUs; the GEMM efficiency only).
-The two papers ran the same per-pipeline configurations 9-10% apart (530B tp8
-pp35 with 280 micro-batches: 54.1 s in SC'21 Table 1 against 49.1 s in
-Korthikanti Table 5), so the GEMM efficiency is fitted on rows of both. SC'21
-Table 1 and Korthikanti Table 5, the accuracy targets, stay held out for
-benchmarks/accuracy.py.
+Two fits, each on one paper's rows (benchmarks/calibration.py, `FITS`):
+
+- korthikanti-table4 (shipped): gemm_efficiency, hbm_efficiency and
+  backward_gemm_ratio on Korthikanti et al. 2022 Table 4, the forward and
+  backward time of one 22B layer in five settings (10 numbers).
+- sc21: gemm_efficiency on SC'21 Table 1 and Table 2's PTD rows (16 end-to-end
+  runs), with hbm_efficiency held at 0.8 (assumed) and backward_gemm_ratio at
+  the FLOP ratio 2, which step times cannot separate from the GEMM rate.
+
+Each fit is then judged on every A100 table: the other paper's rows are held
+out, the same paper's unfitted rows (Korthikanti Table 5) are not fitted but
+share the cluster and software of the fitted ones. The shipped fit is written
+to a100-80gb.yaml and a100-40gb.yaml (same silicon) with its residuals and the
+LOPO table; the newer GPUs get it carried over, and their files say so.
 """
 
 from __future__ import annotations
@@ -21,59 +27,102 @@ from pathlib import Path
 
 import yaml
 
-from planner.calibration import fit_efficiencies
-from planner.validation import MEGATRON_2022, korthikanti_table4, sc21_table2
-from profiles import PROFILES_DIR, load_cluster
-
-FITTED_ON = ("Korthikanti et al. 2022 Table 4 (22B per-layer forward/backward times, 5 rows: both parameters) and "
-             "Narayanan et al. SC'21 Table 2 PTD rows (6 end-to-end runs: gemm_efficiency only); A100-SXM4-80GB")
-
+from benchmarks.calibration import A100_TABLES, BOUNDS, FITS, SHIPPED, SHIPPED_BECAUSE, Fit, fit, lopo, role
+from profiles import PROFILES_DIR
 
 CARRIED_OVER = ("h100-sxm", "h200", "b200", "gb200")
+METHOD = ("python -m benchmarks.calibrate (benchmarks/calibration.py): scipy least squares on the relative errors of "
+          "the rows in fitted_on; kernel_overhead_us, link bandwidths and efficiencies and comm_overlap as the GPU and "
+          "cluster profiles give them")
 
 
-def ptd_rows():
-    return [c for c in sc21_table2() if c.constraints["zero_stage"] == 0]
+def print_fit(f: Fit) -> None:
+    spec = f.spec
+    print(f"\nfit {spec.key!r} on {spec.fitted_on}")
+    for name in BOUNDS:
+        if name in f.standard_errors:
+            print(f"  {name:20s} {f.params[name]:.4f} +- {f.standard_errors[name]:.4f}  (fitted)")
+        else:
+            print(f"  {name:20s} {f.params[name]:.4f}  (held)")
+    if spec.held:
+        print(f"  held because {spec.held_because}")
+    for table, rows in f.residuals.items():
+        print(f"  {table}: " + ", ".join(f"{r.label} {r.error:+.1%}" for r in rows))
+
+
+def print_lopo(fits: list[Fit], table: dict) -> None:
+    print("\nLeave one paper out: every A100 table under each fit")
+    print("  (role: fitted = the fit's own rows; same paper = not fitted, same cluster and software; "
+          "held out = another source)")
+    print(f"  {'':30s}" + "".join(f" | {f.spec.key + (' (shipped)' if f.spec.key == SHIPPED else ''):40s}"
+                                  for f in fits))
+    print(f"  {'table':30s}" + f" | {'role':10s} {'n':>3s} {'median':>7s} {'max':>7s} {'mean':>7s}    " * len(fits))
+    for t in A100_TABLES:
+        cells = []
+        for f in fits:
+            s = table[f.spec.key][t.name]
+            cells.append(f" | {role(f.spec, t):10s} {s.n:3d} {s.median_abs:7.1%} {s.max_abs:7.1%} {s.mean:+7.1%}    ")
+        print(f"  {t.name:30s}" + "".join(cells))
+    print("  median, max: |relative error|; mean: signed (< 0: predicted faster than measured)")
+
+
+def lopo_doc(fits: list[Fit], table: dict) -> dict:
+    out = {}
+    for f in fits:
+        out[f.spec.key] = {
+            "shipped": f.spec.key == SHIPPED,
+            "label": f.spec.label,
+            "fitted_on": f.spec.fitted_on,
+            "parameters": {k: f.params[k] for k in BOUNDS},
+            "fitted": list(f.spec.parameters),
+            "tables": [{"table": t.name, "role": role(f.spec, t), "n": s.n,
+                        "median_abs_error": round(s.median_abs, 5), "max_abs_error": round(s.max_abs, 5),
+                        "mean_error": round(s.mean, 5)}
+                       for t in A100_TABLES for s in [table[f.spec.key][t.name]]],
+        }
+    return out
+
+
+def shipped_doc(f: Fit, lopo: dict, note: str = "") -> dict:
+    return {
+        **{k: f.params[k] for k in BOUNDS},
+        "fit": f.spec.key,
+        "fitted_on": f.spec.fitted_on + note,
+        "method": METHOD,
+        "why_this_fit": SHIPPED_BECAUSE,
+        "standard_errors": {k: round(v, 4) for k, v in f.standard_errors.items()},
+        "residuals": [{"row": f"{table}: {r.label}", "error": round(r.error, 4)}
+                      for table, rows in f.residuals.items() for r in rows],
+        "leave_one_paper_out": lopo,
+    }
 
 
 def main(argv: list[str]) -> int:
-    cluster = load_cluster("dgx-a100-80gb")
-    fit = fit_efficiencies(korthikanti_table4(), ptd_rows(), cluster, MEGATRON_2022)
-    print(f"gemm_efficiency {fit.gemm_efficiency:.4f}   hbm_efficiency {fit.hbm_efficiency:.4f}")
-    print(f"{'row':28s} {'fwd pred':>9s} {'fwd meas':>9s} {'err':>6s} {'bwd pred':>9s} {'bwd meas':>9s} {'err':>6s}")
-    residuals = []
-    for label, fp, fm, bp, bm in fit.layer_residuals:
-        print(f"{label:28s} {fp*1e3:8.2f}ms {fm*1e3:8.2f}ms {fp/fm-1:+6.1%} {bp*1e3:8.2f}ms {bm*1e3:8.2f}ms {bp/bm-1:+6.1%}")
-        residuals.append({"row": f"Korthikanti Table 4: {label}", "forward_error": round(fp / fm - 1, 4),
-                          "backward_error": round(bp / bm - 1, 4)})
-    print(f"{'row':28s} {'step pred':>10s} {'step meas':>10s} {'err':>6s}")
-    for label, pred, meas in fit.step_residuals:
-        print(f"{label:28s} {pred:9.2f}s {meas:9.2f}s {pred/meas-1:+6.1%}")
-        residuals.append({"row": f"SC'21 Table 2: {label}", "step_error": round(pred / meas - 1, 4)})
+    fits = [fit(spec) for spec in FITS.values()]
+    for f in fits:
+        print_fit(f)
+    table = lopo(fits)
+    print_lopo(fits, table)
     if "--check" in argv:
         return 0
-    for key in ("a100-80gb", "a100-40gb"):
-        doc = {
-            "gemm_efficiency": round(fit.gemm_efficiency, 4),
-            "hbm_efficiency": round(fit.hbm_efficiency, 4),
-            "fitted_on": FITTED_ON + ("" if key == "a100-80gb" else "; same A100 silicon as a100-80gb"),
-            "method": "benchmarks/calibrate.py: scipy least squares on relative forward/backward error",
-            "residuals": residuals,
-        }
-        path = Path(PROFILES_DIR) / "calibration" / f"{key}.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
+    shipped = next(f for f in fits if f.spec.key == SHIPPED)
+    lopo_table = lopo_doc(fits, table)
+    directory = Path(PROFILES_DIR) / "calibration"
+    for key, note in (("a100-80gb", ""), ("a100-40gb", "; applied to the A100-SXM4-40GB (same A100 silicon)")):
+        path = directory / f"{key}.yaml"
+        path.write_text(yaml.safe_dump(shipped_doc(shipped, lopo_table, note), sort_keys=False, width=120))
         print(f"wrote {path}")
     # No per-layer or end-to-end timings for newer GPUs are in the validation set:
-    # their efficiencies are the A100 fit carried over, and say so.
+    # their parameters are the A100 fit carried over, and say so.
     for key in CARRIED_OVER:
         doc = {
-            "gemm_efficiency": round(fit.gemm_efficiency, 4),
-            "hbm_efficiency": round(fit.hbm_efficiency, 4),
+            **{k: shipped.params[k] for k in BOUNDS},
+            "fit": f"{SHIPPED} (carried over from a100-80gb)",
             "fitted_on": "nothing for this GPU: the a100-80gb fit carried over (assumed; no published timings "
                          "for this GPU in the validation set). Replace with `meshplan profile` measurements.",
-            "method": "benchmarks/calibrate.py (carried over)",
+            "method": "python -m benchmarks.calibrate (carried over)",
         }
-        path = Path(PROFILES_DIR) / "calibration" / f"{key}.yaml"
+        path = directory / f"{key}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
         print(f"wrote {path} (carried over)")
     return 0

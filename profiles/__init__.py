@@ -1,13 +1,23 @@
 """Hardware, cluster, model and calibration data, and their loaders.
 
 Layout: `gpus/*.yaml`, `clusters/*.yaml`, `models/*.yaml` (one file each, each
-with a `source:`), `calibration/<gpu>.yaml` (fitted efficiencies, each naming
-the rows it was fitted on). Extra directories with the same layout can be added
+with a `source:`), `calibration/<gpu>.yaml` (the fitted GPU parameters
+`CALIBRATED_FIELDS`; `fitted_on:` names the rows they were fitted on and `fit:`
+the fit in benchmarks/calibration.py that wrote them; the A100 files hold
+gemm_efficiency, hbm_efficiency and backward_gemm_ratio fitted on Korthikanti
+et al. 2022 Table 4 alone, the newer GPUs' files that fit carried over). Extra directories with the same layout can be added
 with the environment variable `MESHPLAN_PROFILES` (os.pathsep-separated); they
 take precedence over the shipped files.
 
 YAML carries vendor units in key names (`memory_gib`, `peak_tflops`,
 `hbm_bw_gb_per_s`, `bw_gb_per_s`, `latency_us`); loading converts to SI.
+
+Every number names where it comes from: the file's `source:` (datasheet or
+model card), a `<field>_source:` beside it or in an enclosing mapping (with or
+without the unit: `kernel_overhead_source` for `kernel_overhead_us`; an
+estimate says so there), or, in calibration files, `fitted_on:`. The loaders
+accept and drop the `_source` keys of known fields; tests/test_profile_sources.py
+checks that every shipped number is covered.
 """
 
 from __future__ import annotations
@@ -81,6 +91,24 @@ def _validated(cls: type, data: dict[str, Any], what: str):
         raise SpecError(f"invalid {what}: {exc}") from None
 
 
+UNIT_SUFFIXES = ("_gib", "_gb_per_s", "_us")
+
+
+def source_keys(field: str) -> tuple[str, ...]:
+    """The keys that may carry `field`'s source: `<field>_source`, and the same without
+    its unit (`kernel_overhead_us` -> `kernel_overhead_us_source`, `kernel_overhead_source`)."""
+    stem = next((field.removesuffix(u) for u in UNIT_SUFFIXES if field.endswith(u)), field)
+    return tuple(dict.fromkeys((f"{field}_source", f"{stem}_source")))
+
+
+def _pop_sources(data: dict[str, Any], fields, what: str) -> None:
+    """Drop the `_source` keys of `fields` from `data` (they document, the specs do not keep them)."""
+    for key in [k for f in fields for k in source_keys(f) if k in data]:
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise SpecError(f"{what}: {key} must be a non-empty text naming where the value comes from")
+        del data[key]
+
+
 def format_validation_error(exc: ValidationError) -> str:
     """One line per problem: `field: message (value)`."""
     parts = []
@@ -95,6 +123,11 @@ def format_validation_error(exc: ValidationError) -> str:
 
 
 # ---- GPUs ------------------------------------------------------------------
+#: The numeric keys of a GPU YAML file.
+GPU_YAML_FIELDS = ("memory_gib", "peak_tflops", "hbm_bw_gb_per_s", "framework_reserve_gib", "gemm_efficiency",
+                   "hbm_efficiency", "backward_gemm_ratio", "kernel_overhead_us")
+
+
 def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
     """Convert a GPU YAML mapping (vendor units) to a GpuSpec (SI units)."""
     data = dict(data)
@@ -109,8 +142,8 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
         raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{what} has a non-numeric value: {exc}") from None
+    _pop_sources(data, GPU_YAML_FIELDS, what)
     fields["framework_reserve_bytes"] = float(data.pop("framework_reserve_gib", 0.0)) * GIB
-    data.pop("framework_reserve_source", None)
     calib = data.pop("calibration", None)
     for key, conv in (("gemm_efficiency", 1.0), ("hbm_efficiency", 1.0), ("backward_gemm_ratio", 1.0),
                       ("kernel_overhead_us", MICRO)):
@@ -155,10 +188,17 @@ def _calibration_for(gpu_key: str) -> dict[str, Any]:
 
 
 # ---- clusters --------------------------------------------------------------
+#: The numeric keys of a link tier and of a cluster YAML file (a cluster-level
+#: `latency_source` or `efficiency_source` covers both tiers).
+TIER_YAML_FIELDS = ("bw_gb_per_s", "latency_us", "efficiency", "gather_scatter_efficiency")
+CLUSTER_YAML_FIELDS = ("gpus_per_node", "nvlink_domain_size", "max_gpus", "comm_overlap", *TIER_YAML_FIELDS)
+
+
 def _tier(data: Any, what: str) -> LinkTier:
     if not isinstance(data, dict):
         raise SpecError(f"{what} must be a mapping with name, bw_gb_per_s, latency_us")
     data = dict(data)
+    _pop_sources(data, TIER_YAML_FIELDS, what)
     try:
         fields = {
             "name": data.pop("name"),
@@ -183,6 +223,7 @@ def cluster_from_yaml(data: dict[str, Any], what: str = "cluster") -> ClusterSpe
     if gpu is None:
         raise SpecError(f"{what} lacks required field 'gpu' (a GPU preset name or mapping)")
     gpu_spec = gpu_from_yaml(gpu, f"{what}.gpu") if isinstance(gpu, dict) else load_gpu(str(gpu))
+    _pop_sources(data, CLUSTER_YAML_FIELDS, what)
     fields = {
         "name": data.pop("name", what),
         "gpu": gpu_spec,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.validation import validation_dir
+from benchmarks.validation import validation_dir
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,8 @@ import pytest
 from cost_models.blocks import Micro, model_blocks
 from cost_models.layout import ParallelLayout
 from cost_models.memory import layer_activation_bytes, model_state_bytes
+from benchmarks.validation import zero_table1
 from planner.specs import ModelSpec
-from planner.validation import zero_table1
 
 
 def _states(params, stage, nd, grad="fp16", precision="fp16"):

@@ -42,3 +42,17 @@ def test_preset_yaml_is_package_data():
 def test_doctests(module):
     result = doctest.testmod(importlib.import_module(module))
     assert result.failed == 0
+
+
+def test_benchmarks_stay_out_of_the_wheel():
+    """benchmarks/ reads ../shared and benchmarks/data beside a checkout: the installed
+    packages must not ship it or import it (issue 7, part 6)."""
+    import re
+
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    include = re.search(r"include\s*=\s*\[([^\]]*)\]", pyproject).group(1)
+    assert "benchmarks" not in include
+    importers = [str(path.relative_to(ROOT)) for pkg in ("planner", "cost_models", "profiles", "executors")
+                 for path in (ROOT / pkg).rglob("*.py")
+                 if re.search(r"^\s*(from|import)\s+benchmarks\b", path.read_text(), re.MULTILINE)]
+    assert importers == []

@@ -111,7 +111,7 @@ def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) ->
     pps = _allowed(cons, "pp", [d for d in divs if d <= L])
     dps = cons.get("dp")
     zeros = _allowed(cons, "zero_stage", [0, 1, 2, 3])
-    structure: list[tuple[int, ...]] = []  # (dp, tp, pp, cp, vpp, first, last, split index) per block
+    structure: list[tuple[int, ...]] = []  # (dp, tp, pp, cp, vpp, first, last, split index, emb, loss) per block
     splits: list[tuple[int, ...]] = [()]  # explicit stage_layers choices; index 0 = none
     blocks: list[np.ndarray] = []  # (k, 4) rows of (mbs, sp, zero, recompute code, recompute layers) per block
     for tp, cp, pp in itertools.product(tps, cps, pps):
@@ -122,11 +122,11 @@ def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) ->
             continue
         mbss = _allowed(cons, "micro_batch_size", divisors(B // dp) if B % dp == 0 else [1])
         sps = _allowed(cons, "sequence_parallel", [False, True] if tp > 1 else [False])
-        for vpp, first, last, explicit in _pipeline_splits(L, pp, cons):
+        for vpp, first, last, explicit, emb, loss in _pipeline_splits(L, pp, cons):
             if explicit not in splits:
                 splits.append(explicit)
-            chunk = _largest_chunk(model.num_layers, pp, vpp, first, last, explicit)
-            structure.append((dp, tp, pp, cp, vpp, first, last, splits.index(explicit)))
+            chunk = _largest_chunk(model.num_layers, pp, vpp, first, last, explicit, emb, loss)
+            structure.append((dp, tp, pp, cp, vpp, first, last, splits.index(explicit), emb, loss))
             blocks.append(_grid(tuple(mbss), tuple(sps), tuple(zeros), tuple(_recompute_choices(cons, chunk))))
     if not blocks:
         raise SpecError(_empty_space_message(num_gpus, cons))
@@ -139,6 +139,7 @@ def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) ->
         "micro_batch_size": inner[:, 0], "sequence_parallel": inner[:, 1].astype(bool), "zero_stage": inner[:, 2],
         "recompute": inner[:, 3], "recompute_num_layers": inner[:, 4],
         "stage_layers": _split_table(splits)[struct[:, 7]],
+        "embedding_as_layer": struct[:, 8].astype(bool), "loss_as_layer": struct[:, 9].astype(bool),
     }
     rare = _inner_columns(cons)
     base = StrategyArrays.from_columns({**cols, **{k: v[0] for k, v in rare.items()}}, len(inner))
@@ -174,14 +175,22 @@ def _inner_columns(cons: dict[str, list[Any]]) -> dict[str, list[Any]]:
         "offload_optimizer": _allowed(cons, "offload_optimizer", [False]),
         "overlap_grad_reduce": _allowed(cons, "overlap_grad_reduce", [True]),
         "overlap_param_gather": _allowed(cons, "overlap_param_gather", [True]),
-        "embedding_as_layer": _allowed(cons, "embedding_as_layer", [False]),
-        "loss_as_layer": _allowed(cons, "loss_as_layer", [False]),
     }
 
 
-def _pipeline_splits(L: int, pp: int, cons: dict[str, list[Any]]) -> list[tuple[int, int, int, tuple]]:
-    """(vpp, first-stage layers, last-stage layers, explicit split) choices; 0 / () = not set.
-    Impossible combinations are kept: the rules reject and count them."""
+def _pipeline_splits(L: int, pp: int, cons: dict[str, list[Any]]) -> list[tuple[int, int, int, tuple, bool, bool]]:
+    """(vpp, first-stage layers, last-stage layers, explicit split, embedding as layer, loss as
+    layer) choices; 0 / () = not set. Impossible combinations are kept: the rules reject and
+    count them."""
+    out = []
+    for emb in _allowed(cons, "embedding_as_layer", [False]):
+        for loss in _allowed(cons, "loss_as_layer", [False]):
+            out += [split + (emb, loss) for split in _splits_of(L, pp, cons, int(emb) + int(loss))]
+    return out
+
+
+def _splits_of(L: int, pp: int, cons: dict[str, list[Any]], extra: int) -> list[tuple[int, int, int, tuple]]:
+    """Splits of L layers (+ `extra` embedding/loss layers counted in an even split)."""
     vpps = cons.get("vpp")
     explicit = [tuple(x) for x in cons.get("stage_layers", []) if x]
     if explicit:
@@ -189,9 +198,9 @@ def _pipeline_splits(L: int, pp: int, cons: dict[str, list[Any]]) -> list[tuple[
     firsts, lasts = cons.get("num_layers_in_first_stage"), cons.get("num_layers_in_last_stage")
     if firsts is not None or lasts is not None:
         return [(v, f or 0, la or 0, ()) for v in (vpps or [1]) for f in (firsts or [None]) for la in (lasts or [None])]
-    if L % pp == 0:
-        per_stage = L // pp
-        default = [1] + ([v for v in divisors(per_stage) if v > 1] if pp > 1 else [])
+    if (L + extra) % pp == 0 or extra:
+        per_stage = (L + extra) // pp
+        default = [1] + ([v for v in divisors(per_stage) if v > 1] if pp > 1 and per_stage else [])
         return [(v, 0, 0, ()) for v in (vpps or default)]
     # Uneven: ⌈L/pp⌉ layers on middle stages, the rest shared by the first and last.
     k = -(-L // pp)
@@ -203,12 +212,13 @@ def _pipeline_splits(L: int, pp: int, cons: dict[str, list[Any]]) -> list[tuple[
 
 
 @functools.lru_cache(maxsize=4096)
-def _largest_chunk(L: int, pp: int, vpp: int, first: int, last: int, explicit: tuple) -> int:
+def _largest_chunk(L: int, pp: int, vpp: int, first: int, last: int, explicit: tuple, emb: bool = False,
+                   loss: bool = False) -> int:
     """Layers of the largest virtual chunk of a split (the recompute_num_layers range)."""
     lay = ParallelLayout(num_layers=L, tp=np.ones(1, np.int64), cp=np.ones(1, np.int64), dp=np.ones(1, np.int64),
                          pp=np.array([pp]), vpp=np.array([vpp]), ep=np.ones(1, np.int64), etp=np.ones(1, np.int64),
-                         first=np.array([first]), last=np.array([last]), embedding_as_layer=np.zeros(1, bool),
-                         loss_as_layer=np.zeros(1, bool),
+                         first=np.array([first]), last=np.array([last]), embedding_as_layer=np.array([emb]),
+                         loss_as_layer=np.array([loss]),
                          stage_layers=np.array([explicit], dtype=np.int64) if explicit else None)
     return max(1, max(lay.layers_per_chunk(0), default=1))
 

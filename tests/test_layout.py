@@ -191,3 +191,16 @@ def test_micro_batch_rules_of_megatron_and_torch_differ_as_documented(pp, m):
     m_arr = np.array([m])
     assert bool(lay.megatron_schedule_ok(m_arr)[0]) == (m % pp == 0)
     assert bool(lay.torch_schedule_ok(m_arr)[0]) == (m % max(1, m // pp) == 0)
+
+
+def test_llama_405b_published_layout_is_searchable_as_constraints():
+    """Llama 3.1 405B's pp 16 × vpp 8 with the embedding and the loss counted as layers
+    (126 + 2 = 128 virtual stages): enumerated, valid, and fitting on 2048 H100s."""
+    from planner import plan
+
+    result = plan("llama3.1-405b", "dgx-h100", 2048, 1024, 8192, top_k=1,
+                  constraints={"tp": 8, "pp": 16, "vpp": 8, "embedding_as_layer": True, "loss_as_layer": True})
+    assert result.plans, result.stats.rejected
+    best = result.plans[0].strategy
+    assert best.embedding_as_layer and best.loss_as_layer and best.stage_layers is None
+    assert "layers" not in result.stats.rejected

@@ -146,6 +146,8 @@ class ParallelLayout:
         >>> lay = ParallelLayout.of_strategy(s, 8)
         >>> [int(lay.stride(d)[0]) for d in ("tp", "dp", "pp")], lay.stage_ranks(3)
         ([1, 2, 4], [12, 13, 14, 15])
+        >>> lay.mesh_dims(), lay.mesh_shape(), lay.coords(13)
+        (('pp', 'dp', 'cp', 'tp'), (4, 2, 1, 2), {'tp': 1, 'cp': 0, 'dp': 0, 'pp': 3})
         """
         out = np.ones(len(self), dtype=np.int64)
         for d in self._order():
@@ -186,15 +188,8 @@ class ParallelLayout:
 
     def mesh_dims(self) -> tuple[str, ...]:
         """The dense dimensions outermost first: the axis order of a row-major device mesh
-        (e.g. torch's DeviceMesh) whose coordinates are `coords`. Default: pp, dp, cp, tp.
-
-        >>> from types import SimpleNamespace as S
-        >>> s = S(tp=2, cp=1, dp=2, pp=4, vpp=1, ep=1, etp=1, num_layers_in_first_stage=None,
-        ...       num_layers_in_last_stage=None, stage_layers=None)
-        >>> lay = ParallelLayout.of_strategy(s, 8)
-        >>> lay.mesh_dims(), lay.mesh_shape()
-        (('pp', 'dp', 'cp', 'tp'), (4, 2, 1, 2))
-        """
+        (e.g. torch's DeviceMesh) whose coordinates are `coords`. Default: pp, dp, cp, tp
+        (example in `stride`)."""
         return tuple(reversed(self._order()))
 
     def mesh_shape(self, i: int = 0) -> tuple[int, ...]:

@@ -160,8 +160,8 @@ class PlanFacts:
         return self.layout.layers_per_chunk()
 
     def local_batch_size(self) -> int:
-        """Sequences each data-parallel rank processes per optimizer step."""
-        return self.train.global_batch_size // self.dp
+        """Sequences each data-parallel rank processes per optimizer step: its micro-batches."""
+        return self.num_microbatches * self.strategy.micro_batch_size
 
 
 def facts(plan: Plan) -> PlanFacts:

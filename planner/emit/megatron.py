@@ -30,6 +30,7 @@ Choices an experienced Megatron user would make, and why:
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -178,17 +179,11 @@ def pipeline_layout(layers_per_chunk: list[int]) -> str:
     stages = [LAYOUT_LAYER * n if n < 2 else f"{LAYOUT_LAYER}*{n}" for n in layers_per_chunk]
     stages[0] = LAYOUT_EMBEDDING + stages[0]
     stages[-1] += LAYOUT_LOSS
-    text, i = "", 0
-    while i < len(stages):
-        j = i
-        while j + 1 < len(stages) and stages[j + 1] == stages[i]:
-            j += 1
-        run, final = j - i + 1, j == len(stages) - 1
-        if run >= 3 and not final:
-            text += f"({stages[i]}|)*{run},"
-        else:
-            text += "|".join(stages[i:j + 1]) + ("" if final else "|")
-        i = j + 1
+    runs = [(stage, len(list(same))) for stage, same in itertools.groupby(stages)]
+    text = ""
+    for k, (stage, run) in enumerate(runs):
+        final = k == len(runs) - 1
+        text += f"({stage}|)*{run}," if run >= 3 and not final else "|".join([stage] * run) + ("" if final else "|")
     return text
 
 

@@ -146,6 +146,8 @@ class ParallelLayout:
         >>> lay = ParallelLayout.of_strategy(s, 8)
         >>> [int(lay.stride(d)[0]) for d in ("tp", "dp", "pp")], lay.stage_ranks(3)
         ([1, 2, 4], [12, 13, 14, 15])
+        >>> lay.mesh_dims(), lay.mesh_shape(), lay.coords(13)
+        (('pp', 'dp', 'cp', 'tp'), (4, 2, 1, 2), {'tp': 1, 'cp': 0, 'dp': 0, 'pp': 3})
         """
         out = np.ones(len(self), dtype=np.int64)
         for d in self._order():
@@ -183,6 +185,16 @@ class ParallelLayout:
         if dim == "edp":
             return self.expert_dp, self.etp * self.ep
         raise ValueError(f"unknown expert dimension {dim!r}; dimensions: etp, ep, edp")
+
+    def mesh_dims(self) -> tuple[str, ...]:
+        """The dense dimensions outermost first: the axis order of a row-major device mesh
+        (e.g. torch's DeviceMesh) whose coordinates are `coords`. Default: pp, dp, cp, tp
+        (example in `stride`)."""
+        return tuple(reversed(self._order()))
+
+    def mesh_shape(self, i: int = 0) -> tuple[int, ...]:
+        """Sizes of candidate i along `mesh_dims()`."""
+        return tuple(int(getattr(self, d)[i]) for d in self.mesh_dims())
 
     def coords(self, rank: int, i: int = 0) -> dict[str, int]:
         """Coordinates of global `rank` of candidate i along each dense dimension."""
@@ -244,6 +256,12 @@ class ParallelLayout:
             return out
         per_rank = self.layers_per_stage(i)
         return [per_rank[r] // v for _ in range(v) for r in range(p)]
+
+    def virtual_stages(self, pp_rank: int, i: int = 0) -> list[int]:
+        """The virtual stages pipeline rank `pp_rank` runs, its first chunk first (c·pp + r);
+        indices into `layers_per_chunk`."""
+        p, v = int(self.pp[i]), int(self.vpp[i])
+        return [c * p + pp_rank for c in range(v)]
 
     def split_ok(self) -> np.ndarray:
         """Whether each candidate's stage split is possible (bool array): every rank and
@@ -314,6 +332,16 @@ class ParallelLayout:
         plain = (p == 1) | (m >= p)
         rounds = np.maximum(1, m // p)
         return np.where(self.vpp > 1, m % rounds == 0, plain)
+
+    def torch_schedule_message(self, num_microbatches: int, i: int = 0) -> str:
+        """Why candidate i's schedule is refused by `torch_schedule_ok` (empty when it is not)."""
+        m, p, v = int(num_microbatches), int(self.pp[i]), int(self.vpp[i])
+        if bool(self.torch_schedule_ok(np.array([m]))[i]):
+            return ""
+        if v == 1:
+            return f"1F1B needs num_microbatches ({m}) >= pp ({p})"
+        return (f"interleaved 1F1B needs num_microbatches ({m}) to be a multiple of "
+                f"max(1, num_microbatches // pp) ({max(1, m // p)})")
 
     def inflight_chunks(self, rank: np.ndarray, num_microbatches: np.ndarray) -> np.ndarray:
         """(micro-batch, chunk) activation sets pipeline rank `rank` holds at its peak."""

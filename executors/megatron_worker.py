@@ -26,6 +26,10 @@ from executors.results import RankResult, RunConfig
 DTYPES = ("float32", "bfloat16", "float16")
 SINGLE_GPU = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
               "virtual_pipeline_model_parallel_size": None, "sequence_parallel": False}
+#: TransformerConfig fields of the stage split, which a one-GPU reference drops
+STAGE_SPLIT = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+               "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
+               "account_for_loss_in_pipeline_split")
 
 
 def reference_engine_config(kw: dict[str, Any]) -> dict[str, Any]:
@@ -33,8 +37,8 @@ def reference_engine_config(kw: dict[str, Any]) -> dict[str, Any]:
     out = {k: dict(v) for k, v in kw.items()}
     for section in ("parallel", "transformer"):
         out[section].update({k: v for k, v in SINGLE_GPU.items() if k in out[section] or section == "parallel"})
-        for uneven in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
-            out[section].pop(uneven, None)
+        for key in STAGE_SPLIT:
+            out[section].pop(key, None)
     out["ddp"]["use_distributed_optimizer"] = False
     out["optimizer"]["use_distributed_optimizer"] = False
     return out

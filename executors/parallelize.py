@@ -1,10 +1,14 @@
 """Apply a Strategy to the model with PyTorch's own parallel APIs (imports torch).
 
-Mesh: one DeviceMesh with axes (pp, dp_replicate, dp_shard, cp, tp), outermost
-first — Megatron's rank layout (tp innermost, then cp, then dp, pp outermost),
-with dp split in two only for HSDP (`RunConfig.hsdp_replicate`). Example, 8
-ranks with tp=2, dp=2, pp=2: ranks {0,1} are one TP group, {0,2} one DP group,
-{0,4} one pipeline.
+Mesh: one DeviceMesh whose axes are the plan's `ParallelLayout.mesh_dims()`, the
+dense dimensions of its rank order outermost first — for Megatron's default order
+"tp-cp-ep-dp-pp" (tp innermost, then cp, then dp, pp outermost) the axes
+(pp, dp_replicate, dp_shard, cp, tp) — with dp split in two (replicate outside
+shard) only for HSDP (`RunConfig.hsdp_replicate`; 1 otherwise). A DeviceMesh
+numbers its ranks row-major over its shape, so each rank's mesh coordinates are
+`ParallelLayout.coords(rank)` (tests/executors/test_layout.py checks this on
+torch's own `init_device_mesh`). Example, 8 ranks with tp=2, dp=2, pp=2: ranks
+{0,1} are one TP group, {0,2} one DP group, {0,4} one pipeline.
 
 Data parallelism, by zero_stage (dp > 1):
     0  DistributedDataParallel when tp = cp = 1; with tensor parallel weights
@@ -34,25 +38,45 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cost_models.layout import ParallelLayout
 from executors.model import Transformer
 from executors.results import RunConfig
 
-MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+#: how the layout's dp dimension is split for HSDP: (replicate, shard), replicate outside
+DP_AXES = ("dp_replicate", "dp_shard")
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+
+
+def mesh_axes(cfg: RunConfig) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(axis names, sizes) of the run's DeviceMesh, outermost first: the layout's `mesh_dims()`
+    with dp split into `DP_AXES` (hsdp_replicate, dp / hsdp_replicate)."""
+    lay = ParallelLayout.of_strategy(cfg.strategy, cfg.model.num_layers)
+    names: list[str] = []
+    shape: list[int] = []
+    for dim, size in zip(lay.mesh_dims(), lay.mesh_shape()):
+        if dim == "dp":
+            names += DP_AXES
+            shape += [cfg.hsdp_replicate, size // cfg.hsdp_replicate]
+        else:
+            names.append(dim)
+            shape.append(size)
+    return tuple(names), tuple(shape)
 
 
 def build_mesh(cfg: RunConfig, device_type: str):
     from torch.distributed.device_mesh import init_device_mesh
 
-    st = cfg.strategy
-    rep = cfg.hsdp_replicate
-    shape = (st.pp, rep, st.dp // rep, st.cp, st.tp)
-    return init_device_mesh(device_type, shape, mesh_dim_names=MESH_AXES)
+    names, shape = mesh_axes(cfg)
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
 def mesh_coords(mesh) -> dict[str, int]:
-    coords = {name: mesh.get_local_rank(name) for name in MESH_AXES}
-    coords["dp"] = coords["dp_replicate"] * mesh.size(MESH_AXES.index("dp_shard")) + coords["dp_shard"]
+    """This rank's coordinate on each mesh axis, plus `dp` (replicate and shard folded back:
+    the layout's dp coordinate)."""
+    names = mesh.mesh_dim_names
+    coords = {name: mesh.get_local_rank(name) for name in names}
+    replicate, shard = DP_AXES
+    coords["dp"] = coords[replicate] * mesh.size(names.index(shard)) + coords[shard]
     return coords
 
 

@@ -2,11 +2,14 @@
 
 Each pp rank owns `vpp` chunks of consecutive layers: chunk v on pp rank r is
 stage v·pp + r (Megatron's interleaved assignment, which is also the
-"looped" order ScheduleInterleaved1F1B expects). A chunk is the full model
-with the layers it does not own deleted (so its weights are the seeded
-weights of the full model); the first stage keeps the embedding, the last the
-final norm and output head. vpp = 1 runs Schedule1F1B, vpp > 1
-ScheduleInterleaved1F1B, with num_microbatches = global_batch / (mbs·dp).
+"looped" order ScheduleInterleaved1F1B expects). How many layers each virtual
+stage holds is the plan's `ParallelLayout.layers_per_chunk` (even, uneven
+first/last per pipeline rank, explicit `stage_layers`, embedding/loss counted as
+layers), the split the cost model scored. A chunk is the full model with the
+layers it does not own deleted (so its weights are the seeded weights of the
+full model); the first stage keeps the embedding, the last the final norm and
+output head. vpp = 1 runs Schedule1F1B, vpp > 1 ScheduleInterleaved1F1B, with
+num_microbatches = global_batch / (mbs·dp).
 """
 
 from __future__ import annotations
@@ -15,12 +18,8 @@ import copy
 
 import torch
 
+from cost_models.layout import ParallelLayout
 from executors.model import Transformer, loss_fn
-from executors.support import stage_layer_counts
-
-
-def stage_ids(pp_rank: int, pp: int, vpp: int) -> list[int]:
-    return [v * pp + pp_rank for v in range(vpp)]
 
 
 def split_stage(full: Transformer, stage: int, num_stages: int, counts: list[int]) -> Transformer:
@@ -40,8 +39,12 @@ def split_stage(full: Transformer, stage: int, num_stages: int, counts: list[int
 
 
 def build_stage_modules(full: Transformer, pp_rank: int, pp: int, vpp: int, strategy) -> list[tuple[int, Transformer]]:
-    counts = stage_layer_counts(full.spec.num_layers, strategy)
-    return [(s, split_stage(full, s, pp * vpp, counts)) for s in stage_ids(pp_rank, pp, vpp)]
+    """(virtual stage, module) for each chunk pipeline rank `pp_rank` runs, first chunk first.
+    `pp` and `vpp` are the strategy's."""
+    lay = ParallelLayout.of_strategy(strategy, full.spec.num_layers)
+    assert (int(lay.pp[0]), int(lay.vpp[0])) == (pp, vpp), (pp, vpp, strategy)
+    counts = lay.layers_per_chunk()
+    return [(s, split_stage(full, s, len(counts), counts)) for s in lay.virtual_stages(pp_rank)]
 
 
 def make_schedule(stage_modules, pp_group, num_stages: int, num_microbatches: int, device, vpp: int):

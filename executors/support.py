@@ -4,10 +4,20 @@
 run the strategy. Each sentence names the field, the rule and the value, so a
 plan the executor cannot run is reported as `unsupported` with a reason rather
 than crashing a process group.
+
+The stage split (even, uneven first/last, explicit `stage_layers`, embedding or
+loss counted as a layer) and the batch rules are the plan's `ParallelLayout`'s.
+The pipeline schedules are torch.distributed.pipelining's, whose micro-batch
+rules differ from Megatron's (`ParallelLayout.torch_schedule_ok`): Schedule1F1B
+needs num_microbatches >= pp; ScheduleInterleaved1F1B needs num_microbatches to
+be a multiple of max(1, num_microbatches // pp), so it runs m < pp or m = 6 on
+pp = 4, which Megatron's interleaved schedule (m a multiple of pp) refuses, and
+the planner, which ranks plans by Megatron's rule, never proposes.
 """
 
 from __future__ import annotations
 
+from cost_models.layout import ParallelLayout
 from planner.specs import ModelSpec, Strategy, TrainSpec
 
 CPU_ONLY_MISSING = {
@@ -17,34 +27,13 @@ CPU_ONLY_MISSING = {
 }
 
 
-def stage_layer_counts(num_layers: int, st: Strategy) -> list[int]:
-    """Layers of each pipeline chunk in stage order (pp·vpp chunks; chunk c runs on pp rank c mod pp).
-
-    Even split unless `num_layers_in_first_stage` / `num_layers_in_last_stage`
-    fix the ends (then the middle stages share the rest evenly).
-    """
-    chunks = st.pp * st.vpp
-    first, last = st.num_layers_in_first_stage, st.num_layers_in_last_stage
-    if first is None and last is None:
-        return [num_layers // chunks] * chunks
-    ends = (first or 0) + (last or 0)
-    middle = chunks - (first is not None) - (last is not None)
-    each = (num_layers - ends) // middle if middle else 0
-    counts = [each] * chunks
-    if first is not None:
-        counts[0] = first
-    if last is not None:
-        counts[-1] = last
-    return counts
-
-
 def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device: str = "cpu",
                         hsdp_replicate: int = 1) -> list[str]:
     """Why the torch executor cannot run `st` for `model`/`train` on `device` (empty: it can)."""
     reasons: list[str] = []
     if st.dp == "auto":
         return ["dp is 'auto'; resolve the strategy for a GPU count first"]
-    dp, tp, pp, cp, vpp = st.dp, st.tp, st.pp, st.cp, st.vpp
+    dp, tp, pp, cp = st.dp, st.tp, st.pp, st.cp
     if st.ep > 1 or st.etp > 1:
         reasons.append(f"ep ({st.ep}) / etp ({st.etp}) > 1: the model is dense and this executor builds no MoE layers")
     if cp > 1 and device != "cuda":
@@ -70,25 +59,17 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
         reasons.append(f"2·cp ({2 * cp}) must divide seq_len ({train.seq_len}) (load-balanced context parallel)")
     if model.position_embedding == "learned" and train.seq_len > model.max_position_embeddings:
         reasons.append(f"seq_len ({train.seq_len}) exceeds max_position_embeddings ({model.max_position_embeddings})")
-    per_replica = train.global_batch_size / dp
-    if train.global_batch_size % (st.micro_batch_size * dp):
+    lay = ParallelLayout.of_strategy(st, model.num_layers)
+    if not lay.batch_ok(train.global_batch_size, st.micro_batch_size)[0]:
         reasons.append(f"micro_batch_size·dp ({st.micro_batch_size}·{dp}) must divide global_batch_size "
                        f"({train.global_batch_size})")
-    else:
-        m = int(per_replica // st.micro_batch_size)
-        if pp > 1 and vpp == 1 and m < pp:
-            reasons.append(f"1F1B needs num_microbatches ({m}) >= pp ({pp})")
-        if vpp > 1:
-            rounds = max(1, m // pp)
-            if m % rounds:
-                reasons.append(f"interleaved 1F1B needs num_microbatches ({m}) to be a multiple of "
-                               f"max(1, num_microbatches // pp) ({rounds})")
-    if vpp > 1 and (st.num_layers_in_first_stage or st.num_layers_in_last_stage):
-        reasons.append("uneven first/last stages with vpp > 1 are not supported by this executor")
-    counts = stage_layer_counts(model.num_layers, st)
-    if sum(counts) != model.num_layers or min(counts) < 1:
-        reasons.append(f"num_layers ({model.num_layers}) cannot be split into {pp * vpp} pipeline chunks "
-                       f"(pp·vpp = {pp}·{vpp}) of at least one layer each")
+    elif pp > 1:
+        m = int(lay.num_microbatches(train.global_batch_size, st.micro_batch_size)[0])
+        schedule = lay.torch_schedule_message(m)
+        if schedule:
+            reasons.append(schedule + " (torch.distributed.pipelining)")
+    if not lay.split_ok()[0]:
+        reasons.append(lay.split_message())
     return reasons
 
 

@@ -11,8 +11,9 @@ import sys
 import pytest
 import typer
 
-from planner import PlanResult, plan
+from planner import PlanResult, Strategy, evaluate, plan
 from planner.cli import app, main
+from planner.cli.plan_cmds import COMM_HIDDEN_WARN_FRACTION
 
 PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
              "--seq-len", "4096"]
@@ -22,11 +23,11 @@ PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "-
 FROZEN = {
     "plan": ["--attention-kernel", "--cluster", "--constraint", "--constraints", "--format", "--global-batch-size",
              "--gpus", "--grad-precision", "--model", "--optimizer", "--precision", "--seq-len", "--top"],
-    "evaluate": ["--attention-kernel", "--cluster", "--cp", "--dp", "--first-stage-layers", "--format",
-                 "--global-batch-size", "--gpus", "--grad-precision", "--last-stage-layers", "--mbs", "--model",
-                 "--optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--pp", "--precision",
-                 "--recompute", "--recompute-num-layers", "--seq-len", "--sp", "--tp", "--vpp", "--zero",
-                 "--zero-stage"],
+    "evaluate": ["--attention-kernel", "--cluster", "--cp", "--dp", "--embedding-as-layer", "--first-stage-layers",
+                 "--format", "--global-batch-size", "--gpus", "--grad-precision", "--last-stage-layers",
+                 "--loss-as-layer", "--mbs", "--model", "--optimizer", "--overlap-grad-reduce",
+                 "--overlap-param-gather", "--pp", "--precision", "--recompute", "--recompute-num-layers",
+                 "--seq-len", "--sp", "--stage-layers", "--tp", "--vpp", "--zero", "--zero-stage"],
     "emit": ["--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints",
              "--format", "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for",
              "--master-port", "--model", "--optimizer", "--precision", "--rank", "--script", "--seq-len"],
@@ -107,6 +108,86 @@ def test_evaluate_and_explain(capsys):
     assert "memory of the most-loaded rank" in out and "activations" in out and "pp_bubble" in out
     code, out, _ = run(capsys, "explain", *args, "--format", "json")
     assert json.loads(out)["binding_stage"] in ("first", "middle", "last")
+
+
+# ---- the stage split and overlap (issue 7) -------------------------------------------------------------
+SPLIT_ARGS = ["--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", "512", "--global-batch-size", "256",
+              "--seq-len", "8192"]
+
+
+def _split_flags(label: str) -> list[str]:
+    """What a user types into evaluate for a plan table's split cell."""
+    if label == "even":
+        return []
+    flags: list[str] = []
+    for part in label.split():
+        key, _, value = part.partition("=")
+        flags += {"split": ["--stage-layers", value], "first": ["--first-stage-layers", value],
+                  "last": ["--last-stage-layers", value]}.get(key, [])
+        if part.endswith("-as-layer"):
+            flags += [f"--{'embedding' if n == 'emb' else 'loss'}-as-layer" for n in part[:-len("-as-layer")].split("+")]
+    return flags
+
+
+@pytest.mark.parametrize("constraints", [["-C", "tp=8", "-C", "pp=16"],
+                                         ["-C", "tp=8", "-C", "pp=4", "-C", "stage_layers=30,33,33,30"],
+                                         ["-C", "tp=8", "-C", "pp=2", "-C", "vpp=4", "-C", "embedding_as_layer=true",
+                                          "-C", "loss_as_layer=true"]])
+def test_plan_table_split_retypes_into_evaluate(capsys, constraints):
+    code, out, _ = run(capsys, "plan", *SPLIT_ARGS, *constraints, "--top", "1", "--format", "json")
+    data = json.loads(out)
+    top = (data["plans"] or data["closest"])[0]
+    st = Strategy.model_validate(top["strategy"])
+    label = st.split_label()
+    assert label  # every case is a non-even split
+    code, table, _ = run(capsys, "plan", *SPLIT_ARGS, *constraints, "--top", "1")
+    assert "split" in table and label in table
+    flags = ["--tp", str(st.tp), "--pp", str(st.pp), "--cp", str(st.cp), "--vpp", str(st.vpp), "--zero",
+             str(st.zero_stage), "--mbs", str(st.micro_batch_size), "--recompute", st.recompute]
+    flags += ["--sp"] if st.sequence_parallel else []
+    flags += ["--recompute-num-layers", str(st.recompute_num_layers)] if st.recompute_num_layers else []
+    code, out, err = run(capsys, "evaluate", *SPLIT_ARGS, *flags, *_split_flags(label), "--format", "json")
+    assert "Traceback" not in err
+    assert json.loads(out)["step_time_s"] == top["estimate"]["step_time_s"]
+
+
+def test_evaluate_split_options_are_the_strategy_fields(capsys):
+    args = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
+            "--seq-len", "4096", "--tp", "2", "--pp", "4"]
+    for flags, fields in [(["--stage-layers", "7,9,10,6"], {"stage_layers": [7, 9, 10, 6]}),
+                          (["--pp", "2", "--embedding-as-layer", "--loss-as-layer"],
+                           {"pp": 2, "embedding_as_layer": True, "loss_as_layer": True})]:
+        code, out, _ = run(capsys, "evaluate", *args, *flags, "--format", "json")
+        direct = evaluate("llama3-8b", "dgx-h100", 16, 64, 4096, strategy=Strategy(**{"tp": 2, "pp": 4, **fields}))
+        assert json.loads(out) == direct.model_dump(mode="json")
+    code, _, err = run(capsys, "evaluate", *args, "--stage-layers", "7,9,x")
+    assert code == 2 and "--stage-layers must be comma-separated layer counts" in err and "Traceback" not in err
+
+
+def test_plan_warns_when_the_top_plan_assumes_nearly_all_communication_hidden(capsys):
+    code, _, err = run(capsys, "plan", *PLAN_ARGS, "--top", "1")
+    top = plan("llama3-8b", "dgx-h100", 16, 64, 4096, top_k=1).plans[0].estimate
+    assert top.comm_hidden_fraction > COMM_HIDDEN_WARN_FRACTION
+    assert f"the prediction assumes {100 * top.comm_hidden_fraction:.0f}% of communication hidden behind compute; " \
+           "real overlap is often lower" in err
+    gpt3 = ["--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1024", "--global-batch-size", "1536",
+            "--seq-len", "2048", "--precision", "fp16", "-C", "tp=8", "-C", "pp=8", "-C", "recompute=selective",
+            "-C", "sequence_parallel=true", "-C", "zero_stage=0", "--top", "1"]
+    code, _, err = run(capsys, "plan", *gpt3)  # a tp8/pp8 plan exposes most of its communication
+    assert code == 0 and "communication hidden" not in err
+
+
+def test_explain_names_the_binding_ranks_and_the_hidden_communication(capsys):
+    args = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch-size", "32",
+            "--seq-len", "4096", "--tp", "2", "--pp", "4", "--stage-layers", "5,10,10,7"]
+    code, out, _ = run(capsys, "explain", *args, "--format", "json")
+    est = json.loads(out)
+    code, out, _ = run(capsys, "explain", *args)
+    r = est["binding_pipeline_rank"]
+    assert r == 1  # the first 10-layer stage holds more micro-batches in flight than the second
+    # tp 2 innermost, pp outermost: pipeline stage r is ranks 2r and 2r+1
+    assert f"memory of the most-loaded rank: pipeline stage 1 ({est['binding_stage']}), ranks 2-3" in out
+    assert f"communication hidden behind compute (assumed): {100 * est['comm_hidden_fraction']:.0f} %" in out
 
 
 def test_evaluate_not_fitting_exits_1(capsys):

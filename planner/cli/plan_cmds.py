@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
+from cost_models.layout import ParallelLayout
 from planner.api import evaluate as api_evaluate
 from planner.api import plan as api_plan
 from planner.cli.app import app
@@ -30,10 +31,17 @@ from planner.cli.common import (
     emit_json,
     gib,
     parse_constraints,
+    stderr,
     stdout,
     train_options,
 )
+from planner.errors import SpecError
 from planner.specs import Estimate, Plan, PlanResult, Strategy
+
+#: Above this share of communication assumed hidden behind compute, `plan` warns under its table:
+#: the prediction then rests on near-perfect overlap, which real runs rarely reach (a profile's
+#: comm_overlap, measured by `meshplan profile`, is usually well below 1).
+COMM_HIDDEN_WARN_FRACTION = 0.9
 
 
 # ---- plan -------------------------------------------------------------------
@@ -63,6 +71,7 @@ def plan_cmd(
         emit_csv([plan_row(p) for p in result.plans or result.closest])
     else:
         print_plan_table(result)
+        warn_hidden_comm(result)
     if not result.plans:
         raise ExitWith(1, no_fit_message(result))
 
@@ -95,16 +104,17 @@ def print_plan_table(result: PlanResult) -> None:
     plans = result.plans or result.closest
     title = "ranked plans" if result.plans else "no strategy fits; closest candidates"
     table = Table(title=title, title_justify="left")
-    for col in ("#", "dp", "tp", "pp", "cp", "vpp", "sp", "zero", "mbs", "recompute", "step (s)", "tok/s/GPU",
+    for col in ("#", "dp", "tp", "pp", "cp", "vpp", "sp", "zero", "mbs", "recompute", "split", "step (s)", "tok/s/GPU",
                 "model TFLOP/s/GPU", "MFU %", "mem/GPU (GiB)", "headroom (GiB)"):
-        table.add_column(col, justify="right" if col not in ("recompute",) else "left")
+        table.add_column(col, justify="left" if col in ("recompute", "split") else "right")
     for p in plans:
         s, e = p.strategy, p.estimate
         rc = s.recompute + (f"({s.recompute_num_layers})" if s.recompute_num_layers else "")
         table.add_row(str(p.rank), str(s.dp), str(s.tp), str(s.pp), str(s.cp), str(s.vpp),
                       "y" if s.sequence_parallel else "-", str(s.zero_stage), str(s.micro_batch_size), rc,
-                      f"{e.step_time_s:.3f}", f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.model_tflops_per_gpu:.1f}",
-                      f"{100 * e.mfu:.1f}", gib(e.peak_memory_bytes), gib(e.memory_capacity_bytes - e.peak_memory_bytes))
+                      s.split_label() or "even", f"{e.step_time_s:.3f}", f"{e.tokens_per_s_per_gpu:,.0f}",
+                      f"{e.model_tflops_per_gpu:.1f}", f"{100 * e.mfu:.1f}", gib(e.peak_memory_bytes),
+                      gib(e.memory_capacity_bytes - e.peak_memory_bytes))
     stdout.print(table)
     st = result.stats
     rejected = ", ".join(f"{k}: {v:,}" for k, v in sorted(st.rejected.items(), key=lambda kv: -kv[1])) or "none"
@@ -113,15 +123,38 @@ def print_plan_table(result: PlanResult) -> None:
     stdout.print(f"rejected by reason: {rejected}", highlight=False)
 
 
+def warn_hidden_comm(result: PlanResult) -> None:
+    """One line on stderr when the top plan assumes nearly all communication hidden."""
+    if not result.plans:
+        return
+    hidden = result.plans[0].estimate.comm_hidden_fraction
+    if hidden > COMM_HIDDEN_WARN_FRACTION:
+        stderr.print(f"warning: the prediction assumes {100 * hidden:.0f}% of communication hidden behind compute; "
+                     "real overlap is often lower", markup=False, highlight=False)
+
+
 # ---- evaluate / explain ----------------------------------------------------------
 def _strategy(dp: Optional[int], tp: int, pp: int, cp: int, vpp: int, sp: bool, zero: int, mbs: int,
               recompute: RecomputeOpt, recompute_num_layers: Optional[int], first_stage_layers: Optional[int],
-              last_stage_layers: Optional[int], overlap_grad_reduce: bool, overlap_param_gather: bool) -> Strategy:
+              last_stage_layers: Optional[int], stage_layers: Optional[str], embedding_as_layer: bool,
+              loss_as_layer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool) -> Strategy:
     return Strategy(dp=dp if dp is not None else "auto", tp=tp, pp=pp, cp=cp, vpp=vpp, sequence_parallel=sp,
                     zero_stage=zero, micro_batch_size=mbs, recompute=recompute.value,
                     recompute_num_layers=recompute_num_layers, num_layers_in_first_stage=first_stage_layers,
-                    num_layers_in_last_stage=last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,
-                    overlap_param_gather=overlap_param_gather)
+                    num_layers_in_last_stage=last_stage_layers, stage_layers=parse_stage_layers(stage_layers),
+                    embedding_as_layer=embedding_as_layer, loss_as_layer=loss_as_layer,
+                    overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather)
+
+
+def parse_stage_layers(text: Optional[str]) -> Optional[list[int]]:
+    """`1,2,2,3` -> [1, 2, 2, 3] (the `split=` part of a plan table row reads the same)."""
+    if text is None:
+        return None
+    try:
+        return [int(v) for v in text.removeprefix("split=").split(",")]
+    except ValueError:
+        raise SpecError(f"--stage-layers must be comma-separated layer counts, one per pipeline stage, e.g. 1,2,2,3 "
+                        f"(got {text!r})") from None
 
 
 DpOpt = Annotated[Optional[int], typer.Option("--dp", help="Data parallel degree (default: GPUs / (tp·cp·pp)).")]
@@ -136,6 +169,9 @@ RecomputeArg = Annotated[RecomputeOpt, typer.Option("--recompute", help="Activat
 RclOpt = Annotated[Optional[int], typer.Option("--recompute-num-layers", help="Layers per chunk recomputed with --recompute full (default: all).")]
 FirstOpt = Annotated[Optional[int], typer.Option("--first-stage-layers", help="Layers on the first pipeline stage (uneven split).")]
 LastOpt = Annotated[Optional[int], typer.Option("--last-stage-layers", help="Layers on the last pipeline stage (uneven split).")]
+StageLayersOpt = Annotated[Optional[str], typer.Option("--stage-layers", help="Explicit split: transformer layers on each pipeline stage, first to last, comma-separated (e.g. 1,2,2,3: pp counts, each a multiple of vpp, summing to the model's layers).")]
+EmbLayerOpt = Annotated[bool, typer.Option("--embedding-as-layer", help="Count the input embedding as one layer in an even split (the first stage gets one transformer layer fewer; Megatron's --account-for-embedding-in-pipeline-split).")]
+LossLayerOpt = Annotated[bool, typer.Option("--loss-as-layer", help="Count the output layer and loss as one layer in an even split (the last stage gets one transformer layer fewer; Megatron's --account-for-loss-in-pipeline-split).")]
 OgrOpt = Annotated[bool, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Overlap the gradient reduction with backward.")]
 OpgOpt = Annotated[bool, typer.Option("--overlap-param-gather/--no-overlap-param-gather", help="Overlap ZeRO parameter gathers with forward.")]
 
@@ -150,12 +186,14 @@ def _one_strategy_command(render):
         dp: DpOpt = None, tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, vpp: VppOpt = 1, sp: SpOpt = False,
         zero: ZeroOpt = 0, mbs: MbsOpt = 1, recompute: RecomputeArg = RecomputeOpt.none,
         recompute_num_layers: RclOpt = None, first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+        stage_layers: StageLayersOpt = None, embedding_as_layer: EmbLayerOpt = False, loss_as_layer: LossLayerOpt = False,
         overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True,
         grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash",
         optimizer: OptimizerOpt = "adam", fmt: FormatOpt = Format.table,
     ) -> None:
         strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
-                             last_stage_layers, overlap_grad_reduce, overlap_param_gather)
+                             last_stage_layers, stage_layers, embedding_as_layer, loss_as_layer, overlap_grad_reduce,
+                             overlap_param_gather)
         est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                            seq_len=seq_len, precision=precision.value, strategy=strategy,
                            **train_options(grad_precision, attention_kernel, optimizer))
@@ -205,8 +243,7 @@ def render_explain(strategy: Strategy, est: Estimate, fmt: Format) -> None:
         emit_csv(rows)
         return
     print_estimate_summary(strategy, est)
-    mem = Table(title=f"memory of the most-loaded rank: {binding_ranks(strategy, est.binding_stage)}",
-                title_justify="left")
+    mem = Table(title=f"memory of the most-loaded rank: {binding_ranks(strategy, est)}", title_justify="left")
     for col in ("term", "GiB", "% of peak"):
         mem.add_column(col, justify="left" if col == "term" else "right")
     for term, value in sorted(est.memory_bytes.items(), key=lambda kv: -kv[1]):
@@ -222,6 +259,8 @@ def render_explain(strategy: Strategy, est: Estimate, fmt: Format) -> None:
         tim.add_row(term, f"{value:.4f}", f"{100 * value / est.step_time_s:.1f}")
     tim.add_row("[bold]step[/]", f"{est.step_time_s:.4f}", "100.0")
     stdout.print(tim)
+    stdout.print(f"communication hidden behind compute (assumed): {100 * est.comm_hidden_fraction:.0f} %",
+                 highlight=False)
 
 
 app.command("evaluate", help="Score one strategy: step time, throughput, MFU, peak memory and whether it fits.")(
@@ -230,13 +269,18 @@ app.command("explain", help="Break one strategy's memory and step time down term
                             "term binds).")(_one_strategy_command(render_explain))
 
 
-def binding_ranks(strategy: Strategy, stage_kind: str) -> str:
-    """The ranks of the binding stage under Megatron's order (tp, cp, dp inner; pp outer)."""
-    per_stage = strategy.tp * strategy.cp * strategy.dp
-    stage = {"first": 0, "middle": min(1, strategy.pp - 1), "last": strategy.pp - 1}[stage_kind]
-    lo, hi = stage * per_stage, (stage + 1) * per_stage - 1
-    where = "every rank" if strategy.pp == 1 else f"pipeline stage {stage} ({stage_kind})"
-    return f"{where}, ranks {lo}-{hi}" if hi > lo else f"{where}, rank {lo}"
+def binding_ranks(strategy: Strategy, est: Estimate) -> str:
+    """The global ranks of the pipeline stage that binds memory, from the layout's rank order."""
+    # Only the rank order is read: the layer count does not change which ranks a stage holds.
+    lay = ParallelLayout.of_strategy(strategy, num_layers=0)
+    stage = est.binding_pipeline_rank
+    ranks = lay.stage_ranks(stage)
+    where = "every rank" if strategy.pp == 1 else f"pipeline stage {stage} ({est.binding_stage})"
+    if len(ranks) == 1:
+        return f"{where}, rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{where}, ranks {ranks[0]}-{ranks[-1]}"
+    return f"{where}, ranks " + ", ".join(map(str, ranks))
 
 
 # ---- presets ---------------------------------------------------------------------

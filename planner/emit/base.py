@@ -27,6 +27,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cost_models.layout import ParallelLayout
 from planner.errors import SpecError, unknown_name_message
 from planner.specs import Plan, Strategy
 
@@ -106,7 +107,10 @@ REGISTRY = Registry()
 # ---- facts derived from a plan ------------------------------------------------
 @dataclass(frozen=True)
 class PlanFacts:
-    """Numbers every emitter needs, derived once from a plan (counts, not bytes)."""
+    """Numbers every emitter needs, derived once from a plan (counts, not bytes).
+
+    The stage split and the micro-batch count come from the plan's `ParallelLayout`
+    (cost_models.layout), the same object the cost model and the search use."""
 
     plan: Plan
     strategy: Strategy
@@ -114,6 +118,7 @@ class PlanFacts:
     num_microbatches: int
     num_nodes: int
     gpus_per_node: int
+    layout: ParallelLayout
 
     @property
     def model(self):
@@ -125,48 +130,53 @@ class PlanFacts:
 
     @property
     def uneven(self) -> bool:
+        """The first/last-stage layer counts are set (Megatron's uneven split)."""
         s = self.strategy
         return s.num_layers_in_first_stage is not None or s.num_layers_in_last_stage is not None
 
+    @property
+    def even_split(self) -> bool:
+        """The layers split evenly over the pp·vpp virtual stages: no first/last counts, no
+        explicit `stage_layers`, no embedding or loss counted as a layer."""
+        return not self.strategy.split_label()
+
+    def split_fields(self) -> str:
+        """The Strategy fields that make the split non-even, with their values (for messages)."""
+        s = self.strategy
+        if s.stage_layers is not None:
+            return f"stage_layers {s.stage_layers}"
+        if self.uneven:
+            return f"num_layers_in_first_stage {s.num_layers_in_first_stage}, num_layers_in_last_stage " \
+                   f"{s.num_layers_in_last_stage}"
+        return " and ".join(n for n in ("embedding_as_layer", "loss_as_layer") if getattr(s, n))
+
     def layers_per_stage(self) -> list[int]:
-        """Transformer layers on each pipeline rank, first to last (Megatron's split rule)."""
-        s, L = self.strategy, self.model.num_layers
-        if not self.uneven:
-            return [L // s.pp] * s.pp
-        first, last = s.num_layers_in_first_stage, s.num_layers_in_last_stage
-        inner = s.pp - (first is not None) - (last is not None)
-        rest = L - (first or 0) - (last or 0)
-        middle = rest // inner if inner else 0
-        out = [middle] * s.pp
-        if first is not None:
-            out[0] = first
-        if last is not None:
-            out[-1] = last
-        return out
+        """Transformer layers on each pipeline rank, first to last (`ParallelLayout.layers_per_stage`)."""
+        return self.layout.layers_per_stage()
 
     def layers_per_chunk(self) -> list[int]:
-        """Layers of each virtual pipeline stage in schedule order: stage c·pp + r lives on rank r."""
-        s = self.strategy
-        per_rank = self.layers_per_stage()
-        return [per_rank[r] // s.vpp for _ in range(s.vpp) for r in range(s.pp)]
+        """Layers of each virtual pipeline stage in schedule order: stage c·pp + r lives on rank r
+        (`ParallelLayout.layers_per_chunk`)."""
+        return self.layout.layers_per_chunk()
 
     def local_batch_size(self) -> int:
-        """Sequences each data-parallel rank processes per optimizer step."""
-        return self.train.global_batch_size // self.dp
+        """Sequences each data-parallel rank processes per optimizer step: its micro-batches."""
+        return self.num_microbatches * self.strategy.micro_batch_size
 
 
 def facts(plan: Plan) -> PlanFacts:
     """Resolve the plan's strategy and derive the shared numbers (no checks)."""
     strategy = plan.strategy.resolve(plan.num_gpus) if plan.strategy.dp == "auto" else plan.strategy
-    dp = int(strategy.dp)
+    layout = ParallelLayout.of_strategy(strategy, plan.model.num_layers)
     per_node = min(plan.cluster.gpus_per_node, plan.num_gpus)
     return PlanFacts(
         plan=plan,
         strategy=strategy,
-        dp=dp,
-        num_microbatches=plan.train.global_batch_size // (strategy.micro_batch_size * dp),
+        dp=int(strategy.dp),
+        num_microbatches=int(layout.num_microbatches(plan.train.global_batch_size, strategy.micro_batch_size)[0]),
         num_nodes=-(-plan.num_gpus // per_node),
         gpus_per_node=per_node,
+        layout=layout,
     )
 
 
@@ -179,52 +189,37 @@ def check_plan(plan: Plan, framework: str) -> PlanFacts:
     breaks one of these is refused for every backend.
     """
     f = facts(plan)
-    s, m, t = f.strategy, plan.model, plan.train
+    s, m, t, lay = f.strategy, plan.model, plan.train, f.layout
 
     def refuse(reason: str) -> None:
         raise NotExpressibleError(framework, reason)
 
-    if f.dp * s.tp * s.cp * s.pp != plan.num_gpus:
+    if int(lay.num_gpus[0]) != plan.num_gpus:
         refuse(f"dp·tp·cp·pp ({f.dp}·{s.tp}·{s.cp}·{s.pp}) must equal num_gpus ({plan.num_gpus})")
-    if t.global_batch_size % (s.micro_batch_size * f.dp):
+    if not lay.batch_ok(t.global_batch_size, s.micro_batch_size)[0]:
         refuse(f"micro_batch_size·dp ({s.micro_batch_size}·{f.dp}) must divide global_batch_size ({t.global_batch_size})")
     if m.num_attention_heads % s.tp:
         refuse(f"tp ({s.tp}) must divide num_attention_heads ({m.num_attention_heads})")
     if m.kv_heads % s.tp:
         refuse(f"tp ({s.tp}) must divide num_kv_heads ({m.kv_heads})")
-    _check_layers(f, refuse)
+    if not lay.split_ok()[0]:
+        refuse(lay.split_message())
     if s.ep > 1 or s.etp > 1:
         refuse(f"ep ({s.ep}) and etp ({s.etp}) must be 1: model {m.name} is dense (ModelSpec has no experts)")
     if s.cp > 1 and t.seq_len % (2 * s.cp):
         refuse(f"seq_len ({t.seq_len}) must be divisible by 2·cp ({2 * s.cp}) for load-balanced context parallelism")
     if s.sequence_parallel and (t.seq_len // s.cp) % s.tp:
         refuse(f"with sequence_parallel, seq_len/cp ({t.seq_len // s.cp}) must be divisible by tp ({s.tp})")
-    if s.vpp > 1 and f.num_microbatches % s.pp:
+    if not lay.megatron_schedule_ok(f.num_microbatches)[0]:
         refuse(f"with vpp > 1, num_microbatches ({f.num_microbatches}) must be a multiple of pp ({s.pp})")
-    if s.recompute_num_layers is not None and s.recompute_num_layers > min(f.layers_per_chunk()):
-        refuse(f"recompute_num_layers ({s.recompute_num_layers}) must not exceed the layers per pipeline chunk "
-               f"({min(f.layers_per_chunk())})")
+    largest_chunk = max(f.layers_per_chunk())
+    if s.recompute_num_layers is not None and s.recompute_num_layers > largest_chunk:
+        refuse(f"recompute_num_layers ({s.recompute_num_layers}) must not exceed the layers of the largest pipeline "
+               f"chunk ({largest_chunk})")
     if m.position_embedding == "learned" and t.seq_len > m.max_position_embeddings:
         refuse(f"seq_len ({t.seq_len}) exceeds the learned position table (max_position_embeddings "
                f"{m.max_position_embeddings})")
     return f
-
-
-def _check_layers(f: PlanFacts, refuse) -> None:
-    s, L = f.strategy, f.model.num_layers
-    if not f.uneven:
-        if L % (s.pp * s.vpp):
-            refuse(f"pp·vpp ({s.pp}·{s.vpp}) must divide num_layers ({L}) unless first/last stage layers are set")
-        return
-    first, last = s.num_layers_in_first_stage or 0, s.num_layers_in_last_stage or 0
-    inner = s.pp - (s.num_layers_in_first_stage is not None) - (s.num_layers_in_last_stage is not None)
-    rest = L - first - last
-    ok = (rest > 0 and rest % inner == 0) if inner > 0 else rest == 0
-    if not ok:
-        refuse(f"uneven pipeline: num_layers ({L}) minus first ({first}) and last ({last}) stage layers must split "
-               f"evenly over the other {inner} stage(s) of pp ({s.pp})")
-    if any(n % s.vpp for n in f.layers_per_stage()):
-        refuse(f"uneven pipeline: every stage's layers {f.layers_per_stage()} must be divisible by vpp ({s.vpp})")
 
 
 def describe(plan: Plan) -> str:

@@ -25,7 +25,10 @@ Mapping choices:
 
 Refused: zero_stage 2 with pp > 1 (the plugin asserts ZeRO 0 or 1 with pipelines),
 zero_stage 3 with pp > 1 or cp > 1, cp > 1 together with sequence_parallel,
-uneven stages with vpp > 1 (the stage manager takes one count per stage),
+a split other than the even one with vpp > 1 (uneven first/last counts, an
+explicit `stage_layers` split or the embedding/loss counted as layers: the stage
+manager takes one layer count per pipeline stage, so with vpp > 1 it can only
+split evenly; with vpp = 1 any split is `num_layers_per_stage`),
 full recompute of only some layers without pipelining, selective recompute with
 an unfused attention kernel, ep > 1.
 """
@@ -106,6 +109,8 @@ def _refuse_unsupported(f: PlanFacts) -> None:
                "(split_gather or ring_attn), not both")
     if f.uneven and s.vpp > 1:
         refuse(f"uneven pipeline stages with vpp ({s.vpp}) > 1; the stage manager takes one layer count per stage")
+    if not f.even_split and s.vpp > 1:
+        refuse(f"{f.split_fields()} with vpp ({s.vpp}) > 1; the stage manager takes one layer count per stage")
     if s.recompute == "full" and s.recompute_num_layers is not None and s.pp == 1:
         refuse(f"recompute_num_layers ({s.recompute_num_layers}) without pipeline parallelism; Colossal-AI "
                "checkpoints all layers or, with pp > 1, a count per stage")
@@ -145,7 +150,7 @@ def _hybrid_kwargs(f: PlanFacts, precision: str, notes: list[str]) -> dict[str, 
         kwargs |= {"microbatch_size": s.micro_batch_size, "num_microbatches": f.num_microbatches}
         if s.vpp > 1:
             kwargs |= {"pp_style": "interleaved", "num_model_chunks": s.vpp}
-        if f.uneven:
+        if not f.even_split:
             kwargs["num_layers_per_stage"] = f.layers_per_stage()
         if s.recompute == "full":
             chunks = f.layers_per_chunk()

@@ -14,8 +14,10 @@ What DeepSpeed cannot run as planned (each raises NotExpressibleError):
 - zero_stage 2 or 3 with pp > 1: the pipeline engine asserts "ZeRO-2 and
   ZeRO-3 are incompatible with pipeline parallelism".
 - vpp > 1: the pipeline engine has only the plain 1F1B schedule.
-- uneven first/last stage layer counts: PipelineModule partitions by method
-  (uniform, parameters, type regex), not by per-stage counts.
+- a split other than the even one with pp > 1 (uneven first/last stage layer
+  counts, an explicit `stage_layers` split, the embedding or loss counted as a
+  layer): PipelineModule partitions by method (uniform, parameters, type
+  regex), not by per-stage counts.
 - cp > 1: DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads,
   `sequence_parallel_size`), not ring context parallelism; its memory and
   communication differ from the plan's.
@@ -61,6 +63,9 @@ def _refuse_unsupported(f: PlanFacts) -> None:
     if f.uneven:
         refuse(f"uneven pipeline stages (first {s.num_layers_in_first_stage}, last {s.num_layers_in_last_stage} layers); "
                "DeepSpeed's PipelineModule partitions layers by method, not by per-stage counts")
+    if s.pp > 1 and not f.even_split:
+        refuse(f"{f.split_fields()} with pp ({s.pp}) > 1; DeepSpeed's PipelineModule partitions layers by method "
+               "(uniform, parameters, type regex), not by per-stage counts")
     if s.cp > 1:
         refuse(f"cp ({s.cp}) > 1; DeepSpeed's sequence parallelism is Ulysses all-to-all, not ring context parallelism")
     if s.recompute == "full" and s.recompute_num_layers is not None and s.pp > 1:

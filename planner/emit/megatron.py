@@ -16,6 +16,12 @@ Choices an experienced Megatron user would make, and why:
   --recompute-num-layers 1`; of the first k layers per chunk, `block` with k.
 - vpp is `--num-virtual-stages-per-pipeline-rank` (the only vpp flag Megatron
   allows together with uneven first/last stages).
+- The stage split: first/last-stage counts are `--decoder-first/last-pipeline-num-layers`;
+  embedding/loss counted as layers are `--account-for-embedding/loss-in-pipeline-split`;
+  an explicit per-stage split (`stage_layers`) is `--pipeline-model-parallel-layout`, one
+  `|`-separated entry per virtual stage in schedule order (`Et*3|(t*4|)*30,t*3L`: E the
+  embedding, t a transformer layer, L the loss), which also fixes vpp, so
+  `--num-virtual-stages-per-pipeline-rank` is left out (Megatron-LM allows only one of them).
 - fp8 is Transformer Engine delayed scaling, hybrid format (E4M3 forward,
   E5M2 backward), amax history 1024 with the max algorithm, on top of bf16.
 - rope models get `--max-position-embeddings max(table, seq_len)`; Megatron
@@ -24,6 +30,8 @@ Choices an experienced Megatron user would make, and why:
 
 from __future__ import annotations
 
+import itertools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +61,9 @@ FLAGS: dict[str, Flag] = {
     "num_virtual_stages_per_pipeline_rank": Flag("--num-virtual-stages-per-pipeline-rank", "int"),
     "decoder_first_pipeline_num_layers": Flag("--decoder-first-pipeline-num-layers", "int"),
     "decoder_last_pipeline_num_layers": Flag("--decoder-last-pipeline-num-layers", "int"),
+    "pipeline_model_parallel_layout": Flag("--pipeline-model-parallel-layout", "str"),
+    "account_for_embedding_in_pipeline_split": Flag("--account-for-embedding-in-pipeline-split", "switch"),
+    "account_for_loss_in_pipeline_split": Flag("--account-for-loss-in-pipeline-split", "switch"),
     "context_parallel_size": Flag("--context-parallel-size", "int"),
     "expert_model_parallel_size": Flag("--expert-model-parallel-size", "int"),
     "expert_tensor_parallel_size": Flag("--expert-tensor-parallel-size", "int"),
@@ -122,12 +133,18 @@ def settings(plan: Plan) -> dict[str, Any]:
         "tensor_model_parallel_size": s.tp,
         "pipeline_model_parallel_size": s.pp,
     }
-    if s.vpp > 1:
+    if s.stage_layers is not None:
+        out["pipeline_model_parallel_layout"] = pipeline_layout(f.layers_per_chunk())
+    elif s.vpp > 1:
         out["num_virtual_stages_per_pipeline_rank"] = s.vpp
     if s.num_layers_in_first_stage is not None:
         out["decoder_first_pipeline_num_layers"] = s.num_layers_in_first_stage
     if s.num_layers_in_last_stage is not None:
         out["decoder_last_pipeline_num_layers"] = s.num_layers_in_last_stage
+    if s.embedding_as_layer:
+        out["account_for_embedding_in_pipeline_split"] = True
+    if s.loss_as_layer:
+        out["account_for_loss_in_pipeline_split"] = True
     out["context_parallel_size"] = s.cp
     if s.ep > 1 or s.etp > 1:  # unreachable for dense models (check_plan refuses); kept for MoE
         out["expert_model_parallel_size"] = s.ep
@@ -140,6 +157,43 @@ def settings(plan: Plan) -> dict[str, Any]:
     out |= _precision(f)
     out |= _model_shape(f)
     return out
+
+
+# Megatron-core's layout alphabet (transformer/pipeline_parallel_layer_layout.py) and the two
+# repeat forms its `parse_str_to_list` unrolls, `(...)*n` and `x*n`, in that order.
+LAYOUT_EMBEDDING, LAYOUT_LAYER, LAYOUT_LOSS = "E", "t", "L"
+_LAYOUT_REPEATS = (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)")
+
+
+def pipeline_layout(layers_per_chunk: list[int]) -> str:
+    """`--pipeline-model-parallel-layout` for per-virtual-stage layer counts in schedule order
+    (stage c·pp + r on pipeline rank r, the order megatron-core reads): the embedding before the
+    first stage's layers, the loss after the last's, runs of three or more equal stages as
+    `(t*n|)*k`.
+
+    >>> pipeline_layout([3] + [4] * 30 + [3])
+    'Et*3|(t*4|)*30,t*3L'
+    >>> pipeline_layout([1, 2, 2, 3])
+    'Et|t*2|t*2|t*3L'
+    """
+    stages = [LAYOUT_LAYER * n if n < 2 else f"{LAYOUT_LAYER}*{n}" for n in layers_per_chunk]
+    stages[0] = LAYOUT_EMBEDDING + stages[0]
+    stages[-1] += LAYOUT_LOSS
+    runs = [(stage, len(list(same))) for stage, same in itertools.groupby(stages)]
+    text = ""
+    for k, (stage, run) in enumerate(runs):
+        final = k == len(runs) - 1
+        text += f"({stage}|)*{run}," if run >= 3 and not final else "|".join([stage] * run) + ("" if final else "|")
+    return text
+
+
+def layout_stages(layout: str) -> list[str]:
+    """The virtual stages of a layout string, unrolled as megatron-core's `parse_str_to_list` does
+    (commas are cosmetic)."""
+    text = layout.replace(",", "")
+    for pattern in _LAYOUT_REPEATS:
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    return text.split("|")
 
 
 def _recompute(f: PlanFacts) -> dict[str, Any]:
@@ -269,7 +323,9 @@ _PARALLEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size"
 _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
                        "normalization", "add_bias_linear", "add_qkv_bias", "attention_dropout", "hidden_dropout",
                        "recompute_granularity", "recompute_method", "recompute_num_layers", "fp8", "fp8_recipe",
-                       "fp8_amax_history_len", "fp8_amax_compute_algo", "attention_backend")
+                       "fp8_amax_history_len", "fp8_amax_compute_algo", "attention_backend",
+                       "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
+                       "account_for_loss_in_pipeline_split")
 _RENAMED = {"decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
             "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage"}
 
@@ -287,6 +343,8 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     dtype = "bfloat16" if bf16 else "float16" if fp16 else "float32"
     parallel = {k: args[k] for k in _PARALLEL_FIELDS if k in args}
     vpp = args.get("num_virtual_stages_per_pipeline_rank")
+    if args.get("pipeline_model_parallel_layout"):  # the layout fixes vpp (Megatron-LM's validate_args)
+        vpp = len(layout_stages(args["pipeline_model_parallel_layout"])) // args["pipeline_model_parallel_size"]
     parallel["virtual_pipeline_model_parallel_size"] = vpp if vpp and vpp > 1 else None
     parallel |= {"params_dtype": dtype, "pipeline_dtype": dtype, "bf16": bf16, "fp16": fp16}
     if "gradient_accumulation_fusion" in args:

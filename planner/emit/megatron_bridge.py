@@ -13,6 +13,8 @@ the mixed-precision recipe, as Megatron-Bridge expects, not by single fields.
 
 from __future__ import annotations
 
+import re
+import shlex
 from typing import Any
 
 from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, describe
@@ -23,7 +25,9 @@ FRAMEWORK = "Megatron-Bridge"
 
 # mapping table: megatron-core config -> Megatron-Bridge section, and the fields it carries
 _MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-                 "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "context_parallel_size",
+                 "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                 "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
+                 "account_for_loss_in_pipeline_split", "context_parallel_size",
                  "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
                  "recompute_granularity", "recompute_method", "recompute_num_layers", "gradient_accumulation_fusion",
                  "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
@@ -33,6 +37,8 @@ _DDP_FIELDS = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_para
                "use_megatron_fsdp", "data_parallel_sharding_strategy")
 _OPTIMIZER_FIELDS = ("optimizer", "use_distributed_optimizer", "optimizer_cpu_offload", "use_precision_aware_optimizer")
 #: TrainSpec.precision -> Megatron-Bridge mixed-precision recipe (bridge.training.mixed_precision)
+#: strings Hydra's override grammar takes unquoted
+_BARE = re.compile(r"[A-Za-z0-9_.\-]+")
 MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
 
 
@@ -59,11 +65,15 @@ def overrides(plan: Plan) -> dict[str, Any]:
 
 
 def format_value(value: Any) -> str:
-    """Hydra/OmegaConf literal: true/false, null, numbers, bare strings."""
+    """Hydra/OmegaConf literal: true/false, null, numbers, bare strings; a string with characters
+    Hydra's override grammar reads as syntax (a pipeline layout's `(`, `)`, `,`, `|`, `*`) is
+    double-quoted."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
         return "null"
+    if isinstance(value, str) and not _BARE.fullmatch(value):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(value) if isinstance(value, float) else str(value)
 
 
@@ -81,7 +91,7 @@ class MegatronBridgeEmitter:
 
     def render(self, plan: Plan, options: EmitOptions) -> str:
         lines = bridge_overrides(plan)
-        body = "".join(f"  {line}\n" for line in lines)
+        body = "".join(f"  {shlex.quote(line)}\n" for line in lines)
         return (f"# Megatron-Bridge {describe(plan)}\n"
                 "# Append to a Megatron-Bridge recipe script: python <recipe>.py \"${OVERRIDES[@]}\"\n"
                 f"OVERRIDES=(\n{body})\n")

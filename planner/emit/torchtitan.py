@@ -17,9 +17,13 @@ Mapping choices (torchtitan shards data parallelism with FSDP2):
   activation memory, same communication volume). Both cases are written in
   the output's notes.
 - pp: `1F1B`, or `Interleaved1F1B` with vpp > 1; an even split is
-  `pipeline_parallel_layers_per_stage` with no embedding/output weighting, an
-  uneven one spells out `module_fqns_per_model_part` in torchtitan's Llama
-  module names (`tok_embeddings`, `layers.N`, `norm`, `output`).
+  `pipeline_parallel_layers_per_stage` with no embedding/output weighting, and
+  with the embedding (loss) counted as a layer the same split with
+  `pipeline_parallel_first_stage_less_layers` (`..._last_stage_less_layers`) 1:
+  torchtitan's `generate_llm_fqn_per_model_part` then gives the first (last)
+  virtual stage one layer fewer, as Megatron does. Uneven first/last counts and
+  an explicit `stage_layers` split spell out `module_fqns_per_model_part` in
+  torchtitan's Llama module names (`tok_embeddings`, `layers.N`, `norm`, `output`).
 - Batch: with pp > 1 each data-parallel rank's `local_batch_size` is split into
   `pipeline_parallel_microbatch_size` micro-batches; without pp,
   `local_batch_size` is the micro-batch and torchtitan accumulates gradients
@@ -112,11 +116,14 @@ def _parallelism(f: PlanFacts, notes: list[str]) -> dict[str, Any]:
     if s.pp > 1:
         out |= {"pipeline_parallel_schedule": "Interleaved1F1B" if s.vpp > 1 else "1F1B",
                 "pipeline_parallel_microbatch_size": s.micro_batch_size}
-        if f.uneven:
+        if f.uneven or s.stage_layers is not None:
             out["module_fqns_per_model_part"] = _model_parts(f)
         else:
-            out |= {"pipeline_parallel_layers_per_stage": f.layers_per_chunk()[0],
-                    "pipeline_parallel_first_stage_less_layers": 0, "pipeline_parallel_last_stage_less_layers": 0}
+            # Every virtual stage holds the same number of layers once the embedding and the loss
+            # count as layers (when they do): the first chunk's layers plus its embedding.
+            emb, loss = int(s.embedding_as_layer), int(s.loss_as_layer)
+            out |= {"pipeline_parallel_layers_per_stage": f.layers_per_chunk()[0] + emb,
+                    "pipeline_parallel_first_stage_less_layers": emb, "pipeline_parallel_last_stage_less_layers": loss}
     return out
 
 
@@ -141,7 +148,7 @@ def _recompute(f: PlanFacts, refuse) -> dict[str, Any]:
     if s.recompute_num_layers is None:
         return {"mode": "full"}
     chunk = min(f.layers_per_chunk())
-    if chunk % s.recompute_num_layers or any(n % s.recompute_num_layers for n in f.layers_per_chunk()):
+    if chunk == 0 or any(n % s.recompute_num_layers for n in f.layers_per_chunk()):
         refuse(f"recompute_num_layers ({s.recompute_num_layers}) of {chunk} layers per chunk; torchtitan checkpoints "
                "every N-th layer, so the count must divide the layers per chunk")
     every = chunk // s.recompute_num_layers

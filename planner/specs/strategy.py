@@ -115,10 +115,15 @@ class Strategy(BaseModel):
         return self
 
     def num_microbatches(self, global_batch_size: int) -> int:
-        """global_batch_size / (micro_batch_size · dp); the caller checks divisibility."""
+        """global_batch_size / (micro_batch_size · dp), at least 1: `ParallelLayout.num_microbatches`;
+        the caller checks divisibility (`ParallelLayout.batch_ok`)."""
         if self.dp == "auto":
             raise SpecError("dp is 'auto'; resolve the strategy for a GPU count first")
-        return global_batch_size // (self.micro_batch_size * self.dp)
+        from cost_models.layout import ParallelLayout
+
+        # The micro-batch rule reads no layer count.
+        lay = ParallelLayout.of_strategy(self, num_layers=0)
+        return int(lay.num_microbatches(global_batch_size, self.micro_batch_size)[0])
 
     def split_label(self) -> str:
         """The non-default parts of the stage split, e.g. `split=[3,4*30,3]`, `first=3 last=3`,

@@ -79,6 +79,7 @@ def check_megatron(plan: Plan, argv: list[str]) -> None:
         assert c.bf16 == (t.precision != "fp16") and c.fp16 == (t.precision == "fp16")
     assert tc.num_layers_in_first_pipeline_stage == s.num_layers_in_first_stage
     assert tc.num_layers_in_last_pipeline_stage == s.num_layers_in_last_stage
+    check_megatron_split(plan, tc)
     assert (tc.num_layers, tc.hidden_size, tc.ffn_hidden_size) == (m.num_layers, m.hidden_size, m.ffn_hidden_size)
     assert (tc.num_attention_heads, tc.num_query_groups, tc.kv_channels) == (m.num_attention_heads, m.kv_heads, m.head_size)
     assert tc.gated_linear_unit == m.gated_mlp
@@ -107,6 +108,29 @@ def check_megatron(plan: Plan, argv: list[str]) -> None:
     megatron_lm_argument_rules(plan, args)
 
 
+def check_megatron_split(plan: Plan, tc) -> None:
+    """megatron-core builds, on every (pipeline rank, virtual stage), the layers the plan's
+    `ParallelLayout` puts there: `get_num_layers_to_build` for the first/last-stage and
+    embedding/loss-as-layer splits, the parsed `pipeline_model_parallel_layout` for an explicit one."""
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    f = facts(plan)
+    s = f.strategy
+    assert tc.account_for_embedding_in_pipeline_split == s.embedding_as_layer
+    assert tc.account_for_loss_in_pipeline_split == s.loss_as_layer
+    layout = tc.pipeline_model_parallel_layout
+    assert (layout is not None) == (s.stage_layers is not None)
+    built = {}
+    for r in range(s.pp):
+        for c in range(s.vpp):
+            if layout is not None:
+                built[c * s.pp + r] = layout.layout[r][c].count(LayerType.decoder)
+            else:
+                built[c * s.pp + r] = get_num_layers_to_build(tc, vp_stage=c if s.vpp > 1 else None, pp_rank=r)
+    assert [built[i] for i in range(s.pp * s.vpp)] == f.layers_per_chunk(), (built, f.layers_per_chunk())
+
+
 def megatron_lm_argument_rules(plan: Plan, args: dict[str, Any]) -> None:
     """Megatron-LM's `validate_args` rules that megatron-core's dataclasses do not repeat
     (megatron/training/arguments.py, core_r0.16)."""
@@ -119,6 +143,14 @@ def megatron_lm_argument_rules(plan: Plan, args: dict[str, Any]) -> None:
         assert args.get("ckpt_format") == "fsdp_dtensor" and args.get("use_distributed_optimizer")
     if args.get("decoder_first_pipeline_num_layers") or args.get("decoder_last_pipeline_num_layers"):
         assert "num_layers_per_virtual_pipeline_stage" not in args  # only --num-virtual-stages-per-pipeline-rank
+    vpp_flags = ("num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank",
+                 "pipeline_model_parallel_layout")
+    assert sum(k in args for k in vpp_flags) <= 1  # "No more than one of the following arguments ..."
+    if "pipeline_model_parallel_layout" in args:
+        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+        stages = PipelineParallelLayerLayout.get_num_stages_from_str(args["pipeline_model_parallel_layout"])
+        assert stages % args["pipeline_model_parallel_size"] == 0 and stages == s.pp * s.vpp
     if s.cp > 1:
         assert args["seq_length"] % (2 * s.cp) == 0
     assert args["max_position_embeddings"] >= args["seq_length"]
@@ -160,6 +192,7 @@ def check_bridge(plan: Plan, overrides: list[str]) -> None:
                         params_dtype=dtype)
     s, t = facts(plan).strategy, plan.train
     assert (tc.tensor_model_parallel_size, tc.pipeline_model_parallel_size, tc.context_parallel_size) == (s.tp, s.pp, s.cp)
+    check_megatron_split(plan, tc)
     assert tc.virtual_pipeline_model_parallel_size == (s.vpp if s.vpp > 1 else None)
     assert ddp.use_distributed_optimizer == (s.zero_stage >= 1)
     assert sections["train"] == {"micro_batch_size": s.micro_batch_size, "global_batch_size": t.global_batch_size}
@@ -167,6 +200,8 @@ def check_bridge(plan: Plan, overrides: list[str]) -> None:
 
 
 def _hydra(raw: str) -> Any:
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':  # a quoted string (Hydra's grammar)
+        return raw[1:-1].replace('\\"', '"').replace("\\\\", "\\")
     if raw in ("true", "false"):
         return raw == "true"
     if raw == "null":
@@ -325,6 +360,28 @@ def import_torchtitan_config():
     return ConfigManager, JobConfig, ParallelDims
 
 
+@lru_cache(maxsize=1)
+def torchtitan_fqn_split():
+    """torchtitan's `generate_llm_fqn_per_model_part` (its default stage split), or None when
+    torchtitan is absent. The function is pure; it is taken from torchtitan's own source file
+    because the module around it imports the triton-backed MoE kernels."""
+    import ast
+
+    spec = importlib.util.find_spec("torchtitan")
+    if spec is None or spec.submodule_search_locations is None:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "distributed" / "pipeline_parallel.py"
+    if not path.exists():
+        return None
+    tree = ast.parse(path.read_text())
+    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "generate_llm_fqn_per_model_part"]
+    if not fns:
+        return None
+    scope: dict[str, Any] = {}
+    exec(compile(ast.Module(body=fns, type_ignores=[]), str(path), "exec"), scope)
+    return scope["generate_llm_fqn_per_model_part"]
+
+
 #: torchtitan 0.2.x JobConfig fields meshplan writes (torchtitan/config/job_config.py, documented
 #: per field there and in docs/), with their types: the fallback check when torchtitan is absent.
 DOCUMENTED_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -414,6 +471,13 @@ def check_torchtitan(plan: Plan, toml_text: str, tmp_dir: Path, full_parse: bool
             stages = -(-(plan.model.num_layers + par["pipeline_parallel_first_stage_less_layers"]
                          + par["pipeline_parallel_last_stage_less_layers"]) // par["pipeline_parallel_layers_per_stage"])
             assert stages == s.pp * s.vpp
+            split = torchtitan_fqn_split()
+            parts = None if split is None else split(stages, plan.model.num_layers,
+                                                     par["pipeline_parallel_first_stage_less_layers"],
+                                                     par["pipeline_parallel_last_stage_less_layers"])
+        if parts is not None:  # the virtual stages torchtitan builds hold the layers ParallelLayout puts there
+            assert [sum(n.startswith("layers.") for n in part) for part in parts] == f.layers_per_chunk()
+            assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
     else:
         assert grad_accum == f.num_microbatches and training["local_batch_size"] == s.micro_batch_size
     return which

@@ -50,14 +50,19 @@ PUBLISHED = {"gpt3-175b-1024xA100-tp8pp8": gpt3_175b_sc21, "llama3-70b-64xH100-t
 #: (question, extra constrained searches) covering every knob the search varies
 QUESTIONS = [
     (dict(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096),
-     [{"pp": [2, 4]}, {"zero_stage": 3, "tp": [2, 4]}, {"cp": [2, 4]}]),
+     [{"pp": [2, 4]}, {"zero_stage": 3, "tp": [2, 4]}, {"cp": [2, 4]},
+      # the stage split (issue 7): explicit splits, with and without interleaving; embedding and loss as layers
+      {"pp": 4, "stage_layers": [[7, 9, 10, 6], [6, 10, 12, 4]]}, {"pp": 4, "vpp": 2, "stage_layers": [[6, 10, 12, 4]]},
+      {"pp": 2, "embedding_as_layer": True, "loss_as_layer": True}]),
     (dict(model="llama3-70b", cluster="dgx-h100", num_gpus=64, global_batch_size=128, seq_len=8192),
-     [{"pp": [4, 8], "vpp": [2, 5]}, {"zero_stage": [2, 3], "pp": [2, 4]}, {"tp": 8, "recompute": "selective"}]),
+     [{"pp": [4, 8], "vpp": [2, 5]}, {"zero_stage": [2, 3], "pp": [2, 4]}, {"tp": 8, "recompute": "selective"},
+      {"pp": 4, "vpp": 2, "stage_layers": [[18, 22, 24, 16]], "recompute": "full"}]),
     (dict(model="gpt3-175b", cluster="dgx-a100-80gb", num_gpus=1024, global_batch_size=1536, seq_len=2048,
           precision="fp16"),
-     [{"tp": 8, "pp": 8}, {"pp": [16, 32], "recompute": "full"}]),
+     [{"tp": 8, "pp": 8}, {"pp": [16, 32], "recompute": "full"},
+      {"tp": 8, "pp": 2, "vpp": 7, "embedding_as_layer": True, "loss_as_layer": True, "recompute": "full"}]),
     (dict(model="llama3.1-405b", cluster="dgx-h100", num_gpus=512, global_batch_size=256, seq_len=8192),
-     [{"pp": [8, 16], "tp": 8}]),
+     [{"pp": [8, 16], "tp": 8}, {"pp": 2, "vpp": [2, 4], "tp": 8, "embedding_as_layer": True, "loss_as_layer": True}]),
     (dict(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=32, seq_len=8192, precision="fp8"),
      [{"pp": 2}, {"tp": [2, 4], "zero_stage": 0}]),
     (dict(model="gpt3-1.7b", cluster="dgx-a100-40gb", num_gpus=8, global_batch_size=64, seq_len=2048,
@@ -71,8 +76,8 @@ QUESTIONS = [
 def knob_key(p: Plan) -> tuple:
     s = p.strategy
     return (s.tp > 1, s.pp > 1, s.cp > 1, s.vpp > 1, s.zero_stage, s.recompute, s.recompute_num_layers is not None,
-            s.sequence_parallel, s.num_layers_in_first_stage is not None, p.train.precision, p.train.attention_kernel,
-            p.estimate.fits)
+            s.sequence_parallel, s.num_layers_in_first_stage is not None, s.stage_layers is not None,
+            s.embedding_as_layer, s.loss_as_layer, p.train.precision, p.train.attention_kernel, p.estimate.fits)
 
 
 @lru_cache(maxsize=1)

@@ -20,6 +20,7 @@ pytest.importorskip("colossalai.booster.plugin")
 
 LLAMA8 = ("llama3-8b", "dgx-h100", 16, 64, 4096)
 LLAMA70 = ("llama3-70b", "dgx-h100", 64, 128, 8192)
+LLAMA8_24 = ("llama3-8b", "dgx-h100", 24, 48, 4096)
 
 
 @pytest.mark.parametrize("question,strategy,plugin", [
@@ -34,6 +35,8 @@ LLAMA70 = ("llama3-70b", "dgx-h100", 64, 128, 8192)
     (LLAMA70, dict(tp=8, pp=8, vpp=2, zero_stage=1, sequence_parallel=True, recompute="full"), "HybridParallelPlugin"),
     (("llama3.1-405b", "dgx-h100", 512, 256, 8192),
      dict(tp=8, pp=8, num_layers_in_first_stage=15, num_layers_in_last_stage=15, zero_stage=1), "HybridParallelPlugin"),
+    (LLAMA8, dict(tp=2, pp=4, stage_layers=[7, 9, 10, 6], zero_stage=1, recompute="full"), "HybridParallelPlugin"),
+    (LLAMA8_24, dict(tp=2, pp=3, embedding_as_layer=True, zero_stage=1), "HybridParallelPlugin"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_kwargs_bind_to_the_real_constructor(question, strategy, plugin):
     plan = make_plan(*question, strategy=strategy)
@@ -69,8 +72,24 @@ def test_python_snippet_is_valid_python_with_the_same_kwargs():
     (dict(tp=2, cp=2, sequence_parallel=True), "flash", r"cp \(2\) > 1 with sequence_parallel"),
     (dict(recompute="full", recompute_num_layers=4), "flash", r"recompute_num_layers \(4\) without pipeline"),
     (dict(recompute="selective"), "unfused", r"selective recompute with the unfused attention kernel"),
+    (dict(pp=4, vpp=2, stage_layers=[6, 10, 12, 4]), "flash", r"stage_layers \[6, 10, 12, 4\] with vpp \(2\) > 1"),
 ])
 def test_what_colossalai_cannot_express_is_refused(strategy, attention, reason):
     plan = make_plan(*LLAMA8, strategy=strategy, attention_kernel=attention)
     with pytest.raises(NotExpressibleError, match="^not expressible in Colossal-AI: " + reason):
+        emit(plan, "colossalai")
+
+
+def test_split_with_one_chunk_per_stage_is_the_stage_managers_layer_counts():
+    explicit = plugin_spec(make_plan(*LLAMA8, strategy=dict(tp=2, pp=4, stage_layers=[7, 9, 10, 6], zero_stage=1)))
+    assert explicit["kwargs"]["num_layers_per_stage"] == [7, 9, 10, 6]
+    # 32 layers + the embedding over 3 stages: 11 each, the first one short
+    emb = plugin_spec(make_plan(*LLAMA8_24, strategy=dict(tp=2, pp=3, embedding_as_layer=True, zero_stage=1)))
+    assert emb["kwargs"]["num_layers_per_stage"] == [10, 11, 11]
+
+
+def test_embedding_as_layer_with_interleaving_is_refused():
+    # 80 layers + the embedding = 81 over pp·vpp = 9 virtual stages: Colossal-AI's even split cannot say it
+    plan = make_plan("llama3-70b", "dgx-h100", 24, 24, 4096, strategy=dict(tp=8, pp=3, vpp=3, embedding_as_layer=True))
+    with pytest.raises(NotExpressibleError, match=r"^not expressible in Colossal-AI: embedding_as_layer with vpp \(3\)"):
         emit(plan, "colossalai")

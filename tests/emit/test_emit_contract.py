@@ -28,9 +28,11 @@ ALLOWED_REFUSALS = {
     "megatron": [],
     "megatron-bridge": [],
     "deepspeed": [r"zero_stage [23] with pp", r"vpp \(\d+\) > 1", r"uneven pipeline stages", r"cp \(\d+\) > 1",
-                  r"recompute_num_layers \(\d+\) with pp", r"precision 'fp8'"],
+                  r"recompute_num_layers \(\d+\) with pp", r"precision 'fp8'",
+                  r"(stage_layers \[[\d, ]+\]|embedding_as_layer|loss_as_layer)[\w ]* with pp \(\d+\) > 1"],
     "colossalai": [r"zero_stage 2 with pp", r"zero_stage 3 with pp", r"cp \(\d+\) > 1 with sequence_parallel",
-                   r"recompute_num_layers \(\d+\) without pipeline", r"selective recompute with the unfused"],
+                   r"recompute_num_layers \(\d+\) without pipeline", r"selective recompute with the unfused",
+                   r"(stage_layers \[[\d, ]+\]|embedding_as_layer|loss_as_layer)[\w ]* with vpp \(\d+\) > 1"],
     "torchtitan": [r"precision 'fp16'", r"recompute_num_layers \(\d+\) of \d+ layers per chunk"],
     "torchrun": [],
     "slurm": [],
@@ -54,9 +56,13 @@ def test_sample_covers_every_knob(sample):
         seen.update(k for k, on in {
             "tp": s.tp > 1, "pp": s.pp > 1, "cp": s.cp > 1, "vpp": s.vpp > 1, "sp": s.sequence_parallel,
             "uneven": s.num_layers_in_first_stage is not None, "recompute_num_layers": s.recompute_num_layers,
+            "stage_layers": s.stage_layers is not None, "stage_layers+vpp": s.stage_layers is not None and s.vpp > 1,
+            "embedding_as_layer": s.embedding_as_layer, "loss_as_layer": s.loss_as_layer,
+            "embedding_as_layer+vpp": s.embedding_as_layer and s.vpp > 1,
             f"zero{s.zero_stage}": True, f"recompute={s.recompute}": True, p.train.precision: True,
             "unfused": p.train.attention_kernel == "unfused", "does-not-fit": not p.estimate.fits}.items() if on)
     expected = {"tp", "pp", "cp", "vpp", "sp", "uneven", "recompute_num_layers", "zero0", "zero1", "zero2", "zero3",
+                "stage_layers", "stage_layers+vpp", "embedding_as_layer", "loss_as_layer", "embedding_as_layer+vpp",
                 "recompute=none", "recompute=selective", "recompute=full", "bf16", "fp16", "fp8", "unfused",
                 "does-not-fit"}
     assert expected <= set(seen), expected - set(seen)

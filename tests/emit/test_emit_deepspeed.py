@@ -58,6 +58,9 @@ def test_bucket_sizes_follow_hidden_size():
     (dict(cp=2), "bf16", r"cp \(2\) > 1; DeepSpeed's sequence parallelism is Ulysses"),
     (dict(pp=2, recompute="full", recompute_num_layers=2), "bf16", r"recompute_num_layers \(2\) with pp \(2\)"),
     (dict(pp=4, num_layers_in_first_stage=7, num_layers_in_last_stage=7), "bf16", r"uneven pipeline stages"),
+    (dict(pp=4, stage_layers=[7, 9, 10, 6]), "bf16", r"stage_layers \[7, 9, 10, 6\] with pp \(4\) > 1"),
+    (dict(pp=2, embedding_as_layer=True, loss_as_layer=True), "bf16",  # (32 + 2) / 2 = 17 layers a stage
+     r"embedding_as_layer and loss_as_layer with pp \(2\) > 1"),
     (dict(tp=2), "fp8", r"precision 'fp8'"),
 ])
 def test_what_deepspeed_cannot_express_is_refused(strategy, precision, reason):
@@ -65,3 +68,8 @@ def test_what_deepspeed_cannot_express_is_refused(strategy, precision, reason):
     for backend in ("deepspeed", "megatron-deepspeed"):
         with pytest.raises(NotExpressibleError, match="^not expressible in DeepSpeed: " + reason):
             emit(plan, backend)
+
+
+def test_embedding_as_layer_without_pipeline_changes_nothing_and_is_emitted():
+    plain = ds_config(make_plan(*LLAMA8, strategy=dict(zero_stage=1)))
+    assert ds_config(make_plan(*LLAMA8, strategy=dict(zero_stage=1, embedding_as_layer=True))) == plain

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from emit_checks import check_bridge, check_megatron, megatron_configs
 from emit_plans import PUBLISHED, make_plan
 from planner.emit import NotExpressibleError, emit_data
-from planner.emit.megatron import FLAGS, megatron_args, parse_args, settings, to_args
+from planner.emit import EmitOptions, get_emitter
+from planner.emit.megatron import FLAGS, layout_stages, megatron_args, parse_args, pipeline_layout, settings, to_args
 
 pytest.importorskip("megatron.core")
 
@@ -19,6 +22,17 @@ EDGE_CASES = {
     "uneven-vpp": ("llama3-8b", "dgx-h100", 32, 128, 4096,
                    dict(tp=2, pp=4, vpp=2, num_layers_in_first_stage=6, num_layers_in_last_stage=6,
                         micro_batch_size=1)),
+    "explicit-split": ("llama3-8b", "dgx-h100", 32, 128, 4096,
+                       dict(tp=2, pp=4, stage_layers=[7, 9, 10, 6], micro_batch_size=1)),
+    "explicit-split-vpp": ("llama3-8b", "dgx-h100", 32, 128, 4096,
+                           dict(tp=2, pp=4, vpp=2, stage_layers=[6, 10, 12, 4], micro_batch_size=1)),
+    # Llama 3 405B (126 layers) on pp 16 with vpp 8, embedding and loss each counted as a layer
+    # (Llama 3 paper, Sec. 3.3.2): one layer per virtual stage, none on the first and the last.
+    "embedding-loss-as-layer": ("llama3.1-405b", "dgx-h100", 512, 256, 8192,
+                                dict(tp=8, pp=16, vpp=8, embedding_as_layer=True, loss_as_layer=True,
+                                     sequence_parallel=True, zero_stage=1)),
+    "embedding-as-layer-vpp": ("llama3-70b", "dgx-h100", 24, 24, 4096,
+                               dict(tp=8, pp=3, vpp=3, embedding_as_layer=True, sequence_parallel=True)),
     "fsdp-zero3-cp": LLAMA + (dict(cp=4, zero_stage=3, recompute="full", recompute_num_layers=2),),
     "zero2-tp": LLAMA + (dict(tp=8, zero_stage=2, sequence_parallel=True),),
     "offload": LLAMA + (dict(tp=8, pp=2, zero_stage=1, offload_optimizer=True),),
@@ -61,8 +75,9 @@ def test_unrepresentable_grad_precision_is_refused():
         megatron_args(plan)
 
 
-def test_flags_round_trip_through_the_mapping_table():
-    plan = edge_plan("uneven-first-last")
+@pytest.mark.parametrize("name", ["uneven-first-last", "explicit-split-vpp", "embedding-loss-as-layer"])
+def test_flags_round_trip_through_the_mapping_table(name):
+    plan = edge_plan(name)
     values = settings(plan)
     assert parse_args(to_args(values)) == {k: v for k, v in values.items()}
     assert len({f.flag for f in FLAGS.values()}) == len(FLAGS)  # one destination per flag
@@ -120,3 +135,48 @@ def test_bridge_overrides_use_megatron_core_field_names():
     assert "model.num_layers_in_first_pipeline_stage=15" in overrides
     assert "model.sequence_parallel=true" in overrides and "mixed_precision=bf16_mixed" in overrides
     assert "train.global_batch_size=256" in overrides
+
+
+# ---- the stage split (issue 7) --------------------------------------------------------------------
+def test_explicit_split_is_a_pipeline_layout_that_fixes_vpp():
+    argv = megatron_args(edge_plan("explicit-split-vpp"))
+    pairs = dict(zip(argv, argv[1:]))
+    # schedule order c·pp + r: rank r's layers split evenly over its two chunks
+    assert pairs["--pipeline-model-parallel-layout"] == "Et*3|t*5|t*6|t*2|t*3|t*5|t*6|t*2L"
+    assert "--num-virtual-stages-per-pipeline-rank" not in argv  # Megatron-LM allows one of the two
+    layout = megatron_configs(argv)["transformer"].pipeline_model_parallel_layout
+    assert layout.virtual_pipeline_model_parallel_size == 2
+    from megatron.core.transformer.enums import LayerType
+
+    per_rank = [sum(chunk.count(LayerType.decoder) for chunk in rank) for rank in layout.layout]
+    assert per_rank == [6, 10, 12, 4]  # stage_layers
+
+
+def test_embedding_and_loss_as_layers_are_megatrons_split_flags():
+    argv = megatron_args(edge_plan("embedding-loss-as-layer"))
+    assert "--account-for-embedding-in-pipeline-split" in argv and "--account-for-loss-in-pipeline-split" in argv
+    assert "--pipeline-model-parallel-layout" not in argv
+    assert not any(a.startswith("--account-for") for a in megatron_args(make_plan(*LLAMA, strategy=dict(tp=8, pp=4))))
+
+
+@pytest.mark.parametrize("counts,text", [([3] + [4] * 30 + [3], "Et*3|(t*4|)*30,t*3L"), ([1, 2, 2, 3], "Et|t*2|t*2|t*3L"),
+                                         ([0, 2, 2, 1], "E|t*2|t*2|tL"), ([2] * 8, "Et*2|(t*2|)*6,t*2L")])
+def test_pipeline_layout_strings_parse_to_the_same_counts_in_megatron_core(counts, text):
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    assert pipeline_layout(counts) == text
+    parsed = PipelineParallelLayerLayout.parse_str_to_list(text)
+    assert [stage.count(LayerType.decoder) for stage in parsed] == counts
+    assert parsed[0][0] == LayerType.embedding and parsed[-1][-1] == LayerType.loss
+    assert len(layout_stages(text)) == PipelineParallelLayerLayout.get_num_stages_from_str(text)
+
+
+def test_bridge_quotes_the_layout_for_hydra_and_bash(tmp_path):
+    plan = edge_plan("explicit-split")
+    overrides = emit_data(plan, "megatron-bridge")["overrides"]
+    assert 'model.pipeline_model_parallel_layout="Et*7|t*9|t*10|t*6L"' in overrides
+    script = tmp_path / "o.sh"
+    script.write_text(get_emitter("megatron-bridge").render(plan, EmitOptions()) + 'printf "%s\\n" "${OVERRIDES[@]}"\n')
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert out.splitlines() == overrides  # bash hands every override over intact

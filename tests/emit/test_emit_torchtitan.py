@@ -28,6 +28,10 @@ CHECKER = "torchtitan ConfigManager" if import_torchtitan_config() else "documen
     (LLAMA70, dict(tp=4, pp=4, cp=2, vpp=5, sequence_parallel=True, zero_stage=1), "bf16"),
     (("llama3.1-405b", "dgx-h100", 512, 256, 8192),
      dict(tp=8, pp=8, num_layers_in_first_stage=15, num_layers_in_last_stage=15, zero_stage=1), "bf16"),
+    (LLAMA8, dict(tp=2, pp=4, vpp=2, stage_layers=[6, 10, 12, 4], zero_stage=1), "bf16"),
+    (("llama3.1-405b", "dgx-h100", 512, 256, 8192),
+     dict(tp=8, pp=16, vpp=8, embedding_as_layer=True, loss_as_layer=True, zero_stage=1), "bf16"),
+    (("llama3-8b", "dgx-h100", 24, 48, 4096), dict(tp=8, pp=3, embedding_as_layer=True, zero_stage=1), "bf16"),
 ])
 def test_torchtitan_reads_the_plan(question, strategy, precision, tmp_path, monkeypatch):
     plan = make_plan(*question, strategy=strategy, precision=precision)
@@ -60,6 +64,22 @@ def test_uneven_pipeline_spells_out_module_names():
     parts = emit_data(plan, "torchtitan")["config"]["parallelism"]["module_fqns_per_model_part"]
     assert parts[0][:2] == ["tok_embeddings", "layers.0"] and len(parts[0]) == 16
     assert parts[-1][-2:] == ["norm", "output"] and [len(p) for p in parts[1:-1]] == [16] * 6
+
+
+def test_embedding_and_loss_as_layers_are_torchtitans_stage_weights():
+    plan = make_plan("llama3.1-405b", "dgx-h100", 512, 256, 8192,
+                     strategy=dict(tp=8, pp=16, vpp=8, embedding_as_layer=True, loss_as_layer=True, zero_stage=1))
+    par = emit_data(plan, "torchtitan")["config"]["parallelism"]
+    assert (par["pipeline_parallel_layers_per_stage"], par["pipeline_parallel_first_stage_less_layers"],
+            par["pipeline_parallel_last_stage_less_layers"]) == (1, 1, 1)
+    assert "module_fqns_per_model_part" not in par
+
+
+def test_explicit_split_spells_out_module_names_per_virtual_stage():
+    plan = make_plan(*LLAMA8, strategy=dict(tp=2, pp=4, vpp=2, stage_layers=[6, 10, 12, 4], zero_stage=1))
+    parts = emit_data(plan, "torchtitan")["config"]["parallelism"]["module_fqns_per_model_part"]
+    # virtual stage c·pp + r on rank r: each rank's layers split over its two chunks
+    assert [sum(n.startswith("layers.") for n in p) for p in parts] == [3, 5, 6, 2, 3, 5, 6, 2]
 
 
 def test_fp16_and_uneven_recompute_are_refused():

@@ -94,6 +94,22 @@ def test_four_rank_combinations_match_the_reference(name, tmp_path, reference):
     assert_ok(run_plan(st, 4, tmp_path, reference, **extra), 4)
 
 
+#: stage splits of the plan's ParallelLayout (issue 7): uneven per pipeline rank and split over its
+#: chunks, explicit, and the embedding and loss counted as layers (first and last chunk hold no layer)
+SPLITS = {
+    "pp2-vpp2-explicit-2-4": (TINY.model_copy(update={"num_layers": 6}), Strategy(dp=1, pp=2, vpp=2,
+                                                                                  stage_layers=[2, 4])),
+    "pp2-vpp3-embedding-loss-as-layer": (TINY, Strategy(dp=1, pp=2, vpp=3, embedding_as_layer=True,
+                                                        loss_as_layer=True)),
+}
+
+
+@pytest.mark.parametrize("name", list(SPLITS))
+def test_stage_splits_match_the_reference(name, tmp_path, reference):
+    model, st = SPLITS[name]
+    assert_ok(run_plan(st, 2, tmp_path, reference, model=model), 2)
+
+
 def test_wrong_gradients_fail_parity_and_are_not_timed(tmp_path, reference):
     """Tied embeddings split over two pipeline stages without a tied-gradient reduction:
     step 1 matches (the forward is right), the update does not."""

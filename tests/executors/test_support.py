@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from executors.support import executed_model, stage_layer_counts, unsupported_reasons
+from executors.support import executed_model, unsupported_reasons
 from planner.specs import Strategy
 
 from executor_fixtures import TINY, TRAIN
@@ -41,9 +41,30 @@ def test_reasons_name_field_rule_and_value():
     assert any("hsdp_replicate (2)" in r for r in unsupported_reasons(TINY, TRAIN, Strategy(dp=2), hsdp_replicate=2))
 
 
-def test_stage_layer_counts_even_and_uneven():
-    assert stage_layer_counts(8, Strategy(dp=1, pp=2, vpp=2)) == [2, 2, 2, 2]
-    assert stage_layer_counts(8, Strategy(dp=1, pp=4, num_layers_in_first_stage=1, num_layers_in_last_stage=1)) == [1, 3, 3, 1]
+def test_every_stage_split_of_the_layout_is_supported():
+    for st in (Strategy(dp=1, pp=2, vpp=2, num_layers_in_first_stage=2, num_layers_in_last_stage=2),
+               Strategy(dp=1, pp=2, stage_layers=[1, 3]), Strategy(dp=1, pp=2, vpp=2, stage_layers=[2, 2]),
+               Strategy(dp=1, pp=2, vpp=3, embedding_as_layer=True, loss_as_layer=True)):
+        assert unsupported_reasons(TINY, TRAIN, st) == [], st.short()
+
+
+def test_impossible_splits_give_the_layouts_reason():
+    reasons = unsupported_reasons(TINY, TRAIN, Strategy(dp=1, pp=4, vpp=2))  # 4 layers, 8 chunks
+    assert "pp·vpp (4·2) must divide num_layers (4)" in reasons
+    reasons = unsupported_reasons(TINY, TRAIN, Strategy(dp=1, pp=2, vpp=2, stage_layers=[1, 3]))
+    assert any(r.startswith("stage_layers [1, 3] must give each of the pp (2) stages") for r in reasons)
+
+
+def test_pipeline_schedules_follow_torchs_rules_not_megatrons():
+    train = TRAIN.model_copy(update={"global_batch_size": 6})
+    # 6 micro-batches on pp 4 with vpp 2: Megatron needs a multiple of pp, torch a multiple of max(1, 6 // 4)
+    assert unsupported_reasons(TINY.model_copy(update={"num_layers": 8}), train,
+                               Strategy(dp=1, pp=4, vpp=2)) == []
+    reasons = unsupported_reasons(TINY, train, Strategy(dp=1, pp=4, micro_batch_size=2))  # 3 < pp under 1F1B
+    assert reasons == ["1F1B needs num_microbatches (3) >= pp (4) (torch.distributed.pipelining)"]
+    reasons = unsupported_reasons(TINY.model_copy(update={"num_layers": 8}), TRAIN.model_copy(
+        update={"global_batch_size": 9}), Strategy(dp=1, pp=4, vpp=2))  # 9 % max(1, 9 // 4) != 0
+    assert any("multiple of max(1, num_microbatches // pp) (2)" in r for r in reasons)
 
 
 def test_executed_model_notes_each_deviation():

@@ -237,12 +237,10 @@ class ParallelLayout:
             inner = p - bool(first) - bool(last)
             each = (L - first - last) // inner if inner > 0 else 0
             return ([first] if first else [each]) + [each] * (p - 2) + ([last] if last else [each]) if p > 1 else [L]
-        emb, loss = bool(self.embedding_as_layer[i]), bool(self.loss_as_layer[i])
-        per_chunk = (L + emb + loss) // (p * v)
-        counts = [per_chunk * v] * p
-        counts[0] -= emb
-        counts[-1] -= loss
-        return counts
+        if self.embedding_as_layer[i] or self.loss_as_layer[i]:
+            chunks = self.layers_per_chunk(i)
+            return [sum(chunks[r::p]) for r in range(p)]
+        return [L // p] * p
 
     def layers_per_chunk(self, i: int = 0) -> list[int]:
         """Layers of each virtual stage in schedule order (virtual stage c·pp + r runs on rank r)."""
@@ -353,6 +351,11 @@ class ParallelLayout:
     def inflight_microbatches(self, rank: np.ndarray, num_microbatches: np.ndarray) -> np.ndarray:
         """Micro-batches whose stage input (ids, embedding output) rank `rank` holds at its peak."""
         return np.minimum(self.pp - rank, np.maximum(num_microbatches, 1))
+
+    def pipeline_transfers(self, num_microbatches: np.ndarray) -> np.ndarray:
+        """Point-to-point activation transfers on a pipeline's critical path per step: one
+        forward and one backward per (micro-batch, chunk), plus the pp - 1 fill hops; 0 at pp = 1."""
+        return np.where(self.pp > 1, 2 * (np.maximum(num_microbatches, 1) * self.vpp + self.pp - 1), 0)
 
     def bubble_fraction(self, num_microbatches: np.ndarray) -> np.ndarray:
         """Pipeline bubble over ideal time: (pp - 1) / (vpp · m) (SC'21 Sec. 2.2.2)."""

@@ -259,7 +259,7 @@ def pipeline_comm(s: Setup) -> np.ndarray:
     embedding_grads = padded_vocab(s.model.vocab_size, lay.tp) * h / lay.tp * grad_b
     tied_sync = np.where(s.model.tie_embeddings & (lay.pp > 1),
                          s.comm.all_reduce_s(embedding_grads, emb_size, emb_stride), 0.0)
-    return np.where(lay.pp > 1, 2 * (m * lay.vpp + lay.pp - 1) * p2p, 0.0) + tied_sync
+    return lay.pipeline_transfers(m) * p2p + tied_sync
 
 
 def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -39,6 +39,13 @@ def _microbatches(ctx: Context, st: StrategyArrays) -> np.ndarray:
     return _layout(ctx, st).num_microbatches(ctx.train.global_batch_size, st.micro_batch_size)
 
 
+def _row_microbatches(ctx: Context, r: dict) -> int:
+    from types import SimpleNamespace
+
+    lay = ParallelLayout.of_strategy(SimpleNamespace(**r), ctx.model.num_layers)
+    return int(lay.num_microbatches(ctx.train.global_batch_size, np.array([r["micro_batch_size"]]))[0])
+
+
 def _layers_msg(ctx: Context, r: dict) -> str:
     from types import SimpleNamespace
 
@@ -59,7 +66,7 @@ def _recompute_layers_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
 
 RULES: tuple[Rule, ...] = (
     Rule("gpus",
-         lambda c, s: s.dp * s.tp * s.cp * s.pp == c.num_gpus,
+         lambda c, s: _layout(c, s).num_gpus == c.num_gpus,
          lambda c, r: f"dp·tp·cp·pp ({r['dp']}·{r['tp']}·{r['cp']}·{r['pp']}) must equal the number of GPUs ({c.num_gpus})"),
     Rule("tp_heads",
          lambda c, s: c.model.num_attention_heads % s.tp == 0,
@@ -77,7 +84,7 @@ RULES: tuple[Rule, ...] = (
          lambda c, r: f"vpp ({r['vpp']}) > 1 requires pp > 1"),
     Rule("interleave_microbatches",
          lambda c, s: _layout(c, s).megatron_schedule_ok(_microbatches(c, s)),
-         lambda c, r: f"with vpp > 1, num_microbatches ({c.train.global_batch_size // (r['micro_batch_size'] * r['dp'])}) "
+         lambda c, r: f"with vpp > 1, num_microbatches ({_row_microbatches(c, r)}) "
                       f"must be a multiple of pp ({r['pp']})"),
     Rule("cp_seq",
          lambda c, s: (s.cp == 1) | (c.train.seq_len % (2 * s.cp) == 0),

@@ -71,6 +71,17 @@ class TierCommModel:
         return bw, lat
 
     def all_reduce_s(self, nbytes, size, stride) -> np.ndarray:
+        """All-reduce of `nbytes` over `size` ranks `stride` apart, seconds.
+
+        1 GB over the 8 GPUs of one node at 100 GB/s bus bandwidth and 10 µs per hop:
+        2·7/8·1e9/1e11 + 2·3·1e-5 = 0.01756 s.
+
+        >>> from types import SimpleNamespace as S
+        >>> tier = S(bus_bw_bytes_per_s=1e11, latency_s=1e-5, gather_scatter_bw_bytes_per_s=1e11)
+        >>> comm = TierCommModel(S(domain_size=8, intra_node=tier, inter_node=tier))
+        >>> round(float(comm.all_reduce_s(1e9, 8, 1)), 5)
+        0.01756
+        """
         n = np.asarray(size, dtype=float)
         bw, lat = self._tier(n, stride, self.intra_bw, self.inter_bw)
         t = 2 * (n - 1) / n * nbytes / bw + 2 * np.ceil(np.log2(np.maximum(n, 1))) * lat

@@ -229,7 +229,7 @@ class ParallelLayout:
         >>> counts[:2], counts[-1], sum(counts)
         ([7, 8], 7, 126)
         """
-        L, p, v = self.num_layers, int(self.pp[i]), int(self.vpp[i])
+        L, p = self.num_layers, int(self.pp[i])
         if self.stage_layers is not None and self.stage_layers[i].any():
             return [int(x) for x in self.stage_layers[i][:p]]
         first, last = int(self.first[i]), int(self.last[i])

@@ -26,6 +26,9 @@ def optimizer_state_bytes(optimizer: str, precision: str) -> int:
     """Optimizer bytes per parameter: fp32 master copy (unless training in fp32) + moments.
 
     Mixed-precision Adam: 4 + 4 + 4 = 12 (ZeRO paper's K=12, Sec. 3.1).
+
+    >>> optimizer_state_bytes("adam", "bf16"), optimizer_state_bytes("adam", "fp32")
+    (12, 8)
     """
     master = 0 if precision == "fp32" else FP32_MASTER
     moments = ADAM_MOMENTS if optimizer == "adam" else SGD_MOMENTUM
@@ -37,6 +40,9 @@ def optimizer_step_traffic_bytes(optimizer: str, precision: str, grad_precision:
     read and write the fp32 weights and moments, write the 16-bit compute copy.
 
     Mixed-precision Adam with fp32 grads: 4 + 2·(4 + 4 + 4) + 2 = 30.
+
+    >>> optimizer_step_traffic_bytes("adam", "bf16", "fp32")
+    30
     """
     moments = ADAM_MOMENTS if optimizer == "adam" else SGD_MOMENTUM
     fp32_weights = FP32

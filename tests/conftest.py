@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.validation import validation_dir
+from ci_skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401  (hooks)
+
+pytest_plugins = ["pytester"]
 
 
 @pytest.fixture(scope="session")

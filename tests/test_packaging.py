@@ -41,6 +41,7 @@ def test_preset_yaml_is_package_data():
                                     "cost_models.comm", "cost_models.layout", "cost_models.blocks"])
 def test_doctests(module):
     result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0, f"{module} is listed for doctests but has none"
     assert result.failed == 0
 
 

@@ -1,9 +1,16 @@
-"""Property tests (hypothesis) over random models, clusters and strategies."""
+"""Property tests (hypothesis) over random models, clusters and strategies.
+
+Filters are `assume()`, never an early return, and each property is run through
+`run_counted`, which fails unless enough examples got past the filters (and says
+how many did), so a property that filters everything out cannot pass unseen.
+"""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as hs
 
 from cost_models import StrategyArrays, evaluate_arrays
@@ -58,13 +65,33 @@ def _valid_space(model, train, num_gpus):
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def counted(fn):
+    """Count the examples of a property that got past its assume() filters."""
+    @functools.wraps(fn)
+    def body(*args, **kwargs):
+        fn(*args, **kwargs)
+        body.ran += 1
+    body.ran = 0
+    return body
+
+
+def run_counted(prop, minimum: int) -> int:
+    """Run a @given(...)@counted property; fail unless at least `minimum` examples ran."""
+    inner = prop.hypothesis.inner_test
+    inner.ran = 0
+    prop()
+    print(f"{prop.__name__}: {inner.ran} examples ran")
+    assert inner.ran >= minimum, f"{prop.__name__}: only {inner.ran} examples passed the filters (need {minimum})"
+    return inner.ran
+
+
 @SETTINGS
 @given(questions())
-def test_every_cost_term_is_finite_and_non_negative(q):
+@counted
+def prop_every_cost_term_is_finite_and_non_negative(q):
     model, cluster, train, n = q
     st = _valid_space(model, train, n)
-    if len(st) == 0:
-        return
+    assume(len(st) > 0)
     costs = evaluate_arrays(model, cluster, train, st)
     for name, arr in list(costs.time_s.items()) + list(costs.memory_bytes.items()):
         assert np.all(np.isfinite(arr)) and np.all(arr >= 0), name
@@ -74,13 +101,17 @@ def test_every_cost_term_is_finite_and_non_negative(q):
     assert np.all(costs.hardware_flop_per_step >= costs.model_flop_per_step)
 
 
+def test_every_cost_term_is_finite_and_non_negative():
+    run_counted(prop_every_cost_term_is_finite_and_non_negative, 20)
+
+
 @SETTINGS
 @given(questions())
-def test_tp1_has_no_tp_communication(q):
+@counted
+def prop_tp1_has_no_tp_communication(q):
     model, cluster, train, n = q
     st = _valid_space(model, train, n)
-    if len(st) == 0:
-        return
+    assume(len(st) > 0)
     costs = evaluate_arrays(model, cluster, train, st)
     tp1 = st.tp == 1
     assert np.all(costs.time_s["tp_comm"][tp1] == 0)
@@ -89,6 +120,10 @@ def test_tp1_has_no_tp_communication(q):
     assert np.all(costs.time_s["pp_bubble"][st.pp == 1] == 0)
     single = (st.dp * st.cp) == 1
     assert np.all(costs.time_s["dp_comm"][single] == 0)
+
+
+def test_tp1_has_no_tp_communication():
+    run_counted(prop_tp1_has_no_tp_communication, 20)
 
 
 def _layout(model, tp, pp):
@@ -107,9 +142,9 @@ def _max_weight_bytes(model, tp, pp, zero, shard):
 
 @SETTINGS
 @given(models(), hs.sampled_from([1, 2, 4, 8]), hs.sampled_from([1, 2, 4, 8]))
-def test_weight_bytes_never_grow_with_tp_pp_or_zero(model, tp, pp):
-    if model.num_attention_heads % (2 * tp) or model.num_layers % (2 * pp):
-        return
+@counted
+def prop_weight_bytes_never_grow_with_tp_pp_or_zero(model, tp, pp):
+    assume(model.num_attention_heads % (2 * tp) == 0 and model.num_layers % (2 * pp) == 0)
     base = _max_weight_bytes(model, tp, pp, 0, 8)
     assert _max_weight_bytes(model, 2 * tp, pp, 0, 8) <= base
     assert _max_weight_bytes(model, tp, 2 * pp, 0, 8) <= base
@@ -117,17 +152,25 @@ def test_weight_bytes_never_grow_with_tp_pp_or_zero(model, tp, pp):
         assert _max_weight_bytes(model, tp, pp, zero, 8) <= base
 
 
+def test_weight_bytes_never_grow_with_tp_pp_or_zero():
+    run_counted(prop_weight_bytes_never_grow_with_tp_pp_or_zero, 10)
+
+
 @SETTINGS
 @given(models(), hs.sampled_from([1, 2, 3, 4, 6, 8]))
-def test_stage_shards_sum_to_the_model(model, pp):
-    if model.num_layers % pp:
-        return
+@counted
+def prop_stage_shards_sum_to_the_model(model, pp):
+    assume(model.num_layers % pp == 0)
     first, middle, last = stage_params(model_blocks(model), _layout(model, 1, pp))[:, 0]
     total = first + last + max(pp - 2, 0) * middle if pp > 1 else first
     padding = (int(padded_vocab(model.vocab_size, 1)) - model.vocab_size) * model.hidden_size  # Megatron's padding
     matrices = 1 + (pp > 1 or not model.tie_embeddings)  # embedding, and the output layer or its tied copy
     tied_copy = model.vocab_size * model.hidden_size if (model.tie_embeddings and pp > 1) else 0
     assert total == model.num_params() + tied_copy + matrices * padding
+
+
+def test_stage_shards_sum_to_the_model():
+    run_counted(prop_stage_shards_sum_to_the_model, 15)
 
 
 def test_search_agrees_with_one_by_one_evaluation():
@@ -167,27 +210,38 @@ def test_strategy_arrays_round_trip():
        cp=hs.sampled_from([1, 2, 3, 4]), vpp=hs.sampled_from([1, 2, 3, 7]), zero=hs.integers(0, 3),
        mbs=hs.sampled_from([1, 2, 3, 64]), recompute=hs.sampled_from(["none", "selective", "full"]),
        rcl=hs.sampled_from([None, 1, 5, 100]), first=hs.sampled_from([None, 1, 7, 40]),
-       last=hs.sampled_from([None, 1, 7, 40]), sp=hs.booleans())
-def test_evaluate_never_crashes_on_any_strategy(tp, pp, cp, vpp, zero, mbs, recompute, rcl, first, last, sp):
-    """Any well-formed Strategy gets an Estimate (possibly with reasons) or a SpecError; never a crash."""
+       last=hs.sampled_from([None, 1, 7, 40]), sp=hs.booleans(), split=hs.sampled_from(["plain", "explicit", "emb"]))
+@counted
+def prop_evaluate_never_crashes_on_any_strategy(tp, pp, cp, vpp, zero, mbs, recompute, rcl, first, last, sp, split):
+    """Any Strategy that constructs gets an Estimate, possibly with reasons: evaluate() promises
+    fits=False with reasons for an invalid strategy, so no SpecError may escape it (the cost
+    model's "non-positive step time" error included), and every term is finite and >= 0."""
     from pydantic import ValidationError
 
     from planner import SpecError
 
+    explicit = split == "explicit" and pp > 1
     try:
         strategy = Strategy(tp=tp, pp=pp, cp=cp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs, recompute=recompute,
                             recompute_num_layers=rcl if recompute == "full" else None,
-                            num_layers_in_first_stage=first if pp > 1 else None,
-                            num_layers_in_last_stage=last if pp > 1 else None, sequence_parallel=sp and tp > 1)
-    except ValidationError:
+                            num_layers_in_first_stage=first if pp > 1 and split == "plain" else None,
+                            num_layers_in_last_stage=last if pp > 1 and split == "plain" else None,
+                            stage_layers=[32 // pp + (i < 32 % pp) for i in range(pp)] if explicit else None,
+                            embedding_as_layer=split == "emb", loss_as_layer=split == "emb",
+                            sequence_parallel=sp and tp > 1)
+    except (ValidationError, SpecError):
+        assume(False)
         return
     num_gpus = tp * pp * cp * 2
-    try:
-        est = evaluate("llama3-8b", "dgx-h100", num_gpus, 64, 4096, strategy=strategy)
-    except SpecError:
-        return
+    est = evaluate("llama3-8b", "dgx-h100", num_gpus, 64, 4096, strategy=strategy)
     assert np.isfinite(est.step_time_s) and est.step_time_s > 0
     assert est.fits == (not est.reasons)
+    for name, value in list(est.time_s.items()) + list(est.memory_bytes.items()):
+        assert np.isfinite(value) and value >= 0, (name, value)
+
+
+def test_evaluate_never_crashes_on_any_strategy():
+    run_counted(prop_evaluate_never_crashes_on_any_strategy, 75)
 
 
 def test_comm_overlap_and_gather_scatter_efficiency():

@@ -104,7 +104,16 @@ class Strategy(BaseModel):
         return self.dp * self.model_parallel_size
 
     def resolve(self, num_gpus: int) -> "Strategy":
-        """Fix dp='auto' from the GPU count; check the product of the degrees."""
+        """Fix dp='auto' from the GPU count; check the product of the degrees.
+
+        The 16-GPU example of the module docstring (tp=2, pp=4) leaves dp=2:
+
+        >>> Strategy(tp=2, pp=4).resolve(16).dp
+        2
+        >>> Strategy(dp=2, tp=2, pp=4).resolve(8)
+        Traceback (most recent call last):
+        planner.errors.SpecError: dp·tp·cp·pp (2·2·1·4 = 16) must equal the number of GPUs (8)
+        """
         mp = self.model_parallel_size
         if self.dp == "auto":
             if num_gpus % mp:
@@ -141,7 +150,11 @@ class Strategy(BaseModel):
         return " ".join(parts)
 
     def short(self) -> str:
-        """Compact label, e.g. `dp16 tp8 pp8 vpp3 sp z1 mbs1 rc=selective`."""
+        """Compact label:
+
+        >>> Strategy(dp=16, tp=8, pp=8, vpp=3, sequence_parallel=True, zero_stage=1, recompute="selective").short()
+        'dp16 tp8 pp8 vpp3 sp z1 mbs1 rc=selective'
+        """
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
         if self.cp > 1:
             parts.append(f"cp{self.cp}")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.errors import SpecError
 from planner.specs import ModelSpec, Strategy, TrainSpec
 
 Outcome = Literal["ok", "wrong", "oom", "timeout", "crashed", "unsupported"]
@@ -22,6 +23,18 @@ cannot run the strategy (the reason says why); nothing was launched."""
 
 Engine = Literal["torch", "megatron", "deepspeed"]
 Fault = Literal["none", "hang", "crash", "oom"]
+
+
+class ParityReference(BaseModel):
+    """The single-process reference of the parity steps (`reference.json`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    losses: list[float] = Field(description="Loss of each parity step (plain SGD on batch 0).")
+    learning_rate: float = Field(
+        gt=0, description="Plain-SGD step size the reference chose from its step-1 gradient "
+        "(executors.parity.parity_learning_rate); every parallel run of the same model takes it."
+    )
 
 
 class RunConfig(BaseModel):
@@ -36,12 +49,21 @@ class RunConfig(BaseModel):
     num_gpus: int = Field(gt=0, description="World size: dp·tp·cp·pp ranks.")
     seed: int = Field(1234, description="Seed of the weights and of the synthetic token batches.")
     parity_steps: int = Field(
-        2, ge=1, description="Leading steps whose losses must equal the single-process reference "
-        "(step 1 checks the forward pass, step 2 also the gradients and the optimizer update)."
+        2, ge=1, description="Leading plain-SGD steps on one batch whose losses must equal the single-process "
+        "reference (step 1 checks the forward pass, step 2 also the gradients and the update; executors.parity)."
     )
-    warmup_steps: int = Field(1, ge=0, description="Untimed steps after the parity steps.")
+    warmup_steps: int = Field(
+        1, ge=1, description="Untimed steps after the parity steps, at least 1: the parity steps are plain SGD, so "
+        "the plan's optimizer allocates its states (Adam's two moments) in the first step after them, and the CPU "
+        "memory window (executors.memory) closes after the warm-up."
+    )
     timed_steps: int = Field(3, ge=1, description="Timed optimizer steps; the reported step time is their median.")
-    learning_rate: float = Field(1e-3, gt=0, description="Optimizer learning rate.")
+    learning_rate: float = Field(1e-3, gt=0, description="Learning rate of the plan's optimizer (the steps after "
+                                 "the parity steps).")
+    parity_learning_rate: float | None = Field(
+        None, gt=0, description="Step size of the plain-SGD parity steps, from the reference "
+        "(ParityReference.learning_rate); None = learning_rate, allowed only without reference_losses."
+    )
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu runs on gloo, cuda on NCCL.")
     engine: Engine = Field("torch", description="torch: PyTorch parallel APIs; megatron: Megatron-core GPTModel; "
                            "deepspeed: deepspeed.initialize (both CUDA only).")
@@ -69,6 +91,22 @@ class RunConfig(BaseModel):
     timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of the whole run, seconds.")
     fault: Fault = Field("none", description="Test hook: make rank 1 hang, crash or report OOM after the parity steps.")
     notes: list[str] = Field(default_factory=list, description="Deviations of the run from the plan, in words.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RunConfig":
+        if self.reference_losses is not None:
+            if self.parity_learning_rate is None:
+                raise SpecError("reference_losses need parity_learning_rate (the reference's step size; "
+                                "see RunConfig.with_reference)")
+            if len(self.reference_losses) != self.parity_steps:
+                raise SpecError(f"reference_losses ({len(self.reference_losses)} losses) must hold parity_steps "
+                                f"({self.parity_steps}) losses")
+        return self
+
+    def with_reference(self, reference: ParityReference) -> "RunConfig":
+        """This run checked against `reference` (its losses and its step size)."""
+        return self.model_validate(self.model_dump() | {"reference_losses": reference.losses,
+                                                        "parity_learning_rate": reference.learning_rate})
 
 
 class RankResult(BaseModel):

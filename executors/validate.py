@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from executors.compare import PlanComparison, ValidationReport, compare_one, rank_and_summarise
 from executors.launcher import ProcessOutcome, fold, launch, launch_reference, read_ranks
-from executors.results import Engine, RunConfig, RunResult
+from executors.results import Engine, ParityReference, RunConfig, RunResult
 from executors.support import executed_model, unsupported_reasons
 from planner.errors import SpecError
 from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, Strategy, TrainSpec
@@ -39,7 +39,8 @@ class ValidateOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    warmup_steps: int = Field(1, ge=0, description="Untimed steps after the parity steps.")
+    warmup_steps: int = Field(1, ge=1, description="Untimed steps after the parity steps, at least 1 (the plan's "
+                              "optimizer creates its states in the first; see RunConfig.warmup_steps).")
     timed_steps: int = Field(3, ge=1, description="Timed steps per plan.")
     parity_steps: int = Field(2, ge=1, description="Leading steps checked against the single-process reference.")
     timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of each run, seconds.")
@@ -48,7 +49,8 @@ class ValidateOptions(BaseModel):
     engine: Engine = Field("torch", description="torch, megatron or deepspeed (the last two need CUDA).")
     hsdp_replicate: int = Field(1, ge=1, description="HSDP replicas for zero_stage >= 2 (1 = plain FSDP).")
     seed: int = Field(1234, description="Seed of weights and data.")
-    learning_rate: float = Field(1e-3, gt=0, description="Optimizer learning rate.")
+    learning_rate: float = Field(1e-3, gt=0, description="Learning rate of the plan's optimizer (the parity "
+                                 "steps take plain SGD at the reference's step size).")
     work_dir: Path | None = Field(None, description="Where run directories go; default: a temporary directory.")
 
 
@@ -136,7 +138,7 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
     options = options or ValidateOptions()
     device = resolve_device(options.device)
     work = Path(options.work_dir or tempfile.mkdtemp(prefix="meshplan-validate-"))
-    references: dict[str, tuple[list[float] | None, str]] = {}
+    references: dict[str, tuple[ParityReference | None, str]] = {}
     comparisons: list[PlanComparison] = []
     runs: list[RunResult] = []
     for i, st in enumerate(strategies):
@@ -163,7 +165,7 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
             if ref is None:
                 run = RunResult(label=label, strategy=st, outcome="crashed", reason=ref_error, notes=notes)
             else:
-                run = launch(cfg.model_copy(update={"reference_losses": ref}), work / run_dir_name(i, label))
+                run = launch(cfg.with_reference(ref), work / run_dir_name(i, label))
         runs.append(run)
         comparisons.append(compare_one(run, estimate))
         if progress:
@@ -232,7 +234,7 @@ def prepare_runs(strategies: list[Strategy], model: ModelSpec, cluster: ClusterS
 
     device = resolve_device(options.device)
     prepared = []
-    references: dict[str, tuple[list[float] | None, str]] = {}
+    references: dict[str, tuple[ParityReference | None, str]] = {}
     for i, st in enumerate(strategies):
         st = st.resolve(num_gpus)
         run_model, notes = executed_model(model, st, options.num_layers)
@@ -254,7 +256,7 @@ def prepare_runs(strategies: list[Strategy], model: ModelSpec, cluster: ClusterS
             raise SpecError(error)
         run_dir = (out_dir / run_dir_name(i, cfg.label)).resolve()
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "run.json").write_text(cfg.model_copy(update={"reference_losses": ref}).model_dump_json(indent=1))
+        (run_dir / "run.json").write_text(cfg.with_reference(ref).model_dump_json(indent=1))
         for name, text in emitted_launch_scripts(cfg, cluster, estimate, run_dir).items():
             (run_dir / name).write_text(text)
         per_node = min(num_gpus, cluster.gpus_per_node)

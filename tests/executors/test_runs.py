@@ -19,7 +19,7 @@ from executor_fixtures import TINY, TRAIN  # noqa: E402
 
 import executors.validate as validate_mod  # noqa: E402
 from executors.launcher import launch, launch_reference  # noqa: E402
-from executors.results import RunConfig, RunResult  # noqa: E402
+from executors.results import ParityReference, RunConfig, RunResult  # noqa: E402
 from executors.support import executed_model, unsupported_reasons  # noqa: E402
 from planner.specs import ModelSpec, Strategy  # noqa: E402
 
@@ -29,17 +29,17 @@ TIMEOUT_S = 120.0
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    cache: dict[str, list[float]] = {}
+    cache: dict[str, ParityReference] = {}
     root = tmp_path_factory.mktemp("references")
 
-    def get(model: ModelSpec) -> list[float]:
+    def get(model: ModelSpec) -> ParityReference:
         key = model.model_dump_json()
         if key not in cache:
             cfg = RunConfig(label="ref", model=model, train=TRAIN, strategy=Strategy(dp=1), num_gpus=1,
                             timeout_s=TIMEOUT_S)
-            losses, error = launch_reference(cfg, root / f"ref{len(cache)}")
-            assert losses is not None, error
-            cache[key] = losses
+            ref, error = launch_reference(cfg, root / f"ref{len(cache)}")
+            assert ref is not None, error
+            cache[key] = ref
         return cache[key]
 
     return get
@@ -51,9 +51,8 @@ def run_plan(st: Strategy, num_gpus: int, tmp_path: Path, reference, model: Mode
     built, notes = executed_model(model, st) if untie else (model, [])
     assert unsupported_reasons(built, TRAIN, st, hsdp_replicate=overrides.get("hsdp_replicate", 1)) == []
     cfg = RunConfig(label=st.short(), model=built, train=TRAIN, strategy=st, num_gpus=num_gpus,
-                    reference_losses=reference(built), warmup_steps=0, timed_steps=1, timeout_s=TIMEOUT_S,
-                    notes=notes, **overrides)
-    return launch(cfg, tmp_path / "run")
+                    warmup_steps=1, timed_steps=1, timeout_s=TIMEOUT_S, notes=notes, **overrides)
+    return launch(cfg.with_reference(reference(built)), tmp_path / "run")
 
 
 def assert_ok(result: RunResult, num_gpus: int) -> None:
@@ -130,7 +129,7 @@ def test_hang_and_crash_do_not_lose_the_other_runs(tmp_path, monkeypatch):
     from profiles import load_cluster
 
     cluster = load_cluster("dgx-h100")  # only the predictions use it
-    options = validate_mod.ValidateOptions(warmup_steps=0, timed_steps=1, timeout_s=25.0, device="cpu",
+    options = validate_mod.ValidateOptions(warmup_steps=1, timed_steps=1, timeout_s=25.0, device="cpu",
                                            work_dir=tmp_path)
     report = validate_mod.validate_strategies(
         [Strategy(dp=2), Strategy(dp=2, zero_stage=1), Strategy(dp=1, pp=2, micro_batch_size=2)],

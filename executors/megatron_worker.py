@@ -26,7 +26,7 @@ from typing import Any
 
 from executors.parity import batch_index, parity_failure, parity_learning_rate
 from executors.timing import run_timed_steps
-from executors.results import ParityReference, RankResult, RunConfig
+from executors.results import GRADIENT_FAULTS, ParityReference, RankResult, RunConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
 SINGLE_GPU = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
@@ -146,6 +146,8 @@ def run_rank(cfg: RunConfig, out: Path, reference: bool = False) -> int:
 
         return output, loss_func
 
+    grad_factor = GRADIENT_FAULTS.get(cfg.fault, 1.0)
+
     def step(i: int) -> float:
         tokens, targets = synthetic_batch(cfg.model, cfg.train.global_batch_size, seq, cfg.seed, batch_index(cfg, i))
         x, y = tokens[dp_rank * rows: (dp_rank + 1) * rows].cuda(), targets[dp_rank * rows: (dp_rank + 1) * rows].cuda()
@@ -166,6 +168,9 @@ def run_rank(cfg: RunConfig, out: Path, reference: bool = False) -> int:
             lr = parity_learning_rate(loss, sum(float(g.double().pow(2).sum()) for g in _main_grads(models)))
             for group in current["optimizer"].param_groups:
                 group["lr"] = lr
+        if i < cfg.parity_steps and grad_factor != 1.0:
+            for g in _main_grads(models):
+                g.mul_(grad_factor)
         current["optimizer"].step()
         if i == cfg.parity_steps - 1 and not reference:  # the plan's optimizer, on the updated weights
             current["optimizer"] = None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from executors.results import RunConfig
+from executors.results import GRADIENT_FAULTS, RunConfig
 
 PLAN_SGD_MOMENTUM = 0.9
 """Momentum of the plan's SGD (TrainSpec.optimizer == "sgd"), as Megatron's default `--sgd-momentum`."""
@@ -28,15 +28,19 @@ PLAN_SGD_MOMENTUM = 0.9
 class PlainSgdFirst:
     """Mixin for a torch optimizer class: the first `parity_steps` calls of step() are plain SGD.
 
-    `parity_lr`: their step size. Later calls go to the optimizer class this is
-    mixed into; its states are created on its first call. (The names carry a
-    prefix because torch's optimizers read attributes of their own.)
+    `parity_lr`: their step size. `parity_grad_factor`: factor applied to every
+    gradient this optimizer is handed before each plain-SGD update (1.0; other
+    values only as a test fault, `RunConfig.fault`). Later calls go to the
+    optimizer class this is mixed into; its states are created on its first call.
+    (The names carry a prefix because torch's optimizers read attributes such as
+    `grad_scale` of their own.)
     """
 
-    def __init__(self, params, *, parity_steps: int, parity_lr: float, **kwargs):
+    def __init__(self, params, *, parity_steps: int, parity_lr: float, parity_grad_factor: float = 1.0, **kwargs):
         super().__init__(params, **kwargs)
         self.parity_steps_left = parity_steps
         self.parity_lr = parity_lr
+        self.parity_grad_factor = parity_grad_factor
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -51,6 +55,8 @@ class PlainSgdFirst:
             for p in group["params"]:
                 if p.grad is None:
                     continue
+                if self.parity_grad_factor != 1.0:
+                    p.grad.mul_(self.parity_grad_factor)
                 p.add_(p.grad, alpha=-self.parity_lr)
         return loss
 
@@ -65,7 +71,8 @@ class ParityThenSGD(PlainSgdFirst, torch.optim.SGD):
 
 def make_optimizer(cfg: RunConfig, params: list[nn.Parameter], zero1_group=None) -> torch.optim.Optimizer:
     """The run's optimizer over `params`; with `zero1_group`, ZeRO-1 sharded over that group."""
-    parity = {"parity_steps": cfg.parity_steps, "parity_lr": cfg.parity_learning_rate or cfg.learning_rate}
+    parity = {"parity_steps": cfg.parity_steps, "parity_lr": cfg.parity_learning_rate or cfg.learning_rate,
+              "parity_grad_factor": GRADIENT_FAULTS.get(cfg.fault, 1.0)}
     if cfg.train.optimizer == "adam":
         cls, kwargs = ParityThenAdam, {"lr": cfg.learning_rate, "fused": True}
     else:

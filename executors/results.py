@@ -22,7 +22,11 @@ crashed: exited with an error (stderr tail kept). unsupported: this executor
 cannot run the strategy (the reason says why); nothing was launched."""
 
 Engine = Literal["torch", "megatron", "deepspeed"]
-Fault = Literal["none", "hang", "crash", "oom"]
+Fault = Literal["none", "hang", "crash", "oom", "grad_x2"]
+
+GRADIENT_FAULTS = {"grad_x2": 2.0}
+"""Gradient faults -> the factor every gradient is multiplied by, on every rank, before
+each parity step's update (a run that is really wrong, which loss parity must catch)."""
 
 
 class ParityReference(BaseModel):
@@ -89,7 +93,9 @@ class RunConfig(BaseModel):
         "weight shows here long before it moves the loss itself); fp32: 1e-2, bf16/fp16: 0.5."
     )
     timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of the whole run, seconds.")
-    fault: Fault = Field("none", description="Test hook: make rank 1 hang, crash or report OOM after the parity steps.")
+    fault: Fault = Field("none", description="Test hook: hang, crash, oom make rank 1 hang, crash or report OOM "
+                         "after the parity steps; grad_x2 doubles every gradient on every rank before each parity "
+                         "step's update (see GRADIENT_FAULTS).")
     notes: list[str] = Field(default_factory=list, description="Deviations of the run from the plan, in words.")
 
     @model_validator(mode="after")

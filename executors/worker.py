@@ -32,7 +32,7 @@ from pathlib import Path
 
 from executors.parity import parity_failure
 from executors.timing import run_timed_steps
-from executors.results import RankResult, RunConfig
+from executors.results import GRADIENT_FAULTS, RankResult, RunConfig
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
@@ -63,7 +63,8 @@ def run_reference(cfg: RunConfig, out: Path) -> None:
 
 
 def _inject_fault(cfg: RunConfig, rank: int, world: int) -> None:
-    if cfg.fault == "none" or rank != min(1, world - 1):
+    """hang, crash and oom, on rank 1 after the parity steps (gradient faults act in the optimizer)."""
+    if cfg.fault in ("none", *GRADIENT_FAULTS) or rank != min(1, world - 1):
         return
     if cfg.fault == "hang":
         time.sleep(10**6)

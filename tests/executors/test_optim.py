@@ -53,3 +53,10 @@ def test_parity_steps_are_the_references_plain_sgd_then_the_plans_adam_starts():
     assert torch.allclose(before - after, LR_PLAN * grad.sign(), rtol=1e-4)
     assert states == 1
 
+
+def test_the_gradient_fault_doubles_the_parity_updates_only():
+    doubled = _run(_cfg(fault="grad_x2"), 3)
+    for before, grad, after, _ in doubled[:2]:
+        assert torch.allclose(before - after, 2 * LR_PARITY * grad, rtol=1e-6)
+    before, grad, after, _ = doubled[2]
+    assert torch.allclose(before - after, LR_PLAN * grad.sign(), rtol=1e-4)

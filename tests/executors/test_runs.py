@@ -64,8 +64,7 @@ def assert_ok(result: RunResult, num_gpus: int) -> None:
     assert result.peak_memory_bytes and result.peak_memory_bytes > 0
 
 
-TWO_RANK = {
-    "dp2-ddp": Strategy(dp=2),
+TWO_RANK = {  # dp2 with DDP: test_doubled_gradients_fail_parity_and_the_same_plan_passes
     "dp2-zero1": Strategy(dp=2, zero_stage=1, micro_batch_size=2),
     "tp2-sp": Strategy(dp=1, tp=2, sequence_parallel=True),
     "pp2-1f1b": Strategy(dp=1, pp=2, micro_batch_size=2),
@@ -101,6 +100,22 @@ def test_wrong_gradients_fail_parity_and_are_not_timed(tmp_path, reference):
     assert "loss parity failed" in result.reason
     assert result.step_time_s is None
     assert result.parity is not None and result.parity.max_rel_error < 1e-4 < result.parity.update_rel_error
+
+
+def test_doubled_gradients_fail_parity_and_the_same_plan_passes(tmp_path, reference):
+    """Issue 7: every gradient doubled on every rank before each parity update (a sum instead of a
+    mean over dp) must fail parity; under Adam's lr·sign(g) first update it passed bit-identically."""
+    right = run_plan(Strategy(dp=2), 2, tmp_path / "right", reference)
+    assert_ok(right, 2)
+    wrong = run_plan(Strategy(dp=2), 2, tmp_path / "doubled", reference, fault="grad_x2")
+    assert wrong.outcome == "wrong", f"{wrong.outcome}: {wrong.reason}\n{wrong.stderr_tail}"
+    assert "loss parity failed" in wrong.reason
+    assert [r.status for r in wrong.ranks] == ["wrong", "wrong"]
+    assert wrong.step_time_s is None
+    parity = wrong.parity
+    assert parity is not None and not parity.passed
+    assert parity.measured[0] == pytest.approx(right.parity.measured[0], rel=1e-6)  # step 1: forward only
+    assert parity.update_rel_error > 0.5  # first order: exactly 1 (measured: 0.94)
 
 
 def test_out_of_memory_is_reported(tmp_path, reference):

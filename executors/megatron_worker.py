@@ -11,7 +11,10 @@ executor on one GPU (`reference_engine_config`).
 Optimizers, as in the torch engine (executors.parity): the parity steps take
 Megatron's SGD with no momentum on batch 0 (the reference sizes the step from
 its step-1 gradient), then the plan's optimizer is built on the updated
-weights for the warm-up and timed steps.
+weights for the warm-up and timed steps. The schedule hooks are wired as
+Megatron-LM's training loop wires them (`finalize_model_grads` for the data
+parallel and tied-weight reductions, `no_sync` across micro-batches when the
+gradient reduction overlaps backward, the optimizer's loss scale).
 
 Not exercised in CI (no GPU there): tests carrying the `gpu` marker run it
 where CUDA is present.
@@ -91,6 +94,23 @@ def build(cfg: RunConfig, kw: dict[str, Any]):
     return models, config
 
 
+def wire_schedule(config, models, kw: dict[str, Any], current: dict[str, Any]) -> None:
+    """The schedule hooks Megatron-LM's `setup_model_and_optimizer`/`train` set on the model config;
+    `current["optimizer"]` is the optimizer of the step being run (it changes after the parity steps)."""
+    from megatron.core.distributed import finalize_model_grads
+
+    def one_or_list(fns):
+        return fns[0] if len(fns) == 1 else fns
+
+    if kw["ddp"].get("overlap_grad_reduce"):  # with Megatron-LM's default --align-grad-reduce
+        config.no_sync_func = one_or_list([m.no_sync for m in models])
+        config.grad_sync_func = one_or_list([m.start_grad_sync for m in models])
+    if kw["ddp"].get("overlap_param_gather") and kw["ddp"].get("align_param_gather"):
+        config.param_sync_func = one_or_list([m.start_param_sync for m in models])
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = lambda loss: current["optimizer"].scale_loss(loss)
+
+
 def make_optimizer(cfg: RunConfig, kw: dict[str, Any], models, parity: bool):
     """Megatron's optimizer: plain SGD at the parity step size, or the plan's (emitted) optimizer."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -124,8 +144,9 @@ def run_rank(cfg: RunConfig, out: Path, reference: bool = False) -> int:
     dist.init_process_group("nccl", timeout=timedelta(seconds=cfg.timeout_s))
     meter = MemoryMeter("cuda")
     meter.start()
-    models, _ = build(cfg, kw)
+    models, config = build(cfg, kw)
     current = {"optimizer": make_optimizer(cfg, kw, models, parity=True)}
+    wire_schedule(config, models, kw, current)
     meter.model_built()
     dp = parallel_state.get_data_parallel_world_size()
     dp_rank = parallel_state.get_data_parallel_rank()

@@ -24,13 +24,21 @@ from executors.results import ParityReference, RunConfig
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def autocast_context(cfg: RunConfig):
+def autocast_context(cfg: RunConfig, cache_weights: bool = True):
     """Mixed precision for bf16/fp16 plans (fp32 weights and optimizer, as Megatron's
-    main params); fp32 plans run in full precision."""
+    main params); fp32 plans run in full precision.
+
+    `cache_weights`: autocast's cache of the low-precision copy of each weight, kept
+    for the whole step (one cast per weight and step, as Megatron's bf16 weights).
+    FSDP2 runs switch it off: with FSDP2 (ZeRO-2/3) and several micro-batches in one
+    step the cached copies carry the gradients of the later micro-batches wrongly —
+    measured in bf16 with benchmarks/parity_tolerance.py, the step-2 loss change was
+    21% off the reference with 2 micro-batches per rank (dp2, ZeRO-3) and 11% with 4
+    (tp2 x dp2, ZeRO-3); without the cache 2e-4 and 1e-3, as the other plans."""
     dtype = AUTOCAST_DTYPES.get(cfg.train.precision)
     if dtype is None:
         return nullcontext()
-    return torch.autocast(cfg.device, dtype=dtype)
+    return torch.autocast(cfg.device, dtype=dtype, cache_enabled=cache_weights)
 
 
 class Runner:
@@ -89,7 +97,7 @@ class Runner:
 
     def step(self, step: int) -> torch.Tensor | None:
         tokens, targets = self.batch(step)
-        with autocast_context(self.cfg):
+        with autocast_context(self.cfg, cache_weights=self.kind != "fsdp"):
             if self.st.pp > 1:
                 loss = run_pipeline_step(self.schedule, self.stages, self.num_stages, tokens, targets)
             else:

@@ -21,7 +21,8 @@ import executors.validate as validate_mod  # noqa: E402
 from executors.launcher import launch, launch_reference  # noqa: E402
 from executors.results import ParityReference, RunConfig, RunResult  # noqa: E402
 from executors.support import executed_model, unsupported_reasons  # noqa: E402
-from planner.specs import ModelSpec, Strategy  # noqa: E402
+from executors.validate import PARITY_TOLERANCES  # noqa: E402
+from planner.specs import ModelSpec, Strategy, TrainSpec  # noqa: E402
 
 pytestmark = pytest.mark.executor
 TIMEOUT_S = 120.0
@@ -32,10 +33,10 @@ def reference(tmp_path_factory):
     cache: dict[str, ParityReference] = {}
     root = tmp_path_factory.mktemp("references")
 
-    def get(model: ModelSpec) -> ParityReference:
-        key = model.model_dump_json()
+    def get(model: ModelSpec, train: TrainSpec = TRAIN) -> ParityReference:
+        key = model.model_dump_json() + train.model_dump_json()
         if key not in cache:
-            cfg = RunConfig(label="ref", model=model, train=TRAIN, strategy=Strategy(dp=1), num_gpus=1,
+            cfg = RunConfig(label="ref", model=model, train=train, strategy=Strategy(dp=1), num_gpus=1,
                             timeout_s=TIMEOUT_S)
             ref, error = launch_reference(cfg, root / f"ref{len(cache)}")
             assert ref is not None, error
@@ -46,13 +47,16 @@ def reference(tmp_path_factory):
 
 
 def run_plan(st: Strategy, num_gpus: int, tmp_path: Path, reference, model: ModelSpec = TINY, untie: bool = True,
-             **overrides) -> RunResult:
+             train: TrainSpec = TRAIN, **overrides) -> RunResult:
+    """Run `st` with the precision's tolerances (executors.validate.PARITY_TOLERANCES)."""
     st = st.resolve(num_gpus)
     built, notes = executed_model(model, st) if untie else (model, [])
-    assert unsupported_reasons(built, TRAIN, st, hsdp_replicate=overrides.get("hsdp_replicate", 1)) == []
-    cfg = RunConfig(label=st.short(), model=built, train=TRAIN, strategy=st, num_gpus=num_gpus,
-                    warmup_steps=1, timed_steps=1, timeout_s=TIMEOUT_S, notes=notes, **overrides)
-    return launch(cfg.with_reference(reference(built)), tmp_path / "run")
+    assert unsupported_reasons(built, train, st, hsdp_replicate=overrides.get("hsdp_replicate", 1)) == []
+    rtol, update_rtol = PARITY_TOLERANCES[train.precision]
+    cfg = RunConfig(label=st.short(), model=built, train=train, strategy=st, num_gpus=num_gpus,
+                    warmup_steps=1, timed_steps=1, timeout_s=TIMEOUT_S, notes=notes, parity_rtol=rtol,
+                    update_rtol=update_rtol, **overrides)
+    return launch(cfg.with_reference(reference(built, train)), tmp_path / "run")
 
 
 def assert_ok(result: RunResult, num_gpus: int) -> None:
@@ -116,6 +120,13 @@ def test_doubled_gradients_fail_parity_and_the_same_plan_passes(tmp_path, refere
     assert parity is not None and not parity.passed
     assert parity.measured[0] == pytest.approx(right.parity.measured[0], rel=1e-6)  # step 1: forward only
     assert parity.update_rel_error > 0.5  # first order: exactly 1 (measured: 0.94)
+
+
+def test_bf16_fsdp2_with_several_microbatches_matches_the_reference(tmp_path, reference):
+    """Issue 7: under bf16 autocast with its weight cache, FSDP2 (ZeRO-3, 2 micro-batches per rank)
+    took an update 21% off the reference's; found by the plain-SGD parity steps."""
+    bf16 = TRAIN.model_copy(update={"precision": "bf16"})
+    assert_ok(run_plan(Strategy(dp=2, zero_stage=3, micro_batch_size=2), 2, tmp_path, reference, train=bf16), 2)
 
 
 def test_out_of_memory_is_reported(tmp_path, reference):

@@ -4,10 +4,13 @@ Used for `RunConfig.engine == "deepspeed"`. The model is the executor's own
 transformer (executors.model), so the parity reference is the ordinary
 single-process reference; the config is the DeepSpeed emitter's
 (`planner.emit.deepspeed.ds_config`, carried in `RunConfig.engine_config`)
-with an Adam optimizer at the run's learning rate added and gradient clipping
-switched off (the reference does not clip). DeepSpeed alone runs data
-parallelism and ZeRO 0-3; tp/pp plans need Megatron-DeepSpeed and are refused
-before launch (`executors.validate.engine_reasons`).
+with gradient clipping switched off (the reference does not clip). The
+optimizer is the torch engine's (`executors.optim.make_optimizer`: plain SGD
+for the parity steps on batch 0, then fused Adam), handed to
+`deepspeed.initialize` as a client optimizer, so DeepSpeed's ZeRO wrappers
+shard and reduce the parity steps as they do the timed ones. DeepSpeed alone
+runs data parallelism and ZeRO 0-3; tp/pp plans need Megatron-DeepSpeed and
+are refused before launch (`executors.validate.engine_reasons`).
 
 Not exercised in CI (no GPU there): tests carrying the `gpu` marker run it
 where CUDA is present.
@@ -19,14 +22,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from executors.parity import parity_failure
+from executors.parity import batch_index, parity_failure
 from executors.timing import run_timed_steps
 from executors.results import RankResult, RunConfig
 
 
 def runtime_config(cfg: RunConfig) -> dict[str, Any]:
+    """The emitted config as run: no clipping, no pipeline section, and the client optimizer
+    (an Adam subclass, which DeepSpeed's ZeRO accepts only with zero_allow_untested_optimizer)."""
     config = dict(cfg.engine_config or {})
-    config.setdefault("optimizer", {"type": "Adam", "params": {"lr": cfg.learning_rate, "weight_decay": 0.0}})
+    config.pop("optimizer", None)
+    config["zero_allow_untested_optimizer"] = True
     config["gradient_clipping"] = 0.0
     config.pop("pipeline", None)
     return config
@@ -39,6 +45,7 @@ def run_rank(cfg: RunConfig, out: Path) -> int:
 
     from executors.memory import MemoryMeter
     from executors.model import build_model, loss_fn, synthetic_batch
+    from executors.optim import make_optimizer
     from executors.worker import is_oom, write_json_atomic
 
     if cfg.engine_config is None:
@@ -48,8 +55,8 @@ def run_rank(cfg: RunConfig, out: Path) -> int:
     deepspeed.init_distributed(dist_backend="nccl")
     meter = MemoryMeter("cuda")
     meter.start()
-    model = build_model(cfg.model, cfg.train.seq_len, cfg.seed)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+    model = build_model(cfg.model, cfg.train.seq_len, cfg.seed).cuda()  # on its device before the optimizer sees it
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(cfg, list(model.parameters())),
                                            config=runtime_config(cfg))
     meter.model_built()
     dp, dp_rank = dist.get_world_size(), dist.get_rank()
@@ -57,7 +64,8 @@ def run_rank(cfg: RunConfig, out: Path) -> int:
     mbs = cfg.strategy.micro_batch_size
 
     def step(i: int) -> float:
-        tokens, targets = synthetic_batch(cfg.model, cfg.train.global_batch_size, cfg.train.seq_len, cfg.seed, i)
+        tokens, targets = synthetic_batch(cfg.model, cfg.train.global_batch_size, cfg.train.seq_len, cfg.seed,
+                                          batch_index(cfg, i))
         x = tokens[dp_rank * rows: (dp_rank + 1) * rows].to(engine.device)
         y = targets[dp_rank * rows: (dp_rank + 1) * rows].to(engine.device)
         total = 0.0

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executors.parity import parity_errors
-from executors.results import ParityCheck, RankResult, RunConfig, RunResult
+from executors.results import ParityCheck, ParityReference, RankResult, RunConfig, RunResult
 
 KILL_GRACE_S = 5.0
 STDERR_TAIL_LINES = 30
@@ -219,10 +219,8 @@ def launch(cfg: RunConfig, run_dir: Path, command: list[str] | None = None) -> R
     return fold(cfg, read_ranks(run_dir), proc)
 
 
-def launch_reference(cfg: RunConfig, run_dir: Path) -> tuple[list[float] | None, str]:
-    """Single-process reference losses for `cfg`'s model, data and optimizer, or (None, why not)."""
-    import json
-
+def launch_reference(cfg: RunConfig, run_dir: Path) -> tuple[ParityReference | None, str]:
+    """Single-process parity steps for `cfg`'s model and data (losses and the SGD step size), or (None, why not)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "run.json"
     config_path.write_text(cfg.model_dump_json(indent=1))
@@ -231,7 +229,7 @@ def launch_reference(cfg: RunConfig, run_dir: Path) -> tuple[list[float] | None,
            else reference_command(config_path, run_dir))
     proc = run_process(cmd, cfg.timeout_s, run_dir, worker_env(cfg.device))
     try:
-        return json.loads((run_dir / "reference.json").read_text())["losses"], ""
-    except (OSError, ValueError, KeyError):
+        return ParityReference.model_validate_json((run_dir / "reference.json").read_text()), ""
+    except (OSError, ValueError):
         why = "timed out" if proc.timed_out else f"exited with status {proc.return_code}"
         return None, f"reference run {why}: {proc.stderr_tail[-2000:]}"

@@ -188,26 +188,6 @@ class GradAllReduce:
                 bucket, size = [], 0
 
 
-def make_optimizer(cfg: RunConfig, params: list[nn.Parameter], zero1_group=None):
-    """Adam (no weight decay) or SGD with momentum, per TrainSpec.optimizer; ZeRO-1 shards it over dp.
-
-    Adam is the fused implementation (one kernel per step on CPU and CUDA), as
-    Megatron's fused Adam, whose traffic the cost model counts."""
-    if cfg.train.optimizer == "adam":
-        cls, kwargs = torch.optim.Adam, {"lr": cfg.learning_rate, "fused": True}
-    else:
-        cls, kwargs = torch.optim.SGD, {"lr": cfg.learning_rate, "momentum": 0.9}
-    if zero1_group is not None:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=zero1_group, **kwargs)
-    # A fused step takes all tensors of a group at once, and DTensors do not mix with
-    # plain tensors (tensor parallel leaves the norms plain without sequence parallel).
-    dtensors = [p for p in params if hasattr(p, "to_local")]
-    plain = [p for p in params if not hasattr(p, "to_local")]
-    return cls([g for g in ({"params": dtensors}, {"params": plain}) if g["params"]], **kwargs)
-
-
 def wrap_data_parallel(cfg: RunConfig, module: nn.Module, mesh, layers: list[nn.Module]):
     """Apply the dp part of the strategy to `module` (the model or one pipeline stage).
 

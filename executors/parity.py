@@ -1,17 +1,69 @@
 """Loss parity: a parallel run's leading losses against the single-process reference (no torch).
 
+The parity steps are plain SGD (no momentum, no weight decay) on one batch
+(batch 0, repeated), not the plan's optimizer on fresh batches:
+
+- Adam's first update is lr·g/(|g| + eps) ≈ lr·sign(g) per element, the same for
+  a gradient wrong by any positive factor (a sum instead of a mean over dp, a
+  missing 1/num_microbatches), so such a run would pass bit-identically. Plain
+  SGD moves the weights by lr·g, and to first order the loss by -lr·|g|², so a
+  gradient c times too large changes the loss c times as much.
+- With a fresh batch per step the loss change from step 1 to step 2 is mostly
+  the difference between the batches, which hides an update of similar size:
+  on the test model (random tokens) the batches' losses differ by 3e-4 of the
+  loss, twice an SGD step's change at lr 1e-3, and a doubled gradient changed
+  the step-2 loss change by 3% only. On one batch the change is the update's
+  alone (doubled gradient: 94%).
+
 Two checks, both relative: each parity step's loss (`RunConfig.parity_rtol`),
 and the loss change from step 1 to each later step (`RunConfig.update_rtol`).
-The second isolates the gradients and the optimizer update: with a learning
-rate of 1e-3 one step moves the loss by ~1e-3 of itself, so a gradient that is
-wrong for a whole weight matrix (an untied copy, a missing reduction) changes
-the step-2 loss by ~1e-5 relative — inside any sensible loss tolerance — but
-changes the loss *decrease* by percents.
+The first checks the forward pass, the second the gradients and the update: a
+gradient that is wrong for one weight matrix changes the step-2 loss by ~1e-5
+relative — inside any loss tolerance — but the loss *change* by percents.
+
+The step size: `parity_learning_rate` makes the first-order decrease lr·|g|² a
+fixed fraction (`PARITY_LOSS_DECREASE`) of the step-1 loss, from the
+reference's own step-1 gradient. A fixed step size does not work across
+models: on the test model (4 layers, hidden 64) lr = 0.01 moves the loss by
+only 0.15% (7x closer to rounding than at 1%), while on the 4-layer hidden-512
+benchmark model lr = 0.1 overshoots (loss change 12%, and a 2x gradient changes
+it by only 8% more). The parallel run takes the reference's step size (`RunConfig.
+parity_learning_rate`), never one from its own gradient, which would cancel a
+gradient-scale error.
 """
 
 from __future__ import annotations
 
 from executors.results import RunConfig
+
+PARITY_LOSS_DECREASE = 0.01
+"""First-order loss decrease lr·|g|² of one parity step, as a fraction of the step-1 loss.
+
+Large enough that the loss change stands above rounding (its relative error is
+~1/PARITY_LOSS_DECREASE = 100 times the loss's: bf16 on CPU, 1.3e-3 vs 1.1e-5,
+executors.validate.PARITY_TOLERANCES), small enough that the change stays linear
+in the gradient: with a doubled gradient the change differs from the right one
+by 0.94 (test model) and 0.98 (benchmarks/validate_cpu.py's hidden-512 model),
+first order 1 (`benchmarks/parity_tolerance.py`); three times that step (the
+loss falls by 2.7-2.9%) gives only 0.61 and 0.85."""
+
+
+def parity_learning_rate(loss: float, grad_sq_norm: float) -> float:
+    """SGD step size whose first-order loss decrease is PARITY_LOSS_DECREASE of `loss`.
+
+    lr = f·L / |g|², with L the step-1 loss (nats), |g|² the squared L2 norm of the
+    full step-1 gradient (sum over every parameter element), f = PARITY_LOSS_DECREASE.
+    One SGD step w -= lr·g changes the loss by -lr·|g|² + O(lr²) = -f·L + O(lr²).
+    """
+    if not grad_sq_norm > 0:
+        raise ValueError(f"the reference's step-1 gradient norm² ({grad_sq_norm}) must be > 0 to size the "
+                         "parity step (a zero or NaN gradient cannot check the gradients)")
+    return PARITY_LOSS_DECREASE * abs(loss) / grad_sq_norm
+
+
+def batch_index(cfg: RunConfig, step: int) -> int:
+    """Synthetic batch of optimizer step `step`: batch 0 for every parity step, the step's own after."""
+    return 0 if step < cfg.parity_steps else step
 
 
 def parity_errors(measured: list[float], reference: list[float]) -> tuple[float, float]:

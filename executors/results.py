@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.errors import SpecError
 from planner.specs import ModelSpec, Strategy, TrainSpec
 
 Outcome = Literal["ok", "wrong", "oom", "timeout", "crashed", "unsupported"]
@@ -21,7 +22,23 @@ crashed: exited with an error (stderr tail kept). unsupported: this executor
 cannot run the strategy (the reason says why); nothing was launched."""
 
 Engine = Literal["torch", "megatron", "deepspeed"]
-Fault = Literal["none", "hang", "crash", "oom"]
+Fault = Literal["none", "hang", "crash", "oom", "grad_x2"]
+
+GRADIENT_FAULTS = {"grad_x2": 2.0}
+"""Gradient faults -> the factor every gradient is multiplied by, on every rank, before
+each parity step's update (a run that is really wrong, which loss parity must catch)."""
+
+
+class ParityReference(BaseModel):
+    """The single-process reference of the parity steps (`reference.json`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    losses: list[float] = Field(description="Loss of each parity step (plain SGD on batch 0).")
+    learning_rate: float = Field(
+        gt=0, description="Plain-SGD step size the reference chose from its step-1 gradient "
+        "(executors.parity.parity_learning_rate); every parallel run of the same model takes it."
+    )
 
 
 class RunConfig(BaseModel):
@@ -36,12 +53,21 @@ class RunConfig(BaseModel):
     num_gpus: int = Field(gt=0, description="World size: dp·tp·cp·pp ranks.")
     seed: int = Field(1234, description="Seed of the weights and of the synthetic token batches.")
     parity_steps: int = Field(
-        2, ge=1, description="Leading steps whose losses must equal the single-process reference "
-        "(step 1 checks the forward pass, step 2 also the gradients and the optimizer update)."
+        2, ge=1, description="Leading plain-SGD steps on one batch whose losses must equal the single-process "
+        "reference (step 1 checks the forward pass, step 2 also the gradients and the update; executors.parity)."
     )
-    warmup_steps: int = Field(1, ge=0, description="Untimed steps after the parity steps.")
+    warmup_steps: int = Field(
+        1, ge=1, description="Untimed steps after the parity steps, at least 1: the parity steps are plain SGD, so "
+        "the plan's optimizer allocates its states (Adam's two moments) in the first step after them, and the CPU "
+        "memory window (executors.memory) closes after the warm-up."
+    )
     timed_steps: int = Field(3, ge=1, description="Timed optimizer steps; the reported step time is their median.")
-    learning_rate: float = Field(1e-3, gt=0, description="Optimizer learning rate.")
+    learning_rate: float = Field(1e-3, gt=0, description="Learning rate of the plan's optimizer (the steps after "
+                                 "the parity steps).")
+    parity_learning_rate: float | None = Field(
+        None, gt=0, description="Step size of the plain-SGD parity steps, from the reference "
+        "(ParityReference.learning_rate); None = learning_rate, allowed only without reference_losses."
+    )
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu runs on gloo, cuda on NCCL.")
     engine: Engine = Field("torch", description="torch: PyTorch parallel APIs; megatron: Megatron-core GPTModel; "
                            "deepspeed: deepspeed.initialize (both CUDA only).")
@@ -58,17 +84,36 @@ class RunConfig(BaseModel):
         None, description="Single-process reference losses of the first parity_steps steps; None = no parity check."
     )
     parity_rtol: float = Field(
-        1e-5, gt=0, description="Relative tolerance on each parity step's loss "
-        "(fp32: 1e-5, re-ordered sums differ by ~1e-7; bf16/fp16: 2e-2)."
+        1e-5, gt=0, description="Relative tolerance on each parity step's loss; fp32: 1e-5 (largest measured over "
+        "the ten test plans 4.3e-8), bf16/fp16: 1e-3 (measured 1.1e-5); executors.validate.PARITY_TOLERANCES."
     )
     update_rtol: float = Field(
-        1e-2, gt=0, description="Relative tolerance on the loss change from step 1 to each later parity step, "
-        "which isolates the gradients and the optimizer update (a gradient that is wrong for one "
-        "weight shows here long before it moves the loss itself); fp32: 1e-2, bf16/fp16: 0.5."
+        1e-3, gt=0, description="Relative tolerance on the loss change from step 1 to each later parity step, "
+        "which isolates the gradients and the update (a gradient c times too large changes it by c - 1; one "
+        "wrong for one weight shows here long before it moves the loss); fp32: 1e-3 (largest measured over the "
+        "ten test plans 8.7e-6), bf16/fp16: 0.1 (measured 1.3e-3); doubled gradients measured 0.94."
     )
     timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of the whole run, seconds.")
-    fault: Fault = Field("none", description="Test hook: make rank 1 hang, crash or report OOM after the parity steps.")
+    fault: Fault = Field("none", description="Test hook: hang, crash, oom make rank 1 hang, crash or report OOM "
+                         "after the parity steps; grad_x2 doubles every gradient on every rank before each parity "
+                         "step's update (see GRADIENT_FAULTS).")
     notes: list[str] = Field(default_factory=list, description="Deviations of the run from the plan, in words.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RunConfig":
+        if self.reference_losses is not None:
+            if self.parity_learning_rate is None:
+                raise SpecError("reference_losses need parity_learning_rate (the reference's step size; "
+                                "see RunConfig.with_reference)")
+            if len(self.reference_losses) != self.parity_steps:
+                raise SpecError(f"reference_losses ({len(self.reference_losses)} losses) must hold parity_steps "
+                                f"({self.parity_steps}) losses")
+        return self
+
+    def with_reference(self, reference: ParityReference) -> "RunConfig":
+        """This run checked against `reference` (its losses and its step size)."""
+        return self.model_validate(self.model_dump() | {"reference_losses": reference.losses,
+                                                        "parity_learning_rate": reference.learning_rate})
 
 
 class RankResult(BaseModel):

@@ -1,8 +1,10 @@
 """Build the parallel model for one RunConfig and run optimizer steps (imports torch).
 
-`Runner.step(i)` runs optimizer step i on the synthetic batch of step i and
-returns this replica's mean loss where this rank holds it (None elsewhere);
-`global_loss` averages it over the data (and context) parallel replicas.
+`Runner.step(i)` runs optimizer step i on its synthetic batch (batch 0 for every
+parity step, `executors.parity.batch_index`) and returns this replica's mean
+loss where this rank holds it (None elsewhere); `global_loss` averages it over
+the data (and context) parallel replicas. The optimizer is plain SGD for the
+parity steps and the plan's after (`executors.optim`).
 """
 
 from __future__ import annotations
@@ -13,20 +15,30 @@ import torch
 import torch.distributed as dist
 
 from executors.model import build_model, loss_fn, synthetic_batch
-from executors.parallelize import apply_tp, make_optimizer, no_sync, wrap_data_parallel
+from executors.optim import make_optimizer
+from executors.parallelize import apply_tp, no_sync, wrap_data_parallel
+from executors.parity import batch_index, parity_learning_rate
 from executors.pipeline import build_stage_modules, make_schedule, run_pipeline_step
-from executors.results import RunConfig
+from executors.results import ParityReference, RunConfig
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def autocast_context(cfg: RunConfig):
+def autocast_context(cfg: RunConfig, cache_weights: bool = True):
     """Mixed precision for bf16/fp16 plans (fp32 weights and optimizer, as Megatron's
-    main params); fp32 plans run in full precision."""
+    main params); fp32 plans run in full precision.
+
+    `cache_weights`: autocast's cache of the low-precision copy of each weight, kept
+    for the whole step (one cast per weight and step, as Megatron's bf16 weights).
+    FSDP2 runs switch it off: with FSDP2 (ZeRO-2/3) and several micro-batches in one
+    step the cached copies carry the gradients of the later micro-batches wrongly —
+    measured in bf16 with benchmarks/parity_tolerance.py, the step-2 loss change was
+    21% off the reference with 2 micro-batches per rank (dp2, ZeRO-3) and 11% with 4
+    (tp2 x dp2, ZeRO-3); without the cache 2e-4 and 1e-3, as the other plans."""
     dtype = AUTOCAST_DTYPES.get(cfg.train.precision)
     if dtype is None:
         return nullcontext()
-    return torch.autocast(cfg.device, dtype=dtype)
+    return torch.autocast(cfg.device, dtype=dtype, cache_enabled=cache_weights)
 
 
 class Runner:
@@ -69,7 +81,7 @@ class Runner:
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         tokens, targets = synthetic_batch(self.cfg.model, self.cfg.train.global_batch_size,
-                                          self.cfg.train.seq_len, self.cfg.seed, step)
+                                          self.cfg.train.seq_len, self.cfg.seed, batch_index(self.cfg, step))
         lo = self.coords["dp"] * self.rows
         return tokens[lo: lo + self.rows].to(self.device), targets[lo: lo + self.rows].to(self.device)
 
@@ -85,7 +97,7 @@ class Runner:
 
     def step(self, step: int) -> torch.Tensor | None:
         tokens, targets = self.batch(step)
-        with autocast_context(self.cfg):
+        with autocast_context(self.cfg, cache_weights=self.kind != "fsdp"):
             if self.st.pp > 1:
                 loss = run_pipeline_step(self.schedule, self.stages, self.num_stages, tokens, targets)
             else:
@@ -130,16 +142,18 @@ def _local_numel(p: torch.Tensor) -> int:
     return p.to_local().numel() if hasattr(p, "to_local") else p.numel()
 
 
-def reference_losses(cfg: RunConfig, chunk_rows: int = 4) -> list[float]:
-    """Single-process losses of the first `parity_steps` steps: the full model, the full
-    global batch (accumulated in chunks of `chunk_rows` sequences), the same optimizer."""
+def reference(cfg: RunConfig, chunk_rows: int = 4) -> ParityReference:
+    """Single-process parity steps: the full model, the full global batch (accumulated in
+    chunks of `chunk_rows` sequences), plain SGD (torch.optim.SGD, no momentum) with the
+    step size `parity_learning_rate` sets from this run's own step-1 loss and gradient."""
     device = torch.device("cuda" if cfg.device == "cuda" else "cpu")
     model = build_model(cfg.model, cfg.train.seq_len, cfg.seed).to(device)
-    optimizer = make_optimizer(cfg, list(model.parameters()))
+    params = list(model.parameters())
+    optimizer = None
     gbs = cfg.train.global_batch_size
     losses = []
     for step in range(cfg.parity_steps):
-        tokens, targets = synthetic_batch(cfg.model, gbs, cfg.train.seq_len, cfg.seed, step)
+        tokens, targets = synthetic_batch(cfg.model, gbs, cfg.train.seq_len, cfg.seed, batch_index(cfg, step))
         total = 0.0
         with autocast_context(cfg):
             for lo in range(0, gbs, chunk_rows):
@@ -147,7 +161,10 @@ def reference_losses(cfg: RunConfig, chunk_rows: int = 4) -> list[float]:
                 loss = loss_fn(model(x), y) * (x.shape[0] / gbs)
                 loss.backward()
                 total += float(loss.detach())
+        if optimizer is None:
+            grad_sq_norm = sum(float(p.grad.double().pow(2).sum()) for p in params if p.grad is not None)
+            optimizer = torch.optim.SGD(params, lr=parity_learning_rate(total, grad_sq_norm))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(total)
-    return losses
+    return ParityReference(losses=losses, learning_rate=optimizer.param_groups[0]["lr"])

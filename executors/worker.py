@@ -9,11 +9,12 @@ from the environment. Order of a run:
 
 1. init the process group (gloo on cpu, nccl on cuda) and read the memory
    baseline; build the mesh and the parallel model; reset the memory peak;
-2. run `parity_steps` steps and compare their global losses with the
-   single-process reference (`--reference` computes it); a mismatch ends the
-   run with status "wrong" — it is never timed;
+2. run `parity_steps` plain-SGD steps on one batch and compare their global
+   losses with the single-process reference (`--reference` computes it and
+   the SGD step size, see executors.parity); a mismatch ends the run with
+   status "wrong" — it is never timed;
 3. `warmup_steps` untimed steps, then `timed_steps` steps, each started after a
-   barrier and timed on every rank;
+   barrier and timed on every rank (both with the plan's optimizer);
 4. write `DIR/rank<r>.json` (a RankResult), then tear down. FSDP processes
    sometimes abort at shutdown; the result is already on disk by then.
 """
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from executors.parity import parity_failure
 from executors.timing import run_timed_steps
-from executors.results import RankResult, RunConfig
+from executors.results import GRADIENT_FAULTS, RankResult, RunConfig
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
@@ -53,19 +54,17 @@ def _threads(cfg: RunConfig, local_world: int) -> int:
 
 
 def run_reference(cfg: RunConfig, out: Path) -> None:
-    import json
-
     import torch
 
-    from executors.runner import reference_losses
+    from executors.runner import reference
 
     torch.set_num_threads(_threads(cfg, 1))
-    losses = reference_losses(cfg)
-    write_json_atomic(out / "reference.json", json.dumps({"losses": losses}))
+    write_json_atomic(out / "reference.json", reference(cfg).model_dump_json())
 
 
 def _inject_fault(cfg: RunConfig, rank: int, world: int) -> None:
-    if cfg.fault == "none" or rank != min(1, world - 1):
+    """hang, crash and oom, on rank 1 after the parity steps (gradient faults act in the optimizer)."""
+    if cfg.fault in ("none", *GRADIENT_FAULTS) or rank != min(1, world - 1):
         return
     if cfg.fault == "hang":
         time.sleep(10**6)

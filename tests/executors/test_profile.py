@@ -88,7 +88,7 @@ def test_profile_then_validate_from_the_command_line(tmp_path):
     model_yaml.write_text(yaml.safe_dump(TINY.model_dump()))
     code, text = _cli(["validate", "--model", str(model_yaml), "--cluster", str(cluster_yaml), "--gpus", "2",
                        "--global-batch-size", str(TRAIN.global_batch_size), "--seq-len", str(TRAIN.seq_len),
-                       "--precision", "fp32", "--top", "1", "--strategy", '{"cp": 2}', "--warmup", "0",
+                       "--precision", "fp32", "--top", "1", "--strategy", '{"cp": 2}', "--warmup", "1",
                        "--steps", "1", "--device", "cpu", "--work-dir", str(tmp_path / "runs"), "--format", "json"])
     assert code == 0, text
     report = json.loads(text)

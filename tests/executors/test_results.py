@@ -6,8 +6,9 @@ import pytest
 
 from executors.compare import compare_one, rank_and_summarise
 from executors.launcher import ProcessOutcome, fold
-from executors.parity import parity_errors
-from executors.results import RankResult, RunConfig, RunResult
+from executors.parity import parity_errors, parity_failure
+from executors.results import ParityReference, RankResult, RunConfig, RunResult
+from executors.validate import PARITY_TOLERANCES
 from planner.specs import Estimate, Strategy
 
 from executor_fixtures import TINY, TRAIN
@@ -15,7 +16,7 @@ from executor_fixtures import TINY, TRAIN
 
 def _cfg(**kw) -> RunConfig:
     base = dict(label="dp2", model=TINY, train=TRAIN, strategy=Strategy(dp=2), num_gpus=2, timed_steps=3,
-                reference_losses=[5.0, 4.9])
+                reference_losses=[5.0, 4.9], parity_learning_rate=0.1)
     return RunConfig(**(base | kw))
 
 
@@ -56,12 +57,36 @@ def test_outcomes(statuses, proc, outcome):
         assert res.reason
 
 
+def test_reference_losses_come_with_the_references_step_size():
+    with pytest.raises(ValueError, match="parity_learning_rate"):
+        _cfg(parity_learning_rate=None)
+    with pytest.raises(ValueError, match=r"reference_losses \(1 losses\) must hold parity_steps \(2\)"):
+        _cfg(reference_losses=[5.0])
+    ref = _cfg(reference_losses=None, parity_learning_rate=None).with_reference(
+        ParityReference(losses=[5.0, 4.95], learning_rate=0.2))
+    assert ref.reference_losses == [5.0, 4.95] and ref.parity_learning_rate == 0.2
+
+
 def test_parity_errors_separate_the_loss_and_its_change():
     loss_err, update_err = parity_errors([5.0, 4.9], [5.0, 4.9])
     assert loss_err == 0 and update_err == 0
     # a 0.1% error on the step-2 loss is a 10% error on the loss change
     loss_err, update_err = parity_errors([5.0, 4.9049], [5.0, 4.9])
     assert loss_err < 1e-3 and update_err == pytest.approx(0.049, rel=1e-3)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_doubled_update_fails_parity_and_an_identical_one_passes(precision):
+    """Issue 7: with plain-SGD parity steps a gradient c times too large changes the loss change c
+    times; c = 2 must fail at both precisions' tolerances, and an identical run pass."""
+    rtol, update_rtol = PARITY_TOLERANCES[precision]
+    reference = [5.0, 4.95]  # one parity step: the loss falls by 1% (executors.parity.PARITY_LOSS_DECREASE)
+    cfg = _cfg(reference_losses=reference, parity_rtol=rtol, update_rtol=update_rtol)
+    assert parity_failure(cfg, list(reference)) == ""
+    doubled = [5.0, 5.0 - 2 * (5.0 - 4.95)]
+    loss_err, update_err = parity_errors(doubled, reference)
+    assert update_err == pytest.approx(1.0) and update_err > update_rtol
+    assert "loss parity failed" in parity_failure(cfg, doubled)
 
 
 def _estimate(step_s: float, mem: float) -> Estimate:

@@ -19,9 +19,10 @@ from executor_fixtures import TINY, TRAIN  # noqa: E402
 
 import executors.validate as validate_mod  # noqa: E402
 from executors.launcher import launch, launch_reference  # noqa: E402
-from executors.results import RunConfig, RunResult  # noqa: E402
+from executors.results import ParityReference, RunConfig, RunResult  # noqa: E402
 from executors.support import executed_model, unsupported_reasons  # noqa: E402
-from planner.specs import ModelSpec, Strategy  # noqa: E402
+from executors.validate import PARITY_TOLERANCES  # noqa: E402
+from planner.specs import ModelSpec, Strategy, TrainSpec  # noqa: E402
 
 pytestmark = pytest.mark.executor
 TIMEOUT_S = 120.0
@@ -29,31 +30,33 @@ TIMEOUT_S = 120.0
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    cache: dict[str, list[float]] = {}
+    cache: dict[str, ParityReference] = {}
     root = tmp_path_factory.mktemp("references")
 
-    def get(model: ModelSpec) -> list[float]:
-        key = model.model_dump_json()
+    def get(model: ModelSpec, train: TrainSpec = TRAIN) -> ParityReference:
+        key = model.model_dump_json() + train.model_dump_json()
         if key not in cache:
-            cfg = RunConfig(label="ref", model=model, train=TRAIN, strategy=Strategy(dp=1), num_gpus=1,
+            cfg = RunConfig(label="ref", model=model, train=train, strategy=Strategy(dp=1), num_gpus=1,
                             timeout_s=TIMEOUT_S)
-            losses, error = launch_reference(cfg, root / f"ref{len(cache)}")
-            assert losses is not None, error
-            cache[key] = losses
+            ref, error = launch_reference(cfg, root / f"ref{len(cache)}")
+            assert ref is not None, error
+            cache[key] = ref
         return cache[key]
 
     return get
 
 
 def run_plan(st: Strategy, num_gpus: int, tmp_path: Path, reference, model: ModelSpec = TINY, untie: bool = True,
-             **overrides) -> RunResult:
+             train: TrainSpec = TRAIN, **overrides) -> RunResult:
+    """Run `st` with the precision's tolerances (executors.validate.PARITY_TOLERANCES)."""
     st = st.resolve(num_gpus)
     built, notes = executed_model(model, st) if untie else (model, [])
-    assert unsupported_reasons(built, TRAIN, st, hsdp_replicate=overrides.get("hsdp_replicate", 1)) == []
-    cfg = RunConfig(label=st.short(), model=built, train=TRAIN, strategy=st, num_gpus=num_gpus,
-                    reference_losses=reference(built), warmup_steps=0, timed_steps=1, timeout_s=TIMEOUT_S,
-                    notes=notes, **overrides)
-    return launch(cfg, tmp_path / "run")
+    assert unsupported_reasons(built, train, st, hsdp_replicate=overrides.get("hsdp_replicate", 1)) == []
+    rtol, update_rtol = PARITY_TOLERANCES[train.precision]
+    cfg = RunConfig(label=st.short(), model=built, train=train, strategy=st, num_gpus=num_gpus,
+                    warmup_steps=1, timed_steps=1, timeout_s=TIMEOUT_S, notes=notes, parity_rtol=rtol,
+                    update_rtol=update_rtol, **overrides)
+    return launch(cfg.with_reference(reference(built, train)), tmp_path / "run")
 
 
 def assert_ok(result: RunResult, num_gpus: int) -> None:
@@ -65,8 +68,7 @@ def assert_ok(result: RunResult, num_gpus: int) -> None:
     assert result.peak_memory_bytes and result.peak_memory_bytes > 0
 
 
-TWO_RANK = {
-    "dp2-ddp": Strategy(dp=2),
+TWO_RANK = {  # dp2 with DDP: test_doubled_gradients_fail_parity_and_the_same_plan_passes
     "dp2-zero1": Strategy(dp=2, zero_stage=1, micro_batch_size=2),
     "tp2-sp": Strategy(dp=1, tp=2, sequence_parallel=True),
     "pp2-1f1b": Strategy(dp=1, pp=2, micro_batch_size=2),
@@ -120,6 +122,29 @@ def test_wrong_gradients_fail_parity_and_are_not_timed(tmp_path, reference):
     assert result.parity is not None and result.parity.max_rel_error < 1e-4 < result.parity.update_rel_error
 
 
+def test_doubled_gradients_fail_parity_and_the_same_plan_passes(tmp_path, reference):
+    """Issue 7: every gradient doubled on every rank before each parity update (a sum instead of a
+    mean over dp) must fail parity; under Adam's lr·sign(g) first update it passed bit-identically."""
+    right = run_plan(Strategy(dp=2), 2, tmp_path / "right", reference)
+    assert_ok(right, 2)
+    wrong = run_plan(Strategy(dp=2), 2, tmp_path / "doubled", reference, fault="grad_x2")
+    assert wrong.outcome == "wrong", f"{wrong.outcome}: {wrong.reason}\n{wrong.stderr_tail}"
+    assert "loss parity failed" in wrong.reason
+    assert [r.status for r in wrong.ranks] == ["wrong", "wrong"]
+    assert wrong.step_time_s is None
+    parity = wrong.parity
+    assert parity is not None and not parity.passed
+    assert parity.measured[0] == pytest.approx(right.parity.measured[0], rel=1e-6)  # step 1: forward only
+    assert parity.update_rel_error > 0.5  # first order: exactly 1 (measured: 0.94)
+
+
+def test_bf16_fsdp2_with_several_microbatches_matches_the_reference(tmp_path, reference):
+    """Issue 7: under bf16 autocast with its weight cache, FSDP2 (ZeRO-3, 2 micro-batches per rank)
+    took an update 21% off the reference's; found by the plain-SGD parity steps."""
+    bf16 = TRAIN.model_copy(update={"precision": "bf16"})
+    assert_ok(run_plan(Strategy(dp=2, zero_stage=3, micro_batch_size=2), 2, tmp_path, reference, train=bf16), 2)
+
+
 def test_out_of_memory_is_reported(tmp_path, reference):
     result = run_plan(Strategy(dp=2), 2, tmp_path, reference, fault="oom")
     assert result.outcome == "oom" and "out of memory" in result.reason
@@ -146,7 +171,7 @@ def test_hang_and_crash_do_not_lose_the_other_runs(tmp_path, monkeypatch):
     from profiles import load_cluster
 
     cluster = load_cluster("dgx-h100")  # only the predictions use it
-    options = validate_mod.ValidateOptions(warmup_steps=0, timed_steps=1, timeout_s=25.0, device="cpu",
+    options = validate_mod.ValidateOptions(warmup_steps=1, timed_steps=1, timeout_s=25.0, device="cpu",
                                            work_dir=tmp_path)
     report = validate_mod.validate_strategies(
         [Strategy(dp=2), Strategy(dp=2, zero_stage=1), Strategy(dp=1, pp=2, micro_batch_size=2)],

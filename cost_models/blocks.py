@@ -30,6 +30,7 @@ Sources per block below; activation terms are Korthikanti et al. 2022 Sec. 4 / T
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -56,7 +57,7 @@ class Micro:
     precision: str
     attention_kernel: str  # "flash" | "unfused"
 
-    @property
+    @cached_property
     def tokens(self) -> np.ndarray:
         """Tokens of the micro-batch on this rank: s / c · b."""
         return self.seq_len / self.cp * self.micro_batch_size
@@ -66,7 +67,7 @@ class Micro:
         """Bytes per stored activation element."""
         return ACTIVATION_BYTES[self.precision]
 
-    @property
+    @cached_property
     def seq_split(self) -> np.ndarray:
         """Divisor of TP-replicated tensors: tp with sequence parallelism, else 1."""
         return np.where(self.sequence_parallel, self.tp, 1)

@@ -43,7 +43,7 @@ gives Korthikanti et al. (2022) Sec. 4.2.3's first-stage factor 1 + (pp-1)/(pp·
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -419,21 +419,3 @@ def _stage_rows(lay: ParallelLayout) -> StageRows:
     kind = np.where((p == 1)[None, :], 0, kind)
     return StageRows(rank=rank, layers=layers, chunk_layers=layers / v, has_embedding=has_embedding,
                      has_head=has_head, kind=kind)
-
-
-def layout_of(strategy: Any, num_layers: int, rank_order: str = DEFAULT_RANK_ORDER) -> ParallelLayout:
-    """Convenience: the layout of one resolved Strategy."""
-    return ParallelLayout.of_strategy(strategy, num_layers, rank_order)
-
-
-def describe_stages(counts: Sequence[int]) -> str:
-    """`[1, 2, 2, 3]`-style text of a split, collapsing long even middles: `[1, 2×14, 3]`."""
-    out: list[str] = []
-    i = 0
-    while i < len(counts):
-        j = i
-        while j + 1 < len(counts) and counts[j + 1] == counts[i]:
-            j += 1
-        out.append(f"{counts[i]}×{j - i + 1}" if j - i >= 2 else ", ".join(str(c) for c in counts[i:j + 1]))
-        i = j + 1
-    return "[" + ", ".join(out) + "]"

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class CostArrays:
     def fits(self) -> np.ndarray:
         return self.peak_memory_bytes <= self.memory_capacity_bytes
 
-    @property
+    @cached_property
     def comm_hidden_fraction(self) -> np.ndarray:
         """Share of the step's communication the prediction assumes hidden behind compute."""
         exposed = sum(self.time_s[k] for k in COMM_TERMS)

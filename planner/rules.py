@@ -9,6 +9,7 @@ lists every failing rule's message.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -39,17 +40,17 @@ def _microbatches(ctx: Context, st: StrategyArrays) -> np.ndarray:
     return _layout(ctx, st).num_microbatches(ctx.train.global_batch_size, st.micro_batch_size)
 
 
-def _row_microbatches(ctx: Context, r: dict) -> int:
-    from types import SimpleNamespace
+def _row_layout(ctx: Context, r: dict) -> ParallelLayout:
+    """The layout of one row (Strategy keyword arguments), for messages."""
+    return ParallelLayout.of_strategy(SimpleNamespace(**r), ctx.model.num_layers)
 
-    lay = ParallelLayout.of_strategy(SimpleNamespace(**r), ctx.model.num_layers)
-    return int(lay.num_microbatches(ctx.train.global_batch_size, np.array([r["micro_batch_size"]]))[0])
+
+def _row_microbatches(ctx: Context, r: dict) -> int:
+    return int(_row_layout(ctx, r).num_microbatches(ctx.train.global_batch_size, np.array([r["micro_batch_size"]]))[0])
 
 
 def _layers_msg(ctx: Context, r: dict) -> str:
-    from types import SimpleNamespace
-
-    return ParallelLayout.of_strategy(SimpleNamespace(**r), ctx.model.num_layers).split_message()
+    return _row_layout(ctx, r).split_message()
 
 
 def _recompute_layers_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:

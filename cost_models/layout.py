@@ -216,8 +216,8 @@ class ParallelLayout:
 
     # ---- stage split ------------------------------------------------------------
     def layers_per_stage(self, i: int = 0) -> list[int]:
-        """Transformer layers of each pipeline rank of candidate i, first to last.
-        Not validated: an impossible split gives counts `split_ok` rejects.
+        """Transformer layers of each pipeline rank of candidate i, first to last, for a split
+        `split_ok` accepts (an impossible one reads as an even split, as the cost model costs it).
 
         Llama 3.1 405B (126 layers) on pp 16 with vpp 8, embedding and loss counted as
         layers (Llama 3 paper, Sec. 3.3.2: first and last stage one layer short):
@@ -229,18 +229,12 @@ class ParallelLayout:
         >>> counts[:2], counts[-1], sum(counts)
         ([7, 8], 7, 126)
         """
-        L, p = self.num_layers, int(self.pp[i])
+        p = int(self.pp[i])
         if self.stage_layers is not None and self.stage_layers[i].any():
             return [int(x) for x in self.stage_layers[i][:p]]
-        first, last = int(self.first[i]), int(self.last[i])
-        if first or last:
-            inner = p - bool(first) - bool(last)
-            each = (L - first - last) // inner if inner > 0 else 0
-            return ([first] if first else [each]) + [each] * (p - 2) + ([last] if last else [each]) if p > 1 else [L]
-        if self.embedding_as_layer[i] or self.loss_as_layer[i]:
-            chunks = self.layers_per_chunk(i)
-            return [sum(chunks[r::p]) for r in range(p)]
-        return [L // p] * p
+        # Every other split is the stage rows' (rank 0, a middle rank, rank pp-1).
+        first, middle, last = (int(self.rows.layers[k, i]) for k in (0, 1, -1))
+        return [first] if p == 1 else [first] + [middle] * (p - 2) + [last]
 
     def layers_per_chunk(self, i: int = 0) -> list[int]:
         """Layers of each virtual stage in schedule order (virtual stage c·pp + r runs on rank r)."""

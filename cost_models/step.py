@@ -103,10 +103,15 @@ def _pick(stacked: np.ndarray, index: np.ndarray) -> np.ndarray:
     return np.take_along_axis(stacked, index[None, :], axis=0)[0]
 
 
+def micro_of(train: TrainSpec, st: StrategyArrays) -> Micro:
+    """One micro-batch on one rank of every candidate."""
+    return Micro(train.seq_len, st.micro_batch_size, st.tp, st.cp, st.sequence_parallel, train.precision,
+                 train.attention_kernel)
+
+
 def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> Setup:
     lay = ParallelLayout.of(st, model.num_layers)
-    x = Micro(train.seq_len, st.micro_batch_size, st.tp, st.cp, st.sequence_parallel, train.precision,
-              train.attention_kernel)
+    x = micro_of(train, st)
     return Setup(model, cluster, train, st, comm or TierCommModel(cluster), model_blocks(model), lay, x,
                  lay.num_microbatches(train.global_batch_size, st.micro_batch_size))
 
@@ -199,8 +204,7 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     """Per-layer compute and exposed TP/CP communication for every candidate."""
     blocks = s.blocks if s else model_blocks(model)
     lay = s.lay if s else ParallelLayout.of(st, model.num_layers)
-    x = s.x if s else Micro(train.seq_len, st.micro_batch_size, st.tp, st.cp, st.sequence_parallel, train.precision,
-                            train.attention_kernel)
+    x = s.x if s else micro_of(train, st)
     lt = layer_times(blocks, x, gpu)
     tp_size, tp_stride = lay.group("tp")
     cp_size, cp_stride = lay.group("cp")

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -56,6 +56,9 @@ class Micro:
     sequence_parallel: np.ndarray  # bool
     precision: str
     attention_kernel: str  # "flash" | "unfused"
+    ep: np.ndarray | int = 1
+    etp: np.ndarray | int = 1
+    moe_load_imbalance: float = 1.0  # busiest expert rank's tokens over the mean (MoE layers)
 
     @cached_property
     def tokens(self) -> np.ndarray:
@@ -72,6 +75,10 @@ class Micro:
         """Divisor of TP-replicated tensors: tp with sequence parallelism, else 1."""
         return np.where(self.sequence_parallel, self.tp, 1)
 
+    def keys(self, window: int) -> np.ndarray | int:
+        """Keys each query attends to: the sequence, or the window where it is shorter."""
+        return min(self.seq_len, window) if window else self.seq_len
+
 
 @dataclass(frozen=True)
 class Gemm:
@@ -82,6 +89,8 @@ class Gemm:
     n: np.ndarray
     k: np.ndarray
     quantised: bool = True
+    count: np.ndarray | int = 1  # GEMMs of this shape (a grouped GEMM's experts); flop is their total
+    grouped: bool = False  # one grouped-GEMM kernel over `count` experts (GPU's grouped_gemm_efficiency)
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,7 @@ class Activations:
     replicated: np.ndarray
     split: np.ndarray
     scores: np.ndarray
+    routed: np.ndarray | float = 0.0  # MoE: already per rank (tokens routed to this rank's experts)
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,8 @@ class Comm:
     tp_exchanges: int = 0
     tp_bytes: np.ndarray | float = 0.0
     cp_hop_bytes: np.ndarray | float = 0.0
+    ep_a2a_bytes: np.ndarray | float = 0.0  # MoE: bytes one rank sends in one dispatch (and again in the combine)
+    etp_bytes: np.ndarray | float = 0.0  # MoE with etp > 1: tokens all-gathered (and reduce-scattered) over etp
 
 
 ZERO = np.zeros(())
@@ -211,6 +223,9 @@ class Attention:
 
     FLOPs: QKV 2sbh(q + 2k), scores 2s²bq, over V 2s²bq, output 2sbqh (Korthikanti
     Eq. 7 for q = k = h); causal masking is not credited (SC'21 / Korthikanti convention).
+    A sliding window w < s replaces s keys by w per query (2swbq each). Context
+    parallelism still passes every K/V block around the ring (an upper bound for
+    windowed layers, whose far blocks a window-aware ring could skip).
     """
 
     hidden: int
@@ -220,10 +235,13 @@ class Attention:
     bias: int  # bias elements (QKV and/or output)
     rope: bool
     dropout: bool
+    window: int = 0  # sliding window (tokens); 0 = global attention
+    sinks: bool = False  # one learned sink logit per head (gpt-oss); parameters only, its FLOPs are negligible
 
     def params(self) -> int:
         h, q, k = self.hidden, self.q_width, self.kv_width
-        return h * q + 2 * h * k + q * h + self.bias  # Wq, Wk, Wv, Wo (+ biases)
+        sinks = self.num_heads if self.sinks else 0
+        return h * q + 2 * h * k + q * h + self.bias + sinks  # Wq, Wk, Wv, Wo (+ biases, sinks)
 
     def params_per_rank(self, tp: np.ndarray) -> np.ndarray:
         return self.params() / tp
@@ -237,7 +255,7 @@ class Attention:
         """Scores and over-V: each rank's queries see all s keys. Unfused kernels write the
         (a/t)·b·s² scores and read the probabilities back; flash attention reads Q, K, V and
         writes the output only. The unfused softmax (+ dropout) traffic is its own kernel."""
-        q, k, t, n, s, act = self.q_width, self.kv_width, x.tp, x.tokens, x.seq_len, x.act
+        q, k, t, n, s, act = self.q_width, self.kv_width, x.tp, x.tokens, x.keys(self.window), x.act
         flop = 2 * 2 * n * s * q / t
         qkvo = act * n * (2 * q + 2 * k) / t
         if x.attention_kernel == "unfused":
@@ -258,7 +276,7 @@ class Attention:
         q, k, n, act = self.q_width, self.kv_width, x.tokens, x.act
         if x.attention_kernel == "unfused":
             probs = act + (MASK + act if self.dropout else 0)
-            scores = probs * self.num_heads * n * x.seq_len
+            scores = probs * self.num_heads * n * x.keys(self.window)
         else:
             scores = FP32 * self.num_heads * n
         return Activations(n * act * self.hidden, n * (act * (q + k) + act * k + act * q), scores)
@@ -301,6 +319,218 @@ class DenseMLP:
 
     def comm(self, x: Micro) -> Comm:
         return Comm(tp_exchanges=1, tp_bytes=x.tokens * self.hidden * x.act)
+
+
+@dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2 Sec. 2.1; Megatron-core's MultiLatentAttention).
+
+    Queries: a low-rank down-projection h→r_q (replicated over TP), its RMSNorm, and a
+    column-parallel up-projection r_q→a(d_n + d_r) (or one h→a(d_n + d_r) projection when
+    r_q = 0). Keys and values: a replicated down-projection h→(r_kv + d_r) (the latent and
+    the shared rotary key), its RMSNorm, a column-parallel up-projection r_kv→a(d_n + d_v),
+    and a row-parallel output a·d_v→h. Training materialises per-head K and V (no
+    latent absorption), so the core is ordinary attention with query/key width d_n + d_r
+    and value width d_v: 2·s·keys·b·a(d_n + d_r) + 2·s·keys·b·a·d_v FLOPs.
+    """
+
+    hidden: int
+    num_heads: int
+    q_rank: int  # 0: full query projection
+    kv_rank: int
+    nope_dim: int
+    rope_dim: int
+    v_dim: int
+    window: int = 0
+
+    @property
+    def _qk(self) -> int:
+        return self.num_heads * (self.nope_dim + self.rope_dim)
+
+    def _replicated_params(self) -> int:
+        h, rq, rkv = self.hidden, self.q_rank, self.kv_rank
+        q_down = h * rq + rq if rq else 0  # + its RMSNorm
+        return q_down + h * (rkv + self.rope_dim) + rkv
+
+    def _split_params(self) -> int:
+        h, rq, a = self.hidden, self.q_rank, self.num_heads
+        q_up = (rq or h) * self._qk
+        return q_up + self.kv_rank * a * (self.nope_dim + self.v_dim) + a * self.v_dim * h
+
+    def params(self) -> int:
+        return self._replicated_params() + self._split_params()
+
+    def params_per_rank(self, tp: np.ndarray) -> np.ndarray:
+        return self._replicated_params() + self._split_params() / tp
+
+    def gemms(self, x: Micro) -> list[Gemm]:
+        h, rq, rkv, a, t, n = self.hidden, self.q_rank, self.kv_rank, self.num_heads, x.tp, x.tokens
+        kv_up = a * (self.nope_dim + self.v_dim)
+        out = [Gemm(2 * n * h * (rkv + self.rope_dim) * np.ones_like(t), n, rkv + self.rope_dim, h),
+               Gemm(2 * n * rkv * kv_up / t, n, kv_up / t, rkv),
+               Gemm(2 * n * a * self.v_dim * h / t, n, h, a * self.v_dim / t)]
+        if rq:
+            out += [Gemm(2 * n * h * rq * np.ones_like(t), n, rq, h), Gemm(2 * n * rq * self._qk / t, n, self._qk / t, rq)]
+        else:
+            out += [Gemm(2 * n * h * self._qk / t, n, self._qk / t, h)]
+        return out
+
+    def core(self, x: Micro) -> Core:
+        a, t, n, keys, act = self.num_heads, x.tp, x.tokens, x.keys(self.window), x.act
+        v = a * self.v_dim
+        flop = 2 * n * keys * (self._qk + v) / t
+        qkvo = act * n * (2 * self._qk + 2 * v) / t
+        if x.attention_kernel == "unfused":
+            scores = a / t * n * keys
+            return Core(flop, qkvo + 2 * act * scores, 2, 2 * act * scores, 1)
+        return Core(flop, qkvo, 2, ZERO, 0)
+
+    def elementwise(self, x: Micro) -> Elementwise:
+        """The two latent RMSNorms (one kernel each) and rotary on the rope part of Q and K."""
+        n, act = x.tokens, x.act
+        norms = 2 * act * n * (self.q_rank + self.kv_rank)
+        rotary = 2 * act * n * (self.num_heads + 1) * self.rope_dim / x.tp
+        return Elementwise(norms + rotary, 2 if self.q_rank else 1)
+
+    def activations(self, x: Micro) -> Activations:
+        """Down-projection input (replicated) and the latents feeding the up-projections
+        (every TP rank keeps them whole); per-head Q, K, V and the output-projection input
+        (split); flash keeps fp32 softmax statistics, unfused the 16-bit probabilities."""
+        n, act, a = x.tokens, x.act, self.num_heads
+        latents = act * n * (self.q_rank + self.kv_rank + self.rope_dim) * x.seq_split
+        split = n * act * (2 * self._qk + 2 * a * self.v_dim)
+        scores = FP32 * a * n if x.attention_kernel != "unfused" else act * a * n * x.keys(self.window)
+        return Activations(n * act * self.hidden + latents, split, scores)
+
+    def comm(self, x: Micro) -> Comm:
+        return Comm(tp_exchanges=1, tp_bytes=x.tokens * self.hidden * x.act,
+                    cp_hop_bytes=x.tokens * (self._qk + self.num_heads * self.v_dim) * x.act / x.tp)
+
+
+@dataclass(frozen=True)
+class MoE:
+    """A mixture-of-experts MLP (Megatron-core's MoELayer; Shazeer et al. 2017, GShard,
+    DeepSeekMoE): a router (replicated), `num_experts` routed experts of which each token
+    uses `top_k`, and optional shared experts that every token uses (a TP-split dense MLP).
+
+    On one rank (Megatron-core's expert mesh: etp innermost, then ep, then the
+    expert-data-parallel group) the routed experts are split over ep (E/ep experts per
+    rank) and each expert's inner width over etp. A rank's distinct tokens n/tp (sequence
+    parallel) are sent to k experts; the rank computes, on average, the tokens its experts
+    receive: R = n/tp · k · etp, times the load imbalance (the busiest rank sets the pace
+    of the all-to-all that follows). FLOPs of the experts: 2·R·h·f·(3 gated | 2)/etp.
+
+    Communication per forward (Megatron's all-to-all token dispatcher): a dispatch and a
+    combine all-to-all over ep of n/tp · k hidden vectors each; with etp > 1 the routed
+    tokens are all-gathered before the experts and reduce-scattered after, over etp.
+    """
+
+    hidden: int
+    num_experts: int
+    top_k: int
+    ffn: int
+    gated: bool
+    num_shared: int
+    shared_ffn: int
+    expert_bias: bool
+    router_bias: bool
+
+    def _expert_params(self) -> int:
+        h, f = self.hidden, self.ffn
+        num_in = 2 if self.gated else 1
+        return num_in * h * f + f * h + ((num_in * f + h) if self.expert_bias else 0)
+
+    @property
+    def shared(self) -> DenseMLP | None:
+        if not self.num_shared:
+            return None
+        return DenseMLP(self.hidden, self.num_shared * self.shared_ffn, self.gated, False)
+
+    def router_params(self) -> int:
+        return self.hidden * self.num_experts + (self.num_experts if self.router_bias else 0)
+
+    def expert_params(self) -> int:
+        return self.num_experts * self._expert_params()
+
+    def params(self) -> int:
+        return self.router_params() + self.expert_params() + (self.shared.params() if self.shared else 0)
+
+    def active_params(self) -> int:
+        return self.router_params() + self.top_k * self._expert_params() + (self.shared.params() if self.shared else 0)
+
+    def params_per_rank(self, tp: np.ndarray) -> np.ndarray:
+        """Non-expert parameters: the router (replicated) and the shared experts (split over tp)."""
+        return self.router_params() + (self.shared.params_per_rank(tp) if self.shared else 0.0)
+
+    def expert_params_per_rank(self, ep: np.ndarray, etp: np.ndarray) -> np.ndarray:
+        return self.expert_params() / (ep * etp)
+
+    def routed_tokens(self, x: Micro, imbalance: bool = True) -> np.ndarray:
+        """Tokens this rank's experts process per micro-batch (R above)."""
+        distinct = x.tokens / x.seq_split  # MoE with tp > 1 needs sequence parallelism (planner.rules)
+        return distinct * self.top_k * x.etp * (x.moe_load_imbalance if imbalance else 1.0)
+
+    def shared_gemms(self, x: Micro) -> list[Gemm]:
+        return self.shared.gemms(x) if self.shared else []
+
+    def gemms(self, x: Micro) -> list[Gemm]:
+        h, f, etp = self.hidden, self.ffn, x.etp
+        num_in = 2 if self.gated else 1
+        routed = self.routed_tokens(x)
+        local = self.num_experts / x.ep
+        per_expert = routed / local
+        distinct = x.tokens / x.seq_split
+        router = Gemm(2 * distinct * h * self.num_experts, distinct, self.num_experts, h, quantised=False)
+        fc1 = Gemm(2 * routed * h * num_in * f / etp, per_expert, num_in * f / etp, h, count=local, grouped=True)
+        fc2 = Gemm(2 * routed * f * h / etp, per_expert, h, f / etp, count=local, grouped=True)
+        return [router, fc1, fc2] + self.shared_gemms(x)
+
+    def elementwise(self, x: Micro) -> Elementwise:
+        """Router softmax/top-k (fp32 logits), permute and unpermute of the routed tokens
+        (read + write each), the experts' activation, and the shared experts'."""
+        routed, act = self.routed_tokens(x), x.act
+        distinct = x.tokens / x.seq_split
+        router = 2 * FP32 * distinct * self.num_experts
+        permute = 2 * 2 * act * routed * self.hidden
+        activation = (3 if self.gated else 2) * act * routed * self.ffn / x.etp
+        shared = self.shared.elementwise(x) if self.shared else Elementwise(ZERO, 0)
+        return Elementwise(router + permute + activation + shared.bytes, 4 + shared.num_kernels)
+
+    def activations(self, x: Micro) -> Activations:
+        """MLP input (replicated), router probabilities (fp32, per distinct token), and per
+        routed token: the permuted input, the fc1 output (2f/etp gated), the activation
+        output (f/etp) and the unpermute input (h)."""
+        routed, act, h, f = self.routed_tokens(x), x.act, self.hidden, self.ffn
+        per_token = act * (2 * h + ((3 if self.gated else 2) * f) / x.etp)
+        shared = self.shared.activations(x) if self.shared else Activations(ZERO, ZERO, ZERO)
+        router = FP32 * self.num_experts * x.tokens  # divided by tp below, as distinct tokens are n/tp
+        return Activations(x.tokens * act * h, router + shared.split, ZERO, routed * per_token)
+
+    def comm(self, x: Micro) -> Comm:
+        """The shared experts' TP exchange (none without them: the routed tokens travel by the
+        dispatcher) and the token dispatch; see the class docstring."""
+        dispatched = self.routed_tokens(x) / x.etp * x.act * self.hidden
+        return Comm(tp_exchanges=1 if self.shared else 0, tp_bytes=x.tokens * self.hidden * x.act,
+                    ep_a2a_bytes=dispatched,
+                    etp_bytes=np.where(x.etp > 1, dispatched * x.etp, 0.0))
+
+
+@dataclass(frozen=True)
+class Projection(_Quiet):
+    """A column-parallel linear layer (DeepSeek-V3's MTP `eh_proj`, 2h→h)."""
+
+    inputs: int
+    outputs: int
+
+    def params(self) -> int:
+        return self.inputs * self.outputs
+
+    def params_per_rank(self, tp: np.ndarray) -> np.ndarray:
+        return self.params() / tp
+
+    def gemms(self, x: Micro) -> list[Gemm]:
+        n = x.tokens
+        return [Gemm(2 * n * self.inputs * self.outputs / x.tp, n, self.outputs / x.tp, self.inputs)]
 
 
 def padded_vocab(vocab: int, tp: np.ndarray) -> np.ndarray:
@@ -381,13 +611,34 @@ class Layer:
         return sum(b.params() for b in self.blocks)
 
     def params_per_rank(self, tp: np.ndarray) -> np.ndarray:
+        """Parameters outside the routed experts on one TP rank (elements)."""
         return sum(b.params_per_rank(tp) for b in self.blocks)
+
+    def moe(self) -> MoE | None:
+        return next((b for b in self.blocks if isinstance(b, MoE)), None)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe() is not None
+
+    def expert_params(self) -> int:
+        moe = self.moe()
+        return moe.expert_params() if moe else 0
+
+    def active_params(self) -> int:
+        moe = self.moe()
+        return self.params() - (moe.params() - moe.active_params() if moe else 0)
+
+    def expert_params_per_rank(self, ep: np.ndarray, etp: np.ndarray) -> np.ndarray:
+        """Routed-expert parameters on one rank of the expert mesh (elements)."""
+        moe = self.moe()
+        return moe.expert_params_per_rank(ep, etp) if moe else np.zeros(np.shape(ep))
 
     def gemms(self, x: Micro) -> list[Gemm]:
         return [g for b in self.blocks for g in b.gemms(x)]
 
-    def attention(self) -> Attention:
-        return next(b for b in self.blocks if isinstance(b, Attention))
+    def attention(self) -> Attention | LatentAttention:
+        return next(b for b in self.blocks if isinstance(b, (Attention, LatentAttention)))
 
     def elementwise(self, x: Micro) -> Elementwise:
         parts = [b.elementwise(x) for b in self.blocks]
@@ -396,11 +647,12 @@ class Layer:
     def activations(self, x: Micro) -> Activations:
         parts = [b.activations(x) for b in self.blocks]
         return Activations(sum(p.replicated for p in parts), sum(p.split for p in parts),
-                           sum(p.scores for p in parts))
+                           sum(p.scores for p in parts), sum(p.routed for p in parts))
 
     def comms(self, x: Micro) -> list[Comm]:
         """Each block's exchanges (TP time is a sum over them, CP a sum of hop bytes)."""
-        return [c for c in (b.comm(x) for b in self.blocks) if c.tp_exchanges or np.any(c.cp_hop_bytes)]
+        return [c for c in (b.comm(x) for b in self.blocks)
+                if c.tp_exchanges or np.any(c.cp_hop_bytes) or np.any(c.ep_a2a_bytes)]
 
     def forward_flop(self, x: Micro) -> np.ndarray:
         return sum(g.flop for g in self.gemms(x)) + self.attention().core(x).flop
@@ -408,37 +660,88 @@ class Layer:
 
 @dataclass(frozen=True)
 class ModelBlocks:
-    """A model as blocks: the embedding, the layer kinds with their counts, the head."""
+    """A model as blocks: the embedding, the distinct layer kinds and which kind each layer
+    is (`pattern`), the head, and the multi-token-prediction modules (`mtp`, on the last
+    pipeline rank, each running the head once more)."""
 
     embedding: Embedding
-    layers: Sequence[tuple[Layer, int]]
+    kinds: tuple[Layer, ...]
+    pattern: tuple[int, ...]  # kind index of each layer, first to last
     head: Head
+    mtp: tuple[Layer, ...] = ()
 
     @property
     def num_layers(self) -> int:
-        return sum(n for _, n in self.layers)
+        return len(self.pattern)
+
+    @property
+    def layers(self) -> list[tuple[Layer, int]]:
+        """(layer kind, number of layers) of the main stack."""
+        return [(kind, self.pattern.count(i)) for i, kind in enumerate(self.kinds) if i in self.pattern]
+
+    @property
+    def all_kinds(self) -> tuple[Layer, ...]:
+        """The kinds a stage can hold: the main stack's, then one for the MTP modules."""
+        return self.kinds + self.mtp[:1]
+
+    @property
+    def head_passes(self) -> int:
+        """Times the output head and loss run per micro-batch (1 + MTP modules)."""
+        return 1 + len(self.mtp)
 
     def mean(self, f: Callable[[Layer], np.ndarray]) -> np.ndarray:
         """The model's average layer of a per-layer quantity `f(layer)` (exact for one kind)."""
         return sum(n * f(layer) for layer, n in self.layers) / self.num_layers
 
 
-def dense_layer(model: ModelSpec) -> Layer:
-    """The decoder layer of a dense ModelSpec: norm, attention, add, norm, MLP, add."""
-    norm = Norm(model.hidden_size, model.norm == "layernorm")
+def _attention(model: ModelSpec, window: int) -> Attention | LatentAttention:
+    if getattr(model, "kv_lora_rank", None) is not None:
+        return LatentAttention(model.hidden_size, model.num_attention_heads, model.q_lora_rank or 0,
+                               model.kv_lora_rank, model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim,
+                               window)
     q, k = model.q_width, model.kv_width
     bias = (q + 2 * k + model.hidden_size) if model.linear_bias else (q + 2 * k) if model.qkv_bias else 0
-    attention = Attention(model.hidden_size, model.num_attention_heads, q, k, bias,
-                          model.position_embedding == "rope", model.dropout)
-    mlp = DenseMLP(model.hidden_size, model.ffn_hidden_size, model.gated_mlp, model.linear_bias)
+    return Attention(model.hidden_size, model.num_attention_heads, q, k, bias, model.position_embedding == "rope",
+                     model.dropout, window, getattr(model, "attention_sinks", False))
+
+
+def _mlp(model: ModelSpec, moe: bool) -> DenseMLP | MoE:
+    if not moe:
+        return DenseMLP(model.hidden_size, model.ffn_hidden_size, model.gated_mlp, model.linear_bias)
+    return MoE(model.hidden_size, model.num_experts, model.moe_top_k, model.expert_ffn, model.gated_mlp,
+               model.num_shared_experts, model.shared_expert_ffn, model.moe_expert_bias, model.moe_router_bias)
+
+
+def decoder_layer(model: ModelSpec, moe: bool = False, local: bool = False) -> Layer:
+    """A decoder layer of a ModelSpec: norm, attention (global or windowed), add, norm, MLP or MoE, add."""
+    norm = Norm(model.hidden_size, model.norm == "layernorm")
     residual = Residual(model.hidden_size, model.dropout)
-    return Layer((norm, attention, residual, norm, mlp, residual))
+    attention = _attention(model, model.sliding_window if local else 0)  # local only where a window is set
+    return Layer((norm, attention, residual, norm, _mlp(model, moe), residual))
+
+
+def dense_layer(model: ModelSpec) -> Layer:
+    """The decoder layer of a dense ModelSpec: norm, attention, add, norm, MLP, add."""
+    return decoder_layer(model)
 
 
 def model_blocks(model: ModelSpec) -> ModelBlocks:
     """The blocks of a ModelSpec (read by attribute)."""
     positions = model.max_position_embeddings if model.position_embedding == "learned" else 0
     embedding = Embedding(model.hidden_size, model.vocab_size, positions, model.dropout)
-    head = Head(model.hidden_size, model.vocab_size, Norm(model.hidden_size, model.norm == "layernorm"),
-                model.tie_embeddings)
-    return ModelBlocks(embedding, ((dense_layer(model), model.num_layers),), head)
+    norm = Norm(model.hidden_size, model.norm == "layernorm")
+    head = Head(model.hidden_size, model.vocab_size, norm, model.tie_embeddings)
+    moe_mask = getattr(model, "moe_layer_mask", lambda: (False,) * model.num_layers)()
+    local_mask = getattr(model, "local_attention_mask", lambda: (False,) * model.num_layers)()
+    keys = list(zip(moe_mask, local_mask))
+    distinct = list(dict.fromkeys(keys))
+    kinds = tuple(decoder_layer(model, moe, local) for moe, local in distinct)
+    pattern = tuple(distinct.index(k) for k in keys)
+    mtp: tuple[Layer, ...] = ()
+    if getattr(model, "num_mtp_layers", 0):
+        # DeepSeek-V3 Sec. 2.2: RMSNorm of the hidden state and of the next token's embedding, a
+        # projection of their concatenation (2h→h), one transformer layer, and the shared head.
+        last = kinds[pattern[-1]]
+        module = Layer((norm, norm, Projection(2 * model.hidden_size, model.hidden_size)) + last.blocks)
+        mtp = (module,) * model.num_mtp_layers
+    return ModelBlocks(embedding, kinds, pattern, head, mtp)

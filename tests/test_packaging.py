@@ -38,7 +38,8 @@ def test_preset_yaml_is_package_data():
 
 
 DOCTEST_MODULES = ["cost_models.memory", "cost_models.units", "cost_models.compute", "cost_models.comm",
-                   "cost_models.layout", "cost_models.blocks", "planner.specs.strategy", "planner.emit.megatron"]
+                   "cost_models.layout", "cost_models.blocks", "planner.specs.strategy", "planner.specs.model",
+                   "planner.emit.megatron"]
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)

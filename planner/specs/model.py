@@ -9,7 +9,6 @@ SC'21 Eq. 2 (`P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h))`) exactly.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +42,37 @@ class ModelSpec(BaseModel):
     linear_bias: bool = Field(False, description="Biases on all linear layers (GPT-2/3, NeoX).")
     qkv_bias: bool = Field(False, description="Biases on the QKV projection only (Qwen2); implied by linear_bias.")
     dropout: bool = Field(False, description="Hidden/attention dropout is active (stores 1-byte masks; GPT-3 style).")
+    # ---- mixture of experts (Megatron-core's MoE layer; HF Mixtral / Qwen-MoE / DeepSeek / gpt-oss) ----
+    num_experts: int = Field(0, ge=0, description="Routed experts per MoE layer; 0 = a dense model.")
+    moe_top_k: int = Field(0, ge=0, description="Routed experts each token is sent to (top-k); needs num_experts.")
+    moe_ffn_hidden_size: int | None = Field(
+        None, gt=0, description="Inner width of one routed expert (per branch when gated); default ffn_hidden_size.")
+    num_shared_experts: int = Field(0, ge=0, description="Always-active shared experts per MoE layer (DeepSeek, Qwen2-MoE).")
+    shared_expert_ffn_hidden_size: int | None = Field(
+        None, gt=0, description="Inner width of one shared expert; default moe_ffn_hidden_size.")
+    moe_first_k_dense: int = Field(0, ge=0, description="The first k layers are dense (DeepSeek's first_k_dense_replace).")
+    moe_layer_freq: int = Field(1, ge=1, description="Every n-th layer (after the dense ones) is MoE; the others dense.")
+    moe_dense_layers: list[int] | None = Field(
+        None, description="Explicit 0-based indices of the dense layers (overrides first_k_dense and layer_freq).")
+    moe_router_bias: bool = Field(False, description="The router has a bias (gpt-oss).")
+    moe_expert_bias: bool = Field(False, description="Expert linear layers have biases (gpt-oss).")
+    num_mtp_layers: int = Field(
+        0, ge=0, description="Multi-token-prediction modules after the last layer (DeepSeek-V3: 1), each a "
+        "projection, two norms and one transformer layer of the model's last kind, sharing the output head.")
+    # ---- multi-head latent attention (DeepSeek-V2/V3) ----
+    q_lora_rank: int | None = Field(None, gt=0, description="MLA query low-rank width; None = a full query projection.")
+    kv_lora_rank: int | None = Field(None, gt=0, description="MLA key/value latent width; set = the model uses MLA.")
+    qk_nope_head_dim: int | None = Field(None, gt=0, description="MLA query/key head width without rotary.")
+    qk_rope_head_dim: int | None = Field(None, gt=0, description="MLA query/key rotary head width (the key's is shared).")
+    v_head_dim: int | None = Field(None, gt=0, description="MLA value head width.")
+    # ---- windowed attention (Mistral, Gemma 2/3, gpt-oss) ----
+    sliding_window: int | None = Field(None, gt=0, description="Local attention window (tokens); None = all layers global.")
+    global_attention_every: int = Field(
+        0, ge=0, description="With sliding_window: layer i is global when (i + 1) is a multiple of this (Gemma 2 and "
+        "gpt-oss: 2, Gemma 3: 6); 0 = every layer local (Mistral).")
+    global_attention_layers: list[int] | None = Field(
+        None, description="Explicit 0-based indices of the global-attention layers (overrides global_attention_every).")
+    attention_sinks: bool = Field(False, description="One learned sink logit per head (gpt-oss); counted as parameters only.")
     source: str = Field("", description="Where the numbers come from (paper, model card, config.json).")
 
     @model_validator(mode="after")
@@ -57,7 +87,104 @@ class ModelSpec(BaseModel):
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads}) unless head_dim is given"
             )
+        self._check_moe()
+        self._check_mla()
+        self._check_window()
         return self
+
+    def _check_moe(self) -> None:
+        L = self.num_layers
+        if not self.num_experts:
+            extras = {k: getattr(self, k) for k in ("moe_top_k", "num_shared_experts", "moe_first_k_dense")
+                      if getattr(self, k)} | {k: getattr(self, k) for k in ("moe_ffn_hidden_size", "moe_dense_layers")
+                                               if getattr(self, k) is not None}
+            if extras:
+                raise SpecError(f"{', '.join(f'{k}={v}' for k, v in extras.items())} needs num_experts > 0 "
+                                "(the model has no routed experts)")
+            return
+        if not 1 <= self.moe_top_k <= self.num_experts:
+            raise SpecError(f"moe_top_k ({self.moe_top_k}) must be between 1 and num_experts ({self.num_experts})")
+        if self.moe_dense_layers is not None:
+            bad = [i for i in self.moe_dense_layers if not 0 <= i < L]
+            if bad:
+                raise SpecError(f"moe_dense_layers {bad} must be layer indices 0..{L - 1}")
+        if not any(self.moe_layer_mask()):
+            raise SpecError(f"num_experts ({self.num_experts}) is set but no layer is MoE (moe_first_k_dense="
+                            f"{self.moe_first_k_dense}, moe_layer_freq={self.moe_layer_freq}, num_layers={L})")
+
+    def _check_mla(self) -> None:
+        mla = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        given = [k for k in mla if getattr(self, k) is not None]
+        if self.q_lora_rank is not None and not given:
+            raise SpecError("q_lora_rank is set but kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and "
+                            "v_head_dim are not: multi-head latent attention needs all four")
+        if given and len(given) != len(mla):
+            missing = [k for k in mla if getattr(self, k) is None]
+            raise SpecError(f"multi-head latent attention needs {', '.join(mla)}; missing {', '.join(missing)}")
+        if given and self.num_kv_heads not in (None, self.num_attention_heads):
+            raise SpecError(f"num_kv_heads ({self.num_kv_heads}) must be unset with multi-head latent attention "
+                            "(every head has its own key and value)")
+
+    def _check_window(self) -> None:
+        L = self.num_layers
+        if self.sliding_window is None:
+            if self.global_attention_every or self.global_attention_layers is not None:
+                raise SpecError("global_attention_every / global_attention_layers need sliding_window")
+            return
+        if self.global_attention_layers is not None:
+            bad = [i for i in self.global_attention_layers if not 0 <= i < L]
+            if bad:
+                raise SpecError(f"global_attention_layers {bad} must be layer indices 0..{L - 1}")
+
+    # ---- per-layer patterns ------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    @property
+    def shared_expert_ffn(self) -> int:
+        return self.shared_expert_ffn_hidden_size or self.expert_ffn
+
+    def moe_layer_mask(self) -> tuple[bool, ...]:
+        """Whether each layer (0-based) is an MoE layer.
+
+        Layer i is MoE when i >= moe_first_k_dense and (i - moe_first_k_dense + 1) is a multiple
+        of moe_layer_freq. Llama 4 Maverick-style every 2nd layer, and DeepSeek-style first
+        k dense:
+
+        >>> m = dict(num_layers=6, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, vocab_size=100,
+        ...          num_experts=4, moe_top_k=2)
+        >>> ModelSpec(**m, moe_layer_freq=2).moe_layer_mask()
+        (False, True, False, True, False, True)
+        >>> ModelSpec(**m, moe_first_k_dense=3).moe_layer_mask()
+        (False, False, False, True, True, True)
+        """
+        if not self.num_experts:
+            return (False,) * self.num_layers
+        if self.moe_dense_layers is not None:
+            dense = set(self.moe_dense_layers)
+            return tuple(i not in dense for i in range(self.num_layers))
+        k, f = self.moe_first_k_dense, self.moe_layer_freq
+        return tuple(i >= k and (i - k) % f == f - 1 for i in range(self.num_layers))
+
+    def local_attention_mask(self) -> tuple[bool, ...]:
+        """Whether each layer (0-based) attends only within `sliding_window` (Gemma 2: even layers)."""
+        L = self.num_layers
+        if self.sliding_window is None:
+            return (False,) * L
+        if self.global_attention_layers is not None:
+            glob = set(self.global_attention_layers)
+            return tuple(i not in glob for i in range(L))
+        n = self.global_attention_every
+        return tuple(not (n and (i + 1) % n == 0) for i in range(L))
 
     # ---- derived shapes -------------------------------------------------
     @property
@@ -85,17 +212,20 @@ class ModelSpec(BaseModel):
         return model_blocks(self)
 
     def attention_params(self) -> int:
-        return self._blocks().layers[0][0].attention().params()
+        """One layer's attention (the first layer's; every layer's attention has the same weights)."""
+        return self._blocks().kinds[0].attention().params()
 
     def mlp_params(self) -> int:
+        """A dense layer's MLP (the first dense layer's kind; 0 when every layer is MoE)."""
         from cost_models.blocks import DenseMLP
 
-        layer = self._blocks().layers[0][0]
-        return next(b for b in layer.blocks if isinstance(b, DenseMLP)).params()
+        layer = next((k for k in self._blocks().kinds if not k.is_moe), None)
+        return next(b for b in layer.blocks if isinstance(b, DenseMLP)).params() if layer else 0
 
     def layer_params(self) -> int:
-        """One transformer layer: attention + MLP + two norms."""
-        return self._blocks().layers[0][0].params()
+        """The average transformer layer: attention + MLP or MoE + norms."""
+        b = self._blocks()
+        return round(sum(n * layer.params() for layer, n in b.layers) / b.num_layers)
 
     def embedding_params(self) -> int:
         """Word embedding plus learned position table (input side), unpadded."""
@@ -105,78 +235,36 @@ class ModelSpec(BaseModel):
         """Final norm plus the untied output projection (0 extra when tied)."""
         return self._blocks().head.params()
 
-    def num_params(self) -> int:
-        """Total unique parameters (elements), vocabulary unpadded."""
+    def mtp_params(self) -> int:
+        """The multi-token-prediction modules (they share the embedding and the output head)."""
         b = self._blocks()
-        return sum(n * layer.params() for layer, n in b.layers) + b.embedding.params() + b.head.params()
+        return sum(m.params() for m in b.mtp)
+
+    def num_params(self, include_mtp: bool = True) -> int:
+        """Total unique parameters (elements), vocabulary unpadded; `include_mtp=False` gives the
+        main model only (DeepSeek-V3's published 671B excludes its 14B MTP module)."""
+        b = self._blocks()
+        main = sum(n * layer.params() for layer, n in b.layers) + b.embedding.params() + b.head.params()
+        return main + (self.mtp_params() if include_mtp else 0)
+
+    def expert_params(self) -> int:
+        """Routed-expert parameters of the whole model (what expert parallelism shards)."""
+        b = self._blocks()
+        return sum(n * layer.expert_params() for layer, n in b.layers) + sum(m.expert_params() for m in b.mtp)
+
+    def num_active_params(self, include_mtp: bool = False) -> int:
+        """Parameters one token uses: everything but the routed experts it is not sent to
+        (the published 'active' count: router, shared experts and top-k routed experts)."""
+        b = self._blocks()
+        main = (sum(n * layer.active_params() for layer, n in b.layers) + b.embedding.params()
+                + b.head.params())
+        return main + (sum(m.active_params() for m in b.mtp) if include_mtp else 0)
 
     # ---- Hugging Face ---------------------------------------------------
     @classmethod
     def from_hf_config(cls, config: str | Path | dict[str, Any], name: str | None = None) -> "ModelSpec":
-        """Read a Hugging Face `config.json` (a local path or an already loaded dict).
+        """Read a Hugging Face `config.json` (a local path or an already loaded dict); see
+        `planner.specs.hf` for the families it reads. No hub access and no remote code."""
+        from planner.specs.hf import read_hf_config
 
-        Supports the Llama, Mistral, Qwen2, GPT-2 and GPT-NeoX families. No hub
-        access and no remote code: only the JSON's numbers are read.
-        """
-        if not isinstance(config, dict):
-            path = Path(config)
-            try:
-                config = json.loads(path.read_text())
-            except FileNotFoundError:
-                raise SpecError(f"model config file {str(path)!r} does not exist") from None
-            except json.JSONDecodeError as exc:
-                raise SpecError(f"model config file {str(path)!r} is not valid JSON: {exc}") from None
-            name = name or path.parent.name or path.stem
-        if not isinstance(config, dict):
-            raise SpecError("a Hugging Face config must be a JSON object")
-        return cls(**_hf_fields(config, name))
-
-
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "mixtral_dense", "gemma", "olmo", "phi3"}
-
-
-def _hf_fields(cfg: dict[str, Any], name: str | None) -> dict[str, Any]:
-    model_type = str(cfg.get("model_type", "")).lower()
-
-    def need(key: str) -> Any:
-        if key not in cfg:
-            raise SpecError(f"Hugging Face config (model_type={model_type or '?'}) lacks field {key!r}")
-        return cfg[key]
-
-    base: dict[str, Any] = {"name": name or cfg.get("_name_or_path") or model_type or "hf-model",
-                            "source": f"Hugging Face config.json (model_type={model_type})"}
-    if model_type == "gpt2":
-        h = int(need("n_embd"))
-        return base | dict(
-            num_layers=int(need("n_layer")), hidden_size=h, num_attention_heads=int(need("n_head")),
-            ffn_hidden_size=int(cfg.get("n_inner") or 4 * h), gated_mlp=False, vocab_size=int(need("vocab_size")),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), position_embedding="learned",
-            max_position_embeddings=int(cfg.get("n_positions", 1024)), norm="layernorm", linear_bias=True,
-            dropout=float(cfg.get("resid_pdrop", 0.0)) > 0 or float(cfg.get("attn_pdrop", 0.0)) > 0,
-        )
-    if model_type == "gpt_neox":
-        return base | dict(
-            num_layers=int(need("num_hidden_layers")), hidden_size=int(need("hidden_size")),
-            num_attention_heads=int(need("num_attention_heads")), ffn_hidden_size=int(need("intermediate_size")),
-            gated_mlp=False, vocab_size=int(need("vocab_size")), tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            position_embedding="rope", max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            norm="layernorm", linear_bias=True,
-            dropout=float(cfg.get("hidden_dropout", 0.0)) > 0 or float(cfg.get("attention_dropout", 0.0)) > 0,
-        )
-    if model_type in _LLAMA_LIKE or "intermediate_size" in cfg and "num_key_value_heads" in cfg:
-        return base | dict(
-            num_layers=int(need("num_hidden_layers")), hidden_size=int(need("hidden_size")),
-            num_attention_heads=int(need("num_attention_heads")),
-            num_kv_heads=int(cfg.get("num_key_value_heads") or need("num_attention_heads")),
-            head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None,
-            ffn_hidden_size=int(need("intermediate_size")), gated_mlp=True, vocab_size=int(need("vocab_size")),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), position_embedding="rope",
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)), norm="rmsnorm",
-            linear_bias=bool(cfg.get("mlp_bias", False)),
-            qkv_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-            dropout=float(cfg.get("attention_dropout", 0.0) or 0.0) > 0,
-        )
-    raise SpecError(
-        f"Hugging Face config model_type {model_type!r} is not supported; "
-        "supported: llama, mistral, qwen2, gpt2, gpt_neox (and configs with the Llama field names)"
-    )
+        return read_hf_config(config, name)

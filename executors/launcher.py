@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from executors.parity import parity_errors
+from executors.parity import grad_norm_error, parity_errors
 from executors.results import ParityCheck, ParityReference, RankResult, RunConfig, RunResult
 
 KILL_GRACE_S = 5.0
@@ -164,10 +164,13 @@ def parity_check(cfg: RunConfig, ranks: list[RankResult]) -> ParityCheck | None:
     if cfg.reference_losses is None or measured is None:
         return None
     loss_err, update_err = parity_errors(measured[: cfg.parity_steps], cfg.reference_losses)
+    norms = next((r.grad_sq_norms for r in ranks if r.grad_sq_norms), None)
+    grad_err = grad_norm_error(norms, cfg.reference_grad_sq_norms)
     return ParityCheck(reference=cfg.reference_losses, measured=measured[: cfg.parity_steps],
                        max_rel_error=loss_err, rtol=cfg.parity_rtol, update_rel_error=update_err,
-                       update_rtol=cfg.update_rtol,
-                       passed=loss_err <= cfg.parity_rtol and update_err <= cfg.update_rtol)
+                       update_rtol=cfg.update_rtol, grad_rel_error=grad_err, grad_rtol=cfg.grad_rtol,
+                       passed=(loss_err <= cfg.parity_rtol and update_err <= cfg.update_rtol
+                               and (grad_err is None or grad_err <= cfg.grad_rtol)))
 
 
 def fold(cfg: RunConfig, ranks: list[RankResult], proc: ProcessOutcome) -> RunResult:

@@ -4,6 +4,8 @@ The module tree is fixed so that the parallel plans can name its parts:
 
     embed.tok, embed.pos          word and (learned) position embeddings
     layers["<i>"].norm1 / .attn.{wq,wk,wv,wo} / .norm2 / .mlp.{w1,w3,w2}
+    layers["<i>"].mlp.{router, experts["<e>"].{w1,w3,w2}, shared}   MoE layers
+                                  (`ModelSpec.moe_layer_mask()`; executors.moe)
     norm, output                  final norm and the output projection
 
 Layers live in a ModuleDict keyed by their global index, so a pipeline stage
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from executors.moe import MLP, MoE
 from planner.specs import ModelSpec
 
 INIT_STD = 0.02  # GPT-2/Megatron default init_method_std
@@ -80,28 +83,14 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec):
-        super().__init__()
-        h, f = spec.hidden_size, spec.ffn_hidden_size
-        self.gated = spec.gated_mlp
-        self.w1 = nn.Linear(h, f, bias=spec.linear_bias)
-        self.w3 = nn.Linear(h, f, bias=spec.linear_bias) if spec.gated_mlp else None
-        self.w2 = nn.Linear(f, h, bias=spec.linear_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gated:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
-
-
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, moe: bool = False):
         super().__init__()
         self.norm1 = _norm(spec)
         self.attn = Attention(spec)
         self.norm2 = _norm(spec)
-        self.mlp = MLP(spec)
+        self.mlp = MoE(spec) if moe else MLP(spec.hidden_size, spec.ffn_hidden_size, spec.gated_mlp,
+                                             spec.linear_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin)
@@ -137,7 +126,8 @@ class Transformer(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.embed: Embeddings | None = Embeddings(spec)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
+        moe = spec.moe_layer_mask()
+        self.layers = nn.ModuleDict({str(i): Block(spec, moe[i]) for i in range(spec.num_layers)})
         self.norm: nn.Module | None = _norm(spec)
         self.output: nn.Linear | None = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         self.recompute_layers: set[str] = set()  # full recompute: these layers keep only their input
@@ -146,11 +136,14 @@ class Transformer(nn.Module):
             self.output.weight = self.embed.tok.weight
 
     def _init_weights(self) -> None:
-        """Normal(0, 0.02) weights, zero biases; output projections scaled by 1/sqrt(2L) (GPT-2)."""
+        """Normal(0, 0.02) weights, zero biases; output projections (attention's wo, every MLP's
+        and expert's w2) scaled by 1/sqrt(2L) (GPT-2; Megatron-core's output_layer_init_method,
+        which its experts' fc2 take too). Drawn in module order from one generator, so a model
+        built from the same seed has the same weights whatever is later sharded or deleted."""
         out_std = INIT_STD / math.sqrt(2 * self.spec.num_layers)
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                std = out_std if name.endswith(("attn.wo", "mlp.w2")) else INIT_STD
+                std = out_std if name.endswith(("attn.wo", ".w2")) else INIT_STD
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)

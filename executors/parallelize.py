@@ -158,12 +158,13 @@ def apply_fsdp(model: nn.Module, mesh, zero_stage: int, layers: list[nn.Module])
 
 
 class GradAllReduce:
-    """Average local gradients over the dp group in ~25 MiB flat buckets (DDP's
-    reduction without its hooks; used when the parameters are DTensors)."""
+    """Sum local gradients over `group` in ~25 MiB flat buckets and divide by `divisor` (DDP's
+    reduction without its hooks; used when the parameters are DTensors, and for the dense and
+    the expert parameters of expert-parallel runs). `group` None: no collective, only the division."""
 
-    def __init__(self, params: list[nn.Parameter], group, dp: int):
+    def __init__(self, params: list[nn.Parameter], group, divisor: int):
         self.params = [p for p in params if p.requires_grad]
-        self.group, self.dp = group, dp
+        self.group, self.divisor = group, divisor
 
     @staticmethod
     def _local(t: torch.Tensor) -> torch.Tensor:
@@ -179,8 +180,9 @@ class GradAllReduce:
                 size += g.numel() * g.element_size()
             if bucket and (g is None or size >= BUCKET_BYTES):
                 flat = torch.cat([b.reshape(-1) for b in bucket])
-                dist.all_reduce(flat, group=self.group)
-                flat.div_(self.dp)
+                if self.group is not None:
+                    dist.all_reduce(flat, group=self.group)
+                flat.div_(self.divisor)
                 offset = 0
                 for b in bucket:
                     b.copy_(flat[offset: offset + b.numel()].view_as(b))
@@ -188,14 +190,87 @@ class GradAllReduce:
                 bucket, size = [], 0
 
 
-def wrap_data_parallel(cfg: RunConfig, module: nn.Module, mesh, layers: list[nn.Module]):
-    """Apply the dp part of the strategy to `module` (the model or one pipeline stage).
+# ---- expert parallel ----------------------------------------------------------
+#: axes of the expert mesh, outermost first (Megatron-core's expert layout, cost_models.layout)
+EXPERT_AXES = ("pp", "edp", "ep", "etp")
+
+EXPERT_GRAD_FAULTS = ("expert_grad_edp_mean", "expert_grad_dense")
+"""Wrong expert-gradient reductions, as test faults (`RunConfig.fault`):
+expert_grad_edp_mean averages the expert gradients over the expert-data-parallel group
+(÷ edp instead of ÷ dp: each expert's gradient ep times too large); expert_grad_dense
+reduces them like the dense ones, over the whole dp group (it adds up the gradients
+of different experts that sit at the same local index on different ep ranks)."""
+
+
+def expert_mesh_shape(cfg: RunConfig) -> tuple[int, ...]:
+    """Sizes along EXPERT_AXES: (pp, edp, ep, etp), row-major over the same ranks as the
+    dense mesh. The strides are the layout's (`ParallelLayout.expert_group`): etp 1, ep etp,
+    edp etp·ep, pp tp·cp·dp; with tp = cp = 1 the ep group is ep consecutive dp ranks."""
+    lay = ParallelLayout.of_strategy(cfg.strategy, cfg.model.num_layers)
+    (etp, etp_stride), (ep, ep_stride), (edp, edp_stride) = (
+        (int(a[0]), int(b[0])) for a, b in (lay.expert_group(d) for d in ("etp", "ep", "edp")))
+    assert (etp_stride, ep_stride, edp_stride) == (1, etp, etp * ep), (etp_stride, ep_stride, edp_stride)
+    assert int(lay.stride("pp")[0]) == edp * ep * etp, "pp must be the outermost dimension"
+    return int(lay.pp[0]), edp, ep, etp
+
+
+def build_expert_mesh(cfg: RunConfig, device_type: str):
+    """A second DeviceMesh over all ranks with the expert axes (its ep and edp groups)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    shape = expert_mesh_shape(cfg)
+    ranks = torch.arange(cfg.num_gpus).reshape(shape)
+    return DeviceMesh(device_type, ranks, mesh_dim_names=EXPERT_AXES)
+
+
+def apply_ep(model: nn.Module, expert_mesh) -> None:
+    """Shard the routed experts of every MoE layer over the mesh's ep group."""
+    from executors.moe import moe_modules
+
+    ep, ep_rank = expert_mesh.size(EXPERT_AXES.index("ep")), expert_mesh.get_local_rank("ep")
+    group = expert_mesh["ep"].get_group()
+    for moe in moe_modules(model):
+        moe.enable_expert_parallel(ep, ep_rank, group)
+
+
+def expert_parallel_grad_syncs(cfg: RunConfig, module: nn.Module, mesh, expert_mesh) -> list[GradAllReduce]:
+    """Gradient reductions of an expert-parallel run (zero_stage 0), as Megatron-core's DDP
+    (`distributed_data_parallel.py`, `average_in_collective=False`): every gradient is scaled
+    by 1/dp and summed, the dense parameters' over the dp group, the routed experts' over the
+    expert-data-parallel group (the ranks holding the same experts). An expert's local
+    gradient already sums the tokens of the whole ep group, so summing over edp covers all dp
+    replicas' tokens once, and 1/dp makes it the gradient of the mean loss."""
+    from executors.moe import expert_parameters
+
+    dp = cfg.strategy.dp
+    experts = expert_parameters(module)
+    ids = {id(p) for p in experts}
+    dense = [p for p in module.parameters() if id(p) not in ids]
+    dp_group = dp_mesh(mesh, cfg).get_group() if dp > 1 else None
+    edp = expert_mesh.size(EXPERT_AXES.index("edp"))
+    edp_group = expert_mesh["edp"].get_group() if edp > 1 else None
+    if cfg.fault == "expert_grad_edp_mean":
+        expert_sync = GradAllReduce(experts, edp_group, edp)
+    elif cfg.fault == "expert_grad_dense":
+        expert_sync = GradAllReduce(experts, dp_group, dp)
+    else:
+        expert_sync = GradAllReduce(experts, edp_group, dp)
+    return [GradAllReduce(dense, dp_group, dp), expert_sync]
+
+
+def wrap_data_parallel(cfg: RunConfig, module: nn.Module, mesh, layers: list[nn.Module], expert_mesh=None):
+    """Apply the dp part of the strategy to `module` (the model or one pipeline stage);
+    with ep > 1 (experts already sharded by `apply_ep`) the reductions of
+    `expert_parallel_grad_syncs` over `expert_mesh`'s edp group.
 
     Returns (module, kind, grad_sync) where kind is 'none', 'ddp' or 'fsdp' and
     grad_sync is a callable to run after backward (manual all-reduce) or None.
     """
     st = cfg.strategy
     replicas = st.dp * st.cp
+    if st.ep > 1:
+        syncs = expert_parallel_grad_syncs(cfg, module, mesh, expert_mesh)
+        return module, "none", lambda: [sync() for sync in syncs]
     if replicas == 1:
         return module, "none", None
     if st.zero_stage >= 2 and st.dp > 1:

@@ -21,6 +21,18 @@ The first checks the forward pass, the second the gradients and the update: a
 gradient that is wrong for one weight matrix changes the step-2 loss by ~1e-5
 relative — inside any loss tolerance — but the loss *change* by percents.
 
+Gradient norms per parameter group (MoE runs): the loss change sees an update only
+through its projection on the gradient, -lr·g·Δ, so it misses a gradient error
+that is orthogonal to g, and one confined to a small group. Both happen to the
+routed experts: reducing their gradients over the whole dp group like the dense
+ones (expert e on one ep rank plus expert e + E/ep on the other) leaves g·Δ
+unchanged to first order (the experts' gradients are nearly orthogonal), and the
+experts hold 0.5% of |g|² in the test MoE, so even doubling every expert gradient
+moves the loss change by only 5e-3. So a run that can (`Runner.grad_sq_norms`)
+also reports the squared norm of its reduced step-1 gradient per group
+(`GRAD_GROUPS`) and each must equal the reference's within `RunConfig.grad_rtol`:
+the mixed reduction gives the experts' |g|² ~2x, the doubled one 4x.
+
 The step size: `parity_learning_rate` makes the first-order decrease lr·|g|² a
 fixed fraction (`PARITY_LOSS_DECREASE`) of the step-1 loss, from the
 reference's own step-1 gradient. A fixed step size does not work across
@@ -76,11 +88,31 @@ def parity_errors(measured: list[float], reference: list[float]) -> tuple[float,
     return loss_err, update_err
 
 
-def parity_failure(cfg: RunConfig, losses: list[float]) -> str:
-    """Empty when the losses match the reference, else the reason."""
+GRAD_GROUPS = ("dense", "experts")
+"""Parameter groups of the step-1 gradient-norm check: the routed experts
+(`executors.moe.expert_parameters`, reduced over the expert-data-parallel group) and
+everything else (reduced over the data parallel group)."""
+
+
+def grad_norm_error(measured: dict[str, float] | None, reference: dict[str, float] | None) -> float | None:
+    """Largest relative error of a group's squared gradient norm; None when either side has none."""
+    if not measured or not reference:
+        return None
+    return max(abs(measured.get(k, 0.0) - r) / max(abs(r), 1e-30) for k, r in reference.items())
+
+
+def parity_failure(cfg: RunConfig, losses: list[float], grad_sq_norms: dict[str, float] | None = None) -> str:
+    """Empty when the losses (and, when both sides have them, the step-1 gradient norms per
+    group) match the reference, else the reason."""
     loss_err, update_err = parity_errors(losses, cfg.reference_losses)
-    if loss_err <= cfg.parity_rtol and update_err <= cfg.update_rtol:
+    grad_err = grad_norm_error(grad_sq_norms, cfg.reference_grad_sq_norms)
+    grad_ok = grad_err is None or grad_err <= cfg.grad_rtol
+    if loss_err <= cfg.parity_rtol and update_err <= cfg.update_rtol and grad_ok:
         return ""
-    return (f"loss parity failed: losses {losses} vs reference {cfg.reference_losses} (relative loss error "
-            f"{loss_err:.1e}, rtol {cfg.parity_rtol:.0e}; relative error of the loss change since step 1 "
-            f"{update_err:.1e}, rtol {cfg.update_rtol:.0e})")
+    reason = (f"loss parity failed: losses {losses} vs reference {cfg.reference_losses} (relative loss error "
+              f"{loss_err:.1e}, rtol {cfg.parity_rtol:.0e}; relative error of the loss change since step 1 "
+              f"{update_err:.1e}, rtol {cfg.update_rtol:.0e})")
+    if grad_err is not None:
+        reason += (f"; step-1 squared gradient norms {grad_sq_norms} vs reference {cfg.reference_grad_sq_norms} "
+                   f"(largest relative error {grad_err:.1e}, rtol {cfg.grad_rtol:.0e})")
+    return reason

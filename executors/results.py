@@ -22,7 +22,7 @@ crashed: exited with an error (stderr tail kept). unsupported: this executor
 cannot run the strategy (the reason says why); nothing was launched."""
 
 Engine = Literal["torch", "megatron", "deepspeed"]
-Fault = Literal["none", "hang", "crash", "oom", "grad_x2"]
+Fault = Literal["none", "hang", "crash", "oom", "grad_x2", "expert_grad_edp_mean", "expert_grad_dense"]
 
 GRADIENT_FAULTS = {"grad_x2": 2.0}
 """Gradient faults -> the factor every gradient is multiplied by, on every rank, before
@@ -38,6 +38,10 @@ class ParityReference(BaseModel):
     learning_rate: float = Field(
         gt=0, description="Plain-SGD step size the reference chose from its step-1 gradient "
         "(executors.parity.parity_learning_rate); every parallel run of the same model takes it."
+    )
+    grad_sq_norms: dict[str, float] | None = Field(
+        None, description="MoE models: squared L2 norm of the step-1 gradient per parameter group (dense, "
+        "experts; executors.parity.GRAD_GROUPS), which the expert-parallel runs must reproduce."
     )
 
 
@@ -93,10 +97,20 @@ class RunConfig(BaseModel):
         "wrong for one weight shows here long before it moves the loss); fp32: 1e-3 (largest measured over the "
         "ten test plans 8.7e-6), bf16/fp16: 0.1 (measured 1.3e-3); doubled gradients measured 0.94."
     )
+    reference_grad_sq_norms: dict[str, float] | None = Field(
+        None, description="The reference's step-1 squared gradient norm per parameter group "
+        "(ParityReference.grad_sq_norms); checked where the run can compute its own (executors.parity)."
+    )
+    grad_rtol: float = Field(
+        1e-4, gt=0, description="Relative tolerance on each group's step-1 squared gradient norm; fp32: 1e-4, "
+        "bf16/fp16: 1e-2 (executors.validate.PARITY_TOLERANCES)."
+    )
     timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of the whole run, seconds.")
     fault: Fault = Field("none", description="Test hook: hang, crash, oom make rank 1 hang, crash or report OOM "
                          "after the parity steps; grad_x2 doubles every gradient on every rank before each parity "
-                         "step's update (see GRADIENT_FAULTS).")
+                         "step's update (see GRADIENT_FAULTS); expert_grad_edp_mean and expert_grad_dense reduce the routed "
+                         "experts' gradients wrongly in an expert-parallel run (executors.parallelize."
+                         "EXPERT_GRAD_FAULTS).")
     notes: list[str] = Field(default_factory=list, description="Deviations of the run from the plan, in words.")
 
     @model_validator(mode="after")
@@ -113,7 +127,8 @@ class RunConfig(BaseModel):
     def with_reference(self, reference: ParityReference) -> "RunConfig":
         """This run checked against `reference` (its losses and its step size)."""
         return self.model_validate(self.model_dump() | {"reference_losses": reference.losses,
-                                                        "parity_learning_rate": reference.learning_rate})
+                                                        "parity_learning_rate": reference.learning_rate,
+                                                        "reference_grad_sq_norms": reference.grad_sq_norms})
 
 
 class RankResult(BaseModel):
@@ -131,6 +146,9 @@ class RankResult(BaseModel):
     reserved_memory_bytes: float = Field(0.0, description="CUDA: max_memory_reserved; CPU: same as peak_memory_bytes.")
     baseline_memory_bytes: float = Field(0.0, description="Memory in use before the model was built (runtime, libraries), bytes.")
     num_params_local: int = Field(0, description="Parameter elements stored on this rank.")
+    grad_sq_norms: dict[str, float] | None = Field(
+        None, description="Squared norm of the reduced step-1 gradient per parameter group, over all ranks "
+        "(MoE runs whose layout allows it; executors.runner.Runner.grad_sq_norms).")
     error: str = Field("", description="Error message when status is not ok.")
 
 
@@ -145,7 +163,10 @@ class ParityCheck(BaseModel):
     rtol: float = Field(description="Tolerance on max_rel_error.")
     update_rel_error: float = Field(0.0, description="Largest relative error of the loss change since step 1.")
     update_rtol: float = Field(0.0, description="Tolerance on update_rel_error.")
-    passed: bool = Field(description="Both errors within their tolerances.")
+    grad_rel_error: float | None = Field(None, description="Largest relative error of a parameter group's "
+                                         "step-1 squared gradient norm (None: not checked).")
+    grad_rtol: float = Field(0.0, description="Tolerance on grad_rel_error.")
+    passed: bool = Field(description="Every checked error within its tolerance.")
 
 
 class RunResult(BaseModel):

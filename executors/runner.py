@@ -16,8 +16,9 @@ import torch.distributed as dist
 
 from executors.model import build_model, loss_fn, synthetic_batch
 from executors.optim import make_optimizer
-from executors.parallelize import apply_tp, no_sync, wrap_data_parallel
-from executors.parity import batch_index, parity_learning_rate
+from executors.parallelize import apply_ep, apply_tp, build_expert_mesh, no_sync, wrap_data_parallel
+from executors.moe import expert_parameters
+from executors.parity import GRAD_GROUPS, batch_index, parity_learning_rate
 from executors.pipeline import build_stage_modules, make_schedule, run_pipeline_step
 from executors.results import ParityReference, RunConfig
 
@@ -57,12 +58,15 @@ class Runner:
         modules = []
         self.grad_syncs = []
         kinds = set()
+        expert_mesh = build_expert_mesh(cfg, device.type) if st.ep > 1 else None
         for _, module in chunks:
             module.set_recompute(st.recompute, st.recompute_num_layers)
             module.to(device)
             if st.tp > 1:
                 apply_tp(module, mesh["tp"], st.sequence_parallel, vocab_parallel_loss=st.pp == 1)
-            wrapped, kind, sync = wrap_data_parallel(cfg, module, mesh, list(module.layers.values()))
+            if expert_mesh is not None:
+                apply_ep(module, expert_mesh)
+            wrapped, kind, sync = wrap_data_parallel(cfg, module, mesh, list(module.layers.values()), expert_mesh)
             modules.append(wrapped)
             kinds.add(kind)
             if sync is not None:
@@ -74,6 +78,7 @@ class Runner:
         self.optimizer = make_optimizer(cfg, params, zero1)
         self.modules = modules
         self.num_stages = st.pp * st.vpp
+        self.first_grad_sq_norms: dict[str, float] | None = None
         if st.pp > 1:
             stage_modules = [(idx, m) for (idx, _), m in zip(chunks, modules)]
             self.stages, self.schedule = make_schedule(
@@ -104,6 +109,8 @@ class Runner:
                 loss = self._step_plain(tokens, targets)
         for sync in self.grad_syncs:
             sync()
+        if step == 0:
+            self.first_grad_sq_norms = self.grad_sq_norms()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
@@ -128,6 +135,23 @@ class Runner:
             value = loss.detach()
             total += value.full_tensor() if hasattr(value, "full_tensor") else value
         return total
+
+    def grad_sq_norms(self) -> dict[str, float] | None:
+        """Squared L2 norm of the reduced gradient per group (executors.parity.GRAD_GROUPS), for
+        MoE models on layouts where every rank holds whole parameters (tp = pp = cp = 1, no
+        FSDP): summed over all ranks, each group divided by the ranks holding a copy of each of
+        its parameters (dense: dp; experts: dp / ep). None elsewhere."""
+        st = self.st
+        if not self.cfg.model.is_moe or st.tp > 1 or st.pp > 1 or st.cp > 1 or self.kind == "fsdp":
+            return None
+        module = self.modules[0]
+        experts = {id(p) for p in expert_parameters(module)}
+        local = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for p in module.parameters():
+            if p.grad is not None:
+                local[1 if id(p) in experts else 0] += p.grad.double().pow(2).sum()
+        dist.all_reduce(local)
+        return {"dense": float(local[0]) / st.dp, "experts": float(local[1]) / (st.dp // st.ep)}
 
     def global_loss(self, local: torch.Tensor | None) -> float:
         """Mean loss over the replicas: the ranks holding a loss with tp index 0 contribute."""
@@ -162,9 +186,20 @@ def reference(cfg: RunConfig, chunk_rows: int = 4) -> ParityReference:
                 loss.backward()
                 total += float(loss.detach())
         if optimizer is None:
-            grad_sq_norm = sum(float(p.grad.double().pow(2).sum()) for p in params if p.grad is not None)
-            optimizer = torch.optim.SGD(params, lr=parity_learning_rate(total, grad_sq_norm))
+            norms = group_sq_norms(model)
+            optimizer = torch.optim.SGD(params, lr=parity_learning_rate(total, sum(norms.values())))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(total)
-    return ParityReference(losses=losses, learning_rate=optimizer.param_groups[0]["lr"])
+    return ParityReference(losses=losses, learning_rate=optimizer.param_groups[0]["lr"],
+                           grad_sq_norms=norms if cfg.model.is_moe else None)
+
+
+def group_sq_norms(model: torch.nn.Module) -> dict[str, float]:
+    """Squared L2 norm of the gradient of each group of GRAD_GROUPS (one process, whole model)."""
+    experts = {id(p) for p in expert_parameters(model)}
+    norms = dict.fromkeys(GRAD_GROUPS, 0.0)
+    for p in model.parameters():
+        if p.grad is not None:
+            norms["experts" if id(p) in experts else "dense"] += float(p.grad.double().pow(2).sum())
+    return norms

@@ -34,8 +34,8 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
     if st.dp == "auto":
         return ["dp is 'auto'; resolve the strategy for a GPU count first"]
     dp, tp, pp, cp = st.dp, st.tp, st.pp, st.cp
-    if st.ep > 1 or st.etp > 1:
-        reasons.append(f"ep ({st.ep}) / etp ({st.etp}) > 1: the model is dense and this executor builds no MoE layers")
+    reasons += moe_reasons(model, st)
+    reasons += attention_reasons(model)
     if cp > 1 and device != "cuda":
         reasons.append(CPU_ONLY_MISSING["cp"].format(cp=cp))
     if st.offload_optimizer:
@@ -73,6 +73,44 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
     return reasons
 
 
+def moe_reasons(model: ModelSpec, st: Strategy) -> list[str]:
+    """What the executor's MoE layers and expert parallelism (executors.moe) do not cover."""
+    reasons: list[str] = []
+    dp, tp, pp, cp, ep = st.dp, st.tp, st.pp, st.cp, st.ep
+    if ep > 1 and not model.is_moe:
+        reasons.append(f"ep ({ep}) > 1 needs an MoE model (num_experts is 0)")
+    if st.etp > 1:
+        reasons.append(f"etp ({st.etp}) > 1: expert tensor parallelism is not built by this executor (etp 1 is)")
+    if model.is_moe and tp > 1:
+        reasons.append(f"tp ({tp}) > 1 with MoE layers: this executor's tensor parallel plan covers dense MLPs "
+                       "only (tp 1 is supported)")
+    if ep == 1 or not model.is_moe:
+        return reasons
+    if model.num_experts % ep:
+        reasons.append(f"ep ({ep}) must divide num_experts ({model.num_experts})")
+    if dp % ep:
+        reasons.append(f"ep ({ep}) must divide dp ({dp}) (the ep group is folded over the data parallel ranks)")
+    if st.zero_stage:
+        reasons.append(f"zero_stage ({st.zero_stage}) > 0 with ep ({ep}) > 1: ZeRO over the dense and the "
+                       "expert-data-parallel groups is not built by this executor (zero_stage 0 is)")
+    if pp > 1 or cp > 1:
+        reasons.append(f"pp ({pp}) / cp ({cp}) > 1 with ep ({ep}) > 1: not supported by this executor "
+                       "(expert parallelism over data parallel ranks only)")
+    return reasons
+
+
+def attention_reasons(model: ModelSpec) -> list[str]:
+    """Attention kinds the executor's model does not build (it would silently build standard attention)."""
+    reasons = []
+    if model.is_mla:
+        reasons.append(f"multi-head latent attention (kv_lora_rank {model.kv_lora_rank}) is not built by this "
+                       "executor")
+    if model.sliding_window is not None:
+        reasons.append(f"sliding-window attention (sliding_window {model.sliding_window}) is not built by this "
+                       "executor")
+    return reasons
+
+
 def executed_model(model: ModelSpec, st: Strategy, num_layers: int | None = None) -> tuple[ModelSpec, list[str]]:
     """The model the worker builds for `st`, and the deviations from `model` in words.
 
@@ -81,6 +119,7 @@ def executed_model(model: ModelSpec, st: Strategy, num_layers: int | None = None
       no cross-stage weight tying (Megatron keeps and all-reduces a copy instead;
       the memory per rank is the same).
     - Dropout is off: parity with the reference needs a deterministic forward.
+    - Multi-token-prediction modules are not built (the main model's loss only).
     """
     update: dict = {}
     notes: list[str] = []
@@ -93,4 +132,12 @@ def executed_model(model: ModelSpec, st: Strategy, num_layers: int | None = None
     if model.dropout:
         update["dropout"] = False
         notes.append("dropout off (loss parity needs a deterministic forward)")
-    return (model.model_copy(update=update) if update else model), notes
+    if model.num_mtp_layers:
+        update["num_mtp_layers"] = 0
+        notes.append(f"num_mtp_layers {model.num_mtp_layers} -> 0 (multi-token prediction is not built)")
+    if "num_layers" in update:  # explicit layer indices beyond the shortened model are dropped
+        for key in ("moe_dense_layers", "global_attention_layers"):
+            if getattr(model, key) is not None:
+                update[key] = [i for i in getattr(model, key) if i < num_layers]
+    # validated again: a shortened model must still be a valid one (e.g. keep an MoE layer)
+    return (ModelSpec.model_validate(model.model_dump() | update) if update else model), notes

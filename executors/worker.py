@@ -32,7 +32,7 @@ from pathlib import Path
 
 from executors.parity import parity_failure
 from executors.timing import run_timed_steps
-from executors.results import GRADIENT_FAULTS, RankResult, RunConfig
+from executors.results import RankResult, RunConfig
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
@@ -63,8 +63,9 @@ def run_reference(cfg: RunConfig, out: Path) -> None:
 
 
 def _inject_fault(cfg: RunConfig, rank: int, world: int) -> None:
-    """hang, crash and oom, on rank 1 after the parity steps (gradient faults act in the optimizer)."""
-    if cfg.fault in ("none", *GRADIENT_FAULTS) or rank != min(1, world - 1):
+    """hang, crash and oom, on rank 1 after the parity steps (gradient faults act in the optimizer
+    or in the gradient reductions)."""
+    if cfg.fault not in ("hang", "crash", "oom") or rank != min(1, world - 1):
         return
     if cfg.fault == "hang":
         time.sleep(10**6)
@@ -113,8 +114,9 @@ def run_rank(cfg: RunConfig, out: Path) -> int:
         meter.model_built()
         for step in range(cfg.parity_steps):
             result.losses.append(runner.global_loss(runner.step(step)))
+        result.grad_sq_norms = runner.first_grad_sq_norms
         if cfg.reference_losses is not None:
-            failure = parity_failure(cfg, result.losses)
+            failure = parity_failure(cfg, result.losses, result.grad_sq_norms)
             if failure:
                 result.status, result.error = "wrong", failure
                 return 0

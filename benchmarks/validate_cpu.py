@@ -15,7 +15,10 @@ rounds, so that a burst of load from other processes hits one round, not one
 plan) and the round with the fastest median step is kept: interference only
 ever adds time. The load average before and after is printed with the table.
 
-    python benchmarks/validate_cpu.py [--cluster local-cpu] [--repeats 2] [--json out.json]
+`--moe` runs an MoE variant (layers 1-3 with 4 experts of width 1024, top-2) and
+its best plans with ep = 2, without ep (every expert on every rank) and with pp = 2.
+
+    python benchmarks/validate_cpu.py [--cluster local-cpu] [--repeats 2] [--moe] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ MODEL = ModelSpec(
     vocab_size=8192, tie_embeddings=False, position_embedding="rope", norm="layernorm", gated_mlp=False,
     source="benchmarks/validate_cpu.py: a GPT-style model sized for a short run on a 2-core CPU",
 )
+MOE_MODEL = ModelSpec(
+    name="moe-cpu-small", num_layers=4, hidden_size=512, num_attention_heads=8, ffn_hidden_size=2048,
+    vocab_size=8192, tie_embeddings=False, position_embedding="rope", norm="layernorm", gated_mlp=False,
+    num_experts=4, moe_top_k=2, moe_ffn_hidden_size=1024, moe_first_k_dense=1,
+    source="benchmarks/validate_cpu.py --moe: gpt-cpu-small with layers 1-3 MoE (4 experts of width 1024, top-2)",
+)
 NUM_RANKS = 2
 GLOBAL_BATCH = 8
 SEQ_LEN = 256
@@ -52,6 +61,12 @@ STRUCTURES = {
     "tp2": {"tp": 2},
     "pp2": {"pp": 2},
     "zero3": {"dp": 2, "zero_stage": 3},
+}
+#: with --moe: expert parallel against every expert on every rank
+MOE_STRUCTURES = {
+    "ep2": {"ep": 2, "zero_stage": 0},
+    "dp2": {"dp": 2, "ep": 1, "zero_stage": 0},
+    "pp2": {"pp": 2},
 }
 STEP_TARGET = 0.25
 
@@ -127,7 +142,7 @@ def print_table(report: ValidationReport, why: list[str], rounds: list[Validatio
 
 
 def main(argv: list[str] | None = None) -> int:
-    global GLOBAL_BATCH, SEQ_LEN
+    global GLOBAL_BATCH, SEQ_LEN, MODEL, STRUCTURES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cluster", default="local-cpu", help="cluster profile (name or YAML path)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over all plans; the fastest is kept")
@@ -136,8 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     parser.add_argument("--global-batch-size", type=int, default=GLOBAL_BATCH, help="sequences per step")
     parser.add_argument("--seq-len", type=int, default=SEQ_LEN, help="tokens per sequence")
+    parser.add_argument("--moe", action="store_true", help="the MoE model (4 experts, top-2) and its ep2 / dp2 / "
+                        "pp2 plans instead of the dense one")
     args = parser.parse_args(argv)
     GLOBAL_BATCH, SEQ_LEN = args.global_batch_size, args.seq_len
+    if args.moe:
+        MODEL, STRUCTURES = MOE_MODEL, MOE_STRUCTURES
     cluster = load_cluster(args.cluster)
     _, _, train = make_inputs(MODEL, cluster, NUM_RANKS, GLOBAL_BATCH, SEQ_LEN, "fp32")
     strategies, why = strategies_to_run(cluster)

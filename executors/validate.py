@@ -100,6 +100,15 @@ def resolve_device(device: str) -> str:
         return "cpu"
 
 
+def run_label(st: Strategy) -> str:
+    """`Strategy.short()`, with ep and etp added when they are > 1 and the label lacks them
+    (runs that differ only in ep must not share a label or a run directory)."""
+    label = st.short()
+    words = label.split()
+    extra = [f"{name}{v}" for name, v in (("ep", st.ep), ("etp", st.etp)) if v > 1 and f"{name}{v}" not in words]
+    return " ".join(words[:3] + extra + words[3:]) if extra else label
+
+
 def run_dir_name(index: int, label: str) -> str:
     return f"{index:02d}-" + re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")
 
@@ -179,7 +188,7 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
     runs: list[RunResult] = []
     for i, st in enumerate(strategies):
         st = st.resolve(num_gpus)
-        label = labels[i] if labels else st.short()
+        label = labels[i] if labels else run_label(st)
         run_model, notes = executed_model(model, st, options.num_layers)
         estimate, why = predict(run_model, cluster, train, num_gpus, st)
         if why:
@@ -277,7 +286,7 @@ def prepare_runs(strategies: list[Strategy], model: ModelSpec, cluster: ClusterS
         if engine_reasons(options, device, train) + unsupported_reasons(run_model, train, st, device,
                                                                          options.hsdp_replicate):
             continue
-        cfg = make_config(st.short(), run_model, train, st, num_gpus, options, device, notes)
+        cfg = make_config(run_label(st), run_model, train, st, num_gpus, options, device, notes)
         estimate, _ = predict(run_model, cluster, train, num_gpus, st)
         if options.engine != "torch":
             emitted, why_not = engine_config(options.engine, run_model, cluster, train, num_gpus, st, estimate)

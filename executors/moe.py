@@ -12,8 +12,9 @@ The module tree of one MoE layer's MLP (`layers["<i>"].mlp`):
 
 Routing (Mixtral; Megatron-core's default `softmax` score function without
 pre-softmax, which is the same function): p = softmax(router(x)) over the E
-experts in fp32, the top-k experts by p, their weights p renormalised to sum to
-1 (equal to a softmax over the k selected logits). The output is Σ_k w_k ·
+experts (logits in the compute dtype, as both do by default; softmax in fp32),
+the top-k experts by p, their weights p renormalised to sum to 1 (equal to a
+softmax over the k selected logits). The output is Σ_k w_k ·
 expert_k(x) (+ shared(x)). Dropless (no capacity factor, every routed token is
 computed, Megatron-core's default) and no auxiliary load-balancing loss (its
 default coefficient is 0): the loss is the language-model loss alone, so it does

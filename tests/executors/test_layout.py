@@ -91,3 +91,35 @@ def test_uneven_first_last_counts_are_per_pipeline_rank_split_over_its_chunks():
     # Megatron's rule: the first rank's 2 layers are one per chunk (not 2 on chunk 0 and 0 after)
     _, st = SPLITS["uneven-first-last-vpp"]
     assert ParallelLayout.of_strategy(st, 8).layers_per_chunk() == [1, 2, 1, 1, 2, 1]
+
+
+EXPERT_MESHES = {"dp2-ep2": Strategy(dp=2, ep=2), "dp4-ep2": Strategy(dp=4, ep=2), "dp8-ep4": Strategy(dp=8, ep=4)}
+
+
+@pytest.mark.parametrize("name", list(EXPERT_MESHES))
+def test_expert_mesh_folds_ep_over_dp_as_the_layout_does(name):
+    """Megatron-core's expert layout with tp = cp = 1: the ep group is ep consecutive dp ranks,
+    the expert-data-parallel group the ranks ep apart (issue 8)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from executors.parallelize import EXPERT_AXES, build_expert_mesh, expert_mesh_shape
+    from executor_fixtures import TINY_MOE
+
+    st = EXPERT_MESHES[name].resolve(EXPERT_MESHES[name].dp)
+    cfg = RunConfig(label=st.short(), model=TINY_MOE, train=TRAIN, strategy=st, num_gpus=st.num_gpus)
+    lay = ParallelLayout.of_strategy(st, TINY_MOE.num_layers)
+    assert expert_mesh_shape(cfg) == (1, st.dp // st.ep, st.ep, 1)
+    for rank in range(st.num_gpus):
+        dist.init_process_group("fake", rank=rank, world_size=st.num_gpus, store=FakeStore())
+        try:
+            mesh = build_expert_mesh(cfg, "cpu")
+            local = {a: mesh.get_local_rank(a) for a in EXPERT_AXES}
+            ep_ranks = sorted(int(r) for r in mesh["ep"].mesh.flatten())
+            edp_ranks = sorted(int(r) for r in mesh["edp"].mesh.flatten())
+        finally:
+            dist.destroy_process_group()
+        dp = lay.coords(rank)["dp"]
+        assert (local["ep"], local["edp"]) == (dp % st.ep, dp // st.ep)
+        assert ep_ranks == list(range(rank - rank % st.ep, rank - rank % st.ep + st.ep))
+        assert edp_ranks == list(range(rank % st.ep, st.num_gpus, st.ep))

@@ -24,6 +24,14 @@ Data parallelism, by zero_stage (dp > 1):
 FSDP2 reduce-scatters every micro-batch's gradients (ZeRO-2/3 semantics); DDP
 reduces once per step (`no_sync` on the other micro-batches).
 
+Expert parallelism (MoE models, ep > 1, zero_stage 0, tp = pp = cp = 1): a second
+DeviceMesh over the same ranks with the expert axes (pp, edp, ep, etp) of
+Megatron-core's layout (`expert_mesh_shape`); `apply_ep` keeps each ep rank's block
+of experts and gives the MoE layers the ep group for their all-to-all dispatch
+(executors.moe); `expert_parallel_grad_syncs` reduces the dense gradients over dp and
+the experts' over edp, both scaled by 1/dp. Example, 4 ranks with dp=4, ep=2: ep
+groups {0,1} and {2,3}, expert-data-parallel groups {0,2} and {1,3}.
+
 Tensor parallelism (Megatron-style, `parallelize_module`): q/k/v, w1/w3 and the
 output head column-wise, wo and w2 row-wise, the word embedding vocab-parallel
 (row-wise). With sequence parallelism the norms are `SequenceParallel` and the

@@ -147,6 +147,9 @@ def engine_config(engine: str, model: ModelSpec, cluster: ClusterSpec, train: Tr
     """The emitted configuration the megatron / deepspeed executors run, or (None, why not)."""
     if engine == "torch":
         return None, ""
+    if engine == "megatron" and model.is_moe:
+        return None, (f"num_experts ({model.num_experts}) > 0: the megatron engine builds GPTModel with the dense "
+                      "layer spec and no expert parallel state, so MoE models run only with the torch engine")
     if engine == "deepspeed" and (st.tp > 1 or st.pp > 1 or st.cp > 1):
         return None, "the deepspeed engine runs dp/ZeRO plans only (tp, pp and cp need Megatron-DeepSpeed)"
     if estimate is None:

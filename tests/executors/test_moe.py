@@ -169,3 +169,10 @@ def test_validate_reports_predicted_and_measured_for_ep2(tmp_path):
     assert c["predicted_step_time_s"] > 0 and c["measured_step_time_s"] > 0 and c["time_s"]["ep_comm"] > 0
     assert c["predicted_memory_bytes"] > 0 and c["measured_memory_bytes"] > 0
     assert c["step_time_error"] is not None and c["memory_error"] is not None
+
+
+def test_the_megatron_engine_refuses_moe_models_instead_of_building_them_dense():
+    from executors.validate import engine_config
+
+    emitted, why = engine_config("megatron", TINY_MOE, None, TRAIN, 2, Strategy(dp=2, ep=2).resolve(2), None)
+    assert emitted is None and "num_experts (4)" in why and "torch engine" in why

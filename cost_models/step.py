@@ -406,8 +406,10 @@ def offload_step_s(s: Setup, opt_params: np.ndarray, bwd_mb: np.ndarray) -> np.n
     not modelled). The host's DRAM bandwidth is shared by the GPUs of a server.
     """
     gpu, host, train = s.gpu, s.cluster.host, s.train
+    if not s.st.offload_optimizer.any():
+        return np.zeros(opt_params.shape)
     if gpu.host_link_bw_bytes_per_s is None or host is None:
-        return np.full(opt_params.shape, np.inf)  # the rules refuse offload on such a cluster
+        return np.zeros(opt_params.shape)  # unknown host: the rules refuse offload, and say why
     link = gpu.host_link_bw_bytes_per_s
     d2h = opt_params * DTYPE_BYTES[train.grad_precision] / link
     h2d = opt_params * WEIGHT_BYTES[train.precision] / link

@@ -13,7 +13,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 from pydantic import ValidationError
@@ -60,8 +60,17 @@ OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adam or sgd.")]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format: table, json or csv.")]
 
 
-def train_options(grad_precision: str, attention_kernel: str, optimizer: str) -> dict[str, Any]:
-    return {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer}
+MoeImbalanceOpt = Annotated[Optional[float], typer.Option(
+    "--moe-load-imbalance", help="MoE: tokens the busiest expert rank receives over the mean (>= 1; default: the "
+    "cluster profile's value).")]
+
+
+def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
+                  moe_load_imbalance: float | None = None) -> dict[str, Any]:
+    out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer}
+    if moe_load_imbalance is not None:
+        out["moe_load_imbalance"] = moe_load_imbalance
+    return out
 
 
 def parse_constraints(items: list[str] | None, as_json: str | None) -> dict[str, Any]:

@@ -70,7 +70,8 @@ def overrides(plan: Plan) -> dict[str, Any]:
             "train.global_batch_size": training["global_batch_size"],
             "dataset.sequence_length": training["seq_length"]}
     out |= {f"ddp.{k}": ddp[k] for k in _DDP_FIELDS}
-    out |= {f"optimizer.{k}": opt[k] for k in _OPTIMIZER_FIELDS}
+    out |= {f"optimizer.{k}": opt[k] for k in _OPTIMIZER_FIELDS
+            if k != "optimizer_offload_fraction" or opt["optimizer_cpu_offload"]}
     out["mixed_precision"] = MIXED_PRECISION[plan.train.precision]
     return out
 

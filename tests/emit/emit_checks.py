@@ -362,8 +362,16 @@ def check_colossalai(plan: Plan, spec: dict[str, Any]) -> None:
     inspect.signature(cls.__init__).bind(object(), **kwargs)
     f = facts(plan)
     s = f.strategy
-    if spec["plugin"] == "HybridParallelPlugin":
+    if spec["plugin"] in ("HybridParallelPlugin", "MoeHybridParallelPlugin"):
         assert (kwargs["tp_size"], kwargs["pp_size"]) == (s.tp, s.pp)
+        if spec["plugin"] == "MoeHybridParallelPlugin":
+            # the constructor's own rules: dp = world / (tp·pp·sp) divisible by ep_size; expert
+            # tensors sharded over the whole tp group
+            assert plan.model.is_moe and kwargs["ep_size"] == s.ep and s.etp == s.tp
+            assert (plan.num_gpus // (s.tp * s.pp * (kwargs.get("sp_size") or 1))) % kwargs["ep_size"] == 0
+            assert kwargs["moe_dp_outside"] is False
+        else:
+            assert s.ep == 1
         assert kwargs["zero_stage"] in (0, 1, 2) and kwargs["zero_stage"] == s.zero_stage
         if kwargs.get("enable_sequence_parallelism"):
             assert kwargs["sequence_parallelism_mode"] in SUPPORT_SP_MODE
@@ -384,9 +392,11 @@ def check_colossalai(plan: Plan, spec: dict[str, Any]) -> None:
                     n = ckpt.get_num_ckpt_layers(stage, s.pp, plan.model.num_layers, chunk, s.vpp)
                     assert 0 < n <= f.layers_per_chunk()[chunk * s.pp + stage]
     elif spec["plugin"] == "LowLevelZeroPlugin":
-        assert kwargs["stage"] == s.zero_stage in (1, 2) and s.tp == s.pp == s.cp == 1
+        assert kwargs["stage"] == s.zero_stage in (1, 2) and s.tp == s.pp == s.cp == 1 and s.ep == 1
+        assert kwargs["cpu_offload"] == s.offload_optimizer
     else:
-        assert spec["plugin"] == "GeminiPlugin" and s.zero_stage == 3 and kwargs["tp_size"] == s.tp
+        assert spec["plugin"] == "GeminiPlugin" and s.zero_stage == 3 and kwargs["tp_size"] == s.tp and s.ep == 1
+        assert kwargs["offload_optim_frac"] == (1.0 if s.offload_optimizer else 0.0)
     batch = spec["training"]["dataloader_batch_size"] * spec["training"]["gradient_accumulation_steps"]
     assert batch * f.dp == plan.train.global_batch_size
 
@@ -502,6 +512,10 @@ def check_torchtitan(plan: Plan, toml_text: str, tmp_dir: Path, full_parse: bool
                             ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=plan.num_gpus)
         assert dims.dp_replicate * dims.dp_shard == f.dp and (dims.tp, dims.pp, dims.cp) == (s.tp, s.pp, s.cp)
         assert t.seq_len % dims.seq_len_divisor == 0  # torchtitan's parallelize asserts this
+        assert (dims.ep, dims.etp) == (s.ep, s.etp)
+        # build_mesh's expert mesh: efsdp = dp_shard·cp·tp / (ep·etp) ranks, a whole number
+        assert (dims.dp_shard * dims.cp * dims.tp) % (dims.ep * dims.etp) == 0
+        assert not job.training.enable_cpu_offload  # offload_optimizer is refused, never mapped
         par, training = {k: getattr(p, k) for k in par}, {k: getattr(job.training, k) for k in training}
         which = "torchtitan"
     else:

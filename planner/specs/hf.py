@@ -203,11 +203,8 @@ class _Cfg:
 
 
 def parse_bool(value: Any, key: str, where: str = "Hugging Face config") -> bool:
-    """A JSON boolean, or the strings "true" / "false" (any case); anything else is refused.
-
-    >>> parse_bool("false", "tie_word_embeddings"), parse_bool(True, "tie_word_embeddings")
-    (False, True)
-    """
+    """A JSON boolean, or the strings "true" / "false" (any case: "false" is False, not a
+    truthy string); anything else is refused."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):

@@ -210,6 +210,18 @@ def test_non_integer_field_is_one_line_naming_it():
     assert "\n" not in str(err.value)
 
 
+def test_layer_types_other_than_sliding_or_full_are_refused():
+    cfg = {**raw("gpt-oss-20b"), "layer_types": ["linear_attention", "full_attention"] * 12}
+    with pytest.raises(SpecError, match="layer_types has linear_attention layers"):
+        read(cfg)
+
+
+def test_a_config_the_model_rules_reject_is_one_spec_error_line():
+    with pytest.raises(SpecError, match=r"moe_top_k \(64\) must be between 1 and num_experts \(32\)") as err:
+        read({**raw("gpt-oss-20b"), "num_experts_per_tok": 64, "experts_per_token": 64})
+    assert "\n" not in str(err.value)
+
+
 def test_layer_types_of_the_wrong_length_is_refused():
     with pytest.raises(SpecError, match="layer_types must be a list of one entry per layer"):
         read({**raw("gpt-oss-20b"), "layer_types": ["sliding_attention"]})

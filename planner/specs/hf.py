@@ -141,6 +141,8 @@ _TRAINING_ONLY = frozenset({"router_aux_loss_coef", "output_router_logits", "rou
 #: Keys whose contents are not architecture (quantisation, multimodal towers read elsewhere).
 _NOT_ARCHITECTURE = frozenset({"quantization_config", "vision_config", "audio_config", "rope_scaling",
                                "rope_parameters", "text_config"})
+#: The `layer_types` entries this reader maps (anything else, e.g. linear attention, is refused).
+_ATTENTION_KINDS = frozenset({"sliding_attention", "full_attention"})
 _STANDARD = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
@@ -503,6 +505,11 @@ def _hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
             warnings.warn(f"Hugging Face config model_type {outer_type!r}: only the text decoder is planned "
                           "(the vision encoder in vision_config is not counted)", ConfigWarning, stacklevel=3)
     c = _Cfg(data, model_type, outer)
+    kinds = data.get("layer_types")
+    odd = sorted({str(t) for t in kinds if t not in _ATTENTION_KINDS}) if isinstance(kinds, list) else []
+    if odd:
+        raise SpecError(f"Hugging Face config (model_type={model_type or '?'}): layer_types has {', '.join(odd)} "
+                        f"layers; only {' and '.join(sorted(_ATTENTION_KINDS))} are modelled")
     source = f"Hugging Face config.json (model_type={outer_type or '?'})"
     base = {"name": outer_type or "hf-model", "source": source}
     reader, understood = FAMILIES.get(model_type, (None, frozenset()))

@@ -69,8 +69,8 @@ def read_hf_config(config: str | Path | dict[str, Any], name: str | None = None)
     try:
         return ModelSpec(**fields)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'model'}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in exc.errors())
+        problems = "; ".join((f"{'.'.join(map(str, e['loc']))}: " if e["loc"] else "")
+                             + e["msg"].removeprefix("Value error, ") for e in exc.errors())
         raise SpecError(f"Hugging Face config {fields['name']!r} read as an invalid model: {problems}") from None
 
 

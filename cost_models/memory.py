@@ -70,6 +70,8 @@ def stage_kind_counts(blocks: ModelBlocks, lay: ParallelLayout) -> np.ndarray:
 
 def per_row(counts: np.ndarray, per_kind: np.ndarray) -> np.ndarray:
     """Sum over kinds of (layers of the kind on each stage row) × (a per-layer quantity): (S, N)."""
+    if counts.shape[0] == 1:  # one kind: a broadcast product (the common, dense case)
+        return counts[0] * np.reshape(per_kind, (1, -1))
     return np.einsum("ksn,kn->sn", counts, np.broadcast_to(per_kind, (counts.shape[0], counts.shape[2])))
 
 
@@ -160,9 +162,12 @@ def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, la
     counts = stage_kind_counts(blocks, lay) if counts is None else counts
     full_k = _stack([kind_activation_bytes(k, x, 0) for k in blocks.all_kinds], n)
     stored_k = _stack([kind_activation_bytes(k, x, rc) for k in blocks.all_kinds], n)
-    layers_row = counts.sum(axis=0)
-    denom = np.maximum(layers_row, 1e-12)
-    full_layer, stored_layer = per_row(counts, full_k) / denom, per_row(counts, stored_k) / denom
+    if counts.shape[0] == 1:
+        layers_row, full_layer, stored_layer = counts[0], full_k[0], stored_k[0]
+    else:
+        layers_row = counts.sum(axis=0)
+        denom = np.maximum(layers_row, 1e-12)
+        full_layer, stored_layer = per_row(counts, full_k) / denom, per_row(counts, stored_k) / denom
     chunk = layers_row / lay.vpp
     n_rc = np.where(st.recompute_num_layers > 0, np.minimum(st.recompute_num_layers, chunk), chunk)
     per_chunk = np.where(rc == 2, n_rc * stored_layer + (chunk - n_rc) * full_layer, chunk * stored_layer)

@@ -121,7 +121,9 @@ class Setup:
 
 
 def _pick(stacked: np.ndarray, index: np.ndarray) -> np.ndarray:
-    return np.take_along_axis(stacked, index[None, :], axis=0)[0]
+    """Row `index[j]` of column j of an (S, N) array."""
+    stacked = np.broadcast_to(stacked, (stacked.shape[0], index.shape[0])) if stacked.ndim == 2 else stacked
+    return stacked[index, np.arange(index.shape[0])]
 
 
 def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None = None) -> Micro:
@@ -348,7 +350,7 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     st, lay, train, comm, gpu = s.st, s.lay, s.train, s.comm, s.gpu
     rows, lt, m, zero = lay.rows, pl.layer, s.num_microbatches, st.zero_stage
     shard, shard_stride = lay.group("cp", "dp")
-    edp, edp_stride = lay.expert_group("edp")
+    edp, edp_stride = lay.expert_group("edp") if s.has_experts else (1, 1)
     params, experts = s.params, s.expert_params
     grad_b, weight_b = DTYPE_BYTES[train.grad_precision], WEIGHT_BYTES[train.precision]
 
@@ -370,10 +372,10 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     # reduce-scatters its gradients after, every micro-batch; prefetching hides it behind the
     # layer's own compute, the first gather of a step excepted.
     dense_k = kind_params_per_rank(s.blocks, lay.tp)
-    expert_k = kind_expert_params_per_rank(s.blocks, lay.ep, lay.etp)
     z3_gather = comm.gather_scatter_s(dense_k * weight_b, shard, shard_stride)
     z3_reduce = comm.gather_scatter_s(dense_k * grad_b, shard, shard_stride)
     if s.has_experts:
+        expert_k = kind_expert_params_per_rank(s.blocks, lay.ep, lay.etp)
         z3_gather = z3_gather + np.where(expert_k > 0, comm.gather_scatter_s(expert_k * weight_b, edp, edp_stride), 0.0)
         z3_reduce = z3_reduce + np.where(expert_k > 0, comm.gather_scatter_s(expert_k * grad_b, edp, edp_stride), 0.0)
     hideable = np.where(st.overlap_param_gather, 2 * z3_gather, 0.0) + np.where(st.overlap_grad_reduce, z3_reduce, 0.0)
@@ -385,7 +387,9 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     first_gather = z3_gather.max(axis=0)
     z3 = m * s.per_row(z3_layer) + first_gather + z3_ends
     z3_raw = m * s.per_row(2 * z3_gather + z3_reduce) + first_gather + z3_ends
-    opt_params = params / np.where(zero >= 1, shard, 1) + experts / np.where(zero >= 1, edp, 1)
+    opt_params = params / np.where(zero >= 1, shard, 1)
+    if s.has_experts:
+        opt_params = opt_params + experts / np.where(zero >= 1, edp, 1)
     traffic = optimizer_step_traffic_bytes(train.optimizer, train.precision, train.grad_precision)
     optimizer = opt_params * traffic / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
     offload = offload_step_s(s, opt_params, bwd_mb)
@@ -425,6 +429,8 @@ def offloaded_bytes(s: Setup) -> np.ndarray:
     optimizer states (fp32 master weights and moments) and the fp32 gradients it steps on."""
     st, train, lay = s.st, s.train, s.lay
     zero = st.zero_stage
+    if not st.offload_optimizer.any():
+        return np.zeros_like(s.params)
     shard_params = s.params / np.where(zero >= 1, lay.shard, 1) + s.expert_params / np.where(zero >= 1, lay.expert_dp, 1)
     per_param = optimizer_state_bytes(train.optimizer, train.precision) + FP32
     return np.where(st.offload_optimizer, shard_params * per_param, 0.0)

@@ -71,7 +71,15 @@ def plugin_spec(plan: Plan) -> dict[str, Any]:
     s, t = f.strategy, f.train
     precision, use_fp8 = _PRECISION[t.precision]
     notes: list[str] = []
-    if s.tp == 1 and s.pp == 1 and s.cp == 1 and s.zero_stage in (1, 2):
+    if _moe_plugin(f):
+        plugin, kwargs = "MoeHybridParallelPlugin", _hybrid_kwargs(f, precision, notes)
+        # ep_size after tp/pp; pipeline stages outermost, expert ranks inside data parallelism
+        kwargs = {"tp_size": kwargs.pop("tp_size"), "pp_size": kwargs.pop("pp_size"), "ep_size": s.ep} | kwargs
+        del kwargs["dp_outside"]
+        kwargs["moe_dp_outside"] = False
+        notes.append("MoE: Colossal-AI's shardformer policies replace the MoE blocks of Hugging Face Mixtral, "
+                     "DeepSeek and DeepSeek-V3 models")
+    elif s.tp == 1 and s.pp == 1 and s.cp == 1 and s.zero_stage in (1, 2):
         plugin, kwargs = "LowLevelZeroPlugin", {"stage": s.zero_stage, "precision": precision}
         kwargs |= _zero_kwargs(f)
     elif s.zero_stage == 3:
@@ -82,14 +90,6 @@ def plugin_spec(plan: Plan) -> dict[str, Any]:
         if s.sequence_parallel:
             kwargs["enable_sequence_parallelism"] = True
         _grad_note(f, notes, "Gemini reduces gradients in the compute dtype")
-    elif _moe_plugin(f):
-        plugin, kwargs = "MoeHybridParallelPlugin", _hybrid_kwargs(f, precision, notes)
-        # ep_size after tp/pp; pipeline stages outermost, expert ranks inside data parallelism
-        kwargs = {"tp_size": kwargs.pop("tp_size"), "pp_size": kwargs.pop("pp_size"), "ep_size": s.ep} | kwargs
-        del kwargs["dp_outside"]
-        kwargs["moe_dp_outside"] = False
-        notes.append("MoE: Colossal-AI's shardformer policies replace the MoE blocks of Hugging Face Mixtral, "
-                     "DeepSeek and DeepSeek-V3 models")
     else:
         plugin, kwargs = "HybridParallelPlugin", _hybrid_kwargs(f, precision, notes)
     if t.attention_kernel == "flash":

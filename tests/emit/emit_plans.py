@@ -121,6 +121,10 @@ QUESTIONS = [
     (dict(model="gpt3-1.7b", cluster="dgx-a100-40gb", num_gpus=8, global_batch_size=64, seq_len=2048,
           attention_kernel="unfused", grad_precision="bf16"),
      [{"pp": [2, 4], "recompute": "selective"}, {"zero_stage": 3}]),
+    # MoE (issue 8): expert parallelism with and without etp, offload, a windowed model
+    (dict(model="mixtral-8x7b", cluster="dgx-h100", num_gpus=64, global_batch_size=128, seq_len=4096),
+     [{"ep": [4, 8], "etp": 1, "pp": [1, 4]}, {"ep": 2, "etp": [2], "tp": 2}, {"zero_stage": 1, "offload_optimizer": True}]),
+    (dict(model="gemma-2-27b", cluster="dgx-h100", num_gpus=16, global_batch_size=32, seq_len=8192), []),
     # nothing fits: the search returns the closest valid strategies instead
     (dict(model="llama3-70b", cluster="dgx-a100-40gb", num_gpus=8, global_batch_size=8, seq_len=4096), []),
 ]
@@ -130,7 +134,8 @@ def knob_key(p: Plan) -> tuple:
     s = p.strategy
     return (s.tp > 1, s.pp > 1, s.cp > 1, s.vpp > 1, s.zero_stage, s.recompute, s.recompute_num_layers is not None,
             s.sequence_parallel, s.num_layers_in_first_stage is not None, s.stage_layers is not None,
-            s.embedding_as_layer, s.loss_as_layer, p.train.precision, p.train.attention_kernel, p.estimate.fits)
+            s.embedding_as_layer, s.loss_as_layer, s.ep > 1, s.etp > 1, s.offload_optimizer, p.train.precision,
+            p.train.attention_kernel, p.estimate.fits)
 
 
 @lru_cache(maxsize=1)

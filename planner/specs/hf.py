@@ -47,7 +47,8 @@ def read_hf_config(config: str | Path | dict[str, Any], name: str | None = None)
     """Read a Hugging Face `config.json` (a local path or an already loaded dict).
 
     The model is named `name`, else the config's `_name_or_path`, else (for a path) the
-    file's folder, else its `model_type`. See the module docstring for the families read
+    file's name, or its folder's for a file called `config.json` (a downloaded model folder),
+    else its `model_type`. See the module docstring for the families read
     and the configs refused.
     """
     folder = None
@@ -59,7 +60,7 @@ def read_hf_config(config: str | Path | dict[str, Any], name: str | None = None)
             raise SpecError(f"model config file {str(path)!r} does not exist") from None
         except json.JSONDecodeError as exc:
             raise SpecError(f"model config file {str(path)!r} is not valid JSON: {exc}") from None
-        folder = path.resolve().parent.name or path.stem
+        folder = path.stem if path.stem != "config" else (path.resolve().parent.name or path.stem)
     if not isinstance(config, dict):
         raise SpecError("a Hugging Face config must be a JSON object")
     fields = _hf_fields(config)

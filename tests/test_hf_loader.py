@@ -281,6 +281,8 @@ def test_a_path_is_named_after_name_or_path_else_its_folder(tmp_path):
     assert read(folder / "config.json").name == "my-llama"
     assert read(folder / "config.json", name="given").name == "given"
     assert read({**raw("llama-3.1-8b"), "_name_or_path": "org/model"}).name == "org/model"
+    shutil.copy(fixture("llama-3.1-8b"), folder / "llama-copy.json")  # not config.json: the file names it
+    assert read(folder / "llama-copy.json").name == "llama-copy"
 
 
 # ---- dense totals and presets -------------------------------------------------------------------

@@ -28,7 +28,8 @@ import numpy as np
 from cost_models.arrays import StrategyArrays
 from cost_models.blocks import Micro, ModelBlocks, model_blocks, padded_vocab
 from cost_models.comm import CommModel, TierCommModel
-from cost_models.compute import LayerTimes, head_times, layer_times
+from cost_models.arrays import RECOMPUTE_MODULES
+from cost_models.compute import LayerTimes, head_times, layer_times, selective_recompute_s
 from cost_models.layout import ParallelLayout
 from cost_models.memory import (kind_expert_params_per_rank, kind_params_per_rank, model_state_bytes, per_row,
                                  stage_activation_bytes, stage_expert_params, stage_kind_counts, stage_params,
@@ -298,7 +299,15 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     ep_fwd = exposed_s(ep_one, shared, comm_overlap)
     ep_bwd = exposed_s(ep_one, gpu.backward_gemm_ratio * shared, comm_overlap)
     rc = st.recompute
-    recompute = np.where(rc == 2, lt.fwd_s + tp_fwd + cp_fwd + ep_fwd, np.where(rc == 1, lt.attn_core_fwd_s, 0.0))
+    if np.any(st.recompute_modules):  # Megatron's --recompute-modules; the `moe` module repeats the dispatch too
+        moe_bit = 1 << RECOMPUTE_MODULES.index("moe")
+        selective = np.stack([np.broadcast_to(selective_recompute_s(layer, x, gpu, lt.attn_core_fwd_s[k],
+                                                                    st.recompute_modules), (n,))
+                              for k, layer in enumerate(blocks.all_kinds)])
+        selective = selective + np.where(st.recompute_modules & moe_bit, ep_fwd, 0.0)
+    else:
+        selective = lt.attn_core_fwd_s
+    recompute = np.where(rc == 2, lt.fwd_s + tp_fwd + cp_fwd + ep_fwd, np.where(rc == 1, selective, 0.0))
     head_f, head_b, _ = head_times(blocks.head, x, gpu)
     return PerLayerTimes(layer=lt, tp_all_reduce_s=tp_ar, tp_fwd_s=tp_fwd, cp_fwd_s=cp_fwd, cp_raw_s=cp_raw,
                          ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, ep_raw_s=2 * ep_one, recompute_s=recompute,
@@ -453,4 +462,5 @@ def step_flops(s: Setup) -> tuple[np.ndarray, np.ndarray]:
     model_flop = 3 * (L * layer_fwd + mtp_fwd + head_fwd)
     rc = s.st.recompute
     extra = np.where(rc == 2, _recomputed_fraction(s)[0] * (L * layer_fwd + mtp_fwd), np.where(rc == 1, L * core_fwd, 0.0))
+    # (selective recompute of other modules repeats GEMMs too; hardware FLOPs count the attention core only)
     return model_flop, model_flop + extra

@@ -164,3 +164,17 @@ def test_explain_shows_the_all_to_all(tmp_path, capsys):
                  "--seq-len", "4096", "--ep", "3"])
     out, err = capsys.readouterr()
     assert code == 2 and "invalid strategy: ep (3) must divide num_experts (8)" in err
+
+
+def test_recompute_modules_trade_activation_memory_for_time():
+    base = dict(dp=16, pp=4, ep=16, zero_stage=1, recompute="selective")
+    plain = _eval(DEEPSEEK, gpus=64, **base)
+    deepseek = _eval(DEEPSEEK, gpus=64, **base, recompute_modules=["layernorm", "mla_up_proj", "moe_act"])
+    whole_moe = _eval(DEEPSEEK, gpus=64, **base, recompute_modules=["moe"])
+    assert deepseek.memory_bytes["activations"] < plain.memory_bytes["activations"]
+    assert whole_moe.memory_bytes["activations"] < deepseek.memory_bytes["activations"]
+    # repeating the MoE block repeats its GEMMs and its dispatch: far more than the attention core
+    assert whole_moe.time_s["recompute"] > 3 * plain.time_s["recompute"]
+    dense = evaluate("llama3-8b", "dgx-h100", 8, 8, 4096,
+                     strategy=dict(dp=8, recompute="selective", recompute_modules=["moe_act"]))
+    assert not dense.valid and any("moe_act / shared_experts / moe an MoE model" in r for r in dense.reasons)

@@ -32,11 +32,7 @@ DATA_DOC = load_data()
 
 #: Published layouts meshplan accepts and prices but cannot fit, and why (reported to the cost
 #: model, never worked around by changing the layout). Strict: the mark fails once they fit.
-DOES_NOT_FIT = {
-    "deepseek-v3-report": "activations of the 15 micro-batches pipeline rank 1 holds under 1F1B, stored in BF16 "
-                          "(~137 GiB): DeepSeek's FP8 activation caching and its recompute of RMSNorm, the MLA "
-                          "up-projections and the SwiGLU output (report Sec. 3.2.3, 3.3.3) are not modelled",
-}
+DOES_NOT_FIT: dict[str, str] = {}  # layout -> why it does not fit (none today)
 
 
 def _fit_params():
@@ -119,7 +115,7 @@ def test_a_shipped_preset_describes_the_same_model(key):
         pytest.skip(f"no preset {entry['preset']!r} shipped; the layout uses the inline spec")
     preset = load_model(entry["preset"])
     spec = next(lay.model for lay in LAYOUTS.values() if lay.model.name == entry["spec"]["name"])
-    for f in ("num_layers", "hidden_size", "num_attention_heads", "num_experts", "moe_top_k", "moe_ffn_hidden_size",
+    for f in ("num_layers", "hidden_size", "num_attention_heads", "num_experts", "moe_top_k", "expert_ffn",
               "num_shared_experts", "moe_first_k_dense", "kv_lora_rank"):
         assert getattr(preset, f) == getattr(spec, f), f
     assert preset.num_params(include_mtp=False) == pytest.approx(spec.num_params(include_mtp=False), rel=0.01)

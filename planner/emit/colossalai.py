@@ -131,6 +131,8 @@ def _refuse_unsupported(f: PlanFacts) -> None:
     if s.recompute == "full" and s.recompute_num_layers is not None and s.pp == 1:
         refuse(f"recompute_num_layers ({s.recompute_num_layers}) without pipeline parallelism; Colossal-AI "
                "checkpoints all layers or, with pp > 1, a count per stage")
+    if s.recompute_modules and s.recompute_modules != ["core_attn"]:
+        refuse(f"recompute_modules {s.recompute_modules}; Colossal-AI checkpoints whole layers, not Megatron modules")
     if s.recompute == "selective" and t.attention_kernel != "flash":
         refuse("selective recompute with the unfused attention kernel; Colossal-AI has no attention-only recomputation")
     if f.model.num_mtp_layers:

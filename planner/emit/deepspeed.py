@@ -74,6 +74,9 @@ def _refuse_unsupported(f: PlanFacts) -> None:
                "(uniform, parameters, type regex), not by per-stage counts")
     if s.cp > 1:
         refuse(f"cp ({s.cp}) > 1; DeepSpeed's sequence parallelism is Ulysses all-to-all, not ring context parallelism")
+    if s.recompute_modules and s.recompute_modules != ["core_attn"]:
+        refuse(f"recompute_modules {s.recompute_modules}; DeepSpeed checkpoints whole layers (Megatron-DeepSpeed's "
+               "selective recompute is the attention core only)")
     if s.recompute == "full" and s.recompute_num_layers is not None and s.pp > 1:
         refuse(f"recompute_num_layers ({s.recompute_num_layers}) with pp ({s.pp}) > 1; the pipeline engine checkpoints "
                "every activation_checkpoint_interval layers, not the first k of each stage")

@@ -69,7 +69,7 @@ class Flag:
     kind: `int`, `float`, `str` (flag VALUE), `switch` (store_true: flag when
     True), `negswitch` (store_false: flag when False), `pattern` (an integer or a
     per-layer list expression, Megatron-LM's `moe_freq_type`), `pair` (two integers
-    `a,b`, Megatron-LM's `tuple_type`).
+    `a,b`, Megatron-LM's `tuple_type`), `list` (nargs='*': the flag then one token per value).
     """
 
     flag: str
@@ -99,6 +99,7 @@ FLAGS: dict[str, Flag] = {
     "recompute_granularity": Flag("--recompute-granularity", "str"),
     "recompute_method": Flag("--recompute-method", "str"),
     "recompute_num_layers": Flag("--recompute-num-layers", "int"),
+    "recompute_modules": Flag("--recompute-modules", "list"),
     # data parallel, ZeRO, optimizer
     "use_distributed_optimizer": Flag("--use-distributed-optimizer", "switch"),
     "use_megatron_fsdp": Flag("--use-megatron-fsdp", "switch"),
@@ -262,7 +263,8 @@ def _recompute(f: PlanFacts) -> dict[str, Any]:
     if s.recompute == "none":
         return {}
     if s.recompute == "selective":
-        return {"recompute_granularity": "selective"}
+        modules = {"recompute_modules": list(s.recompute_modules)} if s.recompute_modules else {}
+        return {"recompute_granularity": "selective"} | modules
     if s.recompute_num_layers is None:
         return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     return {"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": s.recompute_num_layers}
@@ -492,6 +494,8 @@ def to_args(values: dict[str, Any]) -> list[str]:
         elif flag.kind == "negswitch":
             if not value:
                 argv.append(flag.flag)
+        elif flag.kind == "list":
+            argv += [flag.flag, *map(str, value)]
         else:
             argv += [flag.flag, _format(value)]
     return argv
@@ -520,6 +524,12 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         if flag.kind in ("switch", "negswitch"):
             out[dest] = flag.kind == "switch"
             i += 1
+        elif flag.kind == "list":
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                j += 1
+            out[dest] = list(argv[i + 1:j])
+            i = j
         else:
             out[dest] = _CASTS[flag.kind](argv[i + 1])
             i += 2
@@ -531,7 +541,8 @@ _PARALLEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size"
                     "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel")
 _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
                        "normalization", "add_bias_linear", "add_qkv_bias", "attention_dropout", "hidden_dropout",
-                       "recompute_granularity", "recompute_method", "recompute_num_layers", "fp8", "fp8_recipe",
+                       "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+                       "fp8", "fp8_recipe",
                        "fp8_amax_history_len", "fp8_amax_compute_algo", "attention_backend",
                        "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
                        "account_for_loss_in_pipeline_split",

@@ -181,6 +181,9 @@ def _recompute(f: PlanFacts, refuse) -> dict[str, Any]:
     if s.recompute == "none":
         return {"mode": "none"}
     if s.recompute == "selective":
+        if s.recompute_modules and s.recompute_modules != ["core_attn"]:
+            refuse(f"recompute_modules {s.recompute_modules}; torchtitan's selective checkpointing is per operator "
+                   "or per layer, not per Megatron module")
         return {"mode": "selective", "selective_ac_option": "op"}
     if s.recompute_num_layers is None:
         return {"mode": "full"}

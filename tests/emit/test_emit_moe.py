@@ -13,6 +13,7 @@ import pytest
 from emit_checks import check_bridge, check_colossalai, check_deepspeed, check_megatron, check_torchtitan, megatron_configs
 from emit_plans import ARCHITECTURES, DEEPSEEK_V3_LIKE, GEMMA2_LIKE, MIXTRAL_LIKE, make_plan
 from planner.emit import NotExpressibleError, emit, emit_data
+from planner.emit.base import REGISTRY, EmitOptions
 from planner.emit.megatron import FLAGS, TRANSFORMER_CONFIG_FLAGS, expand_pattern, layer_pattern, megatron_args
 
 pytest.importorskip("megatron.core")
@@ -254,3 +255,23 @@ def test_deepseek_v3_like_matches_its_published_size():
     # (the 671B excludes the 14B multi-token-prediction module, Sec. 4.2).
     assert DEEPSEEK_V3_LIKE.num_params(include_mtp=False) / 1e9 == pytest.approx(671, rel=0.01)
     assert DEEPSEEK_V3_LIKE.num_active_params() / 1e9 == pytest.approx(37, rel=0.03)
+
+
+def test_recompute_modules_reach_megatron_and_are_refused_elsewhere():
+    """Megatron's --recompute-modules (DeepSeek-V3's RMSNorm, MLA up-projection and SwiGLU
+    recompute), checked by megatron-core's own config; the other frameworks refuse them."""
+    from planner.emit.megatron import megatron_args
+
+    plan = make_plan(DEEPSEEK_V3_LIKE, "dgx-h100", 256, 1024, 4096,
+                     strategy=dict(pp=8, ep=8, zero_stage=1, num_layers_in_first_stage=7, num_layers_in_last_stage=6,
+                                   recompute="selective", recompute_modules=["layernorm", "mla_up_proj", "moe_act"]))
+    argv = megatron_args(plan)
+    i = argv.index("--recompute-modules")
+    assert argv[i + 1:i + 4] == ["layernorm", "mla_up_proj", "moe_act"]
+    check_megatron(plan, argv)
+    assert megatron_configs(argv)["transformer"].recompute_modules == ["layernorm", "mla_up_proj", "moe_act"]
+    dense = make_plan("llama3-8b", "dgx-h100", 8, 64, 4096,
+                      strategy=dict(zero_stage=1, recompute="selective", recompute_modules=["layernorm", "mlp"]))
+    for backend in ("torchtitan", "deepspeed", "colossalai"):
+        with pytest.raises(NotExpressibleError, match="recompute_modules"):
+            REGISTRY.get(backend).data(dense, EmitOptions())

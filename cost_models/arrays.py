@@ -17,6 +17,18 @@ import numpy as np
 
 RECOMPUTE_NAMES = ("none", "selective", "full")
 RECOMPUTE_CODE = {name: code for code, name in enumerate(RECOMPUTE_NAMES)}
+#: Megatron-core's `--recompute-modules` names; `recompute_modules` holds them as a bit mask
+#: (bit i = RECOMPUTE_MODULES[i]; 0 = not set, which selective recompute reads as core_attn).
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts", "moe")
+
+
+def modules_mask(modules: list[str] | tuple[str, ...] | None) -> int:
+    """`["core_attn", "moe_act"]` -> 0b10001; None -> 0."""
+    return sum(1 << RECOMPUTE_MODULES.index(m) for m in modules or ())
+
+
+def modules_of(mask: int) -> list[str] | None:
+    return [m for i, m in enumerate(RECOMPUTE_MODULES) if mask >> i & 1] or None
 
 
 @dataclass
@@ -33,6 +45,7 @@ class StrategyArrays:
     micro_batch_size: np.ndarray
     recompute: np.ndarray  # 0 none, 1 selective, 2 full
     recompute_num_layers: np.ndarray  # 0 = all
+    recompute_modules: np.ndarray  # bit mask of RECOMPUTE_MODULES; 0 = not set (core_attn)
     offload_optimizer: np.ndarray  # bool
     num_layers_in_first_stage: np.ndarray  # 0 = even split
     num_layers_in_last_stage: np.ndarray  # 0 = even split
@@ -67,7 +80,8 @@ class StrategyArrays:
                 out[name] = np.broadcast_to(value, (n, value.shape[1])).copy()
                 continue
             dtype = bool if name in cls.BOOL_FIELDS else np.int64
-            default = False if name in ("embedding_as_layer", "loss_as_layer") else None
+            default = (False if name in ("embedding_as_layer", "loss_as_layer")
+                       else 0 if name == "recompute_modules" else None)
             value = columns[name] if default is None or name in columns else default
             out[name] = np.broadcast_to(np.asarray(value, dtype=dtype), (n,)).copy()
         return cls(**out)
@@ -104,6 +118,7 @@ class StrategyArrays:
                 continue
             out[name] = bool(value) if name in self.BOOL_FIELDS else int(value)
         out["recompute"] = RECOMPUTE_NAMES[out["recompute"]]
+        out["recompute_modules"] = modules_of(out["recompute_modules"])
         for name in ("recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage"):
             out[name] = out[name] or None
         return out
@@ -113,6 +128,7 @@ def row_of(strategy: Any) -> dict[str, Any]:
     """A Strategy (attribute access) as one row of codes."""
     row = {name: getattr(strategy, name) for name in StrategyArrays.names()}
     row["recompute"] = RECOMPUTE_CODE[row["recompute"]]
+    row["recompute_modules"] = modules_mask(row["recompute_modules"])
     for name in ("recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage"):
         row[name] = row[name] or 0
     row["stage_layers"] = list(row["stage_layers"] or [])

@@ -375,6 +375,11 @@ class LatentAttention:
             out += [Gemm(2 * n * h * self._qk / t, n, self._qk / t, h)]
         return out
 
+    def up_gemms(self, x: Micro) -> list[Gemm]:
+        """The up-projections (what Megatron's `mla_up_proj` recompute repeats)."""
+        g = self.gemms(x)
+        return [g[1]] + (g[4:] if self.q_rank else [])
+
     def core(self, x: Micro) -> Core:
         a, t, n, keys, act = self.num_heads, x.tp, x.tokens, x.keys(self.window), x.act
         v = a * self.v_dim
@@ -498,10 +503,11 @@ class MoE:
 
     def activations(self, x: Micro) -> Activations:
         """MLP input (replicated), router probabilities (fp32, per distinct token), and per
-        routed token: the permuted input, the fc1 output (2f/etp gated), the activation
-        output (f/etp) and the unpermute input (h)."""
+        routed token: the permuted input (fc1's), the fc1 output (2f/etp gated) and the
+        activation output (f/etp). Megatron-core applies the routing weights inside the
+        experts' activation, so the unpermute keeps no input of its own."""
         routed, act, h, f = self.routed_tokens(x), x.act, self.hidden, self.ffn
-        per_token = act * (2 * h + ((3 if self.gated else 2) * f) / x.etp)
+        per_token = act * (h + ((3 if self.gated else 2) * f) / x.etp)
         shared = self.shared.activations(x) if self.shared else Activations(ZERO, ZERO, ZERO)
         router = FP32 * self.num_experts * x.tokens  # divided by tp below, as distinct tokens are n/tp
         return Activations(x.tokens * act * h, router + shared.split, ZERO, routed * per_token)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.blocks import Gemm, Head, Layer, Micro, ModelBlocks
+from cost_models.arrays import RECOMPUTE_MODULES
+from cost_models.blocks import DenseMLP, Gemm, Head, LatentAttention, Layer, Micro, ModelBlocks, MoE, Norm
 from cost_models.units import ACTIVATION_BYTES, FP8, WEIGHT_BYTES
 
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
@@ -114,3 +115,49 @@ def head_times(head: Head, x: Micro, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarr
     fwd = gemm_s + loss_s + overhead
     bwd = gpu.backward_gemm_ratio * gemm_s + BACKWARD_ELEMENTWISE_FACTOR * loss_s + overhead
     return fwd, bwd, g.flop
+
+
+def module_times(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray) -> dict[str, np.ndarray]:
+    """Forward seconds of each part Megatron's `--recompute-modules` can repeat in backward
+    (see `cost_models.memory.module_activation_bytes` for what each drops); `core_s` is the
+    layer's attention-core time. MoE's all-to-all, which `moe` also repeats, is the step
+    model's to add."""
+    prec = x.precision
+    hbm = gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency
+
+    def gemms_s(gs) -> np.ndarray:
+        return sum((gemm_time(g, gpu, prec) for g in gs), ZERO_S)
+
+    def ew_s(e) -> np.ndarray:
+        return e.bytes / hbm + e.num_kernels * gpu.kernel_overhead_s
+
+    out = {m: ZERO_S for m in RECOMPUTE_MODULES}
+    out["core_attn"] = core_s
+    out["layernorm"] = sum((ew_s(b.elementwise(x)) for b in layer.blocks if isinstance(b, Norm)), ZERO_S)
+    att = layer.attention()
+    if isinstance(att, LatentAttention):
+        out["mla_up_proj"] = gemms_s(att.up_gemms(x))
+    for b in layer.blocks:
+        if isinstance(b, DenseMLP):
+            out["mlp"] = gemms_s(b.gemms(x)) + ew_s(b.elementwise(x))
+        elif isinstance(b, MoE):
+            act_bytes = (3 if b.gated else 2) * x.act * b.routed_tokens(x) * b.ffn / x.etp
+            out["moe_act"] = act_bytes / hbm + gpu.kernel_overhead_s
+            out["shared_experts"] = (gemms_s(b.shared_gemms(x)) + ew_s(b.shared.elementwise(x))) if b.shared else ZERO_S
+            out["moe"] = gemms_s(b.gemms(x)) + ew_s(b.elementwise(x))
+    return out
+
+
+def selective_recompute_s(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Forward time selective recompute repeats for the modules in `mask` (0 = core_attn);
+    `moe` includes `moe_act` and `shared_experts`."""
+    parts = module_times(layer, x, gpu, core_s)
+    mask = np.where(np.asarray(mask) == 0, 1, mask)
+    moe_bit = 1 << RECOMPUTE_MODULES.index("moe")
+    total = 0.0
+    for i, m in enumerate(RECOMPUTE_MODULES):
+        on = (mask >> i) & 1
+        if m in ("moe_act", "shared_experts"):
+            on = on & ~((mask & moe_bit) > 0)
+        total = total + np.where(on > 0, parts[m], 0.0)
+    return total

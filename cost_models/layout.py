@@ -127,7 +127,7 @@ class ParallelLayout:
     @property
     def expert_dp(self) -> np.ndarray:
         """Expert-data-parallel degree: the ranks of one pipeline stage left over by etp·ep."""
-        return self.tp * self.cp * self.dp // np.maximum(self.etp * self.ep, 1)
+        return np.maximum(self.tp * self.cp * self.dp // np.maximum(self.etp * self.ep, 1), 1)  # 1 where the rules refuse
 
     # ---- rank order and groups -------------------------------------------------
     def _order(self) -> list[str]:
@@ -326,10 +326,18 @@ class ParallelLayout:
         if K == 1:
             return rows.layers[None, :, :]
         ok = self.split_ok()
-        explicit = self.stage_layers if self.stage_layers is not None else np.zeros((len(self), 0), dtype=np.int64)
-        key = np.column_stack([self.pp, self.vpp, self.first, self.last, self.embedding_as_layer,
-                               self.loss_as_layer, ok, explicit]).astype(np.int64)
-        uniq, first_of, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        # One integer per split structure (mixed radix; every field is below 2^12, explicit splits are
+        # numbered by np.unique over their rows first), so grouping is a 1-D unique.
+        key = np.zeros(len(self), dtype=np.int64)
+        for col in (self.pp, self.vpp, self.first, self.last):
+            key = key * 4096 + col
+        key = (key * 2 + self.embedding_as_layer) * 2 + self.loss_as_layer
+        key = key * 2 + ok
+        if self.stage_layers is not None:
+            _, split_id = np.unique(self.stage_layers, axis=0, return_inverse=True)
+            _, dense_id = np.unique(key, return_inverse=True)  # < N, so the product stays far below 2^63
+            key = np.asarray(dense_id).reshape(-1) * (len(self) + 1) + np.asarray(split_id).reshape(-1)
+        uniq, first_of, inverse = np.unique(key, return_index=True, return_inverse=True)
         mix = np.bincount(np.asarray(pattern), minlength=K) / len(pattern)
         per_struct = np.empty((K, rows.num_rows, len(uniq)))
         for u, i in enumerate(first_of):

@@ -31,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from cost_models.arrays import StrategyArrays
-from cost_models.blocks import Micro, ModelBlocks
+from cost_models.arrays import RECOMPUTE_MODULES
+from cost_models.blocks import ZERO, DenseMLP, LatentAttention, Micro, ModelBlocks, MoE
 from cost_models.layout import ParallelLayout
 from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes
 
@@ -70,6 +71,8 @@ def stage_kind_counts(blocks: ModelBlocks, lay: ParallelLayout) -> np.ndarray:
 
 def per_row(counts: np.ndarray, per_kind: np.ndarray) -> np.ndarray:
     """Sum over kinds of (layers of the kind on each stage row) × (a per-layer quantity): (S, N)."""
+    if counts.shape[0] == 1:  # one kind: a broadcast product (the common, dense case)
+        return counts[0] * np.reshape(per_kind, (1, -1))
     return np.einsum("ksn,kn->sn", counts, np.broadcast_to(per_kind, (counts.shape[0], counts.shape[2])))
 
 
@@ -112,14 +115,64 @@ def model_state_bytes(params: np.ndarray, zero_stage: np.ndarray, shard: np.ndar
     return {"params": weights, "grads": grads, "optimizer": states}
 
 
-def kind_activation_bytes(layer, x: Micro, recompute) -> np.ndarray:
+def module_activation_bytes(layer, x: Micro) -> dict[str, np.ndarray]:
+    """Bytes of one layer's stored activations that each of Megatron's `--recompute-modules`
+    drops (per rank, one micro-batch); the layer then keeps what the module is recomputed from.
+
+    core_attn: the unfused scores and softmax (flash keeps none); layernorm: the two norm
+    outputs (inputs of attention and of the MLP); mla_up_proj: the per-head Q, K, V of latent
+    attention; mlp: a dense MLP's inner activations; moe_act: the experts' activation outputs;
+    shared_experts: the shared experts' inner activations; moe: everything the MoE block
+    keeps past its input."""
+    n, act, h = x.tokens, x.act, layer.attention().hidden
+    out: dict[str, np.ndarray] = {m: ZERO for m in RECOMPUTE_MODULES}
+    a = layer.activations(x)
+    if x.attention_kernel == "unfused":
+        out["core_attn"] = a.scores / x.tp
+    out["layernorm"] = 2 * n * act * h / x.seq_split
+    att = layer.attention()
+    if isinstance(att, LatentAttention):
+        out["mla_up_proj"] = n * act * (2 * att._qk + att.num_heads * att.v_dim) / x.tp
+    for b in layer.blocks:
+        if isinstance(b, DenseMLP):
+            out["mlp"] = b.activations(x).split / x.tp
+        elif isinstance(b, MoE):
+            routed = b.routed_tokens(x)
+            shared = b.shared.activations(x).split / x.tp if b.shared else ZERO
+            out["moe_act"] = routed * act * b.ffn / x.etp
+            out["shared_experts"] = shared
+            moe = b.activations(x)
+            out["moe"] = moe.split / x.tp + moe.routed
+    return out
+
+
+def selective_saving_bytes(layer, x: Micro, mask: np.ndarray) -> np.ndarray:
+    """Bytes selective recompute drops for the modules in `mask` (0 = core_attn only); `moe`
+    includes `moe_act` and `shared_experts`."""
+    parts = module_activation_bytes(layer, x)
+    mask = np.where(np.asarray(mask) == 0, 1, mask)
+    moe_bit = 1 << RECOMPUTE_MODULES.index("moe")
+    saved = 0.0
+    for i, m in enumerate(RECOMPUTE_MODULES):
+        on = (mask >> i) & 1
+        if m in ("moe_act", "shared_experts"):
+            on = on & ~((mask & moe_bit) > 0)
+        saved = saved + np.where(on > 0, parts[m], 0.0)
+    return saved
+
+
+def kind_activation_bytes(layer, x: Micro, recompute, modules=0) -> np.ndarray:
     """Activation bytes one layer of a kind stores for one micro-batch on one rank;
-    `recompute`: 0 none, 1 selective (attention core recomputed), 2 full (layer input only).
-    Tokens routed to this rank's experts are already per rank."""
+    `recompute`: 0 none, 1 selective (the `modules` bit mask of RECOMPUTE_MODULES; 0 = the
+    attention core), 2 full (layer input only). Tokens routed to this rank's experts are
+    already per rank."""
     recompute = np.asarray(recompute)
     a = layer.activations(x)
     full = a.replicated / x.seq_split + (a.split + a.scores) / x.tp + a.routed
-    selective = full - (a.scores / x.tp if x.attention_kernel == "unfused" else 0.0)
+    if np.any(recompute == 1):
+        selective = np.maximum(full - selective_saving_bytes(layer, x, modules), 0.0)
+    else:
+        selective = full
     checkpoint = x.tokens * x.act * layer.attention().hidden / x.seq_split
     return np.where(recompute == 2, checkpoint, np.where(recompute == 1, selective, full))
 
@@ -159,10 +212,13 @@ def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, la
     rows, rc, n = lay.rows, st.recompute, len(st)
     counts = stage_kind_counts(blocks, lay) if counts is None else counts
     full_k = _stack([kind_activation_bytes(k, x, 0) for k in blocks.all_kinds], n)
-    stored_k = _stack([kind_activation_bytes(k, x, rc) for k in blocks.all_kinds], n)
-    layers_row = counts.sum(axis=0)
-    denom = np.maximum(layers_row, 1e-12)
-    full_layer, stored_layer = per_row(counts, full_k) / denom, per_row(counts, stored_k) / denom
+    stored_k = _stack([kind_activation_bytes(k, x, rc, st.recompute_modules) for k in blocks.all_kinds], n)
+    if counts.shape[0] == 1:
+        layers_row, full_layer, stored_layer = counts[0], full_k[0], stored_k[0]
+    else:
+        layers_row = counts.sum(axis=0)
+        denom = np.maximum(layers_row, 1e-12)
+        full_layer, stored_layer = per_row(counts, full_k) / denom, per_row(counts, stored_k) / denom
     chunk = layers_row / lay.vpp
     n_rc = np.where(st.recompute_num_layers > 0, np.minimum(st.recompute_num_layers, chunk), chunk)
     per_chunk = np.where(rc == 2, n_rc * stored_layer + (chunk - n_rc) * full_layer, chunk * stored_layer)

@@ -28,7 +28,8 @@ import numpy as np
 from cost_models.arrays import StrategyArrays
 from cost_models.blocks import Micro, ModelBlocks, model_blocks, padded_vocab
 from cost_models.comm import CommModel, TierCommModel
-from cost_models.compute import LayerTimes, head_times, layer_times
+from cost_models.arrays import RECOMPUTE_MODULES
+from cost_models.compute import LayerTimes, head_times, layer_times, selective_recompute_s
 from cost_models.layout import ParallelLayout
 from cost_models.memory import (kind_expert_params_per_rank, kind_params_per_rank, model_state_bytes, per_row,
                                  stage_activation_bytes, stage_expert_params, stage_kind_counts, stage_params,
@@ -121,7 +122,9 @@ class Setup:
 
 
 def _pick(stacked: np.ndarray, index: np.ndarray) -> np.ndarray:
-    return np.take_along_axis(stacked, index[None, :], axis=0)[0]
+    """Row `index[j]` of column j of an (S, N) array."""
+    stacked = np.broadcast_to(stacked, (stacked.shape[0], index.shape[0])) if stacked.ndim == 2 else stacked
+    return stacked[index, np.arange(index.shape[0])]
 
 
 def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None = None) -> Micro:
@@ -296,7 +299,15 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     ep_fwd = exposed_s(ep_one, shared, comm_overlap)
     ep_bwd = exposed_s(ep_one, gpu.backward_gemm_ratio * shared, comm_overlap)
     rc = st.recompute
-    recompute = np.where(rc == 2, lt.fwd_s + tp_fwd + cp_fwd + ep_fwd, np.where(rc == 1, lt.attn_core_fwd_s, 0.0))
+    if np.any(st.recompute_modules):  # Megatron's --recompute-modules; the `moe` module repeats the dispatch too
+        moe_bit = 1 << RECOMPUTE_MODULES.index("moe")
+        selective = np.stack([np.broadcast_to(selective_recompute_s(layer, x, gpu, lt.attn_core_fwd_s[k],
+                                                                    st.recompute_modules), (n,))
+                              for k, layer in enumerate(blocks.all_kinds)])
+        selective = selective + np.where(st.recompute_modules & moe_bit, ep_fwd, 0.0)
+    else:
+        selective = lt.attn_core_fwd_s
+    recompute = np.where(rc == 2, lt.fwd_s + tp_fwd + cp_fwd + ep_fwd, np.where(rc == 1, selective, 0.0))
     head_f, head_b, _ = head_times(blocks.head, x, gpu)
     return PerLayerTimes(layer=lt, tp_all_reduce_s=tp_ar, tp_fwd_s=tp_fwd, cp_fwd_s=cp_fwd, cp_raw_s=cp_raw,
                          ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, ep_raw_s=2 * ep_one, recompute_s=recompute,
@@ -348,7 +359,7 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     st, lay, train, comm, gpu = s.st, s.lay, s.train, s.comm, s.gpu
     rows, lt, m, zero = lay.rows, pl.layer, s.num_microbatches, st.zero_stage
     shard, shard_stride = lay.group("cp", "dp")
-    edp, edp_stride = lay.expert_group("edp")
+    edp, edp_stride = lay.expert_group("edp") if s.has_experts else (1, 1)
     params, experts = s.params, s.expert_params
     grad_b, weight_b = DTYPE_BYTES[train.grad_precision], WEIGHT_BYTES[train.precision]
 
@@ -370,10 +381,10 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     # reduce-scatters its gradients after, every micro-batch; prefetching hides it behind the
     # layer's own compute, the first gather of a step excepted.
     dense_k = kind_params_per_rank(s.blocks, lay.tp)
-    expert_k = kind_expert_params_per_rank(s.blocks, lay.ep, lay.etp)
     z3_gather = comm.gather_scatter_s(dense_k * weight_b, shard, shard_stride)
     z3_reduce = comm.gather_scatter_s(dense_k * grad_b, shard, shard_stride)
     if s.has_experts:
+        expert_k = kind_expert_params_per_rank(s.blocks, lay.ep, lay.etp)
         z3_gather = z3_gather + np.where(expert_k > 0, comm.gather_scatter_s(expert_k * weight_b, edp, edp_stride), 0.0)
         z3_reduce = z3_reduce + np.where(expert_k > 0, comm.gather_scatter_s(expert_k * grad_b, edp, edp_stride), 0.0)
     hideable = np.where(st.overlap_param_gather, 2 * z3_gather, 0.0) + np.where(st.overlap_grad_reduce, z3_reduce, 0.0)
@@ -385,7 +396,9 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     first_gather = z3_gather.max(axis=0)
     z3 = m * s.per_row(z3_layer) + first_gather + z3_ends
     z3_raw = m * s.per_row(2 * z3_gather + z3_reduce) + first_gather + z3_ends
-    opt_params = params / np.where(zero >= 1, shard, 1) + experts / np.where(zero >= 1, edp, 1)
+    opt_params = params / np.where(zero >= 1, shard, 1)
+    if s.has_experts:
+        opt_params = opt_params + experts / np.where(zero >= 1, edp, 1)
     traffic = optimizer_step_traffic_bytes(train.optimizer, train.precision, train.grad_precision)
     optimizer = opt_params * traffic / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
     offload = offload_step_s(s, opt_params, bwd_mb)
@@ -406,8 +419,10 @@ def offload_step_s(s: Setup, opt_params: np.ndarray, bwd_mb: np.ndarray) -> np.n
     not modelled). The host's DRAM bandwidth is shared by the GPUs of a server.
     """
     gpu, host, train = s.gpu, s.cluster.host, s.train
+    if not s.st.offload_optimizer.any():
+        return np.zeros(opt_params.shape)
     if gpu.host_link_bw_bytes_per_s is None or host is None:
-        return np.full(opt_params.shape, np.inf)  # the rules refuse offload on such a cluster
+        return np.zeros(opt_params.shape)  # unknown host: the rules refuse offload, and say why
     link = gpu.host_link_bw_bytes_per_s
     d2h = opt_params * DTYPE_BYTES[train.grad_precision] / link
     h2d = opt_params * WEIGHT_BYTES[train.precision] / link
@@ -423,6 +438,8 @@ def offloaded_bytes(s: Setup) -> np.ndarray:
     optimizer states (fp32 master weights and moments) and the fp32 gradients it steps on."""
     st, train, lay = s.st, s.train, s.lay
     zero = st.zero_stage
+    if not st.offload_optimizer.any():
+        return np.zeros_like(s.params)
     shard_params = s.params / np.where(zero >= 1, lay.shard, 1) + s.expert_params / np.where(zero >= 1, lay.expert_dp, 1)
     per_param = optimizer_state_bytes(train.optimizer, train.precision) + FP32
     return np.where(st.offload_optimizer, shard_params * per_param, 0.0)
@@ -445,4 +462,5 @@ def step_flops(s: Setup) -> tuple[np.ndarray, np.ndarray]:
     model_flop = 3 * (L * layer_fwd + mtp_fwd + head_fwd)
     rc = s.st.recompute
     extra = np.where(rc == 2, _recomputed_fraction(s)[0] * (L * layer_fwd + mtp_fwd), np.where(rc == 1, L * core_fwd, 0.0))
+    # (selective recompute of other modules repeats GEMMs too; hardware FLOPs count the attention core only)
     return model_flop, model_flop + extra

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from cost_models.arrays import StrategyArrays
+from cost_models.arrays import StrategyArrays, modules_mask
 from cost_models.layout import ParallelLayout
 
 
@@ -24,6 +24,10 @@ class Context:
     train: object
     num_gpus: int
     cluster: object = None  # needed only by the offload rule
+
+
+_MLA_BITS = modules_mask(["mla_up_proj"])
+_MOE_BITS = modules_mask(["moe_act", "shared_experts", "moe"])
 
 
 def _moe(ctx: Context) -> bool:
@@ -139,6 +143,13 @@ RULES: tuple[Rule, ...] = (
          _recompute_layers_ok,
          lambda c, r: f"recompute_num_layers ({r['recompute_num_layers']}) needs recompute='full' and must not exceed "
                       f"the layers of the largest pipeline chunk"),
+    Rule("recompute_modules",
+         lambda c, s: ~(((s.recompute_modules & _MLA_BITS) > 0) & ~np.bool_(bool(getattr(c.model, "is_mla", False))))
+         & ~(((s.recompute_modules & _MOE_BITS) > 0) & ~np.bool_(_moe(c))),
+         lambda c, r: f"recompute_modules {r['recompute_modules']}: mla_up_proj needs a model with latent attention, "
+                      f"moe_act / shared_experts / moe an MoE model (model {c.model.name} has "
+                      f"{'latent' if getattr(c.model, 'is_mla', False) else 'no latent'} attention and "
+                      f"{'experts' if _moe(c) else 'no experts'})"),
     Rule("offload", _offload_ok, _offload_msg),
     Rule("zero_offload",
          lambda c, s: ~s.offload_optimizer | (s.zero_stage >= 1),

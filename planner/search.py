@@ -14,7 +14,7 @@ from cost_models import CostArrays, StrategyArrays, evaluate_arrays
 from cost_models.layout import STAGE_NAMES
 from cost_models.step import MEMORY_TERMS, TIME_TERMS
 from planner.errors import SpecError
-from planner.rules import Context, check, first_failure_counts, messages
+from planner.rules import RULES, Context, check, first_failure_counts, messages
 from planner.space import enumerate_space
 from planner.specs import Estimate, Plan, PlanResult, SearchStats, Strategy
 
@@ -28,6 +28,8 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) 
     ctx = Context(model, train, num_gpus, cluster)
     valid, failures = check(ctx, space)
     rejected = first_failure_counts(failures)
+    if not valid.any():
+        raise SpecError(_no_valid_message(ctx, space, failures))
     candidates = space.take(valid)
     costs = evaluate_arrays(model, cluster, train, candidates)
     fits = costs.fits
@@ -70,15 +72,25 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) 
     )
 
 
+def _no_valid_message(ctx: Context, space: StrategyArrays, failures: dict[str, np.ndarray]) -> str:
+    """One line when every candidate breaks a rule: the rule that rejected the most, said of one of them."""
+    counts = first_failure_counts(failures)
+    key = max(counts, key=counts.get)
+    i = int(np.flatnonzero(failures[key])[0])
+    rule = next(r for r in RULES if r.key == key)
+    return f"no valid strategy for these constraints: {rule.message(ctx, space.row(i))}"
+
+
 def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:
     """Score one resolved strategy; rule violations and memory overflow become reasons."""
     st = StrategyArrays.from_strategies([strategy])
     num_gpus = strategy.num_gpus
     ctx = Context(model, train, num_gpus, cluster)
     reasons = messages(ctx, st, 0)
+    valid = not reasons
     costs = evaluate_arrays(model, cluster, train, st)
     reasons += _memory_reason(costs, 0)
-    return estimate_from(costs, 0, num_gpus, train, reasons=reasons)
+    return estimate_from(costs, 0, num_gpus, train, reasons=reasons, valid=valid)
 
 
 def _memory_reason(costs: CostArrays, i: int) -> list[str]:
@@ -95,7 +107,7 @@ def _memory_reason(costs: CostArrays, i: int) -> list[str]:
             f"{costs.memory_bytes[term][i] / GIB:.1f} GiB)"]
 
 
-def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list[str]) -> Estimate:
+def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list[str], valid: bool = True) -> Estimate:
     step = float(costs.step_time_s[i])
     if not np.isfinite(step) or step <= 0:
         raise SpecError(f"the cost model produced a non-positive step time ({step}) for this strategy")
@@ -121,5 +133,6 @@ def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list
         num_microbatches=int(costs.num_microbatches[i]),
         bubble_fraction=float(costs.bubble_fraction[i]),
         fits=not reasons,
+        valid=valid,
         reasons=reasons,
     )

@@ -148,7 +148,7 @@ def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) ->
         return base
     parts = []
     for combo in combos:
-        part = base.take(slice(None))
+        part = base.take(np.arange(len(base)))  # a copy: the loop below writes into it
         for key, value in zip(rare, combo):
             getattr(part, key)[:] = value
         parts.append(part)

@@ -22,6 +22,8 @@ checks that every shipped number is covered.
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -58,15 +60,26 @@ def list_presets(kind: str) -> list[str]:
 
 
 def read_yaml(path: Path, what: str) -> dict[str, Any]:
-    """Read a YAML mapping with safe_load; errors name the file and the problem."""
+    """Read a YAML mapping with safe_load; errors name the file and the problem. A file is
+    parsed once per (path, modification time, size); callers get their own copy."""
+    try:
+        stat = Path(path).stat()
+    except FileNotFoundError:
+        raise SpecError(f"{what} file {str(path)!r} does not exist") from None
+    data = _parsed_yaml(str(path), stat.st_mtime_ns, stat.st_size, what)
+    return copy.deepcopy(data)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_yaml(path: str, mtime_ns: int, size: int, what: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
-        raise SpecError(f"{what} file {str(path)!r} does not exist") from None
+        raise SpecError(f"{what} file {path!r} does not exist") from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{what} file {str(path)!r} is not valid YAML: {exc}") from None
+        raise SpecError(f"{what} file {path!r} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
-        raise SpecError(f"{what} file {str(path)!r} must hold a mapping, not {type(data).__name__}")
+        raise SpecError(f"{what} file {path!r} must hold a mapping, not {type(data).__name__}")
     return data
 
 

@@ -22,10 +22,12 @@ PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "-
 # breaking change for users' scripts: extend it, never rename.
 FROZEN = {
     "plan": ["--attention-kernel", "--cluster", "--constraint", "--constraints", "--format", "--global-batch-size",
-             "--gpus", "--grad-precision", "--model", "--optimizer", "--precision", "--seq-len", "--top"],
-    "evaluate": ["--attention-kernel", "--cluster", "--cp", "--dp", "--embedding-as-layer", "--first-stage-layers",
-                 "--format", "--global-batch-size", "--gpus", "--grad-precision", "--last-stage-layers",
-                 "--loss-as-layer", "--mbs", "--model", "--optimizer", "--overlap-grad-reduce",
+             "--gpus", "--grad-precision", "--model", "--moe-load-imbalance", "--optimizer", "--precision", "--seq-len",
+             "--top"],
+    "evaluate": ["--attention-kernel", "--cluster", "--cp", "--dp", "--embedding-as-layer", "--ep", "--etp",
+                 "--first-stage-layers", "--format", "--global-batch-size", "--gpus", "--grad-precision",
+                 "--last-stage-layers", "--loss-as-layer", "--mbs", "--model", "--moe-load-imbalance",
+                 "--offload-optimizer", "--optimizer", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--pp", "--precision", "--recompute", "--recompute-num-layers",
                  "--seq-len", "--sp", "--stage-layers", "--tp", "--vpp", "--zero", "--zero-stage"],
     "emit": ["--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints",

@@ -11,9 +11,10 @@ import csv
 import io
 import json
 import sys
+import warnings
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 from pydantic import ValidationError
@@ -60,8 +61,17 @@ OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adam or sgd.")]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format: table, json or csv.")]
 
 
-def train_options(grad_precision: str, attention_kernel: str, optimizer: str) -> dict[str, Any]:
-    return {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer}
+MoeImbalanceOpt = Annotated[Optional[float], typer.Option(
+    "--moe-load-imbalance", help="MoE: tokens the busiest expert rank receives over the mean (>= 1; default: the "
+    "cluster profile's value).")]
+
+
+def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
+                  moe_load_imbalance: float | None = None) -> dict[str, Any]:
+    out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer}
+    if moe_load_imbalance is not None:
+        out["moe_load_imbalance"] = moe_load_imbalance
+    return out
 
 
 def parse_constraints(items: list[str] | None, as_json: str | None) -> dict[str, Any]:
@@ -134,6 +144,31 @@ def run_app(app: typer.Typer, argv: list[str]) -> int:
     from profiles import format_validation_error
 
     command = typer.main.get_command(app)
+    with warnings.catch_warnings():
+        _print_config_warnings_once()
+        return _run(command, argv, format_validation_error)
+
+
+def _print_config_warnings_once() -> None:
+    """Show each ConfigWarning (an assumption made reading a model config) once on stderr as
+    `warning: ...`; other warnings keep Python's own display."""
+    from planner.specs.hf import ConfigWarning
+
+    shown: set[str] = set()
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, ConfigWarning):
+            return default(message, category, filename, lineno, file, line)
+        if str(message) not in shown:
+            shown.add(str(message))
+            stderr.print(f"warning: {message}", markup=False, highlight=False)
+
+    warnings.simplefilter("always", ConfigWarning)
+    warnings.showwarning = show
+
+
+def _run(command, argv: list[str], format_validation_error) -> int:
     try:
         command.main(args=argv, prog_name="meshplan", standalone_mode=True)
     except SystemExit as exc:

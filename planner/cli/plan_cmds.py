@@ -22,6 +22,7 @@ from planner.cli.common import (
     GpusOpt,
     GradPrecisionOpt,
     ModelOpt,
+    MoeImbalanceOpt,
     OptimizerOpt,
     Precision,
     PrecisionOpt,
@@ -59,12 +60,13 @@ def plan_cmd(
     grad_precision: GradPrecisionOpt = "fp32",
     attention_kernel: AttentionOpt = "flash",
     optimizer: OptimizerOpt = "adam",
+    moe_load_imbalance: MoeImbalanceOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank every valid strategy by predicted throughput; show the fastest that fit."""
     result = api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                       seq_len=seq_len, precision=precision.value, constraints=parse_constraints(constraint, constraints),
-                      top_k=top, **train_options(grad_precision, attention_kernel, optimizer))
+                      top_k=top, **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance))
     if fmt is Format.json:
         emit_json(result.model_dump(mode="json"))
     elif fmt is Format.csv:
@@ -99,19 +101,25 @@ def plan_row(p: Plan) -> dict[str, Any]:
 
 def print_plan_table(result: PlanResult) -> None:
     m, c, t = result.model, result.cluster, result.train
-    stdout.print(f"[bold]{m.name}[/] ({m.num_params() / 1e9:.1f}B params) on {result.num_gpus} x {c.gpu.name} "
+    size = f"{m.num_params() / 1e9:.1f}B params" + (f", {m.num_active_params() / 1e9:.1f}B active" if m.is_moe else "")
+    stdout.print(f"[bold]{m.name}[/] ({size}) on {result.num_gpus} x {c.gpu.name} "
                  f"({c.name}), global batch {t.global_batch_size} x {t.seq_len} tokens, {t.precision}")
     plans = result.plans or result.closest
     title = "ranked plans" if result.plans else "no strategy fits; closest candidates"
     table = Table(title=title, title_justify="left")
-    for col in ("#", "dp", "tp", "pp", "cp", "vpp", "sp", "zero", "mbs", "recompute", "split", "step (s)", "tok/s/GPU",
-                "model TFLOP/s/GPU", "MFU %", "mem/GPU (GiB)", "headroom (GiB)"):
+    moe = m.is_moe or any(p.strategy.ep > 1 or p.strategy.etp > 1 for p in plans)
+    cols = ["#", "dp", "tp", "pp", "cp"] + (["ep", "etp"] if moe else []) + [
+        "vpp", "sp", "zero", "mbs", "recompute", "split", "step (s)", "tok/s/GPU", "model TFLOP/s/GPU", "MFU %",
+        "mem/GPU (GiB)", "headroom (GiB)"]
+    for col in cols:
         table.add_column(col, justify="left" if col in ("recompute", "split") else "right")
     for p in plans:
         s, e = p.strategy, p.estimate
         rc = s.recompute + (f"({s.recompute_num_layers})" if s.recompute_num_layers else "")
-        table.add_row(str(p.rank), str(s.dp), str(s.tp), str(s.pp), str(s.cp), str(s.vpp),
-                      "y" if s.sequence_parallel else "-", str(s.zero_stage), str(s.micro_batch_size), rc,
+        zero = f"{s.zero_stage}+cpu" if s.offload_optimizer else str(s.zero_stage)
+        experts = [str(s.ep), str(s.etp)] if moe else []
+        table.add_row(str(p.rank), str(s.dp), str(s.tp), str(s.pp), str(s.cp), *experts, str(s.vpp),
+                      "y" if s.sequence_parallel else "-", zero, str(s.micro_batch_size), rc,
                       s.split_label() or "even", f"{e.step_time_s:.3f}", f"{e.tokens_per_s_per_gpu:,.0f}",
                       f"{e.model_tflops_per_gpu:.1f}", f"{100 * e.mfu:.1f}", gib(e.peak_memory_bytes),
                       gib(e.memory_capacity_bytes - e.peak_memory_bytes))
@@ -137,8 +145,10 @@ def warn_hidden_comm(result: PlanResult) -> None:
 def _strategy(dp: Optional[int], tp: int, pp: int, cp: int, vpp: int, sp: bool, zero: int, mbs: int,
               recompute: RecomputeOpt, recompute_num_layers: Optional[int], first_stage_layers: Optional[int],
               last_stage_layers: Optional[int], stage_layers: Optional[str], embedding_as_layer: bool,
-              loss_as_layer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool) -> Strategy:
-    return Strategy(dp=dp if dp is not None else "auto", tp=tp, pp=pp, cp=cp, vpp=vpp, sequence_parallel=sp,
+              loss_as_layer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool, ep: int = 1, etp: int = 1,
+              offload_optimizer: bool = False) -> Strategy:
+    return Strategy(dp=dp if dp is not None else "auto", tp=tp, pp=pp, cp=cp, ep=ep, etp=etp,
+                    offload_optimizer=offload_optimizer, vpp=vpp, sequence_parallel=sp,
                     zero_stage=zero, micro_batch_size=mbs, recompute=recompute.value,
                     recompute_num_layers=recompute_num_layers, num_layers_in_first_stage=first_stage_layers,
                     num_layers_in_last_stage=last_stage_layers, stage_layers=parse_stage_layers(stage_layers),
@@ -161,6 +171,9 @@ DpOpt = Annotated[Optional[int], typer.Option("--dp", help="Data parallel degree
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor parallel degree.")]
 PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline parallel degree.")]
 CpOpt = Annotated[int, typer.Option("--cp", help="Context parallel degree.")]
+EpOpt = Annotated[int, typer.Option("--ep", help="Expert parallel degree (MoE models; folded over tp·cp·dp).")]
+EtpOpt = Annotated[int, typer.Option("--etp", help="Tensor parallel degree inside the experts (MoE models).")]
+OffloadOpt = Annotated[bool, typer.Option("--offload-optimizer", help="Optimizer states and step on the host CPU (needs ZeRO >= 1).")]
 VppOpt = Annotated[int, typer.Option("--vpp", help="Virtual pipeline chunks per stage.")]
 SpOpt = Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism (needs tp > 1).")]
 ZeroOpt = Annotated[int, typer.Option("--zero", "--zero-stage", help="ZeRO stage 0-3 (1 = Megatron distributed optimizer).")]
@@ -183,20 +196,24 @@ def _one_strategy_command(render):
     def command(
         model: ModelOpt, cluster: ClusterOpt, gpus: GpusOpt, global_batch_size: GbsOpt, seq_len: SeqOpt,
         precision: PrecisionOpt = Precision.bf16,
-        dp: DpOpt = None, tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, vpp: VppOpt = 1, sp: SpOpt = False,
+        dp: DpOpt = None, tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = 1,
+        vpp: VppOpt = 1, sp: SpOpt = False, offload_optimizer: OffloadOpt = False,
         zero: ZeroOpt = 0, mbs: MbsOpt = 1, recompute: RecomputeArg = RecomputeOpt.none,
         recompute_num_layers: RclOpt = None, first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
         stage_layers: StageLayersOpt = None, embedding_as_layer: EmbLayerOpt = False, loss_as_layer: LossLayerOpt = False,
         overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True,
         grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash",
-        optimizer: OptimizerOpt = "adam", fmt: FormatOpt = Format.table,
+        optimizer: OptimizerOpt = "adam", moe_load_imbalance: MoeImbalanceOpt = None, fmt: FormatOpt = Format.table,
     ) -> None:
         strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
                              last_stage_layers, stage_layers, embedding_as_layer, loss_as_layer, overlap_grad_reduce,
-                             overlap_param_gather)
+                             overlap_param_gather, ep, etp, offload_optimizer)
         est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                            seq_len=seq_len, precision=precision.value, strategy=strategy,
-                           **train_options(grad_precision, attention_kernel, optimizer))
+                           **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance))
+        if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
+            rules = [r for r in est.reasons if not r.startswith(("peak memory", "offloaded optimizer"))]
+            raise ExitWith(2, "invalid strategy: " + "; ".join(rules))
         render(strategy.resolve(gpus), est, fmt)
         if not est.fits:
             raise ExitWith(1)
@@ -256,11 +273,23 @@ def render_explain(strategy: Strategy, est: Estimate, fmt: Format) -> None:
     for col in ("term", "s", "% of step"):
         tim.add_column(col, justify="left" if col == "term" else "right")
     for term, value in est.time_s.items():
-        tim.add_row(term, f"{value:.4f}", f"{100 * value / est.step_time_s:.1f}")
+        tim.add_row(TIME_TERM_LABELS.get(term, term), f"{value:.4f}", f"{100 * value / est.step_time_s:.1f}")
     tim.add_row("[bold]step[/]", f"{est.step_time_s:.4f}", "100.0")
     stdout.print(tim)
     stdout.print(f"communication hidden behind compute (assumed): {100 * est.comm_hidden_fraction:.0f} %",
                  highlight=False)
+
+
+#: What each step-time term is, beside its name in `explain`.
+TIME_TERM_LABELS = {
+    "tp_comm": "tp_comm (TP all-reduce / all-gather + reduce-scatter)",
+    "cp_comm": "cp_comm (context-parallel KV ring)",
+    "ep_comm": "ep_comm (MoE token all-to-all: dispatch + combine, fwd + bwd)",
+    "pp_comm": "pp_comm (pipeline send/recv)",
+    "pp_bubble": "pp_bubble (pipeline fill and drain)",
+    "dp_comm": "dp_comm (gradient reduce / ZeRO gathers, exposed)",
+    "optimizer": "optimizer (step; on the host when offloaded)",
+}
 
 
 app.command("evaluate", help="Score one strategy: step time, throughput, MFU, peak memory and whether it fits.")(
@@ -292,7 +321,11 @@ def models_cmd(fmt: FormatOpt = Format.table) -> None:
     rows = []
     for name in list_presets("models"):
         m = load_model(name)
-        rows.append({"name": name, "params_b": round(m.num_params() / 1e9, 2), "layers": m.num_layers,
+        experts = f"{m.num_experts} top-{m.moe_top_k}" + (f" +{m.num_shared_experts}" if m.num_shared_experts else "")
+        rows.append({"name": name, "params_b": round(m.num_params() / 1e9, 2),
+                     "active_b": round(m.num_active_params() / 1e9, 2), "experts": experts if m.is_moe else "-",
+                     "attention": "mla" if m.is_mla else ("window" if m.sliding_window else "full"),
+                     "layers": m.num_layers,
                      "hidden": m.hidden_size, "heads": m.num_attention_heads, "kv_heads": m.kv_heads,
                      "ffn": m.ffn_hidden_size, "gated": m.gated_mlp, "vocab": m.vocab_size, "source": m.source})
     _print_rows(rows, fmt, "model presets")

@@ -204,8 +204,16 @@ def check_plan(plan: Plan, framework: str) -> PlanFacts:
         refuse(f"tp ({s.tp}) must divide num_kv_heads ({m.kv_heads})")
     if not lay.split_ok()[0]:
         refuse(lay.split_message())
-    if s.ep > 1 or s.etp > 1:
+    if not m.is_moe and (s.ep > 1 or s.etp > 1):
         refuse(f"ep ({s.ep}) and etp ({s.etp}) must be 1: model {m.name} is dense (ModelSpec has no experts)")
+    if m.is_moe:
+        if m.num_experts % s.ep:
+            refuse(f"ep ({s.ep}) must divide num_experts ({m.num_experts})")
+        dense_ranks = s.tp * s.cp * f.dp
+        if dense_ranks % (s.ep * s.etp):
+            # Expert layers regroup the ranks of one pipeline stage: ep·etp·(expert dp) = tp·cp·dp.
+            refuse(f"ep·etp ({s.ep}·{s.etp}) must divide tp·cp·dp ({s.tp}·{s.cp}·{f.dp} = {dense_ranks}), the ranks "
+                   "of one pipeline stage that expert layers regroup")
     if s.cp > 1 and t.seq_len % (2 * s.cp):
         refuse(f"seq_len ({t.seq_len}) must be divisible by 2·cp ({2 * s.cp}) for load-balanced context parallelism")
     if s.sequence_parallel and (t.seq_len // s.cp) % s.tp:

@@ -30,7 +30,16 @@ explicit `stage_layers` split or the embedding/loss counted as layers: the stage
 manager takes one layer count per pipeline stage, so with vpp > 1 it can only
 split evenly; with vpp = 1 any split is `num_layers_per_stage`),
 full recompute of only some layers without pipelining, selective recompute with
-an unfused attention kernel, ep > 1.
+an unfused attention kernel.
+
+MoE: an MoE model with ep, tp or pp > 1 runs on `MoeHybridParallelPlugin`
+(`ep_size`, `moe_dp_outside=False` so pipeline stages stay outermost); its
+expert layers shard each expert over the whole tp group (etp must equal tp)
+and draw expert-parallel ranks from data parallelism only (ep must divide dp);
+ZeRO-3 is refused there. Offload is the ZeRO plugins' `cpu_offload` (optimizer
+states and step on the CPU: ZeRO-Offload) or Gemini's `offload_optim_frac=1.0`.
+Latent attention and sliding windows are the Hugging Face model code's own;
+multi-token prediction is refused (Hugging Face model code has none).
 """
 
 from __future__ import annotations
@@ -62,7 +71,15 @@ def plugin_spec(plan: Plan) -> dict[str, Any]:
     s, t = f.strategy, f.train
     precision, use_fp8 = _PRECISION[t.precision]
     notes: list[str] = []
-    if s.tp == 1 and s.pp == 1 and s.cp == 1 and s.zero_stage in (1, 2):
+    if _moe_plugin(f):
+        plugin, kwargs = "MoeHybridParallelPlugin", _hybrid_kwargs(f, precision, notes)
+        # ep_size after tp/pp; pipeline stages outermost, expert ranks inside data parallelism
+        kwargs = {"tp_size": kwargs.pop("tp_size"), "pp_size": kwargs.pop("pp_size"), "ep_size": s.ep} | kwargs
+        del kwargs["dp_outside"]
+        kwargs["moe_dp_outside"] = False
+        notes.append("MoE: Colossal-AI's shardformer policies replace the MoE blocks of Hugging Face Mixtral, "
+                     "DeepSeek and DeepSeek-V3 models")
+    elif s.tp == 1 and s.pp == 1 and s.cp == 1 and s.zero_stage in (1, 2):
         plugin, kwargs = "LowLevelZeroPlugin", {"stage": s.zero_stage, "precision": precision}
         kwargs |= _zero_kwargs(f)
     elif s.zero_stage == 3:
@@ -114,10 +131,30 @@ def _refuse_unsupported(f: PlanFacts) -> None:
     if s.recompute == "full" and s.recompute_num_layers is not None and s.pp == 1:
         refuse(f"recompute_num_layers ({s.recompute_num_layers}) without pipeline parallelism; Colossal-AI "
                "checkpoints all layers or, with pp > 1, a count per stage")
+    if s.recompute_modules and s.recompute_modules != ["core_attn"]:
+        refuse(f"recompute_modules {s.recompute_modules}; Colossal-AI checkpoints whole layers, not Megatron modules")
     if s.recompute == "selective" and t.attention_kernel != "flash":
         refuse("selective recompute with the unfused attention kernel; Colossal-AI has no attention-only recomputation")
-    if s.ep > 1 or s.etp > 1:
-        refuse(f"ep ({s.ep}) / etp ({s.etp}) > 1; expert parallelism needs MoeHybridParallelPlugin and an MoE model")
+    if f.model.num_mtp_layers:
+        refuse(f"num_mtp_layers ({f.model.num_mtp_layers}); Colossal-AI trains Hugging Face model code, which has "
+               "no multi-token-prediction module")
+    if _moe_plugin(f):
+        if s.etp != s.tp:
+            refuse(f"etp ({s.etp}) must equal tp ({s.tp}); Colossal-AI's MoE layers shard every expert over the "
+                   "whole tensor-parallel group")
+        if s.zero_stage == 3:
+            refuse(f"zero_stage 3 with an MoE model on ep ({s.ep}), tp ({s.tp}) or pp ({s.pp}); "
+                   "MoeHybridParallelPlugin allows ZeRO stage 0 to 2")
+        if f.dp % s.ep:
+            refuse(f"ep ({s.ep}) must divide dp ({f.dp}); MoeHybridParallelPlugin draws expert-parallel ranks from "
+                   "data-parallel ranks only")
+
+
+def _moe_plugin(f: PlanFacts) -> bool:
+    """An MoE model whose experts are spread or sharded (ep, tp or pp > 1) needs MoeHybridParallelPlugin;
+    on data parallelism alone any plugin runs it as it is."""
+    s = f.strategy
+    return f.model.is_moe and (s.ep > 1 or s.tp > 1 or s.pp > 1)
 
 
 def _zero_kwargs(f: PlanFacts) -> dict[str, Any]:

@@ -25,6 +25,12 @@ What DeepSpeed cannot run as planned (each raises NotExpressibleError):
   checkpoints every `activation_checkpoint_interval` layers, not the first k.
 - fp8: DeepSpeed's config has no FP8 training mode (it lives in model code,
   e.g. Transformer Engine).
+- ep > 1 or etp > 1: DeepSpeed-MoE takes its expert-parallel degree in model
+  code (`deepspeed.moe.layer.MoE(ep_size=...)`), not in the JSON; the refusal
+  names the ep_size to pass. With ep = etp = 1 an MoE, latent-attention or
+  windowed model runs on the JSON alone (tp = pp = 1: the architecture is the
+  model code's); with tp or pp > 1 it would need Megatron-DeepSpeed MoE/MLA/window
+  flags, which are not emitted, so it is refused.
 
 Bucket sizes follow the rule Hugging Face's DeepSpeed integration uses for
 "auto": reduce and all-gather buckets of hidden² elements, a ZeRO-3 prefetch
@@ -68,13 +74,26 @@ def _refuse_unsupported(f: PlanFacts) -> None:
                "(uniform, parameters, type regex), not by per-stage counts")
     if s.cp > 1:
         refuse(f"cp ({s.cp}) > 1; DeepSpeed's sequence parallelism is Ulysses all-to-all, not ring context parallelism")
+    if s.recompute_modules and s.recompute_modules != ["core_attn"]:
+        refuse(f"recompute_modules {s.recompute_modules}; DeepSpeed checkpoints whole layers (Megatron-DeepSpeed's "
+               "selective recompute is the attention core only)")
     if s.recompute == "full" and s.recompute_num_layers is not None and s.pp > 1:
         refuse(f"recompute_num_layers ({s.recompute_num_layers}) with pp ({s.pp}) > 1; the pipeline engine checkpoints "
                "every activation_checkpoint_interval layers, not the first k of each stage")
     if t.precision == "fp8":
         refuse("precision 'fp8'; the DeepSpeed config has bf16 and fp16 modes only")
-    if s.ep > 1 or s.etp > 1:
-        refuse(f"ep ({s.ep}) / etp ({s.etp}) > 1; DeepSpeed sets expert parallelism in model code (deepspeed.moe)")
+    if s.ep > 1:
+        refuse(f"ep ({s.ep}) > 1; DeepSpeed sets expert parallelism in model code, "
+               f"deepspeed.moe.layer.MoE(ep_size={s.ep}, ...), not in {CONFIG_PATH}")
+    if s.etp > 1:
+        refuse(f"etp ({s.etp}) > 1; DeepSpeed shards experts over tensor-parallel ranks only inside deepspeed.moe "
+               "(model code), not in its config")
+    m = f.model
+    if (s.tp > 1 or s.pp > 1) and (m.is_moe or m.is_mla or any(m.local_attention_mask())):
+        what = ", ".join(n for n, on in (("MoE", m.is_moe), ("latent attention", m.is_mla),
+                                         ("sliding-window attention", any(m.local_attention_mask()))) if on)
+        refuse(f"{what} with tp ({s.tp}) or pp ({s.pp}) > 1; the Megatron-DeepSpeed flags emitted here build a "
+               "dense, full-attention GPT")
 
 
 def ds_config(plan: Plan) -> dict[str, Any]:

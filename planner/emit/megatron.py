@@ -26,6 +26,27 @@ Choices an experienced Megatron user would make, and why:
   E5M2 backward), amax history 1024 with the max algorithm, on top of bf16.
 - rope models get `--max-position-embeddings max(table, seq_len)`; Megatron
   requires it to be at least the sequence length.
+- MoE: `--num-experts`, `--moe-router-topk`, `--moe-ffn-hidden-size` (one
+  expert's width), `--moe-shared-expert-intermediate-size` (all shared experts
+  together) with `--moe-shared-expert-overlap` (the shared experts run during
+  the token all-to-all, as the cost model assumes), the all-to-all dispatcher,
+  grouped GEMM, and Megatron's default `aux_loss` load balancing (ModelSpec
+  does not say a model balances otherwise; the loss coefficient is the user's).
+  A dense/MoE layer mix is `--moe-layer-freq` as a per-layer list expression
+  (`([0]*3+[1]*58)`): Megatron's integer form N puts MoE on layers 0, N, 2N, ...,
+  which is not ModelSpec's rule. ep and etp are always both written, since
+  Megatron-LM's default etp is tp. Megatron-core refuses to train MoE with
+  tp > 1 without sequence parallelism, so such a plan is refused. Megatron has
+  one bias switch for attention, MLP, experts and router.
+- MLA: `--multi-latent-attention` with the ranks and head widths
+  (`--qk-head-dim` is the non-rotary part); the RoPE variant and its scaling
+  stay Megatron's MLA defaults (ModelSpec does not describe them).
+- Sliding windows: `--window-size W-1,0` (a causal window of W tokens), and
+  global layers by `--window-attn-skip-freq` (N: every N-th layer global, the
+  same rule as `global_attention_every`; otherwise a per-layer list, 1 = local).
+- offload_optimizer: `--optimizer-cpu-offload --optimizer-offload-fraction 1.0`
+  with the precision-aware optimizer Megatron-LM requires for it and the
+  distributed optimizer (zero_stage >= 1).
 """
 
 from __future__ import annotations
@@ -46,7 +67,9 @@ class Flag:
     """One Megatron-LM argument: its flag and how its value is written.
 
     kind: `int`, `float`, `str` (flag VALUE), `switch` (store_true: flag when
-    True), `negswitch` (store_false: flag when False).
+    True), `negswitch` (store_false: flag when False), `pattern` (an integer or a
+    per-layer list expression, Megatron-LM's `moe_freq_type`), `pair` (two integers
+    `a,b`, Megatron-LM's `tuple_type`), `list` (nargs='*': the flag then one token per value).
     """
 
     flag: str
@@ -76,6 +99,7 @@ FLAGS: dict[str, Flag] = {
     "recompute_granularity": Flag("--recompute-granularity", "str"),
     "recompute_method": Flag("--recompute-method", "str"),
     "recompute_num_layers": Flag("--recompute-num-layers", "int"),
+    "recompute_modules": Flag("--recompute-modules", "list"),
     # data parallel, ZeRO, optimizer
     "use_distributed_optimizer": Flag("--use-distributed-optimizer", "switch"),
     "use_megatron_fsdp": Flag("--use-megatron-fsdp", "switch"),
@@ -86,6 +110,7 @@ FLAGS: dict[str, Flag] = {
     "overlap_param_gather": Flag("--overlap-param-gather", "switch"),
     "optimizer": Flag("--optimizer", "str"),
     "optimizer_cpu_offload": Flag("--optimizer-cpu-offload", "switch"),
+    "optimizer_offload_fraction": Flag("--optimizer-offload-fraction", "float"),
     "use_precision_aware_optimizer": Flag("--use-precision-aware-optimizer", "switch"),
     # precision
     "bf16": Flag("--bf16", "switch"),
@@ -114,15 +139,50 @@ FLAGS: dict[str, Flag] = {
     "attention_dropout": Flag("--attention-dropout", "float"),
     "hidden_dropout": Flag("--hidden-dropout", "float"),
     "attention_backend": Flag("--attention-backend", "str"),
+    # mixture of experts
+    "num_experts": Flag("--num-experts", "int"),
+    "moe_layer_freq": Flag("--moe-layer-freq", "pattern"),
+    "moe_router_topk": Flag("--moe-router-topk", "int"),
+    "moe_ffn_hidden_size": Flag("--moe-ffn-hidden-size", "int"),
+    "moe_shared_expert_intermediate_size": Flag("--moe-shared-expert-intermediate-size", "int"),
+    "moe_shared_expert_overlap": Flag("--moe-shared-expert-overlap", "switch"),
+    "moe_grouped_gemm": Flag("--moe-grouped-gemm", "switch"),
+    "moe_token_dispatcher_type": Flag("--moe-token-dispatcher-type", "str"),
+    "moe_router_load_balancing_type": Flag("--moe-router-load-balancing-type", "str"),
+    "moe_router_pre_softmax": Flag("--moe-router-pre-softmax", "switch"),
+    "mtp_num_layers": Flag("--mtp-num-layers", "int"),
+    # multi-head latent attention
+    "multi_latent_attention": Flag("--multi-latent-attention", "switch"),
+    "q_lora_rank": Flag("--q-lora-rank", "int"),
+    "kv_lora_rank": Flag("--kv-lora-rank", "int"),
+    "qk_head_dim": Flag("--qk-head-dim", "int"),
+    "qk_pos_emb_head_dim": Flag("--qk-pos-emb-head-dim", "int"),
+    "v_head_dim": Flag("--v-head-dim", "int"),
+    # windowed attention and attention sinks
+    "window_size": Flag("--window-size", "pair"),
+    "window_attn_skip_freq": Flag("--window-attn-skip-freq", "pattern"),
+    "softmax_type": Flag("--softmax-type", "str"),
 }
+
+#: Flags Megatron-LM's parser generates from megatron-core's TransformerConfig fields (its
+#: ArgumentGroupFactory: `--` + field name with `-`, a bool field defaulting to False a switch);
+#: the others above are written out in megatron/training/arguments.py (core_v0.16.1).
+TRANSFORMER_CONFIG_FLAGS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+                            "moe_shared_expert_overlap", "moe_grouped_gemm", "moe_token_dispatcher_type",
+                            "moe_router_pre_softmax", "mtp_num_layers", "multi_latent_attention", "softmax_type")
 
 # planner vocabulary -> Megatron values
 _ZERO_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 _NORM = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 _POSITION = {"learned": "learned_absolute", "rope": "rope", "none": "none"}
 _ATTENTION = {"flash": "flash", "unfused": "unfused"}
+OFFLOAD_FRACTION = 1.0  # share of the optimizer states and step on the CPU (offload_optimizer: all)
 _DROPOUT_P = 0.1  # GPT-2/3 style dropout probability where ModelSpec.dropout is set
 FP8_SETTINGS = {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max"}
+#: MoE choices for a plan (see the module docstring): all-to-all token dispatch, one grouped GEMM
+#: for a rank's local experts, Megatron's default router load balancing
+MOE_SETTINGS = {"moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall",
+                "moe_router_load_balancing_type": "aux_loss"}
 
 
 def settings(plan: Plan) -> dict[str, Any]:
@@ -146,7 +206,7 @@ def settings(plan: Plan) -> dict[str, Any]:
     if s.loss_as_layer:
         out["account_for_loss_in_pipeline_split"] = True
     out["context_parallel_size"] = s.cp
-    if s.ep > 1 or s.etp > 1:  # unreachable for dense models (check_plan refuses); kept for MoE
+    if plan.model.is_moe:  # always both: Megatron-LM's default etp is tp, not 1
         out["expert_model_parallel_size"] = s.ep
         out["expert_tensor_parallel_size"] = s.etp
     if s.sequence_parallel:
@@ -156,6 +216,8 @@ def settings(plan: Plan) -> dict[str, Any]:
     out |= _data_parallel(f)
     out |= _precision(f)
     out |= _model_shape(f)
+    out |= _moe(f)
+    out |= _attention_variants(f)
     return out
 
 
@@ -201,7 +263,8 @@ def _recompute(f: PlanFacts) -> dict[str, Any]:
     if s.recompute == "none":
         return {}
     if s.recompute == "selective":
-        return {"recompute_granularity": "selective"}
+        modules = {"recompute_modules": list(s.recompute_modules)} if s.recompute_modules else {}
+        return {"recompute_granularity": "selective"} | modules
     if s.recompute_num_layers is None:
         return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     return {"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": s.recompute_num_layers}
@@ -225,7 +288,9 @@ def _data_parallel(f: PlanFacts) -> dict[str, Any]:
         if f.train.optimizer != "adam":
             raise NotExpressibleError(FRAMEWORK, f"offload_optimizer with optimizer {f.train.optimizer!r}; "
                                                  "Megatron's CPU-offloaded (precision-aware) optimizer is Adam only")
-        out |= {"optimizer_cpu_offload": True, "use_precision_aware_optimizer": True}
+        # the whole optimizer on the host (Megatron-LM's default fraction is 1.0, megatron-core's 0.0)
+        out |= {"optimizer_cpu_offload": True, "optimizer_offload_fraction": OFFLOAD_FRACTION,
+                "use_precision_aware_optimizer": True}
     return out
 
 
@@ -274,6 +339,149 @@ def _model_shape(f: PlanFacts) -> dict[str, Any]:
     return out
 
 
+def _moe(f: PlanFacts) -> dict[str, Any]:
+    m, s = f.model, f.strategy
+
+    def refuse(reason: str) -> None:
+        raise NotExpressibleError(FRAMEWORK, reason)
+
+    if m.num_mtp_layers and m.position_embedding == "learned":
+        refuse(f"num_mtp_layers ({m.num_mtp_layers}) with learned position embeddings; Megatron-LM's "
+               "multi-token prediction takes rope or none")
+    if not m.is_moe:
+        return {"mtp_num_layers": m.num_mtp_layers} if m.num_mtp_layers else {}
+    if s.tp > 1 and not s.sequence_parallel:
+        refuse(f"MoE with tp ({s.tp}) > 1 and no sequence_parallel; megatron-core's MoE layer refuses to train "
+               "tensor-parallel without sequence parallelism")
+    biases = {"linear_bias": m.linear_bias, "moe_expert_bias": m.moe_expert_bias, "moe_router_bias": m.moe_router_bias}
+    if len(set(biases.values())) > 1:
+        refuse(", ".join(f"{k}={v}" for k, v in biases.items()) + "; Megatron's one --disable-bias-linear switch "
+               "sets the attention, MLP, expert and router biases together")
+    if m.linear_bias and s.etp > 1:
+        refuse(f"expert biases with etp ({s.etp}) > 1; megatron-core supports MoE biases only with etp 1")
+    out: dict[str, Any] = {"num_experts": m.num_experts, "moe_router_topk": m.moe_top_k,
+                           "moe_ffn_hidden_size": m.expert_ffn}
+    mask = m.moe_layer_mask()
+    if not all(mask):
+        out["moe_layer_freq"] = layer_pattern([int(x) for x in mask])
+    if m.num_shared_experts:
+        # the total width of the shared experts, run beside the all-to-all (the cost model hides them there)
+        out |= {"moe_shared_expert_intermediate_size": m.num_shared_experts * m.shared_expert_ffn,
+                "moe_shared_expert_overlap": True}
+    out |= MOE_SETTINGS
+    if m.moe_top_k == 1:  # megatron-core: softmax over one selected expert has no gradient
+        out["moe_router_pre_softmax"] = True
+    if m.num_mtp_layers:
+        out["mtp_num_layers"] = m.num_mtp_layers
+    return out
+
+
+def _attention_variants(f: PlanFacts) -> dict[str, Any]:
+    m = f.model
+    out: dict[str, Any] = {}
+    if m.is_mla:
+        out["multi_latent_attention"] = True
+        if m.q_lora_rank is not None:  # unset: a full query projection (Megatron-LM's default None)
+            out["q_lora_rank"] = m.q_lora_rank
+        out |= {"kv_lora_rank": m.kv_lora_rank, "qk_head_dim": m.qk_nope_head_dim,
+                "qk_pos_emb_head_dim": m.qk_rope_head_dim, "v_head_dim": m.v_head_dim}
+    local = m.local_attention_mask()
+    if any(local):
+        # (left, right) tokens besides the query itself: a causal window of W tokens is (W-1, 0)
+        out["window_size"] = (m.sliding_window - 1, 0)
+        n = m.global_attention_every
+        if not all(local):
+            # megatron-core: layer number l (1-based) is local when l % n != 0, or when list[l-1] is 1
+            regular = m.global_attention_layers is None and n > 0
+            out["window_attn_skip_freq"] = n if regular else layer_pattern([int(x) for x in local])
+    if m.attention_sinks:
+        out["softmax_type"] = "learnable"
+    return out
+
+
+# ---- per-layer patterns: Megatron-LM's `([0]*3+[1]*58)` list expressions ------------------
+def layer_pattern(bits: list[int]) -> str:
+    """A per-layer 0/1 list as the Python list expression Megatron-LM's `--moe-layer-freq` and
+    `--window-attn-skip-freq` accept (digits, `[`, `]`, `,`, `(`, `)`, `+`, `*` only): runs of
+    equal values as `[v]*n`, repeated groups of runs as `(...)*k`.
+
+    >>> layer_pattern([0] * 3 + [1] * 58)
+    '([0]*3+[1]*58)'
+    >>> layer_pattern([0, 1] * 24)
+    '([0]+[1])*24'
+    >>> expand_pattern(layer_pattern([1, 1, 0, 1, 0, 1, 0, 0]))
+    [1, 1, 0, 1, 0, 1, 0, 0]
+    """
+    runs = [f"[{v}]" + (f"*{n}" if n > 1 else "") for v, n in
+            ((v, len(list(g))) for v, g in itertools.groupby(bits))]
+    terms: list[str] = []
+    i = 0
+    while i < len(runs):
+        best = (1, 1)  # (group length, repeats)
+        for k in range(1, min(4, len(runs) - i) + 1):
+            reps = 1
+            while runs[i + reps * k:i + (reps + 1) * k] == runs[i:i + k]:
+                reps += 1
+            if reps > 1 and k * (reps - 1) > best[0] * (best[1] - 1):
+                best = (k, reps)
+        k, reps = best
+        group = "+".join(runs[i:i + k])
+        terms.append(f"({group})*{reps}" if reps > 1 else group)
+        i += k * reps
+    text = "+".join(terms)
+    return text if len(terms) == 1 and text.startswith("(") else f"({text})"
+
+
+_PATTERN_TOKEN = re.compile(r"\s*(\d+|[\[\](),+*])")
+
+
+def expand_pattern(text: str) -> int | list[int]:
+    """Read a `--moe-layer-freq` / `--window-attn-skip-freq` value back: an integer, or a list
+    expression of `[..]` lists, `+` and `*` (parsed here, never evaluated)."""
+    if text.strip().isdigit():
+        return int(text)
+    tokens = _PATTERN_TOKEN.findall(text)
+    if "".join(tokens) != re.sub(r"\s", "", text):
+        raise ValueError(f"not a layer pattern: {text!r}")
+    pos = 0
+
+    def take(expected: str | None = None) -> str:
+        nonlocal pos
+        if pos >= len(tokens) or (expected is not None and tokens[pos] != expected):
+            raise ValueError(f"not a layer pattern: {text!r}")
+        pos += 1
+        return tokens[pos - 1]
+
+    def expr() -> list[int]:
+        out = term()
+        while pos < len(tokens) and tokens[pos] == "+":
+            take("+")
+            out = out + term()
+        return out
+
+    def term() -> list[int]:
+        if tokens[pos] == "(":
+            take("(")
+            out = expr()
+            take(")")
+        else:
+            take("[")
+            out = [int(take())]
+            while tokens[pos] == ",":
+                take(",")
+                out.append(int(take()))
+            take("]")
+        while pos < len(tokens) and tokens[pos] == "*":
+            take("*")
+            out = out * int(take())
+        return out
+
+    result = expr()
+    if pos != len(tokens):
+        raise ValueError(f"not a layer pattern: {text!r}")
+    return result
+
+
 # ---- flags <-> settings ------------------------------------------------------------
 def to_args(values: dict[str, Any]) -> list[str]:
     """Render settings as argv tokens through the mapping table."""
@@ -286,17 +494,22 @@ def to_args(values: dict[str, Any]) -> list[str]:
         elif flag.kind == "negswitch":
             if not value:
                 argv.append(flag.flag)
+        elif flag.kind == "list":
+            argv += [flag.flag, *map(str, value)]
         else:
             argv += [flag.flag, _format(value)]
     return argv
 
 
 def _format(value: Any) -> str:
+    if isinstance(value, tuple):  # Megatron-LM's tuple_type: "a,b"
+        return ",".join(map(str, value))
     return repr(value) if isinstance(value, float) else str(value)
 
 
 _BY_FLAG = {flag.flag: (dest, flag) for dest, flag in FLAGS.items()}
-_CASTS = {"int": int, "float": float, "str": str}
+_CASTS = {"int": int, "float": float, "str": str, "pattern": expand_pattern,
+          "pair": lambda text: tuple(int(v) for v in text.strip("()").split(","))}
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
@@ -311,6 +524,12 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         if flag.kind in ("switch", "negswitch"):
             out[dest] = flag.kind == "switch"
             i += 1
+        elif flag.kind == "list":
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                j += 1
+            out[dest] = list(argv[i + 1:j])
+            i = j
         else:
             out[dest] = _CASTS[flag.kind](argv[i + 1])
             i += 2
@@ -322,12 +541,20 @@ _PARALLEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size"
                     "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel")
 _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
                        "normalization", "add_bias_linear", "add_qkv_bias", "attention_dropout", "hidden_dropout",
-                       "recompute_granularity", "recompute_method", "recompute_num_layers", "fp8", "fp8_recipe",
+                       "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+                       "fp8", "fp8_recipe",
                        "fp8_amax_history_len", "fp8_amax_compute_algo", "attention_backend",
                        "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
-                       "account_for_loss_in_pipeline_split")
+                       "account_for_loss_in_pipeline_split",
+                       "moe_layer_freq", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+                       "moe_shared_expert_overlap", "moe_grouped_gemm", "moe_token_dispatcher_type",
+                       "moe_router_load_balancing_type", "moe_router_pre_softmax", "mtp_num_layers",
+                       "window_size", "window_attn_skip_freq", "softmax_type", "multi_latent_attention")
+#: MLATransformerConfig fields, with Megatron-LM's argument defaults (arguments.py `_add_mla_args`)
+_MLA_FIELDS = {"q_lora_rank": None, "kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
 _RENAMED = {"decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
-            "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage"}
+            "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage",
+            "num_experts": "num_moe_experts"}
 
 
 def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -337,7 +564,9 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     (TransformerConfig), `ddp` (DistributedDataParallelConfig), `optimizer`
     (OptimizerConfig), `gpt` (GPTModel arguments) and `training` (batch and
     sequence). Dtypes are names (`bfloat16`); `swiglu` is `gated_linear_unit`
-    plus `activation_func="silu"`, which the caller resolves to `F.silu`.
+    plus `activation_func="silu"`, which the caller resolves to `F.silu`. With
+    `multi_latent_attention` the transformer kwargs are an MLATransformerConfig's
+    (Megatron-LM's `core_transformer_config_from_args` switches the class).
     """
     bf16, fp16 = bool(args.get("bf16")), bool(args.get("fp16"))
     dtype = "bfloat16" if bf16 else "float16" if fp16 else "float32"
@@ -355,6 +584,11 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if args.get("add_bias_linear", True):
         transformer["add_qkv_bias"] = True  # Megatron keeps the two bias switches in sync
     transformer["num_query_groups"] = args["num_query_groups"] if args.get("group_query_attention") else None
+    for key in ("moe_layer_freq", "window_attn_skip_freq"):
+        if isinstance(transformer.get(key), str):
+            transformer[key] = expand_pattern(transformer[key])
+    if args.get("multi_latent_attention"):  # Megatron-LM then builds an MLATransformerConfig
+        transformer |= {k: args.get(k, default) for k, default in _MLA_FIELDS.items()}
     if args.get("swiglu"):
         transformer |= {"gated_linear_unit": True, "activation_func": "silu"}
     grads_fp32 = bool(args.get("accumulate_allreduce_grads_in_fp32")) or (bf16 and not args.get("grad_reduce_in_bf16"))
@@ -370,6 +604,7 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "optimizer": args.get("optimizer", "adam"), "bf16": bf16, "fp16": fp16, "params_dtype": dtype,
         "use_distributed_optimizer": ddp["use_distributed_optimizer"],
         "optimizer_cpu_offload": bool(args.get("optimizer_cpu_offload")),
+        "optimizer_offload_fraction": args.get("optimizer_offload_fraction", 1.0),
         "use_precision_aware_optimizer": bool(args.get("use_precision_aware_optimizer")),
     }
     gpt = {

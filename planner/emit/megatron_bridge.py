@@ -9,6 +9,11 @@ So the overrides are the Megatron-LM settings (planner.emit.megatron) after
 Megatron-LM's own translation into megatron-core field names; the tests build
 megatron-core's dataclasses from them. Dtypes and FP8 settings are carried by
 the mixed-precision recipe, as Megatron-Bridge expects, not by single fields.
+MoE, latent-attention and window fields are the same megatron-core fields
+(`model.num_moe_experts`, `model.q_lora_rank`, `model.window_size`, ...); the
+per-layer patterns are Hydra lists, and MLA fields need a recipe whose provider
+is an MLA config (Megatron-Bridge's DeepSeek providers). Offload sets
+`optimizer.optimizer_offload_fraction=1.0` (megatron-core's default is 0).
 """
 
 from __future__ import annotations
@@ -29,13 +34,20 @@ _MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "
                  "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
                  "account_for_loss_in_pipeline_split", "context_parallel_size",
                  "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
-                 "recompute_granularity", "recompute_method", "recompute_num_layers", "gradient_accumulation_fusion",
+                 "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+                 "gradient_accumulation_fusion",
                  "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
                  "num_query_groups", "gated_linear_unit", "normalization", "add_bias_linear", "add_qkv_bias",
-                 "attention_dropout", "hidden_dropout")
+                 "attention_dropout", "hidden_dropout",
+                 "num_moe_experts", "moe_layer_freq", "moe_router_topk", "moe_ffn_hidden_size",
+                 "moe_shared_expert_intermediate_size", "moe_shared_expert_overlap", "moe_grouped_gemm",
+                 "moe_token_dispatcher_type", "moe_router_load_balancing_type", "moe_router_pre_softmax",
+                 "mtp_num_layers", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+                 "qk_pos_emb_head_dim", "v_head_dim", "window_size", "window_attn_skip_freq", "softmax_type")
 _DDP_FIELDS = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32",
                "use_megatron_fsdp", "data_parallel_sharding_strategy")
-_OPTIMIZER_FIELDS = ("optimizer", "use_distributed_optimizer", "optimizer_cpu_offload", "use_precision_aware_optimizer")
+_OPTIMIZER_FIELDS = ("optimizer", "use_distributed_optimizer", "optimizer_cpu_offload", "optimizer_offload_fraction",
+                     "use_precision_aware_optimizer")
 #: TrainSpec.precision -> Megatron-Bridge mixed-precision recipe (bridge.training.mixed_precision)
 #: strings Hydra's override grammar takes unquoted
 _BARE = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -59,7 +71,8 @@ def overrides(plan: Plan) -> dict[str, Any]:
             "train.global_batch_size": training["global_batch_size"],
             "dataset.sequence_length": training["seq_length"]}
     out |= {f"ddp.{k}": ddp[k] for k in _DDP_FIELDS}
-    out |= {f"optimizer.{k}": opt[k] for k in _OPTIMIZER_FIELDS}
+    out |= {f"optimizer.{k}": opt[k] for k in _OPTIMIZER_FIELDS
+            if k != "optimizer_offload_fraction" or opt["optimizer_cpu_offload"]}
     out["mixed_precision"] = MIXED_PRECISION[plan.train.precision]
     return out
 
@@ -67,11 +80,13 @@ def overrides(plan: Plan) -> dict[str, Any]:
 def format_value(value: Any) -> str:
     """Hydra/OmegaConf literal: true/false, null, numbers, bare strings; a string with characters
     Hydra's override grammar reads as syntax (a pipeline layout's `(`, `)`, `,`, `|`, `*`) is
-    double-quoted."""
+    double-quoted; a list or tuple is a Hydra list `[a,b]`."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
         return "null"
+    if isinstance(value, (list, tuple)):  # a per-layer pattern or a window pair: a Hydra list
+        return "[" + ",".join(format_value(v) for v in value) + "]"
     if isinstance(value, str) and not _BARE.fullmatch(value):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(value) if isinstance(value, float) else str(value)

@@ -33,6 +33,15 @@ Mapping choices (torchtitan shards data parallelism with FSDP2):
   (n/k)-th layer, when n/k is whole.
 - fp8 is torchao float8 training with tensorwise scaling (torchao has no
   delayed scaling); fp16 is refused (torchtitan trains in bf16 or fp32).
+- MoE: `expert_parallel_degree` = ep and `expert_tensor_parallel_degree` = etp.
+  torchtitan's ParallelDims takes etp = 1 or etp = tp with ep > 1, and without
+  ep it shards experts over the whole tp mesh (etp must be tp); the expert ranks
+  come from dp_shard·cp·tp, so ep > 1 always uses FSDP (dp_shard), never DDP
+  replication. MoE, latent-attention and window shapes live in torchtitan's
+  model flavors (deepseek_v3, llama4, qwen3, gpt_oss); the notes list them.
+- offload_optimizer is refused: torchtitan's `enable_cpu_offload` is FSDP's
+  CPU offload of parameters, gradients and optimizer states together. So is
+  multi-token prediction (no torchtitan model has MTP modules).
 """
 
 from __future__ import annotations
@@ -62,6 +71,18 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
 
     if t.precision == "fp16":
         refuse("precision 'fp16'; torchtitan trains in bf16 (FSDP mixed precision) or fp32")
+    s = f.strategy
+    if s.offload_optimizer:
+        refuse("offload_optimizer; torchtitan's only CPU offload (training.enable_cpu_offload, FSDP's) moves "
+               "parameters and gradients to the host too, not the optimizer alone")
+    if m.num_mtp_layers:
+        refuse(f"num_mtp_layers ({m.num_mtp_layers}); torchtitan's models have no multi-token-prediction module")
+    if m.is_moe and s.ep > 1 and s.etp not in (1, s.tp):
+        refuse(f"etp ({s.etp}) with ep ({s.ep}) > 1 must be 1 or tp ({s.tp}); torchtitan's ParallelDims supports "
+               "ETP=TP or ETP=1 only")
+    if m.is_moe and s.ep == 1 and s.etp != s.tp:
+        refuse(f"etp ({s.etp}) with ep 1 must equal tp ({s.tp}); without expert parallelism torchtitan shards "
+               "experts over the tensor-parallel mesh")
     if t.grad_precision not in ("fp32",):
         notes.append(f"grad_precision {t.grad_precision}: torchtitan reduces gradients in float32 "
                      "(training.mixed_precision_reduce allows only float32)")
@@ -72,6 +93,7 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     else:
         notes.append(f"model {m.name}: set [model] name/flavor to a torchtitan model with {m.num_layers} layers, "
                      f"hidden {m.hidden_size}, {m.num_attention_heads} heads, {m.kv_heads} KV heads")
+        notes += _architecture_notes(m)
     if t.precision == "fp8":
         sections.setdefault("model", {})["converters"] = [FLOAT8_CONVERTER]
         sections["quantize"] = {"linear": {"float8": {"recipe_name": FLOAT8_RECIPE}}}
@@ -82,19 +104,36 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     return sections, notes
 
 
+def _architecture_notes(m) -> list[str]:
+    """What the torchtitan model chosen for an MoE, latent-attention or windowed model must have."""
+    notes = []
+    if m.is_moe:
+        dense = m.moe_layer_mask().count(False)
+        notes.append(f"MoE: {m.num_experts} routed experts of width {m.expert_ffn}, top-{m.moe_top_k}, "
+                     f"{m.num_shared_experts} shared, {dense} dense layers (torchtitan's MoE models: deepseek_v3, "
+                     "llama4, qwen3, gpt_oss)")
+    if m.is_mla:
+        notes.append(f"latent attention: q_lora_rank {m.q_lora_rank}, kv_lora_rank {m.kv_lora_rank} "
+                     "(torchtitan's deepseek_v3)")
+    if any(m.local_attention_mask()):
+        notes.append(f"sliding window {m.sliding_window} on {m.local_attention_mask().count(True)} of "
+                     f"{m.num_layers} layers (torchtitan's gpt_oss)")
+    return notes
+
+
 def _training(f: PlanFacts) -> dict[str, Any]:
     s, t = f.strategy, f.train
     local = f.local_batch_size() if s.pp > 1 else s.micro_batch_size
     out: dict[str, Any] = {"local_batch_size": local, "global_batch_size": t.global_batch_size, "seq_len": t.seq_len,
                            "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"}
-    if s.offload_optimizer:
-        out["enable_cpu_offload"] = True
     return out
 
 
 def _parallelism(f: PlanFacts, notes: list[str]) -> dict[str, Any]:
     s = f.strategy
-    model_parallel = s.tp > 1 or s.pp > 1 or s.cp > 1
+    # Expert parallelism draws its ranks from the FSDP (dp_shard), cp and tp ranks, never from
+    # dp_replicate (torchtitan's ParallelDims: efsdp = dp_shard·cp·tp / (ep·etp)).
+    model_parallel = s.tp > 1 or s.pp > 1 or s.cp > 1 or s.ep > 1
     out: dict[str, Any] = {}
     if s.zero_stage == 0 and not model_parallel:
         out |= {"data_parallel_replicate_degree": f.dp, "data_parallel_shard_degree": 1}
@@ -102,12 +141,10 @@ def _parallelism(f: PlanFacts, notes: list[str]) -> dict[str, Any]:
         out |= {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": f.dp,
                 "fsdp_reshard_after_forward": "always" if s.zero_stage == 3 else "never"}
         if s.zero_stage == 0:
-            notes.append("zero_stage 0 with tp/pp/cp: torchtitan has no DDP beside model parallelism; FSDP without "
+            notes.append("zero_stage 0 with tp/pp/cp/ep: torchtitan has no DDP beside model parallelism; FSDP without "
                          "resharding moves the same bytes and shards optimizer states and gradients")
         elif s.zero_stage == 1:
             notes.append("zero_stage 1: FSDP without resharding also shards gradients (ZeRO-2), which only saves memory")
-    if s.offload_optimizer:
-        notes.append("offload_optimizer: FSDP CPU offload moves parameters and gradients to the host as well")
     out |= {"tensor_parallel_degree": s.tp, "context_parallel_degree": s.cp, "pipeline_parallel_degree": s.pp,
             "expert_parallel_degree": s.ep, "expert_tensor_parallel_degree": s.etp}
     if s.tp > 1 and not s.sequence_parallel:
@@ -144,6 +181,9 @@ def _recompute(f: PlanFacts, refuse) -> dict[str, Any]:
     if s.recompute == "none":
         return {"mode": "none"}
     if s.recompute == "selective":
+        if s.recompute_modules and s.recompute_modules != ["core_attn"]:
+            refuse(f"recompute_modules {s.recompute_modules}; torchtitan's selective checkpointing is per operator "
+                   "or per layer, not per Megatron module")
         return {"mode": "selective", "selective_ac_option": "op"}
     if s.recompute_num_layers is None:
         return {"mode": "full"}

@@ -1,21 +1,57 @@
 """Hugging Face `config.json` → ModelSpec: only the JSON's numbers are read (no hub
-access, no remote code)."""
+access, no remote code).
+
+Each family (`model_type`) has a reader that maps its field names onto ModelSpec and,
+where a field is missing, takes the default of that family's configuration class in
+transformers (`src/transformers/models/<family>/configuration_<family>.py`; values in
+`FAMILY_DEFAULTS`, read from transformers 4.51 and, for gpt_oss, from the main branch).
+
+What is refused, each with one line naming the field and its value:
+- hybrid state-space / linear-attention stacks (Mamba, Jamba, Nemotron-H, Falcon-H1, ...);
+- per-layer architecture-search configs (`block_configs`, DeciLM / Nemotron-NAS);
+- mixture-of-experts fields this reader does not map (any key naming experts, MoE,
+  routers, routed or sparse steps), so that an MoE model is never read as a dense one;
+- a `model_type` it does not know without the standard decoder fields.
+
+A `model_type` it does not know that has the standard decoder fields
+(`num_hidden_layers`, `hidden_size`, `num_attention_heads`, `intermediate_size`,
+`vocab_size`) and no MoE fields is read as a dense Llama-style decoder, with a
+`ConfigWarning` saying so (the CLI prints it once on stderr).
+
+Small extras that the ModelSpec does not carry, under 0.1% of any model here:
+Qwen3 / Gemma 3 / OLMo 2 query-key norms, Gemma 2/3's two extra norms per layer,
+Qwen2-MoE's shared-expert gate (h per layer), DeepSeek-V3's routing-correction bias
+(E per layer, not trained by gradients), OLMo's weightless LayerNorm, the output
+projection bias of a Llama config with attention_bias (h per layer).
+"""
 
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from pydantic import ValidationError
 
 from planner.errors import SpecError
 from planner.specs.model import ModelSpec
 
 
+class ConfigWarning(UserWarning):
+    """A Hugging Face config was read with an assumption the user should see."""
+
+
 def read_hf_config(config: str | Path | dict[str, Any], name: str | None = None) -> ModelSpec:
     """Read a Hugging Face `config.json` (a local path or an already loaded dict).
 
-    Supports the Llama, Mistral, Qwen2, GPT-2 and GPT-NeoX families.
+    The model is named `name`, else the config's `_name_or_path`, else (for a path) the
+    file's name, or its folder's for a file called `config.json` (a downloaded model folder),
+    else its `model_type`. See the module docstring for the families read
+    and the configs refused.
     """
+    folder = None
     if not isinstance(config, dict):
         path = Path(config)
         try:
@@ -24,57 +60,474 @@ def read_hf_config(config: str | Path | dict[str, Any], name: str | None = None)
             raise SpecError(f"model config file {str(path)!r} does not exist") from None
         except json.JSONDecodeError as exc:
             raise SpecError(f"model config file {str(path)!r} is not valid JSON: {exc}") from None
-        name = name or path.parent.name or path.stem
+        folder = path.stem if path.stem != "config" else (path.resolve().parent.name or path.stem)
     if not isinstance(config, dict):
         raise SpecError("a Hugging Face config must be a JSON object")
-    return ModelSpec(**_hf_fields(config, name))
+    fields = _hf_fields(config)
+    own = config.get("_name_or_path")
+    fields["name"] = name or (own.strip() if isinstance(own, str) and own.strip() else None) or folder \
+        or fields["name"]
+    try:
+        return ModelSpec(**fields)
+    except ValidationError as exc:
+        problems = "; ".join((f"{'.'.join(map(str, e['loc']))}: " if e["loc"] else "")
+                             + e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise SpecError(f"Hugging Face config {fields['name']!r} read as an invalid model: {problems}") from None
 
 
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "mixtral_dense", "gemma", "olmo", "phi3"}
+# ---- defaults of the transformers configuration classes -------------------------
+#: Per family, the class defaults of the fields read here when a config.json omits them
+#: (transformers `configuration_<family>.py`, `__init__` signature; gpt_oss: main branch;
+#: deepseek_v2: the remote-code `configuration_deepseek.py` of deepseek-ai/DeepSeek-V2-Lite).
+#: `tie_word_embeddings` is what matters most: Gemma ties by default, most others do not,
+#: and a class that does not set it inherits PretrainedConfig's True (starcoder2, gpt2).
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False},
+    "mistral": {"tie_word_embeddings": False, "sliding_window": 4096},
+    "mixtral": {"tie_word_embeddings": False, "sliding_window": None, "num_local_experts": 8,
+                "num_experts_per_tok": 2},
+    "qwen2": {"tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 4096,
+              "max_window_layers": 28},
+    "qwen3": {"tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 4096,
+              "max_window_layers": 28, "head_dim": 128, "attention_bias": False},
+    "qwen2_moe": {"tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 4096,
+                  "max_window_layers": 28, "decoder_sparse_step": 1, "mlp_only_layers": None,
+                  "num_experts_per_tok": 4, "num_experts": 60, "moe_intermediate_size": 1408,
+                  "shared_expert_intermediate_size": 5632},
+    "qwen3_moe": {"tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 4096,
+                  "max_window_layers": 28, "attention_bias": False, "decoder_sparse_step": 1,
+                  "mlp_only_layers": None, "num_experts_per_tok": 8, "num_experts": 128,
+                  "moe_intermediate_size": 768},
+    "deepseek_v2": {"tie_word_embeddings": False, "attention_bias": False, "first_k_dense_replace": 0,
+                    "moe_layer_freq": 1, "n_shared_experts": None, "n_routed_experts": None,
+                    "num_experts_per_tok": None, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                    "moe_intermediate_size": 1407},
+    "deepseek_v3": {"tie_word_embeddings": False, "attention_bias": False, "first_k_dense_replace": 3,
+                    "moe_layer_freq": 1, "n_shared_experts": 1, "n_routed_experts": 256,
+                    "num_experts_per_tok": 8, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                    "moe_intermediate_size": 2048, "num_nextn_predict_layers": 0},
+    "gpt_oss": {"tie_word_embeddings": False, "attention_bias": True, "sliding_window": 128,
+                "num_local_experts": 128, "num_experts_per_tok": 4, "head_dim": 64},
+    "gemma": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False},
+    "gemma2": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False, "sliding_window": 4096},
+    "gemma3_text": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False,
+                    "sliding_window": 4096, "sliding_window_pattern": 6, "vocab_size": 262208,
+                    "max_position_embeddings": 131072},
+    "phi3": {"tie_word_embeddings": False, "sliding_window": None},
+    "olmo": {"tie_word_embeddings": False, "attention_bias": False},
+    "olmo2": {"tie_word_embeddings": False, "attention_bias": False},
+    "starcoder2": {"tie_word_embeddings": True, "use_bias": True, "sliding_window": None},
+    "llama4_text": {"tie_word_embeddings": False, "head_dim": 128, "num_local_experts": 16,
+                    "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "intermediate_size_mlp": 16384,
+                    "attention_chunk_size": 8192, "no_rope_layers": None, "moe_layers": None},
+    "gpt2": {"tie_word_embeddings": True},
+    "gpt_neox": {"tie_word_embeddings": False},
+}
+#: PretrainedConfig's own default, for a model_type not listed above.
+BASE_TIE_DEFAULT = True
+
+#: Hybrid state-space / linear-attention families (refused: their layers are not transformer layers).
+HYBRID_TYPES = frozenset({"jamba", "zamba", "zamba2", "nemotron_h", "falcon_h1", "falcon_mamba", "bamba",
+                          "granitemoehybrid", "mamba", "mamba2", "plamo2", "lfm2", "qwen3_next",
+                          "recurrent_gemma", "rwkv", "xlstm"})
+_HYBRID_KEY = re.compile(r"^(mamba_|ssm_)|hybrid_override_pattern|layers_block_type|attn_layer_period"
+                         r"|linear_attn|linear_num_key_heads")
+#: Keys that look like mixture-of-experts structure.
+_MOE_KEY = re.compile(r"expert|moe|router|routed|sparse_step|mlp_only_layers")
+#: MoE-looking keys that only tune training (loss weights, logging); harmless in any family.
+_TRAINING_ONLY = frozenset({"router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
+                            "router_z_loss_coef"})
+#: Keys whose contents are not architecture (quantisation, multimodal towers read elsewhere).
+_NOT_ARCHITECTURE = frozenset({"quantization_config", "vision_config", "audio_config", "rope_scaling",
+                               "rope_parameters", "text_config"})
+#: The `layer_types` entries this reader maps (anything else, e.g. linear attention, is refused).
+_ATTENTION_KINDS = frozenset({"sliding_attention", "full_attention"})
+_STANDARD = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
-def _hf_fields(cfg: dict[str, Any], name: str | None) -> dict[str, Any]:
-    model_type = str(cfg.get("model_type", "")).lower()
+class _Cfg:
+    """One config mapping with typed, family-defaulted reads; every error names the field."""
 
-    def need(key: str) -> Any:
-        if key not in cfg:
-            raise SpecError(f"Hugging Face config (model_type={model_type or '?'}) lacks field {key!r}")
-        return cfg[key]
+    def __init__(self, data: dict[str, Any], model_type: str, outer: dict[str, Any] | None = None) -> None:
+        self.data, self.model_type, self.outer = data, model_type, outer or {}
+        self.defaults = FAMILY_DEFAULTS.get(model_type, {})
 
-    base: dict[str, Any] = {"name": name or cfg.get("_name_or_path") or model_type or "hf-model",
-                            "source": f"Hugging Face config.json (model_type={model_type})"}
-    if model_type == "gpt2":
-        h = int(need("n_embd"))
-        return base | dict(
-            num_layers=int(need("n_layer")), hidden_size=h, num_attention_heads=int(need("n_head")),
-            ffn_hidden_size=int(cfg.get("n_inner") or 4 * h), gated_mlp=False, vocab_size=int(need("vocab_size")),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), position_embedding="learned",
-            max_position_embeddings=int(cfg.get("n_positions", 1024)), norm="layernorm", linear_bias=True,
-            dropout=float(cfg.get("resid_pdrop", 0.0)) > 0 or float(cfg.get("attn_pdrop", 0.0)) > 0,
-        )
-    if model_type == "gpt_neox":
-        return base | dict(
-            num_layers=int(need("num_hidden_layers")), hidden_size=int(need("hidden_size")),
-            num_attention_heads=int(need("num_attention_heads")), ffn_hidden_size=int(need("intermediate_size")),
-            gated_mlp=False, vocab_size=int(need("vocab_size")), tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            position_embedding="rope", max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            norm="layernorm", linear_bias=True,
-            dropout=float(cfg.get("hidden_dropout", 0.0)) > 0 or float(cfg.get("attention_dropout", 0.0)) > 0,
-        )
-    if model_type in _LLAMA_LIKE or "intermediate_size" in cfg and "num_key_value_heads" in cfg:
-        return base | dict(
-            num_layers=int(need("num_hidden_layers")), hidden_size=int(need("hidden_size")),
-            num_attention_heads=int(need("num_attention_heads")),
-            num_kv_heads=int(cfg.get("num_key_value_heads") or need("num_attention_heads")),
-            head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None,
-            ffn_hidden_size=int(need("intermediate_size")), gated_mlp=True, vocab_size=int(need("vocab_size")),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), position_embedding="rope",
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)), norm="rmsnorm",
-            linear_bias=bool(cfg.get("mlp_bias", False)),
-            qkv_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-            dropout=float(cfg.get("attention_dropout", 0.0) or 0.0) > 0,
-        )
-    raise SpecError(
-        f"Hugging Face config model_type {model_type!r} is not supported; "
-        "supported: llama, mistral, qwen2, gpt2, gpt_neox (and configs with the Llama field names)"
+    def _where(self) -> str:
+        return f"Hugging Face config (model_type={self.model_type or '?'})"
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        if key in self.data:
+            return self.data[key]
+        return self.defaults.get(key, default)
+
+    def has(self, key: str) -> bool:
+        return key in self.data or key in self.defaults
+
+    def int(self, key: str, default: Any = ..., minimum: int = 1) -> int:
+        value = self.raw(key, None if default is ... else default)
+        if value is None and default is ... and key not in self.data:
+            raise SpecError(f"{self._where()} lacks field {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise SpecError(f"{self._where()}: {key} must be an integer >= {minimum} (got {value!r})")
+        return value
+
+    def opt_int(self, key: str, minimum: int = 1) -> int | None:
+        return None if self.raw(key) is None else self.int(key, minimum=minimum)
+
+    def bool(self, key: str, default: bool = False) -> bool:
+        return parse_bool(self.raw(key, default), key, self._where())
+
+    def tie(self) -> bool:
+        """`tie_word_embeddings`: the text config's, else the outer config's, else the family default."""
+        if "tie_word_embeddings" in self.data:
+            return self.bool("tie_word_embeddings")
+        if "tie_word_embeddings" in self.outer:
+            return parse_bool(self.outer["tie_word_embeddings"], "tie_word_embeddings", self._where())
+        return parse_bool(self.defaults.get("tie_word_embeddings", BASE_TIE_DEFAULT), "tie_word_embeddings",
+                          self._where())
+
+    def dropout(self, *keys: str) -> bool:
+        out = False
+        for key in keys:
+            value = self.raw(key, 0.0) or 0.0
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise SpecError(f"{self._where()}: {key} must be a probability >= 0 (got {value!r})")
+            out = out or value > 0
+        return out
+
+    def layer_list(self, key: str, num_layers: int) -> list[Any]:
+        value = self.raw(key)
+        if not isinstance(value, list) or len(value) != num_layers:
+            raise SpecError(f"{self._where()}: {key} must be a list of one entry per layer "
+                            f"({num_layers}), got {value!r:.80}")
+        return value
+
+
+def parse_bool(value: Any, key: str, where: str = "Hugging Face config") -> bool:
+    """A JSON boolean, or the strings "true" / "false" (any case: "false" is False, not a
+    truthy string); anything else is refused."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise SpecError(f"{where}: {key} must be true or false (got {value!r})")
+
+
+# ---- the common decoder ---------------------------------------------------------------
+def _decoder(c: _Cfg, **overrides: Any) -> dict[str, Any]:
+    """The fields every Llama-style decoder shares (gated MLP, RMSNorm, rotary)."""
+    num_layers, hidden, heads = c.int("num_hidden_layers"), c.int("hidden_size"), c.int("num_attention_heads")
+    kv = c.raw("num_key_value_heads")
+    out = dict(
+        num_layers=num_layers, hidden_size=hidden, num_attention_heads=heads,
+        num_kv_heads=heads if kv is None else c.int("num_key_value_heads"),
+        head_dim=c.opt_int("head_dim"), ffn_hidden_size=c.int("intermediate_size"), gated_mlp=True,
+        vocab_size=c.int("vocab_size"), tie_embeddings=c.tie(), position_embedding="rope",
+        max_position_embeddings=c.int("max_position_embeddings", 4096), norm="rmsnorm",
+        linear_bias=False, qkv_bias=False, dropout=c.dropout("attention_dropout"),
     )
+    attention_bias, mlp_bias = c.bool("attention_bias"), c.bool("mlp_bias")
+    if mlp_bias:  # ModelSpec has one switch for all linear biases (attention biases too: q+2k+h per layer)
+        out["linear_bias"] = True
+    elif attention_bias:  # q, k, v biases (the output projection's h per layer is not counted)
+        out["qkv_bias"] = True
+    return out | overrides
+
+
+def _window(c: _Cfg, num_layers: int, every: int = 0, local_from: int = 0) -> dict[str, Any]:
+    """sliding_window with its layer pattern: `layer_types` when the config lists it (the
+    layers that are not "sliding_attention" are global), else every layer from `local_from` on
+    is local except each `every`-th one (0 = none global)."""
+    window = c.opt_int("sliding_window")
+    if window is None:
+        return {}
+    if c.raw("layer_types") is not None:
+        types = c.layer_list("layer_types", num_layers)
+        glob = [i for i, t in enumerate(types) if t != "sliding_attention"]
+        if len(glob) == num_layers:
+            return {}
+        return {"sliding_window": window, "global_attention_layers": glob}
+    if local_from:
+        glob = list(range(min(local_from, num_layers)))
+        return {} if len(glob) == num_layers else {"sliding_window": window, "global_attention_layers": glob}
+    return {"sliding_window": window, "global_attention_every": every}
+
+
+def _qwen_window(c: _Cfg, num_layers: int) -> dict[str, Any]:
+    """Qwen2/3: windowed only with use_sliding_window, on layers >= max_window_layers
+    (transformers `Qwen2Attention`)."""
+    if not c.bool("use_sliding_window") or c.raw("sliding_window") is None:
+        return {}
+    return _window(c, num_layers, local_from=c.int("max_window_layers", 0, minimum=0))
+
+
+# ---- families ----------------------------------------------------------------------
+def _llama(c: _Cfg) -> dict[str, Any]:
+    return _decoder(c)
+
+
+def _mistral(c: _Cfg) -> dict[str, Any]:
+    out = _decoder(c)
+    return out | _window(c, out["num_layers"])  # every layer local (Mistral 7B v0.1: 4096)
+
+
+def _phi3(c: _Cfg) -> dict[str, Any]:
+    out = _decoder(c)  # fused qkv_proj / gate_up_proj: the same matrices, no biases
+    return out | _window(c, out["num_layers"])
+
+
+def _qwen2(c: _Cfg) -> dict[str, Any]:
+    out = _decoder(c, qkv_bias=True)  # Qwen2Attention: q/k/v projections always have a bias
+    return out | _qwen_window(c, out["num_layers"])
+
+
+def _qwen3(c: _Cfg) -> dict[str, Any]:
+    out = _decoder(c)
+    return out | _qwen_window(c, out["num_layers"])
+
+
+def _gemma(c: _Cfg) -> dict[str, Any]:
+    return _decoder(c)  # GeGLU MLP (gated), tied by default
+
+
+def _gemma2(c: _Cfg) -> dict[str, Any]:
+    """Alternating local / global attention starting local (transformers Gemma2DecoderLayer:
+    sliding on even layers). Logit soft-capping is not modelled (elementwise, no parameters)."""
+    out = _decoder(c)
+    return out | _window(c, out["num_layers"], every=2)
+
+
+def _gemma3(c: _Cfg) -> dict[str, Any]:
+    """Every `sliding_window_pattern`-th layer global, the rest local (Gemma3DecoderLayer)."""
+    out = _decoder(c)
+    return out | _window(c, out["num_layers"], every=c.int("sliding_window_pattern"))
+
+
+def _olmo(c: _Cfg) -> dict[str, Any]:
+    return _decoder(c)  # OLMo's LayerNorm has no weights (3h per layer fewer than counted here)
+
+
+def _starcoder2(c: _Cfg) -> dict[str, Any]:
+    """LayerNorm, biases on every linear layer (use_bias), a plain two-matrix GELU MLP."""
+    out = _decoder(c, gated_mlp=False, norm="layernorm", qkv_bias=False,
+                   linear_bias=c.bool("use_bias"), dropout=c.dropout("attention_dropout", "residual_dropout"))
+    return out | _window(c, out["num_layers"])
+
+
+def _mixtral(c: _Cfg) -> dict[str, Any]:
+    out = _decoder(c)  # intermediate_size is each expert's width; every layer is MoE
+    out.update(num_experts=c.int("num_local_experts"), moe_top_k=c.int("num_experts_per_tok"))
+    return out | _window(c, out["num_layers"])
+
+
+def _qwen_moe(c: _Cfg, shared: bool) -> dict[str, Any]:
+    """Qwen2-MoE / Qwen3-MoE (transformers Qwen2MoeDecoderLayer): layer i is MoE when
+    num_experts > 0, (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers;
+    other layers are dense MLPs of intermediate_size. Qwen2-MoE adds one shared expert of
+    shared_expert_intermediate_size (its scalar sigmoid gate, h per layer, is not counted)."""
+    out = _qwen2(c) if shared else _qwen3(c)
+    L = out["num_layers"]
+    experts = c.int("num_experts", minimum=0)
+    if not experts:
+        return out
+    step = c.int("decoder_sparse_step")
+    only = c.raw("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise SpecError(f"{c._where()}: mlp_only_layers must be a list of layer indices (got {only!r})")
+    out.update(num_experts=experts, moe_top_k=c.int("num_experts_per_tok"),
+               moe_ffn_hidden_size=c.int("moe_intermediate_size"))
+    if only:
+        out["moe_dense_layers"] = sorted({*only} | {i for i in range(L) if (i + 1) % step})
+    else:
+        out["moe_layer_freq"] = step
+    if shared and c.raw("shared_expert_intermediate_size"):
+        out.update(num_shared_experts=1, shared_expert_ffn_hidden_size=c.int("shared_expert_intermediate_size"))
+    return out
+
+
+def _deepseek(c: _Cfg) -> dict[str, Any]:
+    """DeepSeek-V2/V3: multi-head latent attention; layer i is MoE when n_routed_experts is
+    set, i >= first_k_dense_replace and i % moe_layer_freq == 0 (DeepseekV3DecoderLayer);
+    n_shared_experts shared experts of moe_intermediate_size; num_nextn_predict_layers
+    multi-token-prediction modules (V3: 1). Every head has its own key and value."""
+    out = _decoder(c, num_kv_heads=None, head_dim=None)
+    out.update(q_lora_rank=c.opt_int("q_lora_rank"), kv_lora_rank=c.int("kv_lora_rank"),
+               qk_nope_head_dim=c.int("qk_nope_head_dim"), qk_rope_head_dim=c.int("qk_rope_head_dim"),
+               v_head_dim=c.int("v_head_dim"))
+    if c.has("num_nextn_predict_layers"):
+        out["num_mtp_layers"] = c.int("num_nextn_predict_layers", minimum=0)
+    if c.raw("n_routed_experts") is None:
+        return out
+    L, k, freq = out["num_layers"], c.int("first_k_dense_replace", minimum=0), c.int("moe_layer_freq")
+    out.update(num_experts=c.int("n_routed_experts"), moe_top_k=c.int("num_experts_per_tok"),
+               moe_ffn_hidden_size=c.int("moe_intermediate_size"))
+    if freq == 1:
+        out["moe_first_k_dense"] = k
+    else:
+        out["moe_dense_layers"] = [i for i in range(L) if not (i >= k and i % freq == 0)]
+    shared = c.int("n_shared_experts", 0, minimum=0)
+    if shared:
+        out.update(num_shared_experts=shared, shared_expert_ffn_hidden_size=out["moe_ffn_hidden_size"])
+    return out
+
+
+def _gpt_oss(c: _Cfg) -> dict[str, Any]:
+    """gpt-oss: every layer MoE (num_local_experts, experts_per_token / num_experts_per_tok),
+    biases on attention, router and experts, one attention-sink logit per head, windowed
+    layers from layer_types (default: alternating, starting windowed)."""
+    out = _decoder(c, linear_bias=c.bool("attention_bias"), qkv_bias=False)
+    given = {k: c.int(k) for k in ("num_experts_per_tok", "experts_per_token") if k in c.data}
+    if len(set(given.values())) > 1:
+        raise SpecError(f"{c._where()}: experts_per_token ({given['experts_per_token']}) and num_experts_per_tok "
+                        f"({given['num_experts_per_tok']}) disagree")
+    top_k = next(iter(given.values())) if given else c.int("num_experts_per_tok")
+    out.update(num_experts=c.int("num_local_experts"), moe_top_k=top_k, moe_router_bias=True,
+               moe_expert_bias=True, attention_sinks=True)
+    return out | _window(c, out["num_layers"], every=2)
+
+
+def _llama4(c: _Cfg) -> dict[str, Any]:
+    """Llama 4 text decoder (transformers Llama4TextDecoderLayer): MoE layers `moe_layers`
+    (default every interleave_moe_layer_step-th), each with num_local_experts routed experts
+    and one shared expert of intermediate_size; dense layers of intermediate_size_mlp.
+    Chunked attention (`attention_chunk_size`) on the rotary layers (`no_rope_layers` 1) is
+    approximated as a sliding window of the chunk size: a query in a chunk sees between 1 and
+    C keys, a window C keys, the same upper bound as the full-sequence count of global layers
+    (causal masking is not credited). The NoPE layers (0) attend globally."""
+    L = c.int("num_hidden_layers")
+    out = _decoder(c, ffn_hidden_size=c.int("intermediate_size_mlp"))
+    step = c.int("interleave_moe_layer_step")
+    moe_layers = c.raw("moe_layers")
+    moe = list(range(step - 1, L, step)) if moe_layers is None else moe_layers
+    if not isinstance(moe, list) or not all(isinstance(i, int) and 0 <= i < L for i in moe):
+        raise SpecError(f"{c._where()}: moe_layers must be a list of layer indices 0..{L - 1} (got {moe!r:.80})")
+    out.update(num_experts=c.int("num_local_experts"), moe_top_k=c.int("num_experts_per_tok"),
+               moe_ffn_hidden_size=c.int("intermediate_size"), num_shared_experts=1,
+               moe_dense_layers=[i for i in range(L) if i not in set(moe)])
+    chunk = c.opt_int("attention_chunk_size")
+    if chunk is not None:
+        rope = c.raw("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(L)]
+        if not isinstance(rope, list) or len(rope) != L:
+            raise SpecError(f"{c._where()}: no_rope_layers must list one 0/1 per layer ({L}), got {rope!r:.80}")
+        out.update(sliding_window=chunk, global_attention_layers=[i for i, r in enumerate(rope) if not r])
+    return out
+
+
+def _gpt2(c: _Cfg) -> dict[str, Any]:
+    h = c.int("n_embd")
+    return dict(
+        num_layers=c.int("n_layer"), hidden_size=h, num_attention_heads=c.int("n_head"),
+        ffn_hidden_size=c.raw("n_inner") and c.int("n_inner") or 4 * h, gated_mlp=False,
+        vocab_size=c.int("vocab_size"), tie_embeddings=c.tie(), position_embedding="learned",
+        max_position_embeddings=c.int("n_positions", 1024), norm="layernorm", linear_bias=True,
+        dropout=c.dropout("resid_pdrop", "attn_pdrop"),
+    )
+
+
+def _gpt_neox(c: _Cfg) -> dict[str, Any]:
+    return dict(
+        num_layers=c.int("num_hidden_layers"), hidden_size=c.int("hidden_size"),
+        num_attention_heads=c.int("num_attention_heads"), ffn_hidden_size=c.int("intermediate_size"),
+        gated_mlp=False, vocab_size=c.int("vocab_size"), tie_embeddings=c.tie(), position_embedding="rope",
+        max_position_embeddings=c.int("max_position_embeddings", 2048), norm="layernorm", linear_bias=True,
+        dropout=c.dropout("hidden_dropout", "attention_dropout"),
+    )
+
+
+#: model_type → (reader, the MoE-looking keys it maps).
+_DEEPSEEK_KEYS = frozenset({"n_routed_experts", "n_shared_experts", "moe_intermediate_size", "moe_layer_freq",
+                            "num_experts_per_tok", "routed_scaling_factor", "first_k_dense_replace"})
+_QWEN_MOE_KEYS = frozenset({"num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+                            "mlp_only_layers"})
+FAMILIES: dict[str, tuple[Callable[[_Cfg], dict[str, Any]], frozenset[str]]] = {
+    "llama": (_llama, frozenset()),
+    "mistral": (_mistral, frozenset()),
+    "phi3": (_phi3, frozenset()),
+    "qwen2": (_qwen2, frozenset()),
+    "qwen3": (_qwen3, frozenset()),
+    "gemma": (_gemma, frozenset()),
+    "gemma2": (_gemma2, frozenset()),
+    "gemma3_text": (_gemma3, frozenset()),
+    "olmo": (_olmo, frozenset()),
+    "olmo2": (_olmo, frozenset()),
+    "starcoder2": (_starcoder2, frozenset()),
+    "mixtral": (_mixtral, frozenset({"num_local_experts", "num_experts_per_tok"})),
+    "qwen2_moe": (lambda c: _qwen_moe(c, shared=True), _QWEN_MOE_KEYS | {"shared_expert_intermediate_size"}),
+    "qwen3_moe": (lambda c: _qwen_moe(c, shared=False), _QWEN_MOE_KEYS),
+    "deepseek_v2": (_deepseek, _DEEPSEEK_KEYS),
+    "deepseek_v3": (_deepseek, _DEEPSEEK_KEYS),
+    "gpt_oss": (_gpt_oss, frozenset({"num_local_experts", "num_experts_per_tok", "experts_per_token"})),
+    "llama4_text": (_llama4, frozenset({"num_local_experts", "num_experts_per_tok", "interleave_moe_layer_step",
+                                        "moe_layers"})),
+    "gpt2": (_gpt2, frozenset()),
+    "gpt_neox": (_gpt_neox, frozenset()),
+}
+#: Multimodal wrappers whose `text_config` holds the decoder (the vision tower is not planned).
+_WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+
+
+def _moe_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
+    """MoE-looking keys with a non-empty value, nested mappings included (DBRX's ffn_config)."""
+    found = []
+    for key, value in data.items():
+        if key in _NOT_ARCHITECTURE or key in _TRAINING_ONLY:
+            continue
+        if isinstance(value, dict):
+            found += _moe_keys(value, f"{prefix}{key}.")
+        elif _MOE_KEY.search(key.lower()) and value not in (None, 0, False, [], ""):
+            found.append(prefix + key)
+    return found
+
+
+def _refuse_unplannable(cfg: dict[str, Any], model_type: str) -> None:
+    if "block_configs" in cfg:
+        raise SpecError(f"Hugging Face config (model_type={model_type or '?'}) has per-layer block_configs "
+                        "(a neural-architecture-search model whose layers differ in shape): not supported; "
+                        "describe it as a model YAML instead")
+    hybrid = sorted(k for k in cfg if _HYBRID_KEY.search(k))
+    if model_type in HYBRID_TYPES or hybrid:
+        what = f"model_type {model_type!r}" if model_type in HYBRID_TYPES else f"field(s) {', '.join(hybrid)}"
+        raise SpecError(f"Hugging Face config {what}: hybrid state-space (Mamba/SSM) or linear-attention "
+                        "layers are not modelled; only transformer decoders can be planned")
+
+
+def _hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    outer_type = str(cfg.get("model_type", "")).lower()
+    _refuse_unplannable(cfg, outer_type)
+    data, outer, model_type = cfg, None, outer_type
+    if isinstance(cfg.get("text_config"), dict) and (outer_type in _WRAPPERS or "num_hidden_layers" not in cfg):
+        data, outer = cfg["text_config"], cfg
+        model_type = str(data.get("model_type") or _WRAPPERS.get(outer_type, outer_type)).lower()
+        model_type = _WRAPPERS.get(model_type, model_type)  # Llama 4's text_config may say "llama4"
+        _refuse_unplannable(data, model_type)
+        if cfg.get("vision_config") is not None:
+            warnings.warn(f"Hugging Face config model_type {outer_type!r}: only the text decoder is planned "
+                          "(the vision encoder in vision_config is not counted)", ConfigWarning, stacklevel=3)
+    c = _Cfg(data, model_type, outer)
+    kinds = data.get("layer_types")
+    odd = sorted({str(t) for t in kinds if t not in _ATTENTION_KINDS}) if isinstance(kinds, list) else []
+    if odd:
+        raise SpecError(f"Hugging Face config (model_type={model_type or '?'}): layer_types has {', '.join(odd)} "
+                        f"layers; only {' and '.join(sorted(_ATTENTION_KINDS))} are modelled")
+    source = f"Hugging Face config.json (model_type={outer_type or '?'})"
+    base = {"name": outer_type or "hf-model", "source": source}
+    reader, understood = FAMILIES.get(model_type, (None, frozenset()))
+    unknown_moe = [k for k in _moe_keys(data) if k not in understood]
+    if unknown_moe:
+        raise SpecError(f"Hugging Face config (model_type={model_type or '?'}) has mixture-of-experts field(s) "
+                        f"{', '.join(unknown_moe)} that this reader does not map; refusing rather than reading "
+                        "it as a dense model (describe it as a model YAML with num_experts, moe_top_k, ...)")
+    if reader is not None:
+        return base | reader(c)
+    missing = [k for k in _STANDARD if k not in data]
+    if missing:
+        raise SpecError(f"Hugging Face config model_type {model_type!r} is not supported and lacks the standard "
+                        f"decoder field(s) {', '.join(missing)}; supported: {', '.join(sorted(FAMILIES))}")
+    warnings.warn(f"Hugging Face config model_type {model_type!r} is not a known family: planned as a dense "
+                  "decoder (gated MLP, RMSNorm, rotary) from its standard fields", ConfigWarning, stacklevel=3)
+    out = base | _decoder(c)
+    if c.bool("use_sliding_window", True):  # a window only where the config does not switch it off (Qwen-style)
+        out |= _window(c, out["num_layers"])
+    return out

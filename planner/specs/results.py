@@ -37,7 +37,9 @@ class Estimate(BaseModel):
     comm_hidden_fraction: float = Field(
         0.0, description="Share of the step's communication the prediction assumes hidden behind compute (0..1); "
         "near 1 the prediction rests on overlap that real runs may not reach.")
-    fits: bool = Field(description="Peak memory fits in the GPU's memory.")
+    fits: bool = Field(description="The strategy is valid and its peak memory fits in the GPU's memory.")
+    valid: bool = Field(True, description="The strategy breaks no rule (degrees, split, batch, experts); a valid "
+                        "strategy may still not fit.")
     reasons: list[str] = Field(default_factory=list, description="Why the strategy is invalid or does not fit; empty when it does.")
 
 

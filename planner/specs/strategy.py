@@ -42,6 +42,12 @@ class Strategy(BaseModel):
         description="With full recompute, how many layers per pipeline chunk are recomputed (Megatron's block "
         "method); None = all of them.",
     )
+    recompute_modules: list[str] | None = Field(
+        None,
+        description="With selective recompute, the parts of each layer recomputed in backward (Megatron's "
+        "--recompute-modules): core_attn, layernorm, mla_up_proj, mlp, moe_act, shared_experts, moe; "
+        "None = core_attn only.",
+    )
     offload_optimizer: bool = Field(False, description="Optimizer states and step on the CPU (ZeRO-Offload).")
     num_layers_in_first_stage: int | None = Field(
         None, ge=1, description="Layers on the first pipeline stage when the split is uneven; None = even split."
@@ -75,6 +81,15 @@ class Strategy(BaseModel):
             raise SpecError(f"vpp ({self.vpp}) > 1 requires pp > 1 (pp is 1)")
         if self.recompute_num_layers is not None and self.recompute != "full":
             raise SpecError(f"recompute_num_layers ({self.recompute_num_layers}) needs recompute='full' (is {self.recompute!r})")
+        if self.recompute_modules is not None:
+            from cost_models.arrays import RECOMPUTE_MODULES
+
+            unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+            if unknown or not self.recompute_modules:
+                raise SpecError(f"recompute_modules {self.recompute_modules} must be a non-empty list of "
+                                f"{', '.join(RECOMPUTE_MODULES)}")
+            if self.recompute != "selective":
+                raise SpecError(f"recompute_modules needs recompute='selective' (is {self.recompute!r})")
         uneven = (self.num_layers_in_first_stage, self.num_layers_in_last_stage)
         if any(v is not None for v in uneven) and self.pp == 1:
             raise SpecError("num_layers_in_first_stage/last_stage need pp > 1 (pp is 1)")
@@ -162,7 +177,8 @@ class Strategy(BaseModel):
             parts.append(f"vpp{self.vpp}")
         if self.sequence_parallel:
             parts.append("sp")
-        parts += [f"z{self.zero_stage}", f"mbs{self.micro_batch_size}", f"rc={self.recompute}"]
+        rc = self.recompute + (f"({'+'.join(self.recompute_modules)})" if self.recompute_modules else "")
+        parts += [f"z{self.zero_stage}", f"mbs{self.micro_batch_size}", f"rc={rc}"]
         if self.recompute_num_layers:
             parts.append(f"rcl{self.recompute_num_layers}")
         split = self.split_label()

@@ -12,6 +12,7 @@ import argparse
 import importlib.util
 import inspect
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.emit.base import facts
-from planner.emit.megatron import core_config_kwargs, parse_args
+from planner.emit.megatron import core_config_kwargs, expand_pattern, parse_args
 from planner.specs import Plan
 
 DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
@@ -35,7 +36,7 @@ def megatron_configs(argv: list[str]) -> dict[str, Any]:
     from megatron.core import ModelParallelConfig
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
     from megatron.core.transformer.enums import AttnBackend
 
     def resolve(kw: dict[str, Any]) -> dict[str, Any]:
@@ -55,7 +56,8 @@ def megatron_configs(argv: list[str]) -> dict[str, Any]:
     te_needed = kw["optimizer"]["use_precision_aware_optimizer"] and importlib.util.find_spec("transformer_engine") is None
     return {
         "parallel": ModelParallelConfig(**resolve(kw["parallel"])),
-        "transformer": TransformerConfig(**resolve(kw["transformer"])),
+        "transformer": (MLATransformerConfig if kw["transformer"].get("multi_latent_attention")
+                        else TransformerConfig)(**resolve(kw["transformer"])),
         "ddp": DistributedDataParallelConfig(**kw["ddp"]),
         "optimizer": None if te_needed else OptimizerConfig(**resolve(kw["optimizer"])),
         "gpt": kw["gpt"],
@@ -105,7 +107,46 @@ def check_megatron(plan: Plan, argv: list[str]) -> None:
     assert cfg["training"] == {"micro_batch_size": s.micro_batch_size, "global_batch_size": t.global_batch_size,
                                "seq_length": t.seq_len}
     assert cfg["gpt"]["share_embeddings_and_output_weights"] == m.tie_embeddings
+    check_megatron_moe_and_attention(plan, tc)
+    if opt is not None and s.offload_optimizer:
+        assert opt.optimizer_offload_fraction == 1.0 and opt.use_precision_aware_optimizer
     megatron_lm_argument_rules(plan, args)
+
+
+def check_megatron_moe_and_attention(plan: Plan, tc) -> None:
+    """The MoE layers, latent attention and attention windows megatron-core builds are the model's:
+    which layers are MoE (`get_transformer_layer_spec`'s reading of moe_layer_freq) and which attend
+    locally (`is_layer_window_attention`), the expert, shared-expert and MLA widths, ep and etp."""
+    from megatron.core.transformer import MLATransformerConfig
+    from megatron.core.transformer.utils import is_layer_window_attention
+
+    m, s = plan.model, facts(plan).strategy
+    if m.is_moe:
+        assert (tc.num_moe_experts, tc.moe_router_topk, tc.moe_ffn_hidden_size) == (m.num_experts, m.moe_top_k,
+                                                                                     m.expert_ffn)
+        assert (tc.expert_model_parallel_size, tc.expert_tensor_parallel_size) == (s.ep, s.etp)
+        freq = tc.moe_layer_freq
+        built = [i % freq == 0 for i in range(m.num_layers)] if isinstance(freq, int) else [bool(x) for x in freq]
+        assert tuple(built) == m.moe_layer_mask()
+        shared = m.num_shared_experts * m.shared_expert_ffn if m.num_shared_experts else None
+        assert tc.moe_shared_expert_intermediate_size == shared
+        assert tc.moe_shared_expert_overlap == bool(m.num_shared_experts)
+        assert tc.moe_token_dispatcher_type == "alltoall" and tc.moe_grouped_gemm
+        if s.tp > 1:
+            assert tc.sequence_parallel  # megatron-core's MoELayer.forward raises without it
+    else:
+        assert tc.num_moe_experts is None and tc.moe_shared_expert_intermediate_size is None
+    assert (tc.mtp_num_layers or 0) == m.num_mtp_layers
+    assert isinstance(tc, MLATransformerConfig) == m.is_mla == tc.multi_latent_attention
+    if m.is_mla:
+        assert (tc.q_lora_rank, tc.kv_lora_rank, tc.qk_head_dim, tc.qk_pos_emb_head_dim, tc.v_head_dim) == (
+            m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)
+    local = tuple(is_layer_window_attention(tc.window_size, tc.window_attn_skip_freq, i + 1)
+                  for i in range(m.num_layers))
+    assert local == m.local_attention_mask()
+    if any(local):
+        assert tc.window_size == (m.sliding_window - 1, 0)
+    assert (tc.softmax_type == "learnable") == m.attention_sinks
 
 
 def check_megatron_split(plan: Plan, tc) -> None:
@@ -157,6 +198,16 @@ def megatron_lm_argument_rules(plan: Plan, args: dict[str, Any]) -> None:
     if args.get("recompute_granularity") == "selective":
         assert "recompute_method" not in args
     assert not (args.get("bf16") and args.get("fp16"))
+    if args.get("expert_model_parallel_size", 1) > 1:
+        assert args.get("num_experts") and args["num_experts"] % args["expert_model_parallel_size"] == 0
+    if args.get("mtp_num_layers"):
+        assert args["position_embedding_type"] in ("rope", "none")
+    if args.get("multi_latent_attention"):
+        assert not args.get("group_query_attention")
+    for key in ("moe_layer_freq", "window_attn_skip_freq"):  # moe_freq_type: an int or a list expression
+        if isinstance(args.get(key), str):
+            assert not re.search(r"[^,\d\[\]\(\)\+\*]", args[key]), args[key]
+            assert len(expand_pattern(args[key])) == plan.model.num_layers
 
 
 def check_bridge(plan: Plan, overrides: list[str]) -> None:
@@ -166,7 +217,7 @@ def check_bridge(plan: Plan, overrides: list[str]) -> None:
     import torch.nn.functional as F
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
     sections: dict[str, dict[str, Any]] = {}
     for item in overrides:
@@ -176,15 +227,18 @@ def check_bridge(plan: Plan, overrides: list[str]) -> None:
     model = dict(sections["model"])
     provider_extras = {k: model.pop(k) for k in ("seq_length", "position_embedding_type",
                                                  "share_embeddings_and_output_weights")}
-    fields = set(TransformerConfig.__dataclass_fields__)
+    config_class = MLATransformerConfig if model.get("multi_latent_attention") else TransformerConfig
+    fields = set(config_class.__dataclass_fields__)
     assert set(model) <= fields, set(model) - fields
+    if "window_size" in model:
+        model["window_size"] = tuple(model["window_size"])  # OmegaConf hands a list to the Tuple field
     recipe = sections["mixed_precision"]["mixed_precision"]
     dtype = torch.float16 if recipe.startswith("fp16") else torch.bfloat16
     model |= {"params_dtype": dtype, "pipeline_dtype": dtype, "bf16": dtype == torch.bfloat16,
               "fp16": dtype == torch.float16}
     if model.get("gated_linear_unit"):
         model["activation_func"] = F.silu
-    tc = TransformerConfig(**model)
+    tc = config_class(**model)
     ddp = DistributedDataParallelConfig(**sections["ddp"])
     if not (sections["optimizer"]["use_precision_aware_optimizer"]
             and importlib.util.find_spec("transformer_engine") is None):  # see megatron_configs
@@ -193,6 +247,9 @@ def check_bridge(plan: Plan, overrides: list[str]) -> None:
     s, t = facts(plan).strategy, plan.train
     assert (tc.tensor_model_parallel_size, tc.pipeline_model_parallel_size, tc.context_parallel_size) == (s.tp, s.pp, s.cp)
     check_megatron_split(plan, tc)
+    check_megatron_moe_and_attention(plan, tc)
+    if s.offload_optimizer:
+        assert sections["optimizer"]["optimizer_cpu_offload"] and sections["optimizer"]["optimizer_offload_fraction"] == 1.0
     assert tc.virtual_pipeline_model_parallel_size == (s.vpp if s.vpp > 1 else None)
     assert ddp.use_distributed_optimizer == (s.zero_stage >= 1)
     assert sections["train"] == {"micro_batch_size": s.micro_batch_size, "global_batch_size": t.global_batch_size}
@@ -206,6 +263,8 @@ def _hydra(raw: str) -> Any:
         return raw == "true"
     if raw == "null":
         return None
+    if raw.startswith("[") and raw.endswith("]"):  # a Hydra list of numbers
+        return [_hydra(item) for item in raw[1:-1].split(",")] if raw != "[]" else []
     for cast in (int, float):
         try:
             return cast(raw)
@@ -303,8 +362,16 @@ def check_colossalai(plan: Plan, spec: dict[str, Any]) -> None:
     inspect.signature(cls.__init__).bind(object(), **kwargs)
     f = facts(plan)
     s = f.strategy
-    if spec["plugin"] == "HybridParallelPlugin":
+    if spec["plugin"] in ("HybridParallelPlugin", "MoeHybridParallelPlugin"):
         assert (kwargs["tp_size"], kwargs["pp_size"]) == (s.tp, s.pp)
+        if spec["plugin"] == "MoeHybridParallelPlugin":
+            # the constructor's own rules: dp = world / (tp·pp·sp) divisible by ep_size; expert
+            # tensors sharded over the whole tp group
+            assert plan.model.is_moe and kwargs["ep_size"] == s.ep and s.etp == s.tp
+            assert (plan.num_gpus // (s.tp * s.pp * (kwargs.get("sp_size") or 1))) % kwargs["ep_size"] == 0
+            assert kwargs["moe_dp_outside"] is False
+        else:
+            assert s.ep == 1
         assert kwargs["zero_stage"] in (0, 1, 2) and kwargs["zero_stage"] == s.zero_stage
         if kwargs.get("enable_sequence_parallelism"):
             assert kwargs["sequence_parallelism_mode"] in SUPPORT_SP_MODE
@@ -325,9 +392,11 @@ def check_colossalai(plan: Plan, spec: dict[str, Any]) -> None:
                     n = ckpt.get_num_ckpt_layers(stage, s.pp, plan.model.num_layers, chunk, s.vpp)
                     assert 0 < n <= f.layers_per_chunk()[chunk * s.pp + stage]
     elif spec["plugin"] == "LowLevelZeroPlugin":
-        assert kwargs["stage"] == s.zero_stage in (1, 2) and s.tp == s.pp == s.cp == 1
+        assert kwargs["stage"] == s.zero_stage in (1, 2) and s.tp == s.pp == s.cp == 1 and s.ep == 1
+        assert kwargs["cpu_offload"] == s.offload_optimizer
     else:
-        assert spec["plugin"] == "GeminiPlugin" and s.zero_stage == 3 and kwargs["tp_size"] == s.tp
+        assert spec["plugin"] == "GeminiPlugin" and s.zero_stage == 3 and kwargs["tp_size"] == s.tp and s.ep == 1
+        assert kwargs["offload_optim_frac"] == (1.0 if s.offload_optimizer else 0.0)
     batch = spec["training"]["dataloader_batch_size"] * spec["training"]["gradient_accumulation_steps"]
     assert batch * f.dp == plan.train.global_batch_size
 
@@ -443,6 +512,10 @@ def check_torchtitan(plan: Plan, toml_text: str, tmp_dir: Path, full_parse: bool
                             ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=plan.num_gpus)
         assert dims.dp_replicate * dims.dp_shard == f.dp and (dims.tp, dims.pp, dims.cp) == (s.tp, s.pp, s.cp)
         assert t.seq_len % dims.seq_len_divisor == 0  # torchtitan's parallelize asserts this
+        assert (dims.ep, dims.etp) == (s.ep, s.etp)
+        # build_mesh's expert mesh: efsdp = dp_shard·cp·tp / (ep·etp) ranks, a whole number
+        assert (dims.dp_shard * dims.cp * dims.tp) % (dims.ep * dims.etp) == 0
+        assert not job.training.enable_cpu_offload  # offload_optimizer is refused, never mapped
         par, training = {k: getattr(p, k) for k in par}, {k: getattr(job.training, k) for k in training}
         which = "torchtitan"
     else:

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from planner import evaluate, plan
 from planner.api import make_inputs
-from planner.specs import Plan, Strategy
+from planner.specs import ModelSpec, Plan, Strategy
 
 
 def make_plan(model: str, cluster: str, num_gpus: int, global_batch_size: int, seq_len: int,
@@ -46,6 +46,59 @@ def llama3_70b_nemo() -> Plan:
 PUBLISHED = {"gpt3-175b-1024xA100-tp8pp8": gpt3_175b_sc21, "llama3-70b-64xH100-tp4pp4cp2vpp5": llama3_70b_nemo}
 
 
+# ---- MoE, latent-attention and windowed architectures (issue 8) -----------------------------
+# Shapes from each model's Hugging Face config.json, built directly (not from presets).
+DEEPSEEK_V3_LIKE = ModelSpec(
+    name="deepseek-v3-like", num_layers=61, hidden_size=7168, num_attention_heads=128, ffn_hidden_size=18432,
+    gated_mlp=True, vocab_size=129280, tie_embeddings=False, max_position_embeddings=4096,
+    num_experts=256, moe_top_k=8, moe_ffn_hidden_size=2048, num_shared_experts=1, moe_first_k_dense=3,
+    num_mtp_layers=1, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+    source="deepseek-ai/DeepSeek-V3 config.json: hidden_size 7168, intermediate_size 18432, moe_intermediate_size "
+           "2048, num_hidden_layers 61, first_k_dense_replace 3, n_routed_experts 256, num_experts_per_tok 8, "
+           "n_shared_experts 1, q_lora_rank 1536, kv_lora_rank 512, qk_nope/rope_head_dim 128/64, v_head_dim 128, "
+           "vocab_size 129280, num_nextn_predict_layers 1; the position table is cut to 4096 (pre-training length)")
+MIXTRAL_LIKE = ModelSpec(
+    name="mixtral-8x7b-like", num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+    ffn_hidden_size=14336, gated_mlp=True, vocab_size=32000, tie_embeddings=False, max_position_embeddings=32768,
+    num_experts=8, moe_top_k=2,
+    source="mistralai/Mixtral-8x7B-v0.1 config.json: hidden_size 4096, intermediate_size 14336, 32 layers, 32 heads, "
+           "8 KV heads, num_local_experts 8, num_experts_per_tok 2, vocab_size 32000")
+GEMMA2_LIKE = ModelSpec(
+    name="gemma2-9b-like", num_layers=42, hidden_size=3584, num_attention_heads=16, num_kv_heads=8, head_dim=256,
+    ffn_hidden_size=14336, gated_mlp=True, vocab_size=256000, tie_embeddings=True, max_position_embeddings=8192,
+    sliding_window=4096, global_attention_every=2,
+    source="google/gemma-2-9b config.json: hidden_size 3584, intermediate_size 14336, 42 layers, 16 heads, 8 KV "
+           "heads, head_dim 256, vocab_size 256000, sliding_window 4096 on every other layer (layer 0 local)")
+
+
+def deepseek_v3_like() -> Plan:
+    """DeepSeek-V3-like on 256 H100: pp 8 (7 layers first, 6 last, 8 in between), ep 8, dp 32, ZeRO-1,
+    global batch 1024 of 4096 tokens. A hand-made layout in the spirit of the DeepSeek-V3 report
+    (Sec. 3.2: pipeline stages, expert parallelism over nodes, ZeRO-1 data parallelism, no tp),
+    scaled to 256 GPUs."""
+    return make_plan(DEEPSEEK_V3_LIKE, "dgx-h100", 256, 1024, 4096,
+                     strategy=dict(pp=8, ep=8, zero_stage=1, num_layers_in_first_stage=7,
+                                   num_layers_in_last_stage=6, recompute="full"))
+
+
+def mixtral_like_etp() -> Plan:
+    """Mixtral-8x7B-like on 64 H100: tp 4 with sequence parallelism, pp 2, ep 4 with etp 2 (experts
+    on 8 of the 32 ranks of a stage), ZeRO-1."""
+    return make_plan(MIXTRAL_LIKE, "dgx-h100", 64, 256, 4096,
+                     strategy=dict(tp=4, pp=2, ep=4, etp=2, sequence_parallel=True, zero_stage=1))
+
+
+def gemma2_like() -> Plan:
+    """Gemma-2-9B-like on 16 H100: tp 2 with sequence parallelism, ZeRO-1, optimizer on the CPU."""
+    return make_plan(GEMMA2_LIKE, "dgx-h100", 16, 64, 8192,
+                     strategy=dict(tp=2, sequence_parallel=True, zero_stage=1, offload_optimizer=True))
+
+
+ARCHITECTURES = {"deepseek-v3-like-256xH100-pp8ep8": deepseek_v3_like,
+                 "mixtral-like-64xH100-tp4pp2ep4etp2": mixtral_like_etp,
+                 "gemma2-like-16xH100-tp2-offload": gemma2_like}
+
+
 # ---- the search's own output --------------------------------------------------------------
 #: (question, extra constrained searches) covering every knob the search varies
 QUESTIONS = [
@@ -68,6 +121,10 @@ QUESTIONS = [
     (dict(model="gpt3-1.7b", cluster="dgx-a100-40gb", num_gpus=8, global_batch_size=64, seq_len=2048,
           attention_kernel="unfused", grad_precision="bf16"),
      [{"pp": [2, 4], "recompute": "selective"}, {"zero_stage": 3}]),
+    # MoE (issue 8): expert parallelism with and without etp, offload, a windowed model
+    (dict(model="mixtral-8x7b", cluster="dgx-h100", num_gpus=64, global_batch_size=128, seq_len=4096),
+     [{"ep": [4, 8], "etp": 1, "pp": [1, 4]}, {"ep": 2, "etp": [2], "tp": 2}, {"zero_stage": 1, "offload_optimizer": True}]),
+    (dict(model="gemma-2-27b", cluster="dgx-h100", num_gpus=16, global_batch_size=32, seq_len=8192), []),
     # nothing fits: the search returns the closest valid strategies instead
     (dict(model="llama3-70b", cluster="dgx-a100-40gb", num_gpus=8, global_batch_size=8, seq_len=4096), []),
 ]
@@ -77,7 +134,8 @@ def knob_key(p: Plan) -> tuple:
     s = p.strategy
     return (s.tp > 1, s.pp > 1, s.cp > 1, s.vpp > 1, s.zero_stage, s.recompute, s.recompute_num_layers is not None,
             s.sequence_parallel, s.num_layers_in_first_stage is not None, s.stage_layers is not None,
-            s.embedding_as_layer, s.loss_as_layer, p.train.precision, p.train.attention_kernel, p.estimate.fits)
+            s.embedding_as_layer, s.loss_as_layer, s.ep > 1, s.etp > 1, s.offload_optimizer, p.train.precision,
+            p.train.attention_kernel, p.estimate.fits)
 
 
 @lru_cache(maxsize=1)

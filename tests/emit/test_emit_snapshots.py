@@ -2,7 +2,9 @@
 
 - GPT-3 175B on 1024 A100-80GB, TP 8 / PP 8 (Narayanan et al., SC'21)
 - Llama-3-70B on 64 H100, TP 4 / PP 4 / CP 2 / VPP 5 (NVIDIA NeMo performance recipe)
-- A MoE plan is not snapshotted yet: ModelSpec has no experts, so there is no MoE plan to emit.
+- Architectures of issue 8 (tests/emit/emit_plans.py ARCHITECTURES): a DeepSeek-V3-like MoE with
+  latent attention and multi-token prediction on pp 8 / ep 8, a Mixtral-like MoE with etp 2 under
+  tp 4, and a Gemma-2-like windowed model with the optimizer offloaded to the CPU
 
 The predicted step time, MFU and memory in each header come from the cost model and are
 masked, so calibration changes do not churn the snapshots. Regenerate after an intended
@@ -18,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from emit_plans import PUBLISHED
+from emit_plans import ARCHITECTURES, PUBLISHED
 from planner.emit import NotExpressibleError, backends, emit, emit_data
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("MESHPLAN_UPDATE_SNAPSHOTS") == "1"
+PLANS = PUBLISHED | ARCHITECTURES
 SUFFIX = {"shell": "sh", "json": "json", "toml": "toml", "python": "py.txt"}  # snippets, not modules
 ESTIMATE = re.compile(r"predicted [^\n]*? GiB peak per GPU")
 
@@ -47,18 +50,18 @@ def _compare(path: Path, text: str) -> None:
 
 
 @pytest.mark.parametrize("backend", backends())
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
+@pytest.mark.parametrize("name", sorted(PLANS))
 def test_snapshot(name, backend):
-    suffix, text = _render(PUBLISHED[name](), backend)
+    suffix, text = _render(PLANS[name](), backend)
     _compare(SNAPSHOTS / name / f"{backend}.{suffix}", text)
     stale = [p for p in (SNAPSHOTS / name).glob(f"{backend}.*")
              if p.name not in (f"{backend}.{suffix}", f"{backend}.data.json")]
     assert not stale, f"stale snapshots {stale}: the backend now {'refuses' if suffix == 'refused.txt' else 'emits'}"
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
+@pytest.mark.parametrize("name", sorted(PLANS))
 def test_colossalai_json_snapshot(name):
-    plan = PUBLISHED[name]()
+    plan = PLANS[name]()
     try:
         text = json.dumps(emit_data(plan, "colossalai"), indent=2) + "\n"
     except NotExpressibleError as exc:

@@ -24,7 +24,7 @@ CHECKER = "torchtitan ConfigManager" if import_torchtitan_config() else "documen
     (LLAMA8, dict(zero_stage=3, recompute="full"), "bf16"),
     (LLAMA8, dict(tp=2, zero_stage=1, sequence_parallel=True, recompute="selective"), "fp8"),
     (LLAMA8, dict(tp=2, pp=2, zero_stage=0, recompute="full", recompute_num_layers=4), "bf16"),
-    (LLAMA8, dict(cp=4, zero_stage=2, offload_optimizer=True), "bf16"),
+    (LLAMA8, dict(cp=4, zero_stage=2), "bf16"),
     (LLAMA70, dict(tp=4, pp=4, cp=2, vpp=5, sequence_parallel=True, zero_stage=1), "bf16"),
     (("llama3.1-405b", "dgx-h100", 512, 256, 8192),
      dict(tp=8, pp=8, num_layers_in_first_stage=15, num_layers_in_last_stage=15, zero_stage=1), "bf16"),

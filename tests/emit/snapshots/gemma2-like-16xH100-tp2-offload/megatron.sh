@@ -1,0 +1,38 @@
+# Megatron-LM plan 1: gemma2-9b-like on 16x H100-SXM5-80GB (dgx-h100), dp8 tp2 pp1 sp z1 mbs1 rc=none offload; predicted <estimate>
+# Add your data, tokenizer, learning-rate and checkpoint flags, then run
+#   torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+MEGATRON_ARGS=(
+  --tensor-model-parallel-size 2
+  --pipeline-model-parallel-size 1
+  --context-parallel-size 1
+  --sequence-parallel
+  --micro-batch-size 1
+  --global-batch-size 64
+  --seq-length 8192
+  --use-distributed-optimizer
+  --overlap-grad-reduce
+  --overlap-param-gather
+  --optimizer adam
+  --optimizer-cpu-offload
+  --optimizer-offload-fraction 1.0
+  --use-precision-aware-optimizer
+  --bf16
+  --num-layers 42
+  --hidden-size 3584
+  --ffn-hidden-size 14336
+  --num-attention-heads 16
+  --kv-channels 256
+  --group-query-attention
+  --num-query-groups 8
+  --swiglu
+  --normalization RMSNorm
+  --position-embedding-type rope
+  --max-position-embeddings 8192
+  --disable-bias-linear
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+  --attention-backend flash
+  --window-size 4095,0
+  --window-attn-skip-freq 2
+)

@@ -1,0 +1,41 @@
+# Megatron-LM plan 1: mixtral-8x7b-like on 64x H100-SXM5-80GB (dgx-h100), dp8 tp4 pp2 sp z1 mbs1 rc=none; predicted <estimate>
+# Add your data, tokenizer, learning-rate and checkpoint flags, then run
+#   torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+MEGATRON_ARGS=(
+  --tensor-model-parallel-size 4
+  --pipeline-model-parallel-size 2
+  --context-parallel-size 1
+  --expert-model-parallel-size 4
+  --expert-tensor-parallel-size 2
+  --sequence-parallel
+  --micro-batch-size 1
+  --global-batch-size 256
+  --seq-length 4096
+  --use-distributed-optimizer
+  --overlap-grad-reduce
+  --overlap-param-gather
+  --optimizer adam
+  --bf16
+  --num-layers 32
+  --hidden-size 4096
+  --ffn-hidden-size 14336
+  --num-attention-heads 32
+  --group-query-attention
+  --num-query-groups 8
+  --swiglu
+  --normalization RMSNorm
+  --position-embedding-type rope
+  --max-position-embeddings 32768
+  --untie-embeddings-and-output-weights
+  --disable-bias-linear
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+  --attention-backend flash
+  --num-experts 8
+  --moe-router-topk 2
+  --moe-ffn-hidden-size 14336
+  --moe-grouped-gemm
+  --moe-token-dispatcher-type alltoall
+  --moe-router-load-balancing-type aux_loss
+)

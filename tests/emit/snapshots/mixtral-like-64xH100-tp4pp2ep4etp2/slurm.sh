@@ -1,0 +1,53 @@
+#!/bin/bash
+#SBATCH --job-name=meshplan
+#SBATCH --nodes=8
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --exclusive
+# plan 1: mixtral-8x7b-like on 64x H100-SXM5-80GB (dgx-h100), dp8 tp4 pp2 sp z1 mbs1 rc=none; predicted <estimate>
+set -euo pipefail
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR
+export MASTER_PORT=29500
+# export NCCL_SOCKET_IFNAME=...   # the interface that reaches the other nodes (site-specific)
+# export NCCL_IB_HCA=...          # InfiniBand adapters to use (site-specific)
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+MEGATRON_ARGS=(
+  --tensor-model-parallel-size 4
+  --pipeline-model-parallel-size 2
+  --context-parallel-size 1
+  --expert-model-parallel-size 4
+  --expert-tensor-parallel-size 2
+  --sequence-parallel
+  --micro-batch-size 1
+  --global-batch-size 256
+  --seq-length 4096
+  --use-distributed-optimizer
+  --overlap-grad-reduce
+  --overlap-param-gather
+  --optimizer adam
+  --bf16
+  --num-layers 32
+  --hidden-size 4096
+  --ffn-hidden-size 14336
+  --num-attention-heads 32
+  --group-query-attention
+  --num-query-groups 8
+  --swiglu
+  --normalization RMSNorm
+  --position-embedding-type rope
+  --max-position-embeddings 32768
+  --untie-embeddings-and-output-weights
+  --disable-bias-linear
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+  --attention-backend flash
+  --num-experts 8
+  --moe-router-topk 2
+  --moe-ffn-hidden-size 14336
+  --moe-grouped-gemm
+  --moe-token-dispatcher-type alltoall
+  --moe-router-load-balancing-type aux_loss
+)
+srun --kill-on-bad-exit=1 torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
+  pretrain_gpt.py "${MEGATRON_ARGS[@]}"

@@ -1,0 +1,180 @@
+"""Mixture-of-experts, latent and windowed attention, per-stage layer kinds and optimizer
+offload in the cost model, and the rules and CLI errors that guard them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+
+from cost_models.blocks import LatentAttention, model_blocks
+from cost_models.units import optimizer_state_bytes
+from planner import evaluate
+from planner.cli import main
+from planner.errors import SpecError
+from planner.specs import ModelSpec
+
+#: Mixtral 8x7B's shape (mistralai/Mixtral-8x7B-v0.1 config.json), 8 layers instead of 32 to keep tests small.
+MIXTRAL = dict(name="mixtral-8-layers", num_layers=8, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+               ffn_hidden_size=14336, gated_mlp=True, vocab_size=32000, tie_embeddings=False, num_experts=8,
+               moe_top_k=2)
+#: DeepSeek-V3's layer shapes (deepseek-ai/DeepSeek-V3 config.json) on 8 layers, the first 3 dense.
+DEEPSEEK = dict(name="deepseek-8-layers", num_layers=8, hidden_size=7168, num_attention_heads=128,
+                ffn_hidden_size=18432, gated_mlp=True, vocab_size=129280, tie_embeddings=False, num_experts=256,
+                moe_top_k=8, moe_ffn_hidden_size=2048, num_shared_experts=1, moe_first_k_dense=3,
+                q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+
+
+def _eval(model, gpus=16, gbs=64, seq=4096, **strategy):
+    return evaluate(ModelSpec(**model), "dgx-h100", gpus, gbs, seq, strategy=strategy)
+
+
+def test_all_to_all_only_with_expert_parallelism():
+    assert _eval(MIXTRAL, dp=16, zero_stage=1).time_s["ep_comm"] == 0
+    e = _eval(MIXTRAL, dp=16, ep=8, zero_stage=1)
+    assert e.valid and e.time_s["ep_comm"] > 0
+    # across nodes (ep 16 spans two DGX) the all-to-all is slower than inside one
+    wide = evaluate(ModelSpec(**(MIXTRAL | {"num_experts": 16})), "dgx-h100", 16, 64, 4096,
+                    strategy=dict(dp=16, ep=16, zero_stage=1))
+    narrow = evaluate(ModelSpec(**(MIXTRAL | {"num_experts": 16})), "dgx-h100", 16, 64, 4096,
+                      strategy=dict(dp=16, ep=8, zero_stage=1))
+    assert wide.time_s["ep_comm"] > narrow.time_s["ep_comm"]
+
+
+def test_expert_states_are_sharded_by_ep_and_the_expert_data_parallel_group():
+    model = ModelSpec(**MIXTRAL)
+    experts = model.expert_params()
+    dense = model.num_params() - experts
+    for ep in (1, 2, 8):
+        e = _eval(MIXTRAL, dp=16, ep=ep, zero_stage=1)
+        edp = 16 // ep
+        # ZeRO-1: optimizer states of dense weights over dp = 16, of expert weights (E/ep per rank) over edp.
+        # (The padded vocabulary adds a little to the dense part.)
+        expected = optimizer_state_bytes("adam", "bf16") * (dense / 16 + experts / ep / edp)
+        assert e.memory_bytes["optimizer"] == pytest.approx(expected, rel=0.01)
+        assert e.memory_bytes["params"] == pytest.approx(2 * (dense + experts / ep), rel=0.01)
+
+
+def test_model_flops_count_the_active_experts_only():
+    model = ModelSpec(**MIXTRAL)
+    seq, gbs = 1024, 64
+    e = _eval(MIXTRAL, dp=16, ep=8, zero_stage=1, gbs=gbs, seq=seq)
+    tokens = gbs * seq
+    step_flop = e.model_tflops_per_gpu * 1e12 * e.step_time_s * 16
+    embedding = model.vocab_size * model.hidden_size  # a lookup, not a GEMM
+    six_n_t = 6 * (model.num_active_params() - embedding) * tokens
+    assert step_flop == pytest.approx(six_n_t, rel=0.08)  # the rest is attention's s² term and the router
+    assert step_flop < 6 * model.num_params() * tokens / 2
+
+
+def test_load_imbalance_slows_experts_and_dispatch():
+    model = ModelSpec(**MIXTRAL)
+    one = evaluate(model, "dgx-h100", 16, 64, 4096, strategy=dict(dp=16, ep=8, zero_stage=1), moe_load_imbalance=1.0)
+    skew = evaluate(model, "dgx-h100", 16, 64, 4096, strategy=dict(dp=16, ep=8, zero_stage=1), moe_load_imbalance=1.5)
+    assert skew.time_s["ep_comm"] == pytest.approx(1.5 * one.time_s["ep_comm"], rel=0.05)
+    assert skew.time_s["compute"] > one.time_s["compute"]
+    assert skew.model_tflops_per_gpu < one.model_tflops_per_gpu  # model FLOPs do not count the imbalance
+
+
+def test_dense_and_moe_layers_are_counted_per_stage():
+    # 8 layers, first 3 dense, pp 4: the first stage holds 2 dense layers, the binding stage is an MoE one.
+    e = _eval(DEEPSEEK, gpus=64, gbs=64, dp=16, pp=4, ep=16, zero_stage=1, recompute="full")
+    assert e.valid, e.reasons
+    assert e.binding_pipeline_rank > 0
+    counts = model_blocks(ModelSpec(**DEEPSEEK)).pattern
+    assert counts == (0, 0, 0, 1, 1, 1, 1, 1)
+
+
+def test_latent_attention_parameters_match_deepseek_v3():
+    # DeepSeek-V3: q down 7168·1536 + norm, q up 1536·128·192, kv down 7168·576 + norm 512,
+    # kv up 512·128·256, output 128·128·7168 = 187.1M per layer.
+    mla = LatentAttention(7168, 128, 1536, 512, 128, 64, 128)
+    expected = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168
+    assert mla.params() == expected
+    # down-projections and norms are replicated over TP, the rest split
+    assert float(mla.params_per_rank(np.array(8))) == pytest.approx(
+        7168 * 1536 + 1536 + 7168 * 576 + 512 + (1536 * 128 * 192 + 512 * 128 * 256 + 128 * 128 * 7168) / 8)
+
+
+def test_sliding_window_cuts_attention_core_flops():
+    base = dict(name="w", num_layers=4, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+                ffn_hidden_size=14336, gated_mlp=True, vocab_size=32000)
+    full = ModelSpec(**base)
+    local = ModelSpec(**base, sliding_window=4096)
+    half = ModelSpec(**base, sliding_window=4096, global_attention_every=2)
+    seq = 32768
+    flop = {m.name + str(m.sliding_window) + str(m.global_attention_every):
+            evaluate(m, "dgx-h100", 8, 8, seq, strategy=dict(dp=8, recompute="full")).model_tflops_per_gpu
+            for m in (full, local, half)}
+    f, lo, h = flop.values()
+    assert lo < h < f
+    assert local.local_attention_mask() == (True,) * 4 and half.local_attention_mask() == (True, False, True, False)
+
+
+def test_offload_moves_optimizer_states_to_the_host_and_prices_the_host_step():
+    on = _eval(MIXTRAL, dp=16, ep=8, zero_stage=1, offload_optimizer=True)
+    off = _eval(MIXTRAL, dp=16, ep=8, zero_stage=1)
+    assert on.valid and on.memory_bytes["optimizer"] == 0 < off.memory_bytes["optimizer"]
+    assert on.time_s["optimizer"] > 10 * off.time_s["optimizer"]  # host DRAM and PCIe, not HBM
+    cpu = evaluate(ModelSpec(**MIXTRAL | {"hidden_size": 256, "ffn_hidden_size": 512, "num_attention_heads": 4,
+                                          "num_kv_heads": 2}),
+                   "local-cpu", 2, 2, 64, precision="fp32", strategy=dict(dp=2, zero_stage=1, offload_optimizer=True))
+    assert not cpu.valid and any("offload_optimizer needs" in r for r in cpu.reasons)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("moe_top_k", 9, "moe_top_k (9) must be between 1 and num_experts (8)"),
+    ("sliding_window", -4, "sliding_window"),
+    ("moe_dense_layers", [8], "moe_dense_layers [8] must be layer indices 0..7"),
+])
+def test_bad_model_fields_are_one_line_errors(field, value, message, tmp_path, capsys):
+    with pytest.raises((SpecError, ValueError)):
+        ModelSpec(**(MIXTRAL | {field: value}))
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(MIXTRAL | {field: value}))
+    code = main(["plan", "--model", str(path), "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
+                 "--seq-len", "4096"])
+    out, err = capsys.readouterr()
+    assert code == 2 and message in err and "Traceback" not in err + out
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-C", "ep=3"], "ep (3) must divide num_experts (8)"),
+    (["-C", "ep=8", "-C", "etp=4", "-C", "tp=1", "-C", "cp=1"], "etp·ep (4·8 = 32) must divide the tp·cp·dp ranks"),
+])
+def test_bad_expert_constraints_exit_2(args, message, tmp_path, capsys):
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(MIXTRAL))
+    code = main(["plan", "--model", str(path), "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
+                 "--seq-len", "4096", "-C", "pp=1", *args])
+    out, err = capsys.readouterr()
+    assert code == 2 and message in err and "Traceback" not in err + out
+
+
+def test_explain_shows_the_all_to_all(tmp_path, capsys):
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(MIXTRAL))
+    code = main(["explain", "--model", str(path), "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
+                 "--seq-len", "4096", "--ep", "8", "--zero", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "ep_comm (MoE token all-to-all" in out
+    code = main(["evaluate", "--model", str(path), "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
+                 "--seq-len", "4096", "--ep", "3"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "invalid strategy: ep (3) must divide num_experts (8)" in err
+
+
+def test_recompute_modules_trade_activation_memory_for_time():
+    base = dict(dp=16, pp=4, ep=16, zero_stage=1, recompute="selective")
+    plain = _eval(DEEPSEEK, gpus=64, **base)
+    deepseek = _eval(DEEPSEEK, gpus=64, **base, recompute_modules=["layernorm", "mla_up_proj", "moe_act"])
+    whole_moe = _eval(DEEPSEEK, gpus=64, **base, recompute_modules=["moe"])
+    assert deepseek.memory_bytes["activations"] < plain.memory_bytes["activations"]
+    assert whole_moe.memory_bytes["activations"] < deepseek.memory_bytes["activations"]
+    # repeating the MoE block repeats its GEMMs and its dispatch: far more than the attention core
+    assert whole_moe.time_s["recompute"] > 3 * plain.time_s["recompute"]
+    dense = evaluate("llama3-8b", "dgx-h100", 8, 8, 4096,
+                     strategy=dict(dp=8, recompute="selective", recompute_modules=["moe_act"]))
+    assert not dense.valid and any("moe_act / shared_experts / moe an MoE model" in r for r in dense.reasons)

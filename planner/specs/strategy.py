@@ -173,6 +173,10 @@ class Strategy(BaseModel):
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.etp > 1:
+            parts.append(f"etp{self.etp}")
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
         if self.sequence_parallel:

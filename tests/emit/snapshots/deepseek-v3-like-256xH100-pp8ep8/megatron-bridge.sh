@@ -1,4 +1,4 @@
-# Megatron-Bridge plan 1: deepseek-v3-like on 256x H100-SXM5-80GB (dgx-h100), dp32 tp1 pp8 z1 mbs1 rc=full first=7 last=6; predicted <estimate>
+# Megatron-Bridge plan 1: deepseek-v3-like on 256x H100-SXM5-80GB (dgx-h100), dp32 tp1 pp8 ep8 z1 mbs1 rc=full first=7 last=6; predicted <estimate>
 # Append to a Megatron-Bridge recipe script: python <recipe>.py "${OVERRIDES[@]}"
 OVERRIDES=(
   model.tensor_model_parallel_size=1

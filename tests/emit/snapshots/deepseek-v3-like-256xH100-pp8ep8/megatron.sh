@@ -1,4 +1,4 @@
-# Megatron-LM plan 1: deepseek-v3-like on 256x H100-SXM5-80GB (dgx-h100), dp32 tp1 pp8 z1 mbs1 rc=full first=7 last=6; predicted <estimate>
+# Megatron-LM plan 1: deepseek-v3-like on 256x H100-SXM5-80GB (dgx-h100), dp32 tp1 pp8 ep8 z1 mbs1 rc=full first=7 last=6; predicted <estimate>
 # Add your data, tokenizer, learning-rate and checkpoint flags, then run
 #   torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
 MEGATRON_ARGS=(

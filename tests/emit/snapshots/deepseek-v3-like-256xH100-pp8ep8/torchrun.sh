@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# torchrun for plan 1: deepseek-v3-like on 256x H100-SXM5-80GB (dgx-h100), dp32 tp1 pp8 z1 mbs1 rc=full first=7 last=6; predicted <estimate>
+# torchrun for plan 1: deepseek-v3-like on 256x H100-SXM5-80GB (dgx-h100), dp32 tp1 pp8 ep8 z1 mbs1 rc=full first=7 last=6; predicted <estimate>
 # Run this on each of the 32 nodes with NODE_RANK=0..31 and MASTER_ADDR set to node 0's address.
 set -euo pipefail
 : "${MASTER_ADDR:?set MASTER_ADDR to node 0's hostname or IP}"

@@ -1,4 +1,4 @@
-# Megatron-Bridge plan 1: mixtral-8x7b-like on 64x H100-SXM5-80GB (dgx-h100), dp8 tp4 pp2 sp z1 mbs1 rc=none; predicted <estimate>
+# Megatron-Bridge plan 1: mixtral-8x7b-like on 64x H100-SXM5-80GB (dgx-h100), dp8 tp4 pp2 ep4 etp2 sp z1 mbs1 rc=none; predicted <estimate>
 # Append to a Megatron-Bridge recipe script: python <recipe>.py "${OVERRIDES[@]}"
 OVERRIDES=(
   model.tensor_model_parallel_size=4

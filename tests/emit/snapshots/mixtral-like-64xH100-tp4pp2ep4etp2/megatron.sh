@@ -1,4 +1,4 @@
-# Megatron-LM plan 1: mixtral-8x7b-like on 64x H100-SXM5-80GB (dgx-h100), dp8 tp4 pp2 sp z1 mbs1 rc=none; predicted <estimate>
+# Megatron-LM plan 1: mixtral-8x7b-like on 64x H100-SXM5-80GB (dgx-h100), dp8 tp4 pp2 ep4 etp2 sp z1 mbs1 rc=none; predicted <estimate>
 # Add your data, tokenizer, learning-rate and checkpoint flags, then run
 #   torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...
 export CUDA_DEVICE_MAX_CONNECTIONS=1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# torchrun for plan 1: mixtral-8x7b-like on 64x H100-SXM5-80GB (dgx-h100), dp8 tp4 pp2 sp z1 mbs1 rc=none; predicted <estimate>
+# torchrun for plan 1: mixtral-8x7b-like on 64x H100-SXM5-80GB (dgx-h100), dp8 tp4 pp2 ep4 etp2 sp z1 mbs1 rc=none; predicted <estimate>
 # Run this on each of the 8 nodes with NODE_RANK=0..7 and MASTER_ADDR set to node 0's address.
 set -euo pipefail
 : "${MASTER_ADDR:?set MASTER_ADDR to node 0's hostname or IP}"

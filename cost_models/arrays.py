@@ -27,6 +27,18 @@ def modules_mask(modules: list[str] | tuple[str, ...] | None) -> int:
     return sum(1 << RECOMPUTE_MODULES.index(m) for m in modules or ())
 
 
+def selected_modules(mask) -> dict[str, np.ndarray]:
+    """Which RECOMPUTE_MODULES each candidate's selective recompute repeats (bool arrays):
+    mask 0 is Megatron's default, core_attn; `moe` (the whole MoE block) includes
+    `moe_act` and `shared_experts`, which are then not counted again."""
+    mask = np.where(np.asarray(mask) == 0, 1, mask)
+    whole_moe = (mask >> RECOMPUTE_MODULES.index("moe")) & 1 > 0
+    out = {m: (mask >> i) & 1 > 0 for i, m in enumerate(RECOMPUTE_MODULES)}
+    for m in ("moe_act", "shared_experts"):
+        out[m] = out[m] & ~whole_moe
+    return out
+
+
 def modules_of(mask: int) -> list[str] | None:
     return [m for i, m in enumerate(RECOMPUTE_MODULES) if mask >> i & 1] or None
 

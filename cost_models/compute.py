@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.arrays import RECOMPUTE_MODULES
+from cost_models.arrays import RECOMPUTE_MODULES, selected_modules
 from cost_models.blocks import DenseMLP, Gemm, Head, LatentAttention, Layer, Micro, ModelBlocks, MoE, Norm
 from cost_models.units import ACTIVATION_BYTES, FP8, WEIGHT_BYTES
 
@@ -149,15 +149,6 @@ def module_times(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray) -> di
 
 
 def selective_recompute_s(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Forward time selective recompute repeats for the modules in `mask` (0 = core_attn);
-    `moe` includes `moe_act` and `shared_experts`."""
+    """Forward time selective recompute repeats for the modules in `mask` (see `selected_modules`)."""
     parts = module_times(layer, x, gpu, core_s)
-    mask = np.where(np.asarray(mask) == 0, 1, mask)
-    moe_bit = 1 << RECOMPUTE_MODULES.index("moe")
-    total = 0.0
-    for i, m in enumerate(RECOMPUTE_MODULES):
-        on = (mask >> i) & 1
-        if m in ("moe_act", "shared_experts"):
-            on = on & ~((mask & moe_bit) > 0)
-        total = total + np.where(on > 0, parts[m], 0.0)
-    return total
+    return sum(np.where(on, parts[m], 0.0) for m, on in selected_modules(mask).items())

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from cost_models.arrays import StrategyArrays
-from cost_models.arrays import RECOMPUTE_MODULES
+from cost_models.arrays import RECOMPUTE_MODULES, selected_modules
 from cost_models.blocks import ZERO, DenseMLP, LatentAttention, Micro, ModelBlocks, MoE
 from cost_models.layout import ParallelLayout
 from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes
@@ -147,18 +147,9 @@ def module_activation_bytes(layer, x: Micro) -> dict[str, np.ndarray]:
 
 
 def selective_saving_bytes(layer, x: Micro, mask: np.ndarray) -> np.ndarray:
-    """Bytes selective recompute drops for the modules in `mask` (0 = core_attn only); `moe`
-    includes `moe_act` and `shared_experts`."""
+    """Bytes selective recompute drops for the modules in `mask` (see `selected_modules`)."""
     parts = module_activation_bytes(layer, x)
-    mask = np.where(np.asarray(mask) == 0, 1, mask)
-    moe_bit = 1 << RECOMPUTE_MODULES.index("moe")
-    saved = 0.0
-    for i, m in enumerate(RECOMPUTE_MODULES):
-        on = (mask >> i) & 1
-        if m in ("moe_act", "shared_experts"):
-            on = on & ~((mask & moe_bit) > 0)
-        saved = saved + np.where(on > 0, parts[m], 0.0)
-    return saved
+    return sum(np.where(on, parts[m], 0.0) for m, on in selected_modules(mask).items())
 
 
 def kind_activation_bytes(layer, x: Micro, recompute, modules=0) -> np.ndarray:

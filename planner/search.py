@@ -14,8 +14,8 @@ from cost_models import CostArrays, StrategyArrays, evaluate_arrays
 from cost_models.layout import STAGE_NAMES
 from cost_models.step import MEMORY_TERMS, TIME_TERMS
 from planner.errors import SpecError
-from planner.rules import Context, check, first_failure_counts, messages
-from planner.space import enumerate_space
+from planner.rules import Context, messages
+from planner.space import search_space
 from planner.specs import Estimate, Plan, PlanResult, SearchStats, Strategy
 
 GIB = 2**30
@@ -24,11 +24,9 @@ NUM_CLOSEST = 3
 
 def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) -> PlanResult:
     start = time.perf_counter()
-    space = enumerate_space(model, train, num_gpus, constraints)
-    ctx = Context(model, train, num_gpus)
-    valid, failures = check(ctx, space)
-    rejected = first_failure_counts(failures)
-    candidates = space.take(valid)
+    space = search_space(model, train, num_gpus, constraints)
+    rejected = dict(space.rejected)
+    candidates = space.valid
     costs = evaluate_arrays(model, cluster, train, candidates)
     fits = costs.fits
     over = ~fits
@@ -57,7 +55,7 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) 
         return Plan(rank=rank, strategy=strategy, estimate=est, model=model, cluster=cluster, train=train,
                     num_gpus=num_gpus)
 
-    stats = SearchStats(num_candidates=len(space), num_valid=len(candidates), num_feasible=int(len(feasible)),
+    stats = SearchStats(num_candidates=space.num_candidates, num_valid=len(candidates), num_feasible=int(len(feasible)),
                         rejected=rejected, search_time_s=elapsed)
     return PlanResult(
         plans=[make_plan(r + 1, i) for r, i in enumerate(order)],

@@ -53,6 +53,7 @@ from benchmarks.validation import (
 )
 from cost_models import StrategyArrays
 from cost_models.comm import TierCommModel
+from cost_models.blocks import model_blocks
 from cost_models.step import per_layer_times
 from planner.specs import ClusterSpec, GpuSpec, Strategy, TrainSpec
 from profiles import load_cluster
@@ -90,7 +91,8 @@ def predict_layer(case: LayerCase, cluster: ClusterSpec, train_options: dict) ->
     st = StrategyArrays.from_strategies([strategy])
     train = TrainSpec(global_batch_size=case.micro_batch_size, seq_len=case.seq_len, **train_options)
     pl = per_layer_times(case.model, train, cluster.gpu, TierCommModel(cluster), st, cluster.comm_overlap)
-    return float(pl.fwd_s[0]), float(pl.bwd_s[0])
+    blocks = model_blocks(case.model)  # the average layer (these models have one kind)
+    return float(pl.mean("fwd_s", blocks)[0]), float(pl.mean("bwd_s", blocks)[0])
 
 
 # ---- errors and their summary ----------------------------------------------

@@ -45,6 +45,7 @@ class LayerTimes:
     attn_core_fwd_s: np.ndarray  # the part selective recompute repeats
     fwd_flop: np.ndarray  # model FLOPs, forward, per rank
     attn_core_flop: np.ndarray
+    shared_expert_fwd_s: np.ndarray  # MoE: the shared experts' forward GEMMs (what can hide the dispatch)
 
 
 def gemm_time(g: Gemm, gpu: GpuSpec, precision: str) -> np.ndarray:
@@ -61,8 +62,10 @@ def gemm_time(g: Gemm, gpu: GpuSpec, precision: str) -> np.ndarray:
     5.427
     """
     prec = precision if g.quantised else UNQUANTISED[precision]
-    compute = g.flop / (gpu.peak(prec) * gpu.gemm_efficiency)
-    traffic = WEIGHT_BYTES[prec] * (g.m * g.k + g.k * g.n + g.m * g.n) / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
+    efficiency = gpu.gemm_efficiency * (gpu.grouped_gemm_efficiency if g.grouped else 1.0)
+    compute = g.flop / (gpu.peak(prec) * efficiency)
+    traffic = (g.count * WEIGHT_BYTES[prec] * (g.m * g.k + g.k * g.n + g.m * g.n)
+               / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency))
     return np.maximum(compute, traffic) + gpu.kernel_overhead_s
 
 
@@ -82,15 +85,23 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     elementwise_s = (ew.bytes + casts) / hbm + ew.num_kernels * gpu.kernel_overhead_s
     fwd = gemm_s + core_s + softmax_s + elementwise_s
     bwd = gpu.backward_gemm_ratio * (gemm_s + core_s) + BACKWARD_ELEMENTWISE_FACTOR * (softmax_s + elementwise_s)
+    moe = layer.moe()
+    shared_s = sum((gemm_time(g, gpu, prec) for g in moe.shared_gemms(x)), ZERO_S) if moe else ZERO_S
     return LayerTimes(fwd_s=fwd, bwd_s=bwd, attn_core_fwd_s=core_s + softmax_s,
-                      fwd_flop=sum(g.flop for g in gemms) + core.flop, attn_core_flop=core.flop)
+                      fwd_flop=sum(g.flop for g in gemms) + core.flop, attn_core_flop=core.flop,
+                      shared_expert_fwd_s=shared_s)
+
+
+ZERO_S = np.zeros(())
+LAYER_FIELDS = ("fwd_s", "bwd_s", "attn_core_fwd_s", "fwd_flop", "attn_core_flop", "shared_expert_fwd_s")
 
 
 def layer_times(blocks: ModelBlocks, x: Micro, gpu: GpuSpec) -> LayerTimes:
-    """Forward, backward and attention-core times of the model's average layer on one rank."""
-    kinds = [(_layer_times(layer, x, gpu), n) for layer, n in blocks.layers]
-    mean = lambda field: sum(n * getattr(t, field) for t, n in kinds) / blocks.num_layers  # noqa: E731
-    return LayerTimes(**{f: mean(f) for f in ("fwd_s", "bwd_s", "attn_core_fwd_s", "fwd_flop", "attn_core_flop")})
+    """Times of every layer kind on one rank: each field is a (K, N) array, one row per kind of
+    `blocks.all_kinds` (the main stack's kinds, then the MTP module's)."""
+    kinds = [_layer_times(layer, x, gpu) for layer in blocks.all_kinds]
+    n = len(x.micro_batch_size) if np.ndim(x.micro_batch_size) else 1
+    return LayerTimes(**{f: np.stack([np.broadcast_to(getattr(t, f), (n,)) for t in kinds]) for f in LAYER_FIELDS})
 
 
 def head_times(head: Head, x: Micro, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

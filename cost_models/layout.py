@@ -42,6 +42,7 @@ gives Korthikanti et al. (2022) Sec. 4.2.3's first-stage factor 1 + (pp-1)/(pp·
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -305,6 +306,46 @@ class ParallelLayout:
             self._rows = _stage_rows(self)
         return self._rows
 
+    def pattern_counts(self, pattern: tuple[int, ...], weights: tuple[float, ...]) -> np.ndarray:
+        """Layers of each kind on each stage row (K, S, N), for a model whose layer i is of kind
+        `pattern[i]` (0..K-1): the layers a pipeline rank builds are its virtual chunks' ranges
+        in `layers_per_chunk` order. With implicit rows, row 1 stands for the middle rank
+        heaviest by `weights` (a kind's relative cost; every middle rank has as many layers),
+        so a middle rank full of MoE layers binds, not one holding the first dense layers.
+        A split the rules reject is costed as L/pp layers of the model's kind mix.
+
+        >>> from types import SimpleNamespace as S
+        >>> s = S(tp=1, cp=1, dp=1, pp=4, vpp=1, ep=1, etp=1, num_layers_in_first_stage=None,
+        ...       num_layers_in_last_stage=None, embedding_as_layer=False, loss_as_layer=False, stage_layers=None)
+        >>> c = ParallelLayout.of_strategy(s, 8).pattern_counts((0, 0, 0, 1, 1, 1, 1, 1), (1.0, 2.0))
+        >>> c[:, :, 0].tolist()  # kinds × rows (first, heaviest middle, last)
+        [[2.0, 0.0, 0.0], [0.0, 2.0, 2.0]]
+        """
+        K = max(pattern) + 1
+        rows = self.rows
+        if K == 1:
+            return rows.layers[None, :, :]
+        ok = self.split_ok()
+        explicit = self.stage_layers if self.stage_layers is not None else np.zeros((len(self), 0), dtype=np.int64)
+        key = np.column_stack([self.pp, self.vpp, self.first, self.last, self.embedding_as_layer,
+                               self.loss_as_layer, ok, explicit]).astype(np.int64)
+        uniq, first_of, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        mix = np.bincount(np.asarray(pattern), minlength=K) / len(pattern)
+        per_struct = np.empty((K, rows.num_rows, len(uniq)))
+        for u, i in enumerate(first_of):
+            if not ok[i]:
+                per_struct[:, :, u] = mix[:, None] * rows.layers[None, :, i]
+                continue
+            by_rank = _rank_kind_counts(pattern, K, tuple(self.layers_per_chunk(int(i))), int(self.pp[i]))
+            ranks = rows.rank[:, i].copy()
+            p = int(self.pp[i])
+            if self.stage_layers is None or not self.stage_layers[i].any():
+                if p > 2:
+                    w = np.asarray(weights)
+                    ranks[1] = 1 + int(np.argmax(by_rank[1:p - 1] @ w))
+            per_struct[:, :, u] = by_rank[ranks].T
+        return per_struct[:, :, np.asarray(inverse).reshape(-1)]
+
     # ---- micro-batches -------------------------------------------------------------
     def num_microbatches(self, global_batch_size: int, micro_batch_size: np.ndarray) -> np.ndarray:
         """global_batch_size / (micro_batch_size · dp), at least 1 (divisibility: `batch_ok`)."""
@@ -413,3 +454,16 @@ def _stage_rows(lay: ParallelLayout) -> StageRows:
     kind = np.where((p == 1)[None, :], 0, kind)
     return StageRows(rank=rank, layers=layers, chunk_layers=layers / v, has_embedding=has_embedding,
                      has_head=has_head, kind=kind)
+
+
+@functools.lru_cache(maxsize=8192)
+def _rank_kind_counts(pattern: tuple[int, ...], num_kinds: int, chunks: tuple[int, ...], pp: int) -> np.ndarray:
+    """(pp, K) layers of each kind per pipeline rank; virtual stage j runs on rank j % pp."""
+    kinds = np.asarray(pattern)
+    out = np.zeros((pp, num_kinds))
+    start = 0
+    for j, n in enumerate(chunks):
+        out[j % pp] += np.bincount(kinds[start:start + n], minlength=num_kinds)
+        start += n
+    out.setflags(write=False)
+    return out

@@ -37,13 +37,44 @@ from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes
 
 
 def layer_params_per_rank(blocks: ModelBlocks, tp: np.ndarray) -> np.ndarray:
-    """Parameters of the model's average layer on one TP rank: matrices and their biases
-    split over tp, the norms replicated (elements)."""
+    """Parameters of the model's average layer on one TP rank, routed experts excluded:
+    matrices and their biases split over tp, the norms replicated (elements)."""
     return blocks.mean(lambda layer: layer.params_per_rank(tp))
 
 
-def stage_params(blocks: ModelBlocks, lay: ParallelLayout) -> np.ndarray:
-    """Parameters held by one rank of each stage row (S, N), elements.
+def _stack(values: list, n: int) -> np.ndarray:
+    return np.stack([np.broadcast_to(np.asarray(v, dtype=float), (n,)) for v in values])
+
+
+def kind_params_per_rank(blocks: ModelBlocks, tp: np.ndarray) -> np.ndarray:
+    """(K, N) parameters outside the routed experts of one layer of each kind on one rank."""
+    return _stack([k.params_per_rank(tp) for k in blocks.all_kinds], len(tp))
+
+
+def kind_expert_params_per_rank(blocks: ModelBlocks, ep: np.ndarray, etp: np.ndarray) -> np.ndarray:
+    """(K, N) routed-expert parameters of one layer of each kind on one rank of the expert mesh."""
+    return _stack([k.expert_params_per_rank(ep, etp) for k in blocks.all_kinds], len(ep))
+
+
+def stage_kind_counts(blocks: ModelBlocks, lay: ParallelLayout) -> np.ndarray:
+    """(K, S, N) layers of each kind of `blocks.all_kinds` on each stage row: the main stack's
+    per-layer pattern split as the layout splits it, and the MTP modules on the last rank.
+    A kind's weight for picking the heaviest middle rank is its parameter count (MoE layers
+    outweigh dense ones), global attention breaking ties with windowed."""
+    weights = tuple(k.params() + (0.5 if not k.attention().window else 0.0) for k in blocks.kinds)
+    counts = lay.pattern_counts(blocks.pattern, weights)
+    if blocks.mtp:
+        counts = np.concatenate([counts, (len(blocks.mtp) * lay.rows.has_head)[None].astype(float)])
+    return counts
+
+
+def per_row(counts: np.ndarray, per_kind: np.ndarray) -> np.ndarray:
+    """Sum over kinds of (layers of the kind on each stage row) × (a per-layer quantity): (S, N)."""
+    return np.einsum("ksn,kn->sn", counts, np.broadcast_to(per_kind, (counts.shape[0], counts.shape[2])))
+
+
+def stage_params(blocks: ModelBlocks, lay: ParallelLayout, counts: np.ndarray | None = None) -> np.ndarray:
+    """Parameters outside the routed experts held by one rank of each stage row (S, N), elements.
 
     First stage: word embedding split over tp (vocab parallel, padded as Megatron pads
     it) + learned positions (replicated). Last stage: final norm + output projection
@@ -51,10 +82,16 @@ def stage_params(blocks: ModelBlocks, lay: ParallelLayout) -> np.ndarray:
     embedding, with pp = 1 the embedding itself (no extra parameters).
     """
     rows, tp = lay.rows, lay.tp
-    per_layer = layer_params_per_rank(blocks, tp)
+    counts = stage_kind_counts(blocks, lay) if counts is None else counts
     shared = blocks.head.tied & (lay.pp == 1)
-    return (rows.layers * per_layer + rows.has_embedding * blocks.embedding.params_per_rank(tp)
+    return (per_row(counts, kind_params_per_rank(blocks, tp)) + rows.has_embedding * blocks.embedding.params_per_rank(tp)
             + rows.has_head * blocks.head.params_per_rank(tp, shared))
+
+
+def stage_expert_params(blocks: ModelBlocks, lay: ParallelLayout, counts: np.ndarray) -> np.ndarray:
+    """Routed-expert parameters held by one rank of each stage row (S, N): E/ep experts of
+    1/etp width per MoE layer."""
+    return per_row(counts, kind_expert_params_per_rank(blocks, lay.ep, lay.etp))
 
 
 def model_state_bytes(params: np.ndarray, zero_stage: np.ndarray, shard: np.ndarray, offload: np.ndarray,
@@ -73,6 +110,18 @@ def model_state_bytes(params: np.ndarray, zero_stage: np.ndarray, shard: np.ndar
     states = params * optimizer_state_bytes(optimizer, precision) / np.where(zero_stage >= 1, shard, 1)
     states = np.where(offload, 0.0, states)
     return {"params": weights, "grads": grads, "optimizer": states}
+
+
+def kind_activation_bytes(layer, x: Micro, recompute) -> np.ndarray:
+    """Activation bytes one layer of a kind stores for one micro-batch on one rank;
+    `recompute`: 0 none, 1 selective (attention core recomputed), 2 full (layer input only).
+    Tokens routed to this rank's experts are already per rank."""
+    recompute = np.asarray(recompute)
+    a = layer.activations(x)
+    full = a.replicated / x.seq_split + (a.split + a.scores) / x.tp + a.routed
+    selective = full - (a.scores / x.tp if x.attention_kernel == "unfused" else 0.0)
+    checkpoint = x.tokens * x.act * layer.attention().hidden / x.seq_split
+    return np.where(recompute == 2, checkpoint, np.where(recompute == 1, selective, full))
 
 
 def layer_activation_bytes(blocks: ModelBlocks, x: Micro, recompute) -> np.ndarray:
@@ -94,36 +143,31 @@ def layer_activation_bytes(blocks: ModelBlocks, x: Micro, recompute) -> np.ndarr
     >>> bool(layer_activation_bytes(model_blocks(gpt), x(True), 1) == s*b*h*34/t)
     True
     """
-    recompute = np.asarray(recompute)
-
-    def one(layer) -> np.ndarray:
-        a = layer.activations(x)
-        full = a.replicated / x.seq_split + (a.split + a.scores) / x.tp
-        selective = full - (a.scores / x.tp if x.attention_kernel == "unfused" else 0.0)
-        checkpoint = x.tokens * x.act * layer.attention().hidden / x.seq_split
-        return np.where(recompute == 2, checkpoint, np.where(recompute == 1, selective, full))
-
-    return blocks.mean(one)
+    return blocks.mean(lambda layer: kind_activation_bytes(layer, x, recompute))
 
 
 def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, lay: ParallelLayout,
-                           num_microbatches: np.ndarray) -> dict[str, np.ndarray]:
+                           num_microbatches: np.ndarray, counts: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Activations held at the peak by one rank of each stage row (S, N), bytes.
 
     The stage holds `inflight_chunks` (micro-batch, chunk) pairs of `chunk_layers`
-    layers each. Full recompute with `recompute_num_layers` n recomputes n layers
-    per chunk (Megatron's block method) and stores the rest whole; while it
-    recomputes, one layer's full activations are live (`recompute_working`).
+    layers each (the row's average layer when its layers are of several kinds).
+    Full recompute with `recompute_num_layers` n recomputes n layers per chunk
+    (Megatron's block method) and stores the rest whole; while it recomputes, one
+    layer's full activations are live (`recompute_working`, the largest kind's).
     """
-    rows, rc = lay.rows, st.recompute
-    full_layer = layer_activation_bytes(blocks, x, 0)
-    stored_layer = layer_activation_bytes(blocks, x, rc)
-    n_rc = np.where(st.recompute_num_layers > 0, np.minimum(st.recompute_num_layers, rows.chunk_layers),
-                    rows.chunk_layers)
-    per_chunk = np.where(rc == 2, n_rc * stored_layer + (rows.chunk_layers - n_rc) * full_layer,
-                         rows.chunk_layers * stored_layer)
+    rows, rc, n = lay.rows, st.recompute, len(st)
+    counts = stage_kind_counts(blocks, lay) if counts is None else counts
+    full_k = _stack([kind_activation_bytes(k, x, 0) for k in blocks.all_kinds], n)
+    stored_k = _stack([kind_activation_bytes(k, x, rc) for k in blocks.all_kinds], n)
+    layers_row = counts.sum(axis=0)
+    denom = np.maximum(layers_row, 1e-12)
+    full_layer, stored_layer = per_row(counts, full_k) / denom, per_row(counts, stored_k) / denom
+    chunk = layers_row / lay.vpp
+    n_rc = np.where(st.recompute_num_layers > 0, np.minimum(st.recompute_num_layers, chunk), chunk)
+    per_chunk = np.where(rc == 2, n_rc * stored_layer + (chunk - n_rc) * full_layer, chunk * stored_layer)
     layers = lay.inflight_chunks(rows.rank, num_microbatches) * per_chunk
-    working = np.where(rc == 2, full_layer, 0.0) * (rows.layers > 0)
+    working = np.where(rc == 2, full_k.max(axis=0), 0.0) * (layers_row > 0)
     embed = rows.has_embedding * lay.inflight_microbatches(rows.rank, num_microbatches) * blocks.embedding.input_bytes(x)
     head_act = blocks.head.activations(x)
     head = rows.has_head * (head_act.replicated / x.seq_split + head_act.split / x.tp)
@@ -131,8 +175,8 @@ def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, la
 
 
 def zero3_working_bytes(blocks: ModelBlocks, st: StrategyArrays, precision: str, grad_precision: str) -> np.ndarray:
-    """ZeRO-3 gathers whole layers: the current and the prefetched one (16-bit),
-    plus one layer's unsharded gradient before its reduce-scatter, bytes."""
-    per_layer = layer_params_per_rank(blocks, st.tp)
+    """ZeRO-3 gathers whole layers: the current and the prefetched one (16-bit), plus one
+    layer's unsharded gradient before its reduce-scatter, bytes (the largest kind's layer)."""
+    per_layer = (kind_params_per_rank(blocks, st.tp) + kind_expert_params_per_rank(blocks, st.ep, st.etp)).max(axis=0)
     gathered = (2 * WEIGHT_BYTES[precision] + DTYPE_BYTES[grad_precision]) * per_layer
     return np.where(st.zero_stage >= 3, gathered, 0.0)

@@ -30,8 +30,10 @@ from cost_models.blocks import Micro, ModelBlocks, model_blocks, padded_vocab
 from cost_models.comm import CommModel, TierCommModel
 from cost_models.compute import LayerTimes, head_times, layer_times
 from cost_models.layout import ParallelLayout
-from cost_models.memory import layer_params_per_rank, model_state_bytes, stage_activation_bytes, stage_params, zero3_working_bytes
-from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES, optimizer_step_traffic_bytes
+from cost_models.memory import (kind_expert_params_per_rank, kind_params_per_rank, model_state_bytes, per_row,
+                                 stage_activation_bytes, stage_expert_params, stage_kind_counts, stage_params,
+                                 zero3_working_bytes)
+from cost_models.units import FP32, DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes, optimizer_step_traffic_bytes
 
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
     from planner.specs import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
@@ -59,10 +61,12 @@ class CostArrays:
     comm_total_s: np.ndarray  # all communication of the step, hidden or not
     memory_capacity_bytes: float
     peak_flop_per_s: float
+    host_memory_bytes: np.ndarray  # host DRAM one rank's offloaded optimizer uses (0 without offload)
+    host_capacity_bytes: float  # host DRAM per GPU (inf when the profile does not say)
 
     @property
     def fits(self) -> np.ndarray:
-        return self.peak_memory_bytes <= self.memory_capacity_bytes
+        return (self.peak_memory_bytes <= self.memory_capacity_bytes) & (self.host_memory_bytes <= self.host_capacity_bytes)
 
     @cached_property
     def comm_hidden_fraction(self) -> np.ndarray:
@@ -85,33 +89,51 @@ class Setup:
     lay: ParallelLayout
     x: Micro
     num_microbatches: np.ndarray
-    _params: np.ndarray | None = None
 
     @property
     def gpu(self) -> GpuSpec:
         return self.cluster.gpu
 
-    @property
+    @cached_property
+    def counts(self) -> np.ndarray:
+        """Layers of each kind (`blocks.all_kinds`) on each stage row: (K, S, N)."""
+        return stage_kind_counts(self.blocks, self.lay)
+
+    @cached_property
     def params(self) -> np.ndarray:
-        """Parameters of one rank of each stage row (S, N), elements (computed once)."""
-        if self._params is None:
-            self._params = stage_params(self.blocks, self.lay)
-        return self._params
+        """Parameters outside the routed experts of one rank of each stage row (S, N), elements."""
+        return stage_params(self.blocks, self.lay, self.counts)
+
+    @cached_property
+    def expert_params(self) -> np.ndarray:
+        """Routed-expert parameters of one rank of each stage row (S, N), elements."""
+        if not any(k.is_moe for k in self.blocks.all_kinds):
+            return np.zeros_like(self.params)
+        return stage_expert_params(self.blocks, self.lay, self.counts)
+
+    @property
+    def has_experts(self) -> bool:
+        return any(k.is_moe for k in self.blocks.all_kinds)
+
+    def per_row(self, per_kind: np.ndarray) -> np.ndarray:
+        """A per-layer quantity of each kind (K, N) summed over each stage row's layers: (S, N)."""
+        return per_row(self.counts, per_kind)
 
 
 def _pick(stacked: np.ndarray, index: np.ndarray) -> np.ndarray:
     return np.take_along_axis(stacked, index[None, :], axis=0)[0]
 
 
-def micro_of(train: TrainSpec, st: StrategyArrays) -> Micro:
+def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None = None) -> Micro:
     """One micro-batch on one rank of every candidate."""
+    imbalance = getattr(train, "moe_load_imbalance", None) or getattr(cluster, "moe_load_imbalance", 1.0)
     return Micro(train.seq_len, st.micro_batch_size, st.tp, st.cp, st.sequence_parallel, train.precision,
-                 train.attention_kernel)
+                 train.attention_kernel, st.ep, st.etp, float(imbalance))
 
 
 def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> Setup:
     lay = ParallelLayout.of(st, model.num_layers)
-    x = micro_of(train, st)
+    x = micro_of(train, st, cluster)
     return Setup(model, cluster, train, st, comm or TierCommModel(cluster), model_blocks(model), lay, x,
                  lay.num_microbatches(train.global_batch_size, st.micro_batch_size))
 
@@ -135,16 +157,19 @@ def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st
         "recompute": m * _pick(mb["recompute"], slow),
         "tp_comm": m * _pick(mb["tp_comm"], slow),
         "cp_comm": m * _pick(mb["cp_comm"], slow),
-        "ep_comm": np.zeros(len(st)),
+        "ep_comm": m * _pick(mb["ep_comm"], slow),
         "pp_comm": pp_comm,
         "pp_bubble": (lay.pp - 1) / lay.vpp * t_mb,
         "dp_comm": _pick(tail["dp_comm"], tail_stage),
         "optimizer": _pick(tail["optimizer"], tail_stage),
     }
-    cp_raw = lay.rows.layers * 3 * pl.cp_raw_s
-    comm_total = (time["tp_comm"] + m * _pick(cp_raw, slow) + pp_comm + _pick(tail_raw, tail_stage))
+    moe_raw = s.per_row(3 * pl.cp_raw_s + pl.ep_raw_s)
+    comm_total = (time["tp_comm"] + m * _pick(moe_raw, slow) + pp_comm + _pick(tail_raw, tail_stage))
     model_flop, hardware_flop = step_flops(s)
+    host = cluster.host
     return CostArrays(
+        host_memory_bytes=offloaded_bytes(s).max(axis=0),
+        host_capacity_bytes=host.memory_bytes / cluster.gpus_per_node if host is not None else float("inf"),
         step_time_s=sum(time[k] for k in TIME_TERMS), memory_bytes={k: _pick(v, binding) for k, v in mem_rows.items()},
         time_s=time, peak_memory_bytes=_pick(total, binding), binding_stage=_pick(lay.rows.kind, binding),
         binding_pipeline_rank=_pick(lay.rows.rank, binding), num_microbatches=m,
@@ -160,7 +185,11 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     params = s.params
     mem = model_state_bytes(params, st.zero_stage, lay.shard, st.offload_optimizer, train.precision,
                             train.grad_precision, train.optimizer)
-    mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches)
+    if s.has_experts:  # expert states are sharded over the expert-data-parallel group (Megatron's expert DP)
+        experts = model_state_bytes(s.expert_params, st.zero_stage, lay.expert_dp, st.offload_optimizer,
+                                    train.precision, train.grad_precision, train.optimizer)
+        mem = {k: mem[k] + experts[k] for k in mem}
+    mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, s.counts)
     # Pipeline send and receive buffers of one micro-batch's activations, forward and backward.
     p2p_buffers = np.where(lay.pp > 1, 2 * 2 * x.tokens * s.model.hidden_size * x.act / lay.tp, 0.0)
     mem["zero3_buffers"] = zero3_working_bytes(s.blocks, st, train.precision, train.grad_precision) * (lay.rows.layers > 0)
@@ -171,25 +200,34 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
 
 @dataclass
 class PerLayerTimes:
-    """One layer, one micro-batch, one rank (arrays over candidates)."""
+    """One layer of each kind, one micro-batch, one rank: (K, N) arrays over the kinds of
+    `blocks.all_kinds` and the candidates (the head's terms are (N,))."""
 
     layer: LayerTimes
-    tp_all_reduce_s: np.ndarray  # one TP all-reduce of the layer's activations
+    tp_all_reduce_s: np.ndarray  # one TP all-reduce of the embedding output
     tp_fwd_s: np.ndarray  # TP communication of the forward (an all-reduce, or AG + RS with SP, per exchange)
     cp_fwd_s: np.ndarray  # exposed ring-attention KV exchange of the forward
     cp_raw_s: np.ndarray  # the whole KV exchange of the forward, hidden or not
+    ep_fwd_s: np.ndarray  # exposed MoE token dispatch + combine of the forward
+    ep_bwd_s: np.ndarray  # exposed MoE dispatch + combine of the backward
+    ep_raw_s: np.ndarray  # the whole MoE exchange, forward + backward, hidden or not
     recompute_s: np.ndarray  # what the layer repeats in backward under its recompute mode
     head_fwd_s: np.ndarray  # output layer + loss, forward
     head_bwd_s: np.ndarray
 
+    def mean(self, field: str, blocks: ModelBlocks) -> np.ndarray:
+        """The main stack's average layer of a (K, N) field (MTP modules excluded)."""
+        values = getattr(self, field) if hasattr(self, field) else getattr(self.layer, field)
+        return sum(n * values[blocks.kinds.index(kind)] for kind, n in blocks.layers) / blocks.num_layers
+
     @property
     def fwd_s(self) -> np.ndarray:
-        return self.layer.fwd_s + self.tp_fwd_s + self.cp_fwd_s
+        return self.layer.fwd_s + self.tp_fwd_s + self.cp_fwd_s + self.ep_fwd_s
 
     @property
     def bwd_s(self) -> np.ndarray:
         """Backward including recomputation (as Korthikanti Table 4 reports it)."""
-        return self.layer.bwd_s + self.tp_fwd_s + 2 * self.cp_fwd_s + self.recompute_s
+        return self.layer.bwd_s + self.tp_fwd_s + 2 * self.cp_fwd_s + self.ep_bwd_s + self.recompute_s
 
 
 def exposed_s(comm_s, window_s, overlap: float):
@@ -199,13 +237,36 @@ def exposed_s(comm_s, window_s, overlap: float):
     return comm_s - overlap * np.minimum(comm_s, window_s)
 
 
+def _moe_exchange_s(layer, x: Micro, comm: CommModel, lay: ParallelLayout) -> np.ndarray:
+    """One direction's token exchange of an MoE layer (forward, or the same again in backward):
+    the dispatch and the combine all-to-all over ep, and with etp > 1 the all-gather before
+    the experts and the reduce-scatter after, over etp."""
+    ep_size, ep_stride = lay.expert_group("ep")
+    etp_size, etp_stride = lay.expert_group("etp")
+    total = 0.0
+    for c in layer.comms(x):
+        if np.any(c.ep_a2a_bytes):
+            total = total + 2 * comm.all_to_all_s(c.ep_a2a_bytes, ep_size, ep_stride)
+            total = total + 2 * comm.gather_scatter_s(c.etp_bytes, etp_size, etp_stride)
+    return np.broadcast_to(total, (len(lay),))
+
+
 def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: CommModel, st: StrategyArrays, comm_overlap: float = 1.0,
                     s: Setup | None = None) -> PerLayerTimes:
-    """Per-layer compute and exposed TP/CP communication for every candidate."""
+    """Per-layer compute and exposed TP/CP/EP communication of every layer kind and candidate.
+
+    MoE: the dispatch and combine are on the critical path (Megatron-core's all-to-all
+    dispatcher runs them between the router and the experts), except that with shared
+    experts Megatron's `--moe-shared-expert-overlap` runs the shared experts' GEMMs
+    concurrently with them (the emitters set that flag). Overlap across micro-batches
+    (DeepSeek's DualPipe, Megatron's `--overlap-moe-expert-parallel-comm`) is not modelled:
+    for such runs the prediction is pessimistic by up to the whole `ep_comm` term.
+    """
     blocks = s.blocks if s else model_blocks(model)
     lay = s.lay if s else ParallelLayout.of(st, model.num_layers)
     x = s.x if s else micro_of(train, st)
     lt = layer_times(blocks, x, gpu)
+    n = len(st)
     tp_size, tp_stride = lay.group("tp")
     cp_size, cp_stride = lay.group("cp")
     emb = blocks.embedding.comm(x)
@@ -216,22 +277,30 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
         # after (the same volume, but their own bandwidth).
         tp, hop = 0.0, 0.0
         for c in layer.comms(x):
-            tp = tp + c.tp_exchanges * np.where(st.sequence_parallel, 2 * comm.gather_scatter_s(c.tp_bytes, tp_size, tp_stride),
-                                                comm.all_reduce_s(c.tp_bytes, tp_size, tp_stride))
+            if c.tp_exchanges:
+                tp = tp + c.tp_exchanges * np.where(st.sequence_parallel,
+                                                    2 * comm.gather_scatter_s(c.tp_bytes, tp_size, tp_stride),
+                                                    comm.all_reduce_s(c.tp_bytes, tp_size, tp_stride))
             if np.any(c.cp_hop_bytes):
                 hop = hop + comm.p2p_s(c.cp_hop_bytes, cp_stride, cp_size * cp_stride)
-        return tp, hop
+        return np.broadcast_to(tp, (n,)), np.broadcast_to(hop, (n,))
 
-    kinds = [(layer_comm(layer), n) for layer, n in blocks.layers]
-    tp_fwd = sum(n * tp for (tp, _), n in kinds) / blocks.num_layers
-    cp_hop = sum(n * hop for (_, hop), n in kinds) / blocks.num_layers
+    kinds = [layer_comm(layer) for layer in blocks.all_kinds]
+    tp_fwd = np.stack([tp for tp, _ in kinds])
+    cp_hop = np.stack([hop for _, hop in kinds])
     cp_raw = np.where(st.cp > 1, (st.cp - 1) * cp_hop, 0.0)
     cp_fwd = np.where(st.cp > 1, exposed_s(cp_raw, lt.attn_core_fwd_s, comm_overlap), 0.0)
+    ep_one = np.stack([_moe_exchange_s(layer, x, comm, lay) if layer.is_moe else np.zeros(n)
+                       for layer in blocks.all_kinds])
+    shared = lt.shared_expert_fwd_s
+    ep_fwd = exposed_s(ep_one, shared, comm_overlap)
+    ep_bwd = exposed_s(ep_one, gpu.backward_gemm_ratio * shared, comm_overlap)
     rc = st.recompute
-    recompute = np.where(rc == 2, lt.fwd_s + tp_fwd + cp_fwd, np.where(rc == 1, lt.attn_core_fwd_s, 0.0))
+    recompute = np.where(rc == 2, lt.fwd_s + tp_fwd + cp_fwd + ep_fwd, np.where(rc == 1, lt.attn_core_fwd_s, 0.0))
     head_f, head_b, _ = head_times(blocks.head, x, gpu)
     return PerLayerTimes(layer=lt, tp_all_reduce_s=tp_ar, tp_fwd_s=tp_fwd, cp_fwd_s=cp_fwd, cp_raw_s=cp_raw,
-                         recompute_s=recompute, head_fwd_s=head_f, head_bwd_s=head_b)
+                         ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, ep_raw_s=2 * ep_one, recompute_s=recompute,
+                         head_fwd_s=head_f, head_bwd_s=head_b)
 
 
 def _recomputed_fraction(s: Setup) -> np.ndarray:
@@ -244,12 +313,14 @@ def _recomputed_fraction(s: Setup) -> np.ndarray:
 def microbatch_times(s: Setup, pl: PerLayerTimes) -> dict[str, np.ndarray]:
     """Time of one micro-batch on each stage row (S, N), by term."""
     rows, rc, lt = s.lay.rows, s.st.recompute, pl.layer
-    rc_layers = np.where(rc == 2, rows.layers * _recomputed_fraction(s), np.where(rc == 1, rows.layers, 0.0))
+    share = np.where(rc == 2, _recomputed_fraction(s), np.where(rc == 1, 1.0, 0.0))
+    heads = s.blocks.head_passes
     return {
-        "compute": rows.layers * (lt.fwd_s + lt.bwd_s) + rows.has_head * (pl.head_fwd_s + pl.head_bwd_s),
-        "recompute": rc_layers * pl.recompute_s,
-        "tp_comm": rows.layers * 2 * pl.tp_fwd_s + rows.has_embedding * pl.tp_all_reduce_s,
-        "cp_comm": rows.layers * 3 * pl.cp_fwd_s,  # forward + backward (KV and dKV)
+        "compute": s.per_row(lt.fwd_s + lt.bwd_s) + rows.has_head * heads * (pl.head_fwd_s + pl.head_bwd_s),
+        "recompute": share * s.per_row(pl.recompute_s),
+        "tp_comm": s.per_row(2 * pl.tp_fwd_s) + rows.has_embedding * pl.tp_all_reduce_s,
+        "cp_comm": s.per_row(3 * pl.cp_fwd_s),  # forward + backward (KV and dKV)
+        "ep_comm": s.per_row(pl.ep_fwd_s + pl.ep_bwd_s),
     }
 
 
@@ -269,55 +340,109 @@ def pipeline_comm(s: Setup) -> np.ndarray:
 
 def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Exposed data parallel communication and the optimizer step of each stage row (S, N),
-    and the data parallel communication before any overlap."""
+    and the data parallel communication before any overlap.
+
+    Dense parameters are reduced (and, under ZeRO, sharded and gathered) over the dp·cp
+    ranks that hold them; routed-expert parameters over the expert-data-parallel group
+    (Megatron-core's expert DP: the ranks of a stage left over by etp·ep)."""
     st, lay, train, comm, gpu = s.st, s.lay, s.train, s.comm, s.gpu
     rows, lt, m, zero = lay.rows, pl.layer, s.num_microbatches, st.zero_stage
     shard, shard_stride = lay.group("cp", "dp")
-    tp = lay.tp
-    params = s.params
+    edp, edp_stride = lay.expert_group("edp")
+    params, experts = s.params, s.expert_params
     grad_b, weight_b = DTYPE_BYTES[train.grad_precision], WEIGHT_BYTES[train.precision]
-    fwd_mb = rows.layers * lt.fwd_s
-    bwd_mb = rows.layers * lt.bwd_s + rows.has_head * pl.head_bwd_s
-    grad_reduce = np.where(zero == 0, comm.all_reduce_s(params * grad_b, shard, shard_stride),
-                           comm.gather_scatter_s(params * grad_b, shard, shard_stride))
+
+    def reduce_s(nbytes, size, stride):
+        return np.where(zero == 0, comm.all_reduce_s(nbytes, size, stride), comm.gather_scatter_s(nbytes, size, stride))
+
+    fwd_mb = s.per_row(lt.fwd_s)
+    bwd_mb = s.per_row(lt.bwd_s) + rows.has_head * s.blocks.head_passes * pl.head_bwd_s
+    grad_reduce = reduce_s(params * grad_b, shard, shard_stride)
     param_gather = np.where((zero == 1) | (zero == 2), comm.gather_scatter_s(params * weight_b, shard, shard_stride), 0.0)
+    if s.has_experts:
+        grad_reduce = grad_reduce + reduce_s(experts * grad_b, edp, edp_stride)
+        param_gather = param_gather + np.where((zero == 1) | (zero == 2),
+                                               comm.gather_scatter_s(experts * weight_b, edp, edp_stride), 0.0)
     overlap = s.cluster.comm_overlap
     exposed = np.where(st.overlap_grad_reduce, exposed_s(grad_reduce, bwd_mb, overlap), grad_reduce)
     exposed = exposed + np.where(st.overlap_param_gather, exposed_s(param_gather, fwd_mb, overlap), param_gather)
     # ZeRO-3 gathers each layer's weights before its forward and again before its backward and
     # reduce-scatters its gradients after, every micro-batch; prefetching hides it behind the
     # layer's own compute, the first gather of a step excepted.
-    layer_params = layer_params_per_rank(s.blocks, tp)
-    z3_gather = comm.gather_scatter_s(layer_params * weight_b, shard, shard_stride)
-    z3_reduce = comm.gather_scatter_s(layer_params * grad_b, shard, shard_stride)
+    dense_k = kind_params_per_rank(s.blocks, lay.tp)
+    expert_k = kind_expert_params_per_rank(s.blocks, lay.ep, lay.etp)
+    z3_gather = comm.gather_scatter_s(dense_k * weight_b, shard, shard_stride)
+    z3_reduce = comm.gather_scatter_s(dense_k * grad_b, shard, shard_stride)
+    if s.has_experts:
+        z3_gather = z3_gather + np.where(expert_k > 0, comm.gather_scatter_s(expert_k * weight_b, edp, edp_stride), 0.0)
+        z3_reduce = z3_reduce + np.where(expert_k > 0, comm.gather_scatter_s(expert_k * grad_b, edp, edp_stride), 0.0)
     hideable = np.where(st.overlap_param_gather, 2 * z3_gather, 0.0) + np.where(st.overlap_grad_reduce, z3_reduce, 0.0)
     z3_layer = exposed_s(hideable, lt.fwd_s + lt.bwd_s + np.where(st.recompute > 0, pl.recompute_s, 0.0), overlap)
     z3_layer = z3_layer + (2 * z3_gather + z3_reduce - hideable)
     ends = rows.has_embedding | rows.has_head
-    z3_ends = np.where(ends, m * comm.gather_scatter_s((params - rows.layers * layer_params) * weight_b, shard,
-                                                       shard_stride), 0.0)
-    z3 = m * rows.layers * z3_layer + z3_gather + z3_ends
-    z3_raw = m * rows.layers * (2 * z3_gather + z3_reduce) + z3_gather + z3_ends
-    opt_params = params / np.where(zero >= 1, shard, 1)
+    end_params = params - s.per_row(dense_k)
+    z3_ends = np.where(ends, m * comm.gather_scatter_s(end_params * weight_b, shard, shard_stride), 0.0)
+    first_gather = z3_gather.max(axis=0)
+    z3 = m * s.per_row(z3_layer) + first_gather + z3_ends
+    z3_raw = m * s.per_row(2 * z3_gather + z3_reduce) + first_gather + z3_ends
+    opt_params = params / np.where(zero >= 1, shard, 1) + experts / np.where(zero >= 1, edp, 1)
     traffic = optimizer_step_traffic_bytes(train.optimizer, train.precision, train.grad_precision)
     optimizer = opt_params * traffic / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
-    tail = {"dp_comm": np.where(zero == 3, z3, exposed), "optimizer": np.where(st.offload_optimizer, 0.0, optimizer)}
+    offload = offload_step_s(s, opt_params, bwd_mb)
+    tail = {"dp_comm": np.where(zero == 3, z3, exposed), "optimizer": np.where(st.offload_optimizer, offload, optimizer)}
     return tail, np.where(zero == 3, z3_raw, grad_reduce + param_gather)
+
+
+def offload_step_s(s: Setup, opt_params: np.ndarray, bwd_mb: np.ndarray) -> np.ndarray:
+    """The optimizer step of one rank with the optimizer offloaded to the host (ZeRO-Offload,
+    Ren et al. 2021 Sec. 4; Megatron's `--optimizer-cpu-offload`), seconds.
+
+    The rank's gradient shard goes to the host (device-to-host over PCIe or NVLink-C2C),
+    the host runs Adam over its fp32 master weights and moments, and the updated 16-bit
+    weights come back (host-to-device). Both frameworks copy gradients out as the backward
+    produces them, so the device-to-host copy hides behind the last micro-batch's backward
+    (as the gradient reduction does); the CPU step and the copy back are on the critical path
+    (DeepSpeed's delayed parameter update, which hides them, changes the numerics and is
+    not modelled). The host's DRAM bandwidth is shared by the GPUs of a server.
+    """
+    gpu, host, train = s.gpu, s.cluster.host, s.train
+    if gpu.host_link_bw_bytes_per_s is None or host is None:
+        return np.full(opt_params.shape, np.inf)  # the rules refuse offload on such a cluster
+    link = gpu.host_link_bw_bytes_per_s
+    d2h = opt_params * DTYPE_BYTES[train.grad_precision] / link
+    h2d = opt_params * WEIGHT_BYTES[train.precision] / link
+    traffic = optimizer_step_traffic_bytes(train.optimizer, train.precision, train.grad_precision)
+    host_bw = host.memory_bw_bytes_per_s * host.memory_efficiency / s.cluster.gpus_per_node
+    cpu = opt_params * traffic / host_bw
+    hidden = np.where(s.st.overlap_grad_reduce, np.minimum(d2h, bwd_mb) * s.cluster.comm_overlap, 0.0)
+    return d2h - hidden + cpu + h2d
+
+
+def offloaded_bytes(s: Setup) -> np.ndarray:
+    """Host DRAM of one rank of each stage row (S, N) with the optimizer offloaded: its shard's
+    optimizer states (fp32 master weights and moments) and the fp32 gradients it steps on."""
+    st, train, lay = s.st, s.train, s.lay
+    zero = st.zero_stage
+    shard_params = s.params / np.where(zero >= 1, lay.shard, 1) + s.expert_params / np.where(zero >= 1, lay.expert_dp, 1)
+    per_param = optimizer_state_bytes(train.optimizer, train.precision) + FP32
+    return np.where(st.offload_optimizer, shard_params * per_param, 0.0)
 
 
 def step_flops(s: Setup) -> tuple[np.ndarray, np.ndarray]:
     """(model FLOPs, hardware FLOPs) of one step, whole job. Model FLOPs count the
-    unpadded vocabulary and no recompute (3 × forward); hardware FLOPs add what
-    recompute repeats (Korthikanti Sec. 5: 'hardware FLOPs')."""
+    unpadded vocabulary, the tokens' top-k experts (no load imbalance) and no recompute
+    (3 × forward); hardware FLOPs add what recompute repeats (Korthikanti Sec. 5:
+    'hardware FLOPs'). MTP modules and their extra head pass count as model FLOPs."""
     train, model, blocks = s.train, s.model, s.blocks
     B, seq = train.global_batch_size, train.seq_len
     one = np.ones(1, dtype=np.int64)
     whole = Micro(seq, B * one, one, one, np.zeros(1, dtype=bool), train.precision, train.attention_kernel)
     layer_fwd = blocks.mean(lambda layer: layer.forward_flop(whole))
     core_fwd = blocks.mean(lambda layer: layer.attention().core(whole).flop)
-    head_fwd = 2 * B * seq * model.hidden_size * model.vocab_size
+    mtp_fwd = sum(layer.forward_flop(whole) for layer in blocks.mtp)
+    head_fwd = 2 * B * seq * model.hidden_size * model.vocab_size * blocks.head_passes
     L = blocks.num_layers
-    model_flop = 3 * (L * layer_fwd + head_fwd)
+    model_flop = 3 * (L * layer_fwd + mtp_fwd + head_fwd)
     rc = s.st.recompute
-    extra = np.where(rc == 2, _recomputed_fraction(s)[0] * L * layer_fwd, np.where(rc == 1, L * core_fwd, 0.0))
+    extra = np.where(rc == 2, _recomputed_fraction(s)[0] * (L * layer_fwd + mtp_fwd), np.where(rc == 1, L * core_fwd, 0.0))
     return model_flop, model_flop + extra

@@ -23,6 +23,27 @@ class Context:
     model: object
     train: object
     num_gpus: int
+    cluster: object = None  # needed only by the offload rule
+
+
+def _moe(ctx: Context) -> bool:
+    return bool(getattr(ctx.model, "num_experts", 0))
+
+
+def _expert_ranks_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
+    """Megatron-core folds etp·ep over the tp·cp·dp ranks of a pipeline stage."""
+    return (st.tp * st.cp * st.dp) % (st.etp * st.ep) == 0
+
+
+def _offload_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
+    cluster = ctx.cluster
+    known = cluster is None or (cluster.host is not None and cluster.gpu.host_link_bw_bytes_per_s is not None)
+    return ~st.offload_optimizer | known
+
+
+def _offload_msg(ctx: Context, r: dict) -> str:
+    return (f"offload_optimizer needs the host's DRAM and the GPU-host link: cluster {ctx.cluster.name} has no "
+            "`host:` section or GPU `host_link_gb_per_s` in its profile")
 
 
 @dataclass(frozen=True)
@@ -97,15 +118,28 @@ RULES: tuple[Rule, ...] = (
          lambda c, s: ~s.sequence_parallel | ((c.train.seq_len // s.cp) % s.tp == 0),
          lambda c, r: f"with sequence_parallel, seq_len/cp ({c.train.seq_len // r['cp']}) must be divisible by tp ({r['tp']})"),
     Rule("ep_dense",
-         lambda c, s: (s.ep == 1) & (s.etp == 1),
+         lambda c, s: _moe(c) | ((s.ep == 1) & (s.etp == 1)),
          lambda c, r: f"ep ({r['ep']}) and etp ({r['etp']}) must be 1: model {c.model.name} is dense (no experts)"),
+    Rule("ep_experts",
+         lambda c, s: ~np.bool_(_moe(c)) | (c.model.num_experts % s.ep == 0),
+         lambda c, r: f"ep ({r['ep']}) must divide num_experts ({c.model.num_experts})"),
+    Rule("ep_ranks",
+         _expert_ranks_ok,
+         lambda c, r: f"etp·ep ({r['etp']}·{r['ep']} = {r['etp'] * r['ep']}) must divide the tp·cp·dp ranks of a "
+                      f"pipeline stage that hold the experts ({r['tp']}·{r['cp']}·{r['dp']} = "
+                      f"{r['tp'] * r['cp'] * r['dp']})"),
+    Rule("etp_ffn",
+         lambda c, s: ~np.bool_(_moe(c)) | (c.model.expert_ffn % s.etp == 0),
+         lambda c, r: f"etp ({r['etp']}) must divide moe_ffn_hidden_size ({c.model.expert_ffn})"),
+    Rule("moe_sp",
+         lambda c, s: ~np.bool_(_moe(c)) | (s.tp == 1) | s.sequence_parallel,
+         lambda c, r: f"an MoE model with tp ({r['tp']}) > 1 needs sequence_parallel (Megatron-core's rule for tensor "
+                      "with expert parallelism; the cost model assumes each rank routes its own tokens)"),
     Rule("recompute_layers",
          _recompute_layers_ok,
          lambda c, r: f"recompute_num_layers ({r['recompute_num_layers']}) needs recompute='full' and must not exceed "
                       f"the layers of the largest pipeline chunk"),
-    Rule("offload",
-         lambda c, s: ~s.offload_optimizer,
-         lambda c, r: "offload_optimizer is not modelled yet (host memory and PCIe are not in ClusterSpec)"),
+    Rule("offload", _offload_ok, _offload_msg),
     Rule("zero_offload",
          lambda c, s: ~s.offload_optimizer | (s.zero_stage >= 1),
          lambda c, r: "offload_optimizer needs zero_stage >= 1"),

@@ -24,12 +24,16 @@ NUM_CLOSEST = 3
 
 def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) -> PlanResult:
     start = time.perf_counter()
-    space = search_space(model, train, num_gpus, constraints)
+    space = search_space(model, train, num_gpus, constraints, cluster)
     rejected = dict(space.rejected)
     candidates = space.valid
     costs = evaluate_arrays(model, cluster, train, candidates)
     fits = costs.fits
     over = ~fits
+    host_over = costs.host_memory_bytes > costs.host_capacity_bytes
+    if host_over.any():
+        rejected["host memory (offloaded optimizer)"] = int(host_over.sum())
+    over = over & ~host_over
     if over.any():
         terms = np.stack([costs.memory_bytes[t] for t in MEMORY_TERMS])
         binding_term = np.argmax(terms, axis=0)
@@ -68,7 +72,7 @@ def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:
     """Score one resolved strategy; rule violations and memory overflow become reasons."""
     st = StrategyArrays.from_strategies([strategy])
     num_gpus = strategy.num_gpus
-    ctx = Context(model, train, num_gpus)
+    ctx = Context(model, train, num_gpus, cluster)
     reasons = messages(ctx, st, 0)
     costs = evaluate_arrays(model, cluster, train, st)
     reasons += _memory_reason(costs, 0)
@@ -77,10 +81,14 @@ def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:
 
 def _memory_reason(costs: CostArrays, i: int) -> list[str]:
     peak, cap = costs.peak_memory_bytes[i], costs.memory_capacity_bytes
+    host, host_cap = costs.host_memory_bytes[i], costs.host_capacity_bytes
+    out = []
+    if host > host_cap:
+        out.append(f"offloaded optimizer states {host / GIB:.1f} GiB > {host_cap / GIB:.1f} GiB of host memory per GPU")
     if peak <= cap:
-        return []
+        return out
     term = max(MEMORY_TERMS, key=lambda t: costs.memory_bytes[t][i])
-    return [f"peak memory {peak / GIB:.1f} GiB > {cap / GIB:.1f} GiB per GPU by {(peak - cap) / GIB:.1f} GiB on the "
+    return out + [f"peak memory {peak / GIB:.1f} GiB > {cap / GIB:.1f} GiB per GPU by {(peak - cap) / GIB:.1f} GiB on the "
             f"{STAGE_NAMES[costs.binding_stage[i]]} pipeline stage (pipeline rank {int(costs.binding_pipeline_rank[i])}; largest term: {term} "
             f"{costs.memory_bytes[term][i] / GIB:.1f} GiB)"]
 

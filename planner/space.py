@@ -177,7 +177,7 @@ def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) ->
     return enumerate_heads(model, train, num_gpus, normalise_constraints(constraints)).expand()
 
 
-def search_space(model, train, num_gpus: int, constraints: dict[str, Any]) -> SearchSpace:
+def search_space(model, train, num_gpus: int, constraints: dict[str, Any], cluster=None) -> SearchSpace:
     """The valid candidates and the rejection counts, as `planner.rules.check` on
     `enumerate_space` gives them, without building the candidates that rules reject whatever
     their recompute choice (checked once per head, counted once per candidate)."""
@@ -185,7 +185,7 @@ def search_space(model, train, num_gpus: int, constraints: dict[str, Any]) -> Se
 
     cons = normalise_constraints(constraints)
     heads = enumerate_heads(model, train, num_gpus, cons)
-    ctx = Context(model, train, num_gpus)
+    ctx = Context(model, train, num_gpus, cluster)
     if "recompute_num_layers" in cons:  # the recompute rules can fail: check every candidate
         space = heads.expand()
         valid, failures = check(ctx, space)

@@ -30,7 +30,7 @@ import yaml
 from pydantic import ValidationError
 
 from planner.errors import SpecError, unknown_name_message
-from planner.specs import ClusterSpec, GpuSpec, LinkTier, ModelSpec
+from planner.specs import ClusterSpec, GpuSpec, HostSpec, LinkTier, ModelSpec
 
 PROFILES_DIR = Path(__file__).resolve().parent
 GIB = 2**30
@@ -125,7 +125,8 @@ def format_validation_error(exc: ValidationError) -> str:
 # ---- GPUs ------------------------------------------------------------------
 #: The numeric keys of a GPU YAML file.
 GPU_YAML_FIELDS = ("memory_gib", "peak_tflops", "hbm_bw_gb_per_s", "framework_reserve_gib", "gemm_efficiency",
-                   "hbm_efficiency", "backward_gemm_ratio", "kernel_overhead_us")
+                   "hbm_efficiency", "backward_gemm_ratio", "kernel_overhead_us", "grouped_gemm_efficiency",
+                   "host_link_gb_per_s")
 
 
 def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
@@ -146,9 +147,11 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
     fields["framework_reserve_bytes"] = float(data.pop("framework_reserve_gib", 0.0)) * GIB
     calib = data.pop("calibration", None)
     for key, conv in (("gemm_efficiency", 1.0), ("hbm_efficiency", 1.0), ("backward_gemm_ratio", 1.0),
-                      ("kernel_overhead_us", MICRO)):
+                      ("kernel_overhead_us", MICRO), ("grouped_gemm_efficiency", 1.0)):
         if key in data:
             fields[key.replace("_us", "_s")] = float(data.pop(key)) * conv
+    if "host_link_gb_per_s" in data:
+        fields["host_link_bw_bytes_per_s"] = float(data.pop("host_link_gb_per_s")) * GB
     fields["source"] = str(data.pop("source", ""))
     if calib:
         fields["calibration"] = str(calib)
@@ -191,7 +194,28 @@ def _calibration_for(gpu_key: str) -> dict[str, Any]:
 #: The numeric keys of a link tier and of a cluster YAML file (a cluster-level
 #: `latency_source` or `efficiency_source` covers both tiers).
 TIER_YAML_FIELDS = ("bw_gb_per_s", "latency_us", "efficiency", "gather_scatter_efficiency")
-CLUSTER_YAML_FIELDS = ("gpus_per_node", "nvlink_domain_size", "max_gpus", "comm_overlap", *TIER_YAML_FIELDS)
+CLUSTER_YAML_FIELDS = ("gpus_per_node", "nvlink_domain_size", "max_gpus", "comm_overlap", "moe_load_imbalance",
+                       *TIER_YAML_FIELDS)
+HOST_YAML_FIELDS = ("memory_gib", "memory_bw_gb_per_s", "memory_efficiency")
+
+
+def _host(data: Any, what: str) -> HostSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{what} must be a mapping with memory_gib, memory_bw_gb_per_s")
+    data = dict(data)
+    _pop_sources(data, HOST_YAML_FIELDS, what)
+    try:
+        fields: dict[str, Any] = {"memory_bytes": float(data.pop("memory_gib")) * GIB,
+                                  "memory_bw_bytes_per_s": float(data.pop("memory_bw_gb_per_s")) * GB}
+    except KeyError as exc:
+        raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{what} has a non-numeric value: {exc}") from None
+    if "memory_efficiency" in data:
+        fields["memory_efficiency"] = data.pop("memory_efficiency")
+    if data:
+        raise SpecError(f"{what} has unknown field(s): {', '.join(sorted(data))}")
+    return _validated(HostSpec, fields, what)
 
 
 def _tier(data: Any, what: str) -> LinkTier:
@@ -230,9 +254,11 @@ def cluster_from_yaml(data: dict[str, Any], what: str = "cluster") -> ClusterSpe
         "intra_node": _tier(data.pop("intra_node", None), f"{what}.intra_node"),
         "inter_node": _tier(data.pop("inter_node", None), f"{what}.inter_node"),
     }
-    for key in ("gpus_per_node", "nvlink_domain_size", "max_gpus", "comm_overlap", "source"):
+    for key in ("gpus_per_node", "nvlink_domain_size", "max_gpus", "comm_overlap", "moe_load_imbalance", "source"):
         if key in data:
             fields[key] = data.pop(key)
+    if "host" in data:
+        fields["host"] = _host(data.pop("host"), f"{what}.host")
     if data:
         raise SpecError(f"{what} has unknown field(s): {', '.join(sorted(data))}")
     return _validated(ClusterSpec, fields, what)

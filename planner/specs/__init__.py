@@ -1,6 +1,6 @@
 """The validated inputs and outputs of meshplan (pydantic v2, frozen, no extra fields)."""
 
-from planner.specs.hardware import ClusterSpec, GpuSpec, LinkTier
+from planner.specs.hardware import ClusterSpec, GpuSpec, HostSpec, LinkTier
 from planner.specs.model import ModelSpec
 from planner.specs.results import Estimate, Plan, PlanResult, SearchStats
 from planner.specs.strategy import Strategy
@@ -8,6 +8,7 @@ from planner.specs.train import TrainSpec
 
 __all__ = [
     "ClusterSpec",
+    "HostSpec",
     "Estimate",
     "GpuSpec",
     "LinkTier",

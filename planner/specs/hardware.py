@@ -46,6 +46,15 @@ class GpuSpec(BaseModel):
     framework_reserve_bytes: float = Field(
         0.0, ge=0, description="Per-GPU memory not available to the model: CUDA context, NCCL, allocator slack."
     )
+    grouped_gemm_efficiency: float = Field(
+        1.0, gt=0, le=1,
+        description="Throughput of a grouped GEMM (MoE experts in one kernel) relative to a dense GEMM of the same "
+        "FLOPs, before the roofline's memory bound (which the per-expert shapes already give).",
+    )
+    host_link_bw_bytes_per_s: float | None = Field(
+        None, gt=0, description="GPU-host bandwidth per direction (PCIe or NVLink-C2C), bytes/s, as achieved by "
+        "pinned copies; None: unknown (optimizer offload is then refused).",
+    )
     source: str = Field("", description="Datasheet or measurement the numbers come from.")
     calibration: str = Field("", description="Which data the efficiencies were fitted on, or 'assumed'.")
 
@@ -86,6 +95,18 @@ class LinkTier(BaseModel):
         return self.bw_bytes_per_s * (self.gather_scatter_efficiency or self.efficiency)
 
 
+class HostSpec(BaseModel):
+    """The CPU side of a server: what optimizer offload uses."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory_bytes: float = Field(gt=0, description="Host DRAM per server, bytes.")
+    memory_bw_bytes_per_s: float = Field(gt=0, description="Peak host DRAM bandwidth per server (all sockets), bytes/s.")
+    memory_efficiency: float = Field(
+        0.6, gt=0, le=1, description="Share of the peak DRAM bandwidth a vectorised CPU optimizer sustains."
+    )
+
+
 class ClusterSpec(BaseModel):
     """Identical GPUs grouped in NVLink domains joined by a scale-out network."""
 
@@ -106,6 +127,12 @@ class ClusterSpec(BaseModel):
         "1 where NICs and copy engines move the data (GPUs), near 0 where the computing cores also move it "
         "(gloo on CPU). Measured by `meshplan profile`.",
     )
+    moe_load_imbalance: float = Field(
+        1.0, ge=1,
+        description="MoE: tokens the busiest expert rank receives over the mean (1 = perfect balance); the "
+        "all-to-all and the experts wait for the busiest rank. A training run's own value overrides it.",
+    )
+    host: HostSpec | None = Field(None, description="The servers' CPU and DRAM (optimizer offload); None: unknown.")
     source: str = Field("", description="Datasheets the numbers come from.")
 
     @model_validator(mode="after")

@@ -33,6 +33,12 @@ class TrainSpec(BaseModel):
         "dropout tensors are stored (Megatron 2021-22, Korthikanti et al.).",
     )
 
+    moe_load_imbalance: float | None = Field(
+        None, ge=1,
+        description="MoE: tokens the busiest expert rank receives over the mean; None = the cluster profile's "
+        "value. Aux-loss balanced routers run near 1.1; a skewed router or small batches more.",
+    )
+
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len

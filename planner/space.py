@@ -1,7 +1,9 @@
 """The search space: every strategy worth scoring, as StrategyArrays.
 
 Default choices per field (constraints replace them):
-- tp, cp, pp: divisors of the GPU count; tp dividing both the query and KV head counts, pp ≤ num_layers,
+- tp, cp, pp: divisors of the GPU count; tp dividing both the query and KV head counts and at most the
+  cluster's NVLink domain (tensor parallelism across the scale-out network is never worth scoring by
+  default; a constraint can still ask for it), pp ≤ num_layers,
   cp only where each rank keeps at least `MIN_CP_TOKENS` tokens; dp = GPUs / (tp·cp·pp).
 - Pipeline splits, per (pp, vpp) with pp > 1 (vpp: every value that makes one of them
   possible; whether a split is possible is always `ParallelLayout.split_ok`'s answer):
@@ -172,9 +174,10 @@ class SearchSpace:
     rejected: dict[str, int]
 
 
-def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) -> StrategyArrays:
-    """All candidate strategies for the question, constraints applied."""
-    return enumerate_heads(model, train, num_gpus, normalise_constraints(constraints)).expand()
+def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any], cluster=None) -> StrategyArrays:
+    """All candidate strategies for the question, constraints applied (tp bounded by the
+    cluster's NVLink domain when a cluster is given)."""
+    return enumerate_heads(model, train, num_gpus, normalise_constraints(constraints), cluster).expand()
 
 
 def search_space(model, train, num_gpus: int, constraints: dict[str, Any], cluster=None) -> SearchSpace:
@@ -184,7 +187,7 @@ def search_space(model, train, num_gpus: int, constraints: dict[str, Any], clust
     from planner.rules import RULES, Context, check, first_failure_counts
 
     cons = normalise_constraints(constraints)
-    heads = enumerate_heads(model, train, num_gpus, cons)
+    heads = enumerate_heads(model, train, num_gpus, cons, cluster)
     ctx = Context(model, train, num_gpus, cluster)
     if "recompute_num_layers" in cons:  # the recompute rules can fail: check every candidate
         space = heads.expand()
@@ -203,12 +206,13 @@ def search_space(model, train, num_gpus: int, constraints: dict[str, Any], clust
     return SearchSpace(heads.expand(np.flatnonzero(valid)), int(k.sum()), rejected)
 
 
-def enumerate_heads(model, train, num_gpus: int, cons: dict[str, list[Any]]) -> Heads:
+def enumerate_heads(model, train, num_gpus: int, cons: dict[str, list[Any]], cluster=None) -> Heads:
     """Every candidate for the question as heads (see `Heads`); `cons` already normalised."""
     L, s, B = model.num_layers, train.seq_len, train.global_batch_size
     divs = divisors(num_gpus)
     head_groups = math.gcd(model.num_attention_heads, model.kv_heads)
-    tps = _allowed(cons, "tp", [d for d in divs if head_groups % d == 0])
+    max_tp = cluster.domain_size if cluster is not None else num_gpus
+    tps = _allowed(cons, "tp", [d for d in divs if head_groups % d == 0 and d <= max_tp])
     cps = _allowed(cons, "cp", [d for d in divs if d == 1 or (s % (2 * d) == 0 and s // d >= MIN_CP_TOKENS)])
     pps = _allowed(cons, "pp", [d for d in divs if d <= L])
     dps = cons.get("dp")

@@ -32,6 +32,7 @@ ALLOWED_REFUSALS = {
                   r"(stage_layers \[[\d, ]+\]|embedding_as_layer|loss_as_layer)[\w ]* with pp \(\d+\) > 1"],
     "colossalai": [r"zero_stage 2 with pp", r"zero_stage 3 with pp", r"cp \(\d+\) > 1 with sequence_parallel",
                    r"recompute_num_layers \(\d+\) without pipeline", r"selective recompute with the unfused",
+                   r"uneven pipeline stages with vpp \(\d+\) > 1",
                    r"(stage_layers \[[\d, ]+\]|embedding_as_layer|loss_as_layer)[\w ]* with vpp \(\d+\) > 1"],
     "torchtitan": [r"precision 'fp16'", r"recompute_num_layers \(\d+\) of \d+ layers per chunk"],
     "torchrun": [],

@@ -15,7 +15,7 @@ from cost_models.layout import STAGE_NAMES
 from cost_models.step import MEMORY_TERMS, TIME_TERMS
 from planner.errors import SpecError
 from planner.rules import RULES, Context, check, first_failure_counts, messages
-from planner.space import enumerate_space
+from planner.space import enumerate_space, search_space
 from planner.specs import Estimate, Plan, PlanResult, SearchStats, Strategy
 
 GIB = 2**30
@@ -24,13 +24,13 @@ NUM_CLOSEST = 3
 
 def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) -> PlanResult:
     start = time.perf_counter()
-    space = enumerate_space(model, train, num_gpus, constraints)
-    ctx = Context(model, train, num_gpus, cluster)
-    valid, failures = check(ctx, space)
-    rejected = first_failure_counts(failures)
-    if not valid.any():
-        raise SpecError(_no_valid_message(ctx, space, failures))
-    candidates = space.take(valid)
+    space = search_space(model, train, num_gpus, constraints, cluster)
+    rejected = dict(space.rejected)
+    candidates = space.valid
+    if not len(candidates):  # every candidate breaks a rule: say which, of one of them (rare, so checked again)
+        ctx = Context(model, train, num_gpus, cluster)
+        every = enumerate_space(model, train, num_gpus, constraints)
+        raise SpecError(_no_valid_message(ctx, every, check(ctx, every)[1]))
     costs = evaluate_arrays(model, cluster, train, candidates)
     fits = costs.fits
     over = ~fits
@@ -63,7 +63,7 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) 
         return Plan(rank=rank, strategy=strategy, estimate=est, model=model, cluster=cluster, train=train,
                     num_gpus=num_gpus)
 
-    stats = SearchStats(num_candidates=len(space), num_valid=len(candidates), num_feasible=int(len(feasible)),
+    stats = SearchStats(num_candidates=space.num_candidates, num_valid=len(candidates), num_feasible=int(len(feasible)),
                         rejected=rejected, search_time_s=elapsed)
     return PlanResult(
         plans=[make_plan(r + 1, i) for r, i in enumerate(order)],

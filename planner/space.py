@@ -1,19 +1,40 @@
 """The search space: every strategy worth scoring, as StrategyArrays.
 
 Default choices per field (constraints replace them):
-- tp, cp, pp: divisors of the GPU count; tp dividing both the query and KV head counts, pp ≤ num_layers,
+- tp, cp, pp: divisors of the GPU count; tp dividing both the query and KV head counts and at most the
+  cluster's NVLink domain (tensor parallelism across the scale-out network is never worth scoring by
+  default; a constraint can still ask for it), pp ≤ num_layers,
   cp only where each rank keeps at least `MIN_CP_TOKENS` tokens; dp = GPUs / (tp·cp·pp).
-- vpp: 1 and every v > 1 that divides the layers per stage. When pp does not
-  divide the layers, one uneven split: middle stages get ⌈L/pp⌉ layers and the
-  first and last stages share the rest (Megatron's first/last-stage layer flags).
-  Whether a split is possible is `ParallelLayout.split_ok`'s answer (the rules).
-- stage_layers, embedding_as_layer, loss_as_layer: only as constrained (default:
-  none, off, off).
+- Pipeline splits, per (pp, vpp) with pp > 1 (vpp: every value that makes one of them
+  possible; whether a split is possible is always `ParallelLayout.split_ok`'s answer):
+  - even: L / (pp·vpp) layers per virtual chunk;
+  - embedding and/or loss counted as layers (Megatron's --account-for-embedding- and
+    --account-for-loss-in-pipeline-split) when pp·vpp divides L + 2 (both) or L + 1 (one);
+    Llama 3.1 405B's published pp 16 × vpp 8 layout is the first of these (126 + 2 = 128);
+  - first / last ranks shaved (Megatron's first/last-stage layer counts): middle ranks hold
+    m layers, the first and last m - a·vpp and m - b·vpp, for (a, b) in `SHAVES` (a, b whole
+    layers shaved per chunk, at most `MAX_SHAVE` from each end; m solves (pp - 2)·m + first +
+    last = L and is a multiple of vpp, so each rank's chunks stay equal). This covers the
+    uneven split when pp·vpp does not divide L (Llama 3's 7/8…8/7 on pp 16, DeepSeek-V3's
+    61 layers) and the lighter first/last rank when it does (the first rank keeps the most
+    micro-batches in flight, the last carries the output layer and the loss).
+  - when none of those exists, today's fallback: middle ranks ⌈L/pp⌉, the first and last share
+    the rest (vpp 1), and failing that the plain even split, which the rules reject and count.
+  Splits that give the same layers per chunk are kept once (even, then shaved, then
+  embedding/loss: with vpp 1 embedding+loss is the same split as shaving one layer per end).
+- stage_layers: only as constrained. num_layers_in_first/last_stage, embedding_as_layer,
+  loss_as_layer: as above, or as constrained (a constrained first/last keeps only those; vpp
+  then ranges over the divisors of the given counts).
 - micro_batch_size: every divisor of global_batch_size / dp.
-- sequence_parallel: off, and on when tp > 1. zero_stage: 0-3.
+- sequence_parallel: off, and on when tp > 1; only on for a mixture-of-experts model with
+  tp > 1 (Megatron-core needs it there). zero_stage: 0-3.
+- ep, etp (mixture-of-experts models; dense models keep 1, 1): etp in {1, tp} (Megatron's two
+  common choices) and ep every divisor of num_experts such that etp·ep divides tp·cp·dp (the
+  expert mesh is folded over the attention's tensor, context and data ranks).
+- offload_optimizer: off, and on wherever zero_stage >= 1.
 - recompute: none, selective, full (all layers) and full with every
   recompute_num_layers from 1 to the layers per chunk - 1 (Megatron's block method).
-- offload_optimizer: off; overlap_grad_reduce / overlap_param_gather: on.
+- overlap_grad_reduce / overlap_param_gather: on.
 """
 
 from __future__ import annotations
@@ -21,6 +42,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -100,126 +122,301 @@ def _allowed(cons: dict[str, list[Any]], key: str, default: list[Any]) -> list[A
     return list(cons[key]) if key in cons else default
 
 
-def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any]) -> StrategyArrays:
-    """All candidate strategies for the question, constraints applied."""
+#: Layers shaved from each virtual chunk of the first and of the last pipeline rank, at most.
+MAX_SHAVE = 1
+#: (first, last) shaves tried per (pp, vpp), fewest layers moved first.
+SHAVES = tuple(sorted(((a, b) for a in range(MAX_SHAVE + 1) for b in range(MAX_SHAVE + 1) if a or b),
+                      key=lambda ab: (ab[0] + ab[1], abs(ab[0] - ab[1]))))
+
+
+#: Rules that read the recompute fields. The search checks every other rule once per "head"
+#: (a candidate with its recompute choice left out) and expands only the heads that pass; the
+#: generated recompute_num_layers never exceed the largest chunk, so while recompute_num_layers
+#: is not constrained these rules cannot fail (tests compare both paths).
+RECOMPUTE_RULES = frozenset({"recompute_layers"})
+
+
+@dataclass
+class Heads:
+    """Candidates without their recompute choice: `arrays` has recompute 'none' in every row,
+    and head i stands for the recompute choices `choices[choice_id[i], :num_choices[i]]`
+    (rows of (recompute code, recompute_num_layers))."""
+
+    arrays: StrategyArrays
+    choice_id: np.ndarray
+    choices: np.ndarray  # (C, K, 2), 0-padded
+    num_choices_of: np.ndarray  # (C,)
+
+    @property
+    def num_choices(self) -> np.ndarray:
+        return self.num_choices_of[self.choice_id]
+
+    def expand(self, index: np.ndarray | None = None) -> StrategyArrays:
+        """Every candidate of the heads `index` (all when None), head by head, recompute innermost."""
+        index = np.arange(len(self.arrays)) if index is None else np.asarray(index)
+        k = self.num_choices[index]
+        rows = np.repeat(index, k)
+        starts = np.cumsum(k) - k
+        pos = np.arange(int(k.sum())) - np.repeat(starts, k)
+        picked = self.choices[self.choice_id[rows], pos]
+        out = self.arrays.take(rows)
+        out.recompute, out.recompute_num_layers = picked[:, 0].copy(), picked[:, 1].copy()
+        return out
+
+
+@dataclass
+class SearchSpace:
+    """What the search scores: the valid candidates, how many were enumerated, and how many each
+    rule rejected (each counted once, under the first rule it breaks, in planner.rules order)."""
+
+    valid: StrategyArrays
+    num_candidates: int
+    rejected: dict[str, int]
+
+
+def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any], cluster=None) -> StrategyArrays:
+    """All candidate strategies for the question, constraints applied (tp bounded by the
+    cluster's NVLink domain when a cluster is given)."""
+    return enumerate_heads(model, train, num_gpus, normalise_constraints(constraints), cluster).expand()
+
+
+def search_space(model, train, num_gpus: int, constraints: dict[str, Any], cluster=None) -> SearchSpace:
+    """The valid candidates and the rejection counts, as `planner.rules.check` on
+    `enumerate_space` gives them, without building the candidates that rules reject whatever
+    their recompute choice (checked once per head, counted once per candidate)."""
+    from planner.rules import RULES, Context, check, first_failure_counts
+
     cons = normalise_constraints(constraints)
+    heads = enumerate_heads(model, train, num_gpus, cons, cluster)
+    ctx = Context(model, train, num_gpus, cluster)
+    if "recompute_num_layers" in cons:  # the recompute rules can fail: check every candidate
+        space = heads.expand()
+        valid, failures = check(ctx, space)
+        return SearchSpace(space.take(valid), len(space), first_failure_counts(failures))
+    valid, failures = check(ctx, heads.arrays)
+    k = heads.num_choices
+    rejected: dict[str, int] = {}
+    taken = np.zeros(len(k), dtype=bool)
+    for rule in RULES:
+        new = failures[rule.key] & ~taken
+        n = int(k[new].sum())
+        if n:
+            rejected[rule.key] = n
+        taken |= new
+    return SearchSpace(heads.expand(np.flatnonzero(valid)), int(k.sum()), rejected)
+
+
+def enumerate_heads(model, train, num_gpus: int, cons: dict[str, list[Any]], cluster=None) -> Heads:
+    """Every candidate for the question as heads (see `Heads`); `cons` already normalised."""
     L, s, B = model.num_layers, train.seq_len, train.global_batch_size
     divs = divisors(num_gpus)
     head_groups = math.gcd(model.num_attention_heads, model.kv_heads)
-    tps = _allowed(cons, "tp", [d for d in divs if head_groups % d == 0])
+    max_tp = cluster.domain_size if cluster is not None else num_gpus
+    tps = _allowed(cons, "tp", [d for d in divs if head_groups % d == 0 and d <= max_tp])
     cps = _allowed(cons, "cp", [d for d in divs if d == 1 or (s % (2 * d) == 0 and s // d >= MIN_CP_TOKENS)])
     pps = _allowed(cons, "pp", [d for d in divs if d <= L])
     dps = cons.get("dp")
-    zeros = _allowed(cons, "zero_stage", [0, 1, 2, 3])
-    structure: list[tuple[int, ...]] = []  # (dp, tp, pp, cp, vpp, first, last, split index, emb, loss) per block
-    splits: list[tuple[int, ...]] = [()]  # explicit stage_layers choices; index 0 = none
-    blocks: list[np.ndarray] = []  # (k, 4) rows of (mbs, sp, zero, recompute code, recompute layers) per block
+    zeros = tuple(_allowed(cons, "zero_stage", [0, 1, 2, 3]))
+    offloads = tuple(_allowed(cons, "offload_optimizer", [False, True]))
+    free_offload = "offload_optimizer" not in cons  # searched offload only where zero_stage >= 1
+    pipe_key = _pipeline_key(cons)
+    rc_key = (tuple(_allowed(cons, "recompute", ["none", "selective", "full"])),
+              None if cons.get("recompute_num_layers") is None else tuple(cons["recompute_num_layers"]))
+    ep_key = tuple(cons["ep"]) if "ep" in cons else None
+    etp_key = tuple(cons["etp"]) if "etp" in cons else None
+    moe = model.num_experts > 0
+    # One row per structure: (dp, tp, pp, cp, ep, etp, vpp, first, last, split index, emb, loss, choice id).
+    structure: list[tuple[int, ...]] = []
+    split_index: dict[tuple[int, ...], int] = {(): 0}  # explicit stage_layers choices; index 0 = none
+    choice_index: dict[tuple, int] = {}  # recompute choice lists
+    blocks: list[np.ndarray] = []  # per structure: (k, 4) rows of (mbs, sp, zero, offload)
     for tp, cp, pp in itertools.product(tps, cps, pps):
         if num_gpus % (tp * cp * pp):
             continue
         dp = num_gpus // (tp * cp * pp)
         if dps is not None and dp not in dps and "auto" not in dps:
             continue
-        mbss = _allowed(cons, "micro_batch_size", divisors(B // dp) if B % dp == 0 else [1])
-        sps = _allowed(cons, "sequence_parallel", [False, True] if tp > 1 else [False])
-        for vpp, first, last, explicit, emb, loss in _pipeline_splits(L, pp, cons):
-            if explicit not in splits:
-                splits.append(explicit)
-            chunk = _largest_chunk(model.num_layers, pp, vpp, first, last, explicit, emb, loss)
-            structure.append((dp, tp, pp, cp, vpp, first, last, splits.index(explicit), emb, loss))
-            blocks.append(_grid(tuple(mbss), tuple(sps), tuple(zeros), tuple(_recompute_choices(cons, chunk))))
+        mbss = tuple(_allowed(cons, "micro_batch_size", divisors(B // dp) if B % dp == 0 else [1]))
+        sps = tuple(_allowed(cons, "sequence_parallel", [False] if tp == 1 else [True] if moe else [False, True]))
+        grid = _grid(mbss, sps, zeros, offloads, free_offload)
+        experts = _expert_choices(model.num_experts, tp, tp * cp * dp, ep_key, etp_key)
+        for vpp, first, last, explicit, emb, loss, chunk in _pipeline_splits(L, pp, pipe_key):
+            index = split_index.setdefault(explicit, len(split_index))
+            choice = choice_index.setdefault(_recompute_choices(rc_key, chunk), len(choice_index))
+            for ep, etp in experts:
+                structure.append((dp, tp, pp, cp, ep, etp, vpp, first, last, index, emb, loss, choice))
+                blocks.append(grid)
     if not blocks:
         raise SpecError(_empty_space_message(num_gpus, cons))
-    sizes = np.array([len(b) for b in blocks])
+    sizes = np.fromiter((len(b) for b in blocks), dtype=np.int64, count=len(blocks))
     struct = np.repeat(np.array(structure, dtype=np.int64), sizes, axis=0)
     inner = np.concatenate(blocks)
+    n = len(inner)
     cols = {
-        "dp": struct[:, 0], "tp": struct[:, 1], "pp": struct[:, 2], "cp": struct[:, 3], "vpp": struct[:, 4],
-        "num_layers_in_first_stage": struct[:, 5], "num_layers_in_last_stage": struct[:, 6],
+        "dp": struct[:, 0], "tp": struct[:, 1], "pp": struct[:, 2], "cp": struct[:, 3], "ep": struct[:, 4],
+        "etp": struct[:, 5], "vpp": struct[:, 6],
+        "num_layers_in_first_stage": struct[:, 7], "num_layers_in_last_stage": struct[:, 8],
         "micro_batch_size": inner[:, 0], "sequence_parallel": inner[:, 1].astype(bool), "zero_stage": inner[:, 2],
-        "recompute": inner[:, 3], "recompute_num_layers": inner[:, 4],
-        "stage_layers": _split_table(splits)[struct[:, 7]],
-        "embedding_as_layer": struct[:, 8].astype(bool), "loss_as_layer": struct[:, 9].astype(bool),
+        "offload_optimizer": inner[:, 3].astype(bool), "recompute": 0, "recompute_num_layers": 0,
+        "stage_layers": _split_table(list(split_index))[struct[:, 9]] if len(split_index) > 1 else np.zeros((n, 0)),
+        "embedding_as_layer": struct[:, 10].astype(bool), "loss_as_layer": struct[:, 11].astype(bool),
     }
+    lists = list(choice_index)
+    width = max(len(c) for c in lists)
+    choices = np.zeros((len(lists), width, 2), dtype=np.int64)
+    for i, c in enumerate(lists):
+        choices[i, :len(c)] = c
+    num_choices_of = np.array([len(c) for c in lists], dtype=np.int64)
+    choice_id = struct[:, 12]
     rare = _inner_columns(cons)
-    base = StrategyArrays.from_columns({**cols, **{k: v[0] for k, v in rare.items()}}, len(inner))
+    base = StrategyArrays.from_columns({**cols, **{k: v[0] for k, v in rare.items()}}, n)
     combos = list(itertools.product(*rare.values()))
     if len(combos) == 1:
-        return base
+        return Heads(base, choice_id, choices, num_choices_of)
     parts = []
     for combo in combos:
         part = base.take(np.arange(len(base)))  # a copy: the loop below writes into it
         for key, value in zip(rare, combo):
             getattr(part, key)[:] = value
         parts.append(part)
-    return StrategyArrays.concat(parts)
+    return Heads(StrategyArrays.concat(parts), np.tile(choice_id, len(combos)), choices, num_choices_of)
 
 
 @functools.lru_cache(maxsize=4096)
-def _grid(mbss: tuple, sps: tuple, zeros: tuple, rcs: tuple) -> np.ndarray:
-    """Cartesian product of the per-structure choices as an (n, 5) integer array."""
-    i, j, k, r = np.meshgrid(np.arange(len(mbss)), np.arange(len(sps)), np.arange(len(zeros)), np.arange(len(rcs)),
-                             indexing="ij")
-    rc = np.array(rcs, dtype=np.int64).reshape(-1, 2)
-    out = np.stack([np.array(mbss, dtype=np.int64)[i.ravel()], np.array(sps, dtype=np.int64)[j.ravel()],
-                    np.array(zeros, dtype=np.int64)[k.ravel()], rc[r.ravel(), 0], rc[r.ravel(), 1]], axis=1)
+def _grid(mbss: tuple, sps: tuple, zeros: tuple, offloads: tuple, free_offload: bool) -> np.ndarray:
+    """Cartesian product of the per-structure choices as an (n, 4) integer array of (mbs, sp,
+    zero, offload); a searched (unconstrained) offload_optimizer is kept only where zero_stage >= 1."""
+    axes = [np.asarray(a, dtype=np.int64) for a in (mbss, sps, zeros, offloads)]
+    out = np.stack([a.ravel() for a in np.meshgrid(*axes, indexing="ij")], axis=1)
+    if free_offload:
+        out = out[(out[:, 3] == 0) | (out[:, 2] >= 1)]
     out.setflags(write=False)
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _expert_choices(num_experts: int, tp: int, folded: int, eps: tuple | None, etps: tuple | None
+                    ) -> tuple[tuple[int, int], ...]:
+    """(ep, etp) pairs for one (tp, tp·cp·dp): dense models 1, 1; mixture-of-experts models etp in
+    {1, tp} and every ep dividing num_experts with etp·ep dividing tp·cp·dp (constraints replace
+    either list; what they allow is left to the rules to accept or explain)."""
+    if not num_experts:
+        return tuple(itertools.product(eps or (1,), etps or (1,)))
+    out: list[tuple[int, int]] = []
+    for etp in etps or sorted({1, tp}):
+        allowed = eps or [e for e in divisors(num_experts) if folded % (etp * e) == 0] or [1]
+        out += [(e, etp) for e in allowed]
+    return tuple(out)
 
 
 def _inner_columns(cons: dict[str, list[Any]]) -> dict[str, list[Any]]:
     """Fields that are rarely searched: one value each unless constrained to several."""
     return {
-        "ep": _allowed(cons, "ep", [1]),
-        "etp": _allowed(cons, "etp", [1]),
-        "offload_optimizer": _allowed(cons, "offload_optimizer", [False]),
         "overlap_grad_reduce": _allowed(cons, "overlap_grad_reduce", [True]),
         "overlap_param_gather": _allowed(cons, "overlap_param_gather", [True]),
     }
 
 
-def _pipeline_splits(L: int, pp: int, cons: dict[str, list[Any]]) -> list[tuple[int, int, int, tuple, bool, bool]]:
+def _pipeline_key(cons: dict[str, list[Any]]) -> tuple:
+    """The constraints that shape pipeline splits, hashable (for the per-pp cache)."""
+    def opt(key: str) -> tuple | None:
+        return tuple(cons[key]) if key in cons else None
+    explicit = tuple(tuple(x) for x in cons.get("stage_layers", []) if x)
+    return (opt("vpp"), explicit, opt("num_layers_in_first_stage"), opt("num_layers_in_last_stage"),
+            opt("embedding_as_layer"), opt("loss_as_layer"))
+
+
+Split = tuple[int, int, int, tuple, bool, bool, int]  # vpp, first, last, explicit, emb, loss, largest chunk
+
+
+@functools.lru_cache(maxsize=1024)
+def _pipeline_splits(L: int, pp: int, key: tuple) -> tuple[Split, ...]:
     """(vpp, first-stage layers, last-stage layers, explicit split, embedding as layer, loss as
-    layer) choices; 0 / () = not set. Impossible combinations are kept: the rules reject and
-    count them."""
-    out = []
-    for emb in _allowed(cons, "embedding_as_layer", [False]):
-        for loss in _allowed(cons, "loss_as_layer", [False]):
-            out += [split + (emb, loss) for split in _splits_of(L, pp, cons, int(emb) + int(loss))]
-    return out
-
-
-def _splits_of(L: int, pp: int, cons: dict[str, list[Any]], extra: int) -> list[tuple[int, int, int, tuple]]:
-    """Splits of L layers (+ `extra` embedding/loss layers counted in an even split)."""
-    vpps = cons.get("vpp")
-    explicit = [tuple(x) for x in cons.get("stage_layers", []) if x]
+    layer, layers of the largest chunk) choices for pp stages (0 / () = not set); the module
+    docstring says which. Impossible combinations that constraints ask for are kept: the rules
+    reject and count them."""
+    vpps, explicit, firsts, lasts, embs, losses = key
     if explicit:
-        return [(v, 0, 0, x) for v in (vpps or [1]) for x in explicit if len(x) == pp] or [(1, 0, 0, explicit[0])]
-    firsts, lasts = cons.get("num_layers_in_first_stage"), cons.get("num_layers_in_last_stage")
+        fixed = [(v, 0, 0, x, e, lo) for x in explicit if len(x) == pp
+                 for v in (vpps or _vpps_dividing(*x)) for e in (embs or (False,)) for lo in (losses or (False,))]
+        return _with_chunks(L, pp, fixed or [(1, 0, 0, explicit[0], False, False)])
     if firsts is not None or lasts is not None:
-        return [(v, f or 0, la or 0, ()) for v in (vpps or [1]) for f in (firsts or [None]) for la in (lasts or [None])]
-    if (L + extra) % pp == 0 or extra:
-        per_stage = (L + extra) // pp
-        default = [1] + ([v for v in divisors(per_stage) if v > 1] if pp > 1 and per_stage else [])
-        return [(v, 0, 0, ()) for v in (vpps or default)]
-    # Uneven: ⌈L/pp⌉ layers on middle stages, the rest shared by the first and last.
-    k = -(-L // pp)
-    rest = L - k * (pp - 2)
-    first, last = rest // 2, rest - rest // 2
-    if pp < 2 or first < 1 or last > k:
-        return [(v, 0, 0, ()) for v in (vpps or [1])]
-    return [(v, first, last, ()) for v in (vpps or [1])]
+        given = [n for n in (firsts or ()) + (lasts or ()) if n]
+        return _with_chunks(L, pp, [(v, f or 0, la or 0, (), e, lo) for v in (vpps or _vpps_dividing(*given))
+                                    for f in (firsts or (None,)) for la in (lasts or (None,))
+                                    for e in (embs or (False,)) for lo in (losses or (False,))])
+    if pp == 1:
+        return _with_chunks(L, pp, [(v, 0, 0, (), e, lo) for v in (vpps or (1,)) for e in (embs or (False,))
+                                    for lo in (losses or (False,))])
+    embs, losses = embs or (False, True), losses or (False, True)
+    plain = False in embs and False in losses
+    out: list[Split] = []
+    seen: set[tuple[int, ...]] = set()
+
+    def add(v: int, first: int, last: int, emb: bool, loss: bool) -> None:
+        chunks = _chunk_layers(L, pp, v, first, last, (), emb, loss)
+        if chunks is not None and chunks not in seen:
+            seen.add(chunks)
+            out.append((v, first, last, (), emb, loss, max(1, max(chunks))))
+
+    candidates = vpps or sorted(v for v in set(divisors(L)) | set(divisors(L + 1)) | set(divisors(L + 2))
+                                if pp * v <= L + 2)
+    for v in candidates:
+        if plain:
+            add(v, 0, 0, False, False)
+        if pp == 2 and (v > 1 or L % pp == 0):  # no middle rank: only the odd-L split below
+            continue
+        for a, b in SHAVES if plain else ():  # middle ranks m layers, first m - a·v, last m - b·v
+            m, r = divmod(L + (a + b) * v, pp)
+            if r == 0 and m % v == 0:
+                add(v, m - a * v if a else 0, m - b * v if b else 0, False, False)
+        for emb, loss in itertools.product(embs, losses):
+            if emb or loss:
+                add(v, 0, 0, emb, loss)
+    if plain and not any(x[4:6] == (False, False) for x in out):
+        # A deficit beyond MAX_SHAVE: middle ranks ⌈L/pp⌉, the first and last share the rest.
+        middle = -(-L // pp)
+        rest = L - middle * (pp - 2)
+        if rest >= 2:
+            add(1, rest // 2, rest - rest // 2, False, False)
+    if out:
+        return tuple(out)
+    return _with_chunks(L, pp, [(v, 0, 0, (), e, lo) for v in (vpps or (1,)) for e in (embs if not plain else (False,))
+                                for lo in (losses if not plain else (False,))])
+
+
+def _vpps_dividing(*counts: int) -> tuple[int, ...]:
+    """1 and every v > 1 dividing all the given per-rank layer counts."""
+    g = math.gcd(*counts) if counts else 1
+    return tuple(divisors(g)) if g else (1,)
+
+
+def _with_chunks(L: int, pp: int, splits: list[tuple]) -> tuple[Split, ...]:
+    return tuple(x + (_largest_chunk(L, pp, x[0], x[1], x[2], x[3], x[4], x[5]),) for x in splits)
+
+
+def _layout_of(L: int, pp: int, vpp: int, first: int, last: int, explicit: tuple, emb: bool, loss: bool
+               ) -> ParallelLayout:
+    one = np.ones(1, np.int64)
+    return ParallelLayout(num_layers=L, tp=one, cp=one, dp=one, pp=np.array([pp]), vpp=np.array([vpp]), ep=one,
+                          etp=one, first=np.array([first]), last=np.array([last]), embedding_as_layer=np.array([emb]),
+                          loss_as_layer=np.array([loss]),
+                          stage_layers=np.array([explicit], dtype=np.int64) if explicit else None)
+
+
+@functools.lru_cache(maxsize=8192)
+def _chunk_layers(L: int, pp: int, vpp: int, first: int, last: int, explicit: tuple, emb: bool, loss: bool
+                  ) -> tuple[int, ...] | None:
+    """Layers of every virtual chunk in schedule order, or None when the layout refuses the split."""
+    lay = _layout_of(L, pp, vpp, first, last, explicit, emb, loss)
+    return tuple(lay.layers_per_chunk(0)) if bool(lay.split_ok()[0]) else None
 
 
 @functools.lru_cache(maxsize=4096)
 def _largest_chunk(L: int, pp: int, vpp: int, first: int, last: int, explicit: tuple, emb: bool = False,
                    loss: bool = False) -> int:
     """Layers of the largest virtual chunk of a split (the recompute_num_layers range)."""
-    lay = ParallelLayout(num_layers=L, tp=np.ones(1, np.int64), cp=np.ones(1, np.int64), dp=np.ones(1, np.int64),
-                         pp=np.array([pp]), vpp=np.array([vpp]), ep=np.ones(1, np.int64), etp=np.ones(1, np.int64),
-                         first=np.array([first]), last=np.array([last]), embedding_as_layer=np.array([emb]),
-                         loss_as_layer=np.array([loss]),
-                         stage_layers=np.array([explicit], dtype=np.int64) if explicit else None)
+    lay = _layout_of(L, pp, vpp, first, last, explicit, emb, loss)
     return max(1, max(lay.layers_per_chunk(0), default=1))
 
 
@@ -229,9 +426,10 @@ def _split_table(splits: list[tuple[int, ...]]) -> np.ndarray:
     return np.array([list(x) + [0] * (width - len(x)) for x in splits], dtype=np.int64).reshape(len(splits), width)
 
 
-def _recompute_choices(cons: dict[str, list[Any]], chunk_layers: int) -> list[tuple[int, int]]:
-    modes = _allowed(cons, "recompute", ["none", "selective", "full"])
-    counts = cons.get("recompute_num_layers")
+@functools.lru_cache(maxsize=4096)
+def _recompute_choices(key: tuple, chunk_layers: int) -> tuple[tuple[int, int], ...]:
+    """(recompute code, recompute_num_layers) pairs; key = (allowed modes, allowed layer counts or None)."""
+    modes, counts = key
     out: list[tuple[int, int]] = []
     for mode in modes:
         code = RECOMPUTE_CODE[mode]
@@ -243,7 +441,7 @@ def _recompute_choices(cons: dict[str, list[Any]], chunk_layers: int) -> list[tu
             out += [(code, n or 0) for n in counts]
         else:
             out += [(code, 0)] + [(code, n) for n in range(1, chunk_layers)]
-    return out
+    return tuple(out)
 
 
 def _empty_space_message(num_gpus: int, cons: dict[str, list[Any]]) -> str:

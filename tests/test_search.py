@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cost_models.layout import ParallelLayout
 from planner import Estimate, PlanResult, SpecError, Strategy, evaluate, plan
 
 Q = dict(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096)
@@ -121,8 +122,9 @@ def test_long_sequences_use_context_parallelism_when_needed():
 
 
 def test_uneven_pipeline_for_405b():
-    # 126 layers on pp=16: 8 layers on middle stages, 7 on the first and last (Megatron's uneven split).
+    # 126 layers on pp=16: 8 layers on middle stages, 7 on the first and last (Llama 3 paper, Sec. 3.3.2), whether
+    # by first/last-stage counts or by counting the embedding and the loss as layers with interleaving.
     result = plan(model="llama3.1-405b", cluster="dgx-h100", num_gpus=1024, global_batch_size=512, seq_len=8192,
                   constraints={"pp": 16, "tp": 8}, top_k=1)
     s = result.plans[0].strategy
-    assert (s.num_layers_in_first_stage, s.num_layers_in_last_stage) == (7, 7)
+    assert ParallelLayout.of_strategy(s, 126).layers_per_stage() == [7] + [8] * 14 + [7]

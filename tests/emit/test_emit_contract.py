@@ -36,6 +36,7 @@ ALLOWED_REFUSALS = {
     "colossalai": [r"zero_stage 2 with pp", r"zero_stage 3 with pp", r"cp \(\d+\) > 1 with sequence_parallel",
                    r"recompute_num_layers \(\d+\) without pipeline", r"selective recompute with the unfused",
                    r"(stage_layers \[[\d, ]+\]|embedding_as_layer|loss_as_layer)[\w ]* with vpp \(\d+\) > 1",
+                   r"uneven pipeline stages with vpp \(\d+\) > 1",
                    r"etp \(\d+\) must equal tp", r"zero_stage 3 with an MoE model", r"ep \(\d+\) must divide dp",
                    r"num_mtp_layers \(\d+\)"],
     "torchtitan": [r"precision 'fp16'", r"recompute_num_layers \(\d+\) of \d+ layers per chunk",

@@ -77,6 +77,22 @@ class CostArrays:
         return np.where(total > 0, 1 - exposed / np.where(total > 0, total, 1), 0.0)
 
 
+def concat_costs(parts: list[CostArrays]) -> CostArrays:
+    """The costs of several candidate sets, one after the other (same cluster and GPU)."""
+    first = parts[0]
+    out = {}
+    for name in CostArrays.__dataclass_fields__:
+        value = getattr(first, name)
+        if isinstance(value, dict):
+            out[name] = {k: np.concatenate([np.broadcast_to(getattr(p, name)[k], (len(p.step_time_s),)) for p in parts])
+                         for k in value}
+        elif isinstance(value, np.ndarray):
+            out[name] = np.concatenate([np.broadcast_to(getattr(p, name), (len(p.step_time_s),)) for p in parts])
+        else:
+            out[name] = value
+    return CostArrays(**out)
+
+
 @dataclass
 class Setup:
     """The question in the shapes every part needs (arrays over candidates)."""

@@ -143,6 +143,9 @@ RULES: tuple[Rule, ...] = (
          _recompute_layers_ok,
          lambda c, r: f"recompute_num_layers ({r['recompute_num_layers']}) needs recompute='full' and must not exceed "
                       f"the layers of the largest pipeline chunk"),
+    Rule("recompute_modules_mode",
+         lambda c, s: (s.recompute_modules == 0) | (s.recompute == 1),
+         lambda c, r: f"recompute_modules {r['recompute_modules']} need recompute='selective' (is {r['recompute']!r})"),
     Rule("recompute_modules",
          lambda c, s: ~(((s.recompute_modules & _MLA_BITS) > 0) & ~np.bool_(bool(getattr(c.model, "is_mla", False))))
          & ~(((s.recompute_modules & _MOE_BITS) > 0) & ~np.bool_(_moe(c))),

@@ -12,7 +12,7 @@ import numpy as np
 
 from cost_models import CostArrays, StrategyArrays, evaluate_arrays
 from cost_models.layout import STAGE_NAMES
-from cost_models.step import MEMORY_TERMS, TIME_TERMS
+from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs
 from planner.errors import SpecError
 from planner.rules import RULES, Context, check, first_failure_counts, messages
 from planner.space import enumerate_space, search_space
@@ -24,14 +24,22 @@ NUM_CLOSEST = 3
 
 def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) -> PlanResult:
     start = time.perf_counter()
-    space = search_space(model, train, num_gpus, constraints, cluster)
+    # Offloading the optimizer only adds time to a plan (the host's memory bandwidth per GPU is far
+    # below HBM's), so a searched offload is scored only for the plans that do not fit without it.
+    free_offload = "offload_optimizer" not in (constraints or {})
+    first = {**(constraints or {}), "offload_optimizer": False} if free_offload else constraints
+    space = search_space(model, train, num_gpus, first, cluster)
     rejected = dict(space.rejected)
     candidates = space.valid
+    num_candidates = space.num_candidates
     if not len(candidates):  # every candidate breaks a rule: say which, of one of them (rare, so checked again)
         ctx = Context(model, train, num_gpus, cluster)
-        every = enumerate_space(model, train, num_gpus, constraints)
+        every = enumerate_space(model, train, num_gpus, first, cluster)
         raise SpecError(_no_valid_message(ctx, every, check(ctx, every)[1]))
     costs = evaluate_arrays(model, cluster, train, candidates)
+    if free_offload:
+        candidates, costs, num_twins = _with_offload_twins(model, cluster, train, num_gpus, candidates, costs, rejected)
+        num_candidates += num_twins
     fits = costs.fits
     over = ~fits
     host_over = costs.host_memory_bytes > costs.host_capacity_bytes
@@ -63,7 +71,7 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) 
         return Plan(rank=rank, strategy=strategy, estimate=est, model=model, cluster=cluster, train=train,
                     num_gpus=num_gpus)
 
-    stats = SearchStats(num_candidates=space.num_candidates, num_valid=len(candidates), num_feasible=int(len(feasible)),
+    stats = SearchStats(num_candidates=num_candidates, num_valid=len(candidates), num_feasible=int(len(feasible)),
                         rejected=rejected, search_time_s=elapsed)
     return PlanResult(
         plans=[make_plan(r + 1, i) for r, i in enumerate(order)],
@@ -72,9 +80,30 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) 
     )
 
 
+def _with_offload_twins(model, cluster, train, num_gpus: int, candidates: StrategyArrays, costs: CostArrays,
+                        rejected: dict[str, int]) -> tuple[StrategyArrays, CostArrays, int]:
+    """Add, for every plan with zero_stage >= 1 that does not fit, the same plan with the optimizer
+    offloaded (scored and counted as candidates; the offload rule may refuse them)."""
+    need = np.flatnonzero(~costs.fits & (candidates.zero_stage >= 1))
+    if not len(need):
+        return candidates, costs, 0
+    twins = candidates.take(need)
+    twins.offload_optimizer[:] = True
+    valid, failures = check(Context(model, train, num_gpus, cluster), twins)
+    for key, n in first_failure_counts(failures).items():
+        rejected[key] = rejected.get(key, 0) + n
+    twins = twins.take(valid)
+    if not len(twins):
+        return candidates, costs, len(need)
+    return (StrategyArrays.concat([candidates, twins]),
+            concat_costs([costs, evaluate_arrays(model, cluster, train, twins)]), len(need))
+
+
 def _no_valid_message(ctx: Context, space: StrategyArrays, failures: dict[str, np.ndarray]) -> str:
     """One line when every candidate breaks a rule: the rule that rejected the most, said of one of them."""
     counts = first_failure_counts(failures)
+    if not counts:
+        return "no valid strategy for these constraints"
     key = max(counts, key=counts.get)
     i = int(np.flatnonzero(failures[key])[0])
     rule = next(r for r in RULES if r.key == key)

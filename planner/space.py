@@ -31,9 +31,10 @@ Default choices per field (constraints replace them):
 - ep, etp (mixture-of-experts models; dense models keep 1, 1): etp in {1, tp} (Megatron's two
   common choices) and ep every divisor of num_experts such that etp·ep divides tp·cp·dp (the
   expert mesh is folded over the attention's tensor, context and data ranks).
-- offload_optimizer: off, and on wherever zero_stage >= 1.
-- recompute: none, selective, full (all layers) and full with every
-  recompute_num_layers from 1 to the layers per chunk - 1 (Megatron's block method).
+- offload_optimizer: off, and on wherever zero_stage >= 1 (the search scores the offloaded
+  twin of a plan only when the plan does not fit without it: offload only adds time).
+- recompute: none, selective, full (all layers) and full with recompute_num_layers (Megatron's
+  block method) on the ladder `RECOMPUTE_LAYER_STEPS` below the layers per chunk.
 - overlap_grad_reduce / overlap_param_gather: on.
 """
 
@@ -47,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from cost_models.arrays import RECOMPUTE_CODE, StrategyArrays
+from cost_models.arrays import RECOMPUTE_CODE, RECOMPUTE_MODULES, StrategyArrays, modules_mask
 from cost_models.layout import ParallelLayout
 from planner.errors import SpecError
 from planner.specs import Strategy
@@ -91,6 +92,12 @@ def _check_value(key: str, v: Any) -> Any:
                 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in v)):
             raise SpecError(f"constraint stage_layers={v!r} must be a list of positive layer counts, one per stage")
         return tuple(v)
+    if key == "recompute_modules":  # one list of Megatron module names -> its bit mask (0: not set)
+        if v is None:
+            return 0
+        if (not isinstance(v, (list, tuple)) or not v or any(m not in RECOMPUTE_MODULES for m in v)):
+            raise SpecError(f"constraint recompute_modules={v!r} must be a list of {', '.join(RECOMPUTE_MODULES)}")
+        return modules_mask(list(v))
     if key == "recompute":
         if v not in RECOMPUTE_CODE:
             raise SpecError(f"constraint recompute={v!r} must be one of {', '.join(RECOMPUTE_CODE)}")
@@ -106,7 +113,7 @@ def normalise_constraints(constraints: dict[str, Any]) -> dict[str, list[Any]]:
     for key, value in constraints.items():
         if key not in STRATEGY_FIELDS:
             raise SpecError(f"unknown constraint field {key!r}; fields: {', '.join(STRATEGY_FIELDS)}")
-        if key == "stage_layers":  # one split [1, 2, 2, 3], or a list of splits to choose from
+        if key in ("stage_layers", "recompute_modules"):  # one list, or a list of lists to choose from
             nested = isinstance(value, (list, tuple)) and bool(value) and all(
                 isinstance(v, (list, tuple)) or v is None for v in value)
             values = list(value) if nested else [value]
@@ -115,6 +122,8 @@ def normalise_constraints(constraints: dict[str, Any]) -> dict[str, list[Any]]:
         if not values:
             raise SpecError(f"constraint {key!r} allows no value (empty list)")
         out[key] = [_check_value(key, v) for v in values]
+    if any(out.get("recompute_modules", [])) and "recompute" not in out:
+        out["recompute"] = ["selective"]  # modules are what selective recompute repeats
     return out
 
 
@@ -189,7 +198,8 @@ def search_space(model, train, num_gpus: int, constraints: dict[str, Any], clust
     cons = normalise_constraints(constraints)
     heads = enumerate_heads(model, train, num_gpus, cons, cluster)
     ctx = Context(model, train, num_gpus, cluster)
-    if "recompute_num_layers" in cons:  # the recompute rules can fail: check every candidate
+    if "recompute_num_layers" in cons or any(cons.get("recompute_modules", [])):
+        # the recompute rules can fail: check every candidate
         space = heads.expand()
         valid, failures = check(ctx, space)
         return SearchSpace(space.take(valid), len(space), first_failure_counts(failures))
@@ -312,6 +322,7 @@ def _expert_choices(num_experts: int, tp: int, folded: int, eps: tuple | None, e
 def _inner_columns(cons: dict[str, list[Any]]) -> dict[str, list[Any]]:
     """Fields that are rarely searched: one value each unless constrained to several."""
     return {
+        "recompute_modules": _allowed(cons, "recompute_modules", [0]),
         "overlap_grad_reduce": _allowed(cons, "overlap_grad_reduce", [True]),
         "overlap_param_gather": _allowed(cons, "overlap_param_gather", [True]),
     }
@@ -440,8 +451,14 @@ def _recompute_choices(key: tuple, chunk_layers: int) -> tuple[tuple[int, int], 
         if counts is not None:
             out += [(code, n or 0) for n in counts]
         else:
-            out += [(code, 0)] + [(code, n) for n in range(1, chunk_layers)]
+            out += [(code, 0)] + [(code, n) for n in RECOMPUTE_LAYER_STEPS if n < chunk_layers]
     return tuple(out)
+
+
+#: Partial full-recompute layer counts the search tries by default (a 1-2-3 ladder: memory and
+#: time are linear in the count, so the neighbours of the best rung are within a few per cent);
+#: any other count can be asked for with a `recompute_num_layers` constraint.
+RECOMPUTE_LAYER_STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
 def _empty_space_message(num_gpus: int, cons: dict[str, list[Any]]) -> str:

@@ -178,3 +178,25 @@ def test_recompute_modules_trade_activation_memory_for_time():
     dense = evaluate("llama3-8b", "dgx-h100", 8, 8, 4096,
                      strategy=dict(dp=8, recompute="selective", recompute_modules=["moe_act"]))
     assert not dense.valid and any("moe_act / shared_experts / moe an MoE model" in r for r in dense.reasons)
+
+
+def test_search_offloads_only_when_nothing_fits_without_it():
+    from planner import plan
+
+    one = plan("llama3-8b", "dgx-h100", 1, 8, 4096, top_k=3)  # 8B x 16 bytes of state > 80 GiB
+    assert one.plans and all(p.strategy.offload_optimizer and p.strategy.zero_stage >= 1 for p in one.plans)
+    assert one.plans[0].estimate.memory_bytes["optimizer"] == 0
+    eight = plan("llama3-8b", "dgx-h100", 8, 64, 4096, top_k=3)  # fits on HBM: offload would only add time
+    assert not any(p.strategy.offload_optimizer for p in eight.plans)
+    cpu = plan("llama3-8b", "local-cpu", 2, 2, 512, precision="fp32", top_k=1)  # no host profile: refused
+    assert not any(p.strategy.offload_optimizer for p in cpu.plans + cpu.closest)
+
+
+def test_recompute_modules_constraint_values_are_checked():
+    from planner.space import normalise_constraints
+
+    cons = normalise_constraints({"recompute_modules": ["layernorm", "moe_act"]})
+    assert cons["recompute"] == ["selective"] and len(cons["recompute_modules"]) == 1
+    assert len(normalise_constraints({"recompute_modules": [["layernorm"], ["moe"]]})["recompute_modules"]) == 2
+    with pytest.raises(SpecError, match="recompute_modules=\\['attention'\\] must be a list of core_attn"):
+        normalise_constraints({"recompute_modules": ["attention"]})

@@ -165,3 +165,19 @@ def test_script_prints_every_layout_and_the_dualpipe_note(capsys, results):
 
 def test_data_file_is_where_the_docs_say():
     assert DATA.name == "published_layouts.json" and DATA.parent.name == "data"
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_each_layout_given_as_constraints_is_the_plan(name, results):
+    """Every field of the published strategy as a constraint: the search returns that one plan,
+    fitting, with evaluate()'s prediction."""
+    from planner import plan
+
+    lay = LAYOUTS[name]
+    s = lay.strategy.resolve(lay.num_gpus)
+    cons = {k: v for k, v in s.model_dump().items() if v is not None}
+    result = plan(model=lay.model, cluster=lay.cluster, num_gpus=lay.num_gpus, global_batch_size=lay.global_batch_size,
+                  seq_len=lay.seq_len, precision=lay.precision, constraints=cons, top_k=1, **lay.train_options)
+    assert result.stats.num_valid == 1 and len(result.plans) == 1, result.stats
+    assert result.plans[0].strategy == s
+    assert result.plans[0].estimate.step_time_s == pytest.approx(results[name].estimate.step_time_s)

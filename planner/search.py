@@ -84,7 +84,10 @@ def _with_offload_twins(model, cluster, train, num_gpus: int, candidates: Strate
                         rejected: dict[str, int]) -> tuple[StrategyArrays, CostArrays, int]:
     """Add, for every plan with zero_stage >= 1 that does not fit, the same plan with the optimizer
     offloaded (scored and counted as candidates; the offload rule may refuse them)."""
-    need = np.flatnonzero(~costs.fits & (candidates.zero_stage >= 1))
+    # Offload frees the optimizer states of every stage, so the twin's peak is at least the binding
+    # stage's peak less its optimizer states: where that is still over, the twin cannot fit.
+    could_fit = costs.peak_memory_bytes - costs.memory_bytes["optimizer"] <= costs.memory_capacity_bytes
+    need = np.flatnonzero(~costs.fits & (candidates.zero_stage >= 1) & could_fit)
     if not len(need):
         return candidates, costs, 0
     twins = candidates.take(need)

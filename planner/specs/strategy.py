@@ -36,7 +36,8 @@ class Strategy(BaseModel):
         "2: + gradients sharded; 3: + parameters sharded (FSDP full shard).",
     )
     micro_batch_size: int = Field(1, ge=1, description="Sequences per micro-batch per data parallel replica.")
-    recompute: Recompute = Field("none", description="Activation recomputation: none, selective (attention core) or full (whole layer).")
+    recompute: Recompute = Field("none", description="Activation recomputation: none, selective (the attention core, or "
+                                 "the modules in recompute_modules) or full (whole layer).")
     recompute_num_layers: int | None = Field(
         None, ge=1,
         description="With full recompute, how many layers per pipeline chunk are recomputed (Megatron's block "

@@ -165,3 +165,17 @@ def test_every_spec_field_is_documented():
         for name, field in cls.model_fields.items():
             assert field.description, f"{cls.__name__}.{name} has no description"
         assert cls.model_config.get("frozen") and cls.model_config.get("extra") == "forbid", cls.__name__
+
+
+def test_cluster_host_section_is_read_and_checked():
+    from profiles import load_cluster
+
+    host = load_cluster("dgx-h100").host
+    assert host.memory_bytes == 2048 * 2**30 and host.memory_bw_bytes_per_s == pytest.approx(614.4e9)
+    tier = {"name": "t", "bw_gb_per_s": 10, "latency_us": 5}
+    base = {"gpu": "h100-sxm", "gpus_per_node": 8, "intra_node": tier, "inter_node": tier}
+    with pytest.raises(SpecError, match="host lacks required field 'memory_bw_gb_per_s'"):
+        load_cluster(base | {"host": {"memory_gib": 1024}})
+    with pytest.raises(SpecError, match="unknown field"):
+        load_cluster(base | {"host": {"memory_gib": 1024, "memory_bw_gb_per_s": 400, "cores": 64}})
+    assert load_cluster(base).host is None and load_cluster(base).moe_load_imbalance == 1.0

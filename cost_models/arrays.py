@@ -63,12 +63,13 @@ class StrategyArrays:
     num_layers_in_last_stage: np.ndarray  # 0 = even split
     overlap_grad_reduce: np.ndarray  # bool
     overlap_param_gather: np.ndarray  # bool
+    overlap_moe_comm: np.ndarray  # bool
     embedding_as_layer: np.ndarray  # bool
     loss_as_layer: np.ndarray  # bool
     stage_layers: np.ndarray  # (N, P) int, 0-padded; P = 0 when no candidate has an explicit split
 
     BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather",
-                   "embedding_as_layer", "loss_as_layer")
+                   "overlap_moe_comm", "embedding_as_layer", "loss_as_layer")
     LIST_FIELDS = ("stage_layers",)
 
     def __len__(self) -> int:
@@ -92,7 +93,7 @@ class StrategyArrays:
                 out[name] = np.broadcast_to(value, (n, value.shape[1])).copy()
                 continue
             dtype = bool if name in cls.BOOL_FIELDS else np.int64
-            default = (False if name in ("embedding_as_layer", "loss_as_layer")
+            default = (False if name in ("embedding_as_layer", "loss_as_layer", "overlap_moe_comm")
                        else 0 if name == "recompute_modules" else None)
             value = columns[name] if default is None or name in columns else default
             out[name] = np.broadcast_to(np.asarray(value, dtype=dtype), (n,)).copy()

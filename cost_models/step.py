@@ -314,6 +314,12 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     shared = lt.shared_expert_fwd_s
     ep_fwd = exposed_s(ep_one, shared, comm_overlap)
     ep_bwd = exposed_s(ep_one, gpu.backward_gemm_ratio * shared, comm_overlap)
+    # Megatron's --overlap-moe-expert-parallel-comm runs one micro-batch's forward beside another's
+    # backward, layer by layer: each layer's dispatch and combine (both directions) hide behind the
+    # other micro-batch's compute of that layer instead of the shared experts.
+    across = exposed_s(2 * ep_one, lt.fwd_s + lt.bwd_s, comm_overlap) / 2
+    ep_fwd = np.where(st.overlap_moe_comm, across, ep_fwd)
+    ep_bwd = np.where(st.overlap_moe_comm, across, ep_bwd)
     rc = st.recompute
     if np.any(st.recompute_modules):  # Megatron's --recompute-modules; the `moe` module repeats the dispatch too
         moe_bit = 1 << RECOMPUTE_MODULES.index("moe")

@@ -153,6 +153,12 @@ RULES: tuple[Rule, ...] = (
                       f"moe_act / shared_experts / moe an MoE model (model {c.model.name} has "
                       f"{'latent' if getattr(c.model, 'is_mla', False) else 'no latent'} attention and "
                       f"{'experts' if _moe(c) else 'no experts'})"),
+    Rule("overlap_moe_comm",
+         lambda c, s: ~s.overlap_moe_comm | ((s.ep > 1) & ((s.pp == 1) | (s.vpp > 1)) & (s.recompute != 2)
+                                             & ((getattr(c.model, "num_mtp_layers", 0) == 0) | (s.pp > 1))),
+         lambda c, r: f"overlap_moe_comm (Megatron's --overlap-moe-expert-parallel-comm) needs ep > 1 (is {r['ep']}), "
+                      f"vpp > 1 when pp > 1 (pp {r['pp']}, vpp {r['vpp']}), no full recompute (is {r['recompute']!r}), "
+                      "and pp > 1 for a model with an MTP layer"),
     Rule("offload", _offload_ok, _offload_msg),
     Rule("zero_offload",
          lambda c, s: ~s.offload_optimizer | (s.zero_stage >= 1),

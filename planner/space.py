@@ -35,7 +35,8 @@ Default choices per field (constraints replace them):
   twin of a plan only when the plan does not fit without it: offload only adds time).
 - recompute: none, selective, full (all layers) and full with recompute_num_layers (Megatron's
   block method) on the ladder `RECOMPUTE_LAYER_STEPS` below the layers per chunk.
-- overlap_grad_reduce / overlap_param_gather: on.
+- overlap_grad_reduce / overlap_param_gather: on. overlap_moe_comm: off (a constraint turns it on:
+  Megatron's restrictions on it, below the rules, would halve the MoE space to search it).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def divisors(n: int) -> list[int]:
 
 INT_FIELDS = {"dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "zero_stage"}
 OPTIONAL_INT_FIELDS = {"recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage"}
-BOOL_FIELDS = {"sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather",
+BOOL_FIELDS = {"sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather", "overlap_moe_comm",
                "embedding_as_layer", "loss_as_layer"}
 
 
@@ -325,6 +326,7 @@ def _inner_columns(cons: dict[str, list[Any]]) -> dict[str, list[Any]]:
         "recompute_modules": _allowed(cons, "recompute_modules", [0]),
         "overlap_grad_reduce": _allowed(cons, "overlap_grad_reduce", [True]),
         "overlap_param_gather": _allowed(cons, "overlap_param_gather", [True]),
+        "overlap_moe_comm": _allowed(cons, "overlap_moe_comm", [False]),
     }
 
 

@@ -200,3 +200,13 @@ def test_recompute_modules_constraint_values_are_checked():
     assert len(normalise_constraints({"recompute_modules": [["layernorm"], ["moe"]]})["recompute_modules"]) == 2
     with pytest.raises(SpecError, match="recompute_modules=\\['attention'\\] must be a list of core_attn"):
         normalise_constraints({"recompute_modules": ["attention"]})
+
+
+def test_overlapping_the_all_to_all_with_another_micro_batch():
+    base = dict(dp=16, pp=2, vpp=2, ep=8, zero_stage=1)
+    plain = _eval(MIXTRAL, gpus=32, **base)
+    over = _eval(MIXTRAL, gpus=32, **base, overlap_moe_comm=True)
+    assert over.valid and 0 <= over.time_s["ep_comm"] < plain.time_s["ep_comm"]
+    assert over.time_s["compute"] == plain.time_s["compute"]
+    bad = _eval(MIXTRAL, gpus=32, dp=16, pp=2, ep=8, zero_stage=1, overlap_moe_comm=True)  # pp 2 without vpp
+    assert not bad.valid and any("overlap_moe_comm" in r for r in bad.reasons)

@@ -146,6 +146,7 @@ FLAGS: dict[str, Flag] = {
     "moe_ffn_hidden_size": Flag("--moe-ffn-hidden-size", "int"),
     "moe_shared_expert_intermediate_size": Flag("--moe-shared-expert-intermediate-size", "int"),
     "moe_shared_expert_overlap": Flag("--moe-shared-expert-overlap", "switch"),
+    "overlap_moe_expert_parallel_comm": Flag("--overlap-moe-expert-parallel-comm", "switch"),
     "moe_grouped_gemm": Flag("--moe-grouped-gemm", "switch"),
     "moe_token_dispatcher_type": Flag("--moe-token-dispatcher-type", "str"),
     "moe_router_load_balancing_type": Flag("--moe-router-load-balancing-type", "str"),
@@ -168,7 +169,8 @@ FLAGS: dict[str, Flag] = {
 #: ArgumentGroupFactory: `--` + field name with `-`, a bool field defaulting to False a switch);
 #: the others above are written out in megatron/training/arguments.py (core_v0.16.1).
 TRANSFORMER_CONFIG_FLAGS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-                            "moe_shared_expert_overlap", "moe_grouped_gemm", "moe_token_dispatcher_type",
+                            "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "moe_grouped_gemm",
+                            "moe_token_dispatcher_type",
                             "moe_router_pre_softmax", "mtp_num_layers", "multi_latent_attention", "softmax_type")
 
 # planner vocabulary -> Megatron values
@@ -365,9 +367,12 @@ def _moe(f: PlanFacts) -> dict[str, Any]:
     if not all(mask):
         out["moe_layer_freq"] = layer_pattern([int(x) for x in mask])
     if m.num_shared_experts:
-        # the total width of the shared experts, run beside the all-to-all (the cost model hides them there)
+        # the total width of the shared experts, run beside the all-to-all (the cost model hides them there),
+        # unless the all-to-all overlaps another micro-batch (megatron-core allows one overlap or the other)
         out |= {"moe_shared_expert_intermediate_size": m.num_shared_experts * m.shared_expert_ffn,
-                "moe_shared_expert_overlap": True}
+                "moe_shared_expert_overlap": not s.overlap_moe_comm}
+    if s.overlap_moe_comm:
+        out["overlap_moe_expert_parallel_comm"] = True
     out |= MOE_SETTINGS
     if m.moe_top_k == 1:  # megatron-core: softmax over one selected expert has no gradient
         out["moe_router_pre_softmax"] = True
@@ -547,7 +552,8 @@ _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_atte
                        "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
                        "account_for_loss_in_pipeline_split",
                        "moe_layer_freq", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-                       "moe_shared_expert_overlap", "moe_grouped_gemm", "moe_token_dispatcher_type",
+                       "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "moe_grouped_gemm",
+                       "moe_token_dispatcher_type",
                        "moe_router_load_balancing_type", "moe_router_pre_softmax", "mtp_num_layers",
                        "window_size", "window_attn_skip_freq", "softmax_type", "multi_latent_attention")
 #: MLATransformerConfig fields, with Megatron-LM's argument defaults (arguments.py `_add_mla_args`)

@@ -101,6 +101,8 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     sections["training"] = _training(f)
     sections["parallelism"] = _parallelism(f, notes)
     sections["activation_checkpoint"] = _recompute(f, refuse)
+    if f.strategy.overlap_moe_comm:
+        refuse("overlap_moe_comm; torchtitan does not overlap the expert all-to-all with another micro-batch")
     return sections, notes
 
 

@@ -71,6 +71,10 @@ class Strategy(BaseModel):
     )
     overlap_grad_reduce: bool = Field(True, description="Overlap the data parallel gradient reduction with backward.")
     overlap_param_gather: bool = Field(True, description="Overlap the ZeRO parameter all-gather with forward.")
+    overlap_moe_comm: bool = Field(
+        False, description="MoE: overlap each micro-batch's token all-to-all with another micro-batch's compute "
+        "(Megatron's --overlap-moe-expert-parallel-comm, which runs one micro-batch's forward beside another's "
+        "backward); needs ep > 1, vpp > 1 when pp > 1, and no full recompute.")
 
     @model_validator(mode="after")
     def _check(self) -> "Strategy":

@@ -275,3 +275,21 @@ def test_recompute_modules_reach_megatron_and_are_refused_elsewhere():
     for backend in ("torchtitan", "deepspeed", "colossalai"):
         with pytest.raises(NotExpressibleError, match="recompute_modules"):
             REGISTRY.get(backend).data(dense, EmitOptions())
+
+
+def test_overlap_moe_comm_reaches_megatron_and_is_refused_elsewhere():
+    """--overlap-moe-expert-parallel-comm with interleaving, checked by megatron-core's config (which
+    forbids it beside --moe-shared-expert-overlap: the emitter drops that one)."""
+    from planner.emit.megatron import megatron_args
+
+    plan = make_plan(MIXTRAL_LIKE, "dgx-h100", 64, 256, 4096,
+                     strategy=dict(tp=2, pp=2, vpp=2, ep=8, sequence_parallel=True, zero_stage=1,
+                                   overlap_moe_comm=True))
+    assert plan.estimate.valid, plan.estimate.reasons
+    argv = megatron_args(plan)
+    assert "--overlap-moe-expert-parallel-comm" in argv and "--moe-shared-expert-overlap" not in argv
+    check_megatron(plan, argv)
+    assert megatron_configs(argv)["transformer"].overlap_moe_expert_parallel_comm
+    for backend in ("torchtitan", "colossalai"):
+        with pytest.raises(NotExpressibleError, match="overlap_moe_comm"):
+            REGISTRY.get(backend).data(plan, EmitOptions())

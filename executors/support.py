@@ -40,6 +40,12 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
         reasons.append(CPU_ONLY_MISSING["cp"].format(cp=cp))
     if st.offload_optimizer:
         reasons.append("offload_optimizer is not supported by the torch executor (use the deepspeed engine)")
+    if st.recompute_modules and st.recompute_modules != ["core_attn"]:
+        reasons.append(f"recompute_modules {st.recompute_modules}: the torch executor recomputes whole layers or "
+                       "the attention core only")
+    if st.overlap_moe_comm:
+        reasons.append("overlap_moe_comm: the torch executor does not overlap the expert all-to-all with another "
+                       "micro-batch")
     if tp > 1 and dp > 1 and st.zero_stage == 1:
         reasons.append("zero_stage 1 with tp > 1 and dp > 1: ZeroRedundancyOptimizer does not take DTensor "
                        "parameters; not supported by this executor (zero_stage 0, 2 or 3 are)")

@@ -39,6 +39,8 @@ def test_reasons_name_field_rule_and_value():
     assert any("num_microbatches (1) >= pp (2)" in r for r in reasons)
     assert any("ep (2)" in r for r in unsupported_reasons(TINY, TRAIN, Strategy(dp=1, ep=2)))
     assert any("hsdp_replicate (2)" in r for r in unsupported_reasons(TINY, TRAIN, Strategy(dp=2), hsdp_replicate=2))
+    modules = Strategy(dp=2, recompute="selective", recompute_modules=["layernorm"])
+    assert any("recompute_modules ['layernorm']" in r for r in unsupported_reasons(TINY, TRAIN, modules))
 
 
 def test_every_stage_split_of_the_layout_is_supported():

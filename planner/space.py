@@ -143,7 +143,12 @@ SHAVES = tuple(sorted(((a, b) for a in range(MAX_SHAVE + 1) for b in range(MAX_S
 #: (a candidate with its recompute choice left out) and expands only the heads that pass; the
 #: generated recompute_num_layers never exceed the largest chunk, so while recompute_num_layers
 #: is not constrained these rules cannot fail (tests compare both paths).
-RECOMPUTE_RULES = frozenset({"recompute_layers"})
+def _recompute_rules_can_fail(cons: dict[str, list[Any]]) -> bool:
+    """Whether a rule that reads a candidate's recompute choice can reject one: the enumerated
+    choices always satisfy them (recompute_num_layers within the chunk, no recompute modules, no
+    overlapped MoE all-to-all) unless a constraint asks for those fields."""
+    return ("recompute_num_layers" in cons or any(cons.get("recompute_modules", []))
+            or True in cons.get("overlap_moe_comm", []))
 
 
 @dataclass
@@ -199,8 +204,7 @@ def search_space(model, train, num_gpus: int, constraints: dict[str, Any], clust
     cons = normalise_constraints(constraints)
     heads = enumerate_heads(model, train, num_gpus, cons, cluster)
     ctx = Context(model, train, num_gpus, cluster)
-    if "recompute_num_layers" in cons or any(cons.get("recompute_modules", [])):
-        # the recompute rules can fail: check every candidate
+    if _recompute_rules_can_fail(cons):  # a head's verdict would not hold for all its choices
         space = heads.expand()
         valid, failures = check(ctx, space)
         return SearchSpace(space.take(valid), len(space), first_failure_counts(failures))

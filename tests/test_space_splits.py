@@ -129,6 +129,9 @@ QUESTIONS = [
     ("llama3.1-405b", 1024, 512, 8192, {"tp": 8}),
     ("gpt3-1.7b", 8, 32, 2048, {"embedding_as_layer": [False, True], "overlap_grad_reduce": [False, True]}),
     (None, 16, 64, 2048, {}),  # the small MoE model
+    # rules that read the recompute choice: the overlapped all-to-all forbids full recompute
+    (None, 16, 64, 2048, {"overlap_moe_comm": [False, True], "pp": [1, 2]}),
+    (None, 16, 64, 2048, {"recompute_modules": [["moe_act"], ["layernorm"]]}),
 ]
 
 

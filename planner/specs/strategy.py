@@ -195,4 +195,6 @@ class Strategy(BaseModel):
             parts.append(split)
         if self.offload_optimizer:
             parts.append("offload")
+        if self.overlap_moe_comm:
+            parts.append("a2a-overlap")
         return " ".join(parts)

@@ -36,7 +36,7 @@ def selected_modules(mask) -> dict[str, np.ndarray]:
     out = {m: (mask >> i) & 1 > 0 for i, m in enumerate(RECOMPUTE_MODULES)}
     for m in ("moe_act", "shared_experts"):
         out[m] = out[m] & ~whole_moe
-    return out
+    return {m: on for m, on in out.items() if np.any(on)}  # only modules some candidate selects
 
 
 def modules_of(mask: int) -> list[str] | None:

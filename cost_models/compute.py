@@ -117,11 +117,12 @@ def head_times(head: Head, x: Micro, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarr
     return fwd, bwd, g.flop
 
 
-def module_times(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray) -> dict[str, np.ndarray]:
-    """Forward seconds of each part Megatron's `--recompute-modules` can repeat in backward
-    (see `cost_models.memory.module_activation_bytes` for what each drops); `core_s` is the
-    layer's attention-core time. MoE's all-to-all, which `moe` also repeats, is the step
-    model's to add."""
+def module_times(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray,
+                 modules=RECOMPUTE_MODULES) -> dict[str, np.ndarray]:
+    """Forward seconds of each of `modules` (parts Megatron's `--recompute-modules` can repeat
+    in backward; see `cost_models.memory.module_activation_bytes` for what each drops);
+    `core_s` is the layer's attention-core time. MoE's all-to-all, which `moe` also repeats,
+    is the step model's to add."""
     prec = x.precision
     hbm = gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency
 
@@ -131,24 +132,30 @@ def module_times(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray) -> di
     def ew_s(e) -> np.ndarray:
         return e.bytes / hbm + e.num_kernels * gpu.kernel_overhead_s
 
-    out = {m: ZERO_S for m in RECOMPUTE_MODULES}
-    out["core_attn"] = core_s
-    out["layernorm"] = sum((ew_s(b.elementwise(x)) for b in layer.blocks if isinstance(b, Norm)), ZERO_S)
+    out = {m: ZERO_S for m in modules}
+    if "core_attn" in out:
+        out["core_attn"] = core_s
+    if "layernorm" in out:
+        out["layernorm"] = sum((ew_s(b.elementwise(x)) for b in layer.blocks if isinstance(b, Norm)), ZERO_S)
     att = layer.attention()
-    if isinstance(att, LatentAttention):
+    if "mla_up_proj" in out and isinstance(att, LatentAttention):
         out["mla_up_proj"] = gemms_s(att.up_gemms(x))
     for b in layer.blocks:
-        if isinstance(b, DenseMLP):
+        if "mlp" in out and isinstance(b, DenseMLP):
             out["mlp"] = gemms_s(b.gemms(x)) + ew_s(b.elementwise(x))
         elif isinstance(b, MoE):
-            act_bytes = (3 if b.gated else 2) * x.act * b.routed_tokens(x) * b.ffn / x.etp
-            out["moe_act"] = act_bytes / hbm + gpu.kernel_overhead_s
-            out["shared_experts"] = (gemms_s(b.shared_gemms(x)) + ew_s(b.shared.elementwise(x))) if b.shared else ZERO_S
-            out["moe"] = gemms_s(b.gemms(x)) + ew_s(b.elementwise(x))
+            if "moe_act" in out:
+                act_bytes = (3 if b.gated else 2) * x.act * b.routed_tokens(x) * b.ffn / x.etp
+                out["moe_act"] = act_bytes / hbm + gpu.kernel_overhead_s
+            if "shared_experts" in out and b.shared:
+                out["shared_experts"] = gemms_s(b.shared_gemms(x)) + ew_s(b.shared.elementwise(x))
+            if "moe" in out:
+                out["moe"] = gemms_s(b.gemms(x)) + ew_s(b.elementwise(x))
     return out
 
 
 def selective_recompute_s(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Forward time selective recompute repeats for the modules in `mask` (see `selected_modules`)."""
-    parts = module_times(layer, x, gpu, core_s)
-    return sum(np.where(on, parts[m], 0.0) for m, on in selected_modules(mask).items())
+    selected = selected_modules(mask)
+    parts = module_times(layer, x, gpu, core_s, tuple(selected))
+    return sum((np.where(on, parts[m], 0.0) for m, on in selected.items()), ZERO_S)

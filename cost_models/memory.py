@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models.arrays import StrategyArrays
-from cost_models.arrays import RECOMPUTE_MODULES, selected_modules
+from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays, selected_modules
 from cost_models.blocks import ZERO, DenseMLP, LatentAttention, Micro, ModelBlocks, MoE
 from cost_models.layout import ParallelLayout
 from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes
@@ -115,7 +114,7 @@ def model_state_bytes(params: np.ndarray, zero_stage: np.ndarray, shard: np.ndar
     return {"params": weights, "grads": grads, "optimizer": states}
 
 
-def module_activation_bytes(layer, x: Micro) -> dict[str, np.ndarray]:
+def module_activation_bytes(layer, x: Micro, modules=RECOMPUTE_MODULES) -> dict[str, np.ndarray]:
     """Bytes of one layer's stored activations that each of Megatron's `--recompute-modules`
     drops (per rank, one micro-batch); the layer then keeps what the module is recomputed from.
 
@@ -125,31 +124,33 @@ def module_activation_bytes(layer, x: Micro) -> dict[str, np.ndarray]:
     shared_experts: the shared experts' inner activations; moe: everything the MoE block
     keeps past its input."""
     n, act, h = x.tokens, x.act, layer.attention().hidden
-    out: dict[str, np.ndarray] = {m: ZERO for m in RECOMPUTE_MODULES}
-    a = layer.activations(x)
-    if x.attention_kernel == "unfused":
-        out["core_attn"] = a.scores / x.tp
-    out["layernorm"] = 2 * n * act * h / x.seq_split
+    out: dict[str, np.ndarray] = {m: ZERO for m in modules}
+    if "core_attn" in out and x.attention_kernel == "unfused":
+        out["core_attn"] = layer.attention().activations(x).scores / x.tp
+    if "layernorm" in out:
+        out["layernorm"] = 2 * n * act * h / x.seq_split
     att = layer.attention()
-    if isinstance(att, LatentAttention):
+    if "mla_up_proj" in out and isinstance(att, LatentAttention):
         out["mla_up_proj"] = n * act * (2 * att._qk + att.num_heads * att.v_dim) / x.tp
     for b in layer.blocks:
-        if isinstance(b, DenseMLP):
+        if "mlp" in out and isinstance(b, DenseMLP):
             out["mlp"] = b.activations(x).split / x.tp
         elif isinstance(b, MoE):
-            routed = b.routed_tokens(x)
-            shared = b.shared.activations(x).split / x.tp if b.shared else ZERO
-            out["moe_act"] = routed * act * b.ffn / x.etp
-            out["shared_experts"] = shared
-            moe = b.activations(x)
-            out["moe"] = moe.split / x.tp + moe.routed
+            if "moe_act" in out:
+                out["moe_act"] = b.routed_tokens(x) * act * b.ffn / x.etp
+            if "shared_experts" in out and b.shared:
+                out["shared_experts"] = b.shared.activations(x).split / x.tp
+            if "moe" in out:
+                moe = b.activations(x)
+                out["moe"] = moe.split / x.tp + moe.routed
     return out
 
 
 def selective_saving_bytes(layer, x: Micro, mask: np.ndarray) -> np.ndarray:
     """Bytes selective recompute drops for the modules in `mask` (see `selected_modules`)."""
-    parts = module_activation_bytes(layer, x)
-    return sum(np.where(on, parts[m], 0.0) for m, on in selected_modules(mask).items())
+    selected = selected_modules(mask)
+    parts = module_activation_bytes(layer, x, tuple(selected))
+    return sum((np.where(on, parts[m], 0.0) for m, on in selected.items()), ZERO)
 
 
 def kind_activation_bytes(layer, x: Micro, recompute, modules=0) -> np.ndarray:

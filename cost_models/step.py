@@ -25,10 +25,9 @@ from functools import cached_property
 
 import numpy as np
 
-from cost_models.arrays import StrategyArrays
+from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays
 from cost_models.blocks import Micro, ModelBlocks, model_blocks, padded_vocab
 from cost_models.comm import CommModel, TierCommModel
-from cost_models.arrays import RECOMPUTE_MODULES
 from cost_models.compute import LayerTimes, head_times, layer_times, selective_recompute_s
 from cost_models.layout import ParallelLayout
 from cost_models.memory import (kind_expert_params_per_rank, kind_params_per_rank, model_state_bytes, per_row,
@@ -122,15 +121,26 @@ class Setup:
         return stage_params(self.blocks, self.lay, self.counts)
 
     @cached_property
+    def has_experts(self) -> bool:
+        return any(k.is_moe for k in self.blocks.all_kinds)
+
+    @cached_property
     def expert_params(self) -> np.ndarray:
         """Routed-expert parameters of one rank of each stage row (S, N), elements."""
-        if not any(k.is_moe for k in self.blocks.all_kinds):
+        if not self.has_experts:
             return np.zeros_like(self.params)
         return stage_expert_params(self.blocks, self.lay, self.counts)
 
-    @property
-    def has_experts(self) -> bool:
-        return any(k.is_moe for k in self.blocks.all_kinds)
+    @cached_property
+    def optimizer_params(self) -> np.ndarray:
+        """Parameters whose optimizer states and step one rank of each stage row holds (S, N):
+        with ZeRO >= 1 its shard of the dense ones (over dp·cp) and of the experts (over the
+        expert-data-parallel group)."""
+        sharded = self.st.zero_stage >= 1
+        out = self.params / np.where(sharded, self.lay.shard, 1)
+        if self.has_experts:
+            out = out + self.expert_params / np.where(sharded, self.lay.expert_dp, 1)
+        return out
 
     def per_row(self, per_kind: np.ndarray) -> np.ndarray:
         """A per-layer quantity of each kind (K, N) summed over each stage row's layers: (S, N)."""
@@ -277,9 +287,10 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     MoE: the dispatch and combine are on the critical path (Megatron-core's all-to-all
     dispatcher runs them between the router and the experts), except that with shared
     experts Megatron's `--moe-shared-expert-overlap` runs the shared experts' GEMMs
-    concurrently with them (the emitters set that flag). Overlap across micro-batches
-    (DeepSeek's DualPipe, Megatron's `--overlap-moe-expert-parallel-comm`) is not modelled:
-    for such runs the prediction is pessimistic by up to the whole `ep_comm` term.
+    concurrently with them (the emitters set that flag); with `overlap_moe_comm` (Megatron's
+    `--overlap-moe-expert-parallel-comm`) they hide behind another micro-batch's compute of the
+    layer instead. DeepSeek's DualPipe is not modelled: for such runs the prediction is
+    pessimistic by up to the whole `ep_comm` term.
     """
     blocks = s.blocks if s else model_blocks(model)
     lay = s.lay if s else ParallelLayout.of(st, model.num_layers)
@@ -321,14 +332,13 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     ep_fwd = np.where(st.overlap_moe_comm, across, ep_fwd)
     ep_bwd = np.where(st.overlap_moe_comm, across, ep_bwd)
     rc = st.recompute
-    if np.any(st.recompute_modules):  # Megatron's --recompute-modules; the `moe` module repeats the dispatch too
-        moe_bit = 1 << RECOMPUTE_MODULES.index("moe")
-        selective = np.stack([np.broadcast_to(selective_recompute_s(layer, x, gpu, lt.attn_core_fwd_s[k],
-                                                                    st.recompute_modules), (n,))
-                              for k, layer in enumerate(blocks.all_kinds)])
-        selective = selective + np.where(st.recompute_modules & moe_bit, ep_fwd, 0.0)
-    else:
-        selective = lt.attn_core_fwd_s
+    # Selective recompute repeats its modules' forward (Megatron's --recompute-modules; by default the
+    # attention core); the `moe` module repeats the dispatch too.
+    moe_bit = 1 << RECOMPUTE_MODULES.index("moe")
+    selective = np.stack([np.broadcast_to(selective_recompute_s(layer, x, gpu, lt.attn_core_fwd_s[k],
+                                                                st.recompute_modules), (n,))
+                          for k, layer in enumerate(blocks.all_kinds)])
+    selective = selective + np.where(st.recompute_modules & moe_bit, ep_fwd, 0.0)
     recompute = np.where(rc == 2, lt.fwd_s + tp_fwd + cp_fwd + ep_fwd, np.where(rc == 1, selective, 0.0))
     head_f, head_b, _ = head_times(blocks.head, x, gpu)
     return PerLayerTimes(layer=lt, tp_all_reduce_s=tp_ar, tp_fwd_s=tp_fwd, cp_fwd_s=cp_fwd, cp_raw_s=cp_raw,
@@ -418,9 +428,7 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     first_gather = z3_gather.max(axis=0)
     z3 = m * s.per_row(z3_layer) + first_gather + z3_ends
     z3_raw = m * s.per_row(2 * z3_gather + z3_reduce) + first_gather + z3_ends
-    opt_params = params / np.where(zero >= 1, shard, 1)
-    if s.has_experts:
-        opt_params = opt_params + experts / np.where(zero >= 1, edp, 1)
+    opt_params = s.optimizer_params
     traffic = optimizer_step_traffic_bytes(train.optimizer, train.precision, train.grad_precision)
     optimizer = opt_params * traffic / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
     offload = offload_step_s(s, opt_params, bwd_mb)
@@ -458,13 +466,11 @@ def offload_step_s(s: Setup, opt_params: np.ndarray, bwd_mb: np.ndarray) -> np.n
 def offloaded_bytes(s: Setup) -> np.ndarray:
     """Host DRAM of one rank of each stage row (S, N) with the optimizer offloaded: its shard's
     optimizer states (fp32 master weights and moments) and the fp32 gradients it steps on."""
-    st, train, lay = s.st, s.train, s.lay
-    zero = st.zero_stage
+    st, train = s.st, s.train
     if not st.offload_optimizer.any():
         return np.zeros_like(s.params)
-    shard_params = s.params / np.where(zero >= 1, lay.shard, 1) + s.expert_params / np.where(zero >= 1, lay.expert_dp, 1)
     per_param = optimizer_state_bytes(train.optimizer, train.precision) + FP32
-    return np.where(st.offload_optimizer, shard_params * per_param, 0.0)
+    return np.where(st.offload_optimizer, s.optimizer_params * per_param, 0.0)
 
 
 def step_flops(s: Setup) -> tuple[np.ndarray, np.ndarray]:

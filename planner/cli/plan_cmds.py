@@ -212,8 +212,7 @@ def _one_strategy_command(render):
                            seq_len=seq_len, precision=precision.value, strategy=strategy,
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
-            rules = [r for r in est.reasons if not r.startswith(("peak memory", "offloaded optimizer"))]
-            raise ExitWith(2, "invalid strategy: " + "; ".join(rules))
+            raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)
         if not est.fits:
             raise ExitWith(1)

@@ -726,11 +726,6 @@ def decoder_layer(model: ModelSpec, moe: bool = False, local: bool = False) -> L
     return Layer((norm, attention, residual, norm, _mlp(model, moe), residual))
 
 
-def dense_layer(model: ModelSpec) -> Layer:
-    """The decoder layer of a dense ModelSpec: norm, attention, add, norm, MLP, add."""
-    return decoder_layer(model)
-
-
 def model_blocks(model: ModelSpec) -> ModelBlocks:
     """The blocks of a ModelSpec (read by attribute)."""
     positions = model.max_position_embeddings if model.position_embedding == "learned" else 0

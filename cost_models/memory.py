@@ -36,12 +36,6 @@ from cost_models.layout import ParallelLayout
 from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes
 
 
-def layer_params_per_rank(blocks: ModelBlocks, tp: np.ndarray) -> np.ndarray:
-    """Parameters of the model's average layer on one TP rank, routed experts excluded:
-    matrices and their biases split over tp, the norms replicated (elements)."""
-    return blocks.mean(lambda layer: layer.params_per_rank(tp))
-
-
 def _stack(values: list, n: int) -> np.ndarray:
     return np.stack([np.broadcast_to(np.asarray(v, dtype=float), (n,)) for v in values])
 

@@ -165,6 +165,9 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
             fields[key.replace("_us", "_s")] = float(data.pop(key)) * conv
     if "host_link_gb_per_s" in data:
         fields["host_link_bw_bytes_per_s"] = float(data.pop("host_link_gb_per_s")) * GB
+    if data.get("kernel_tables") is not None:
+        fields["kernel_tables"] = str(data.pop("kernel_tables"))
+    data.pop("kernel_tables", None)
     fields["source"] = str(data.pop("source", ""))
     if calib:
         fields["calibration"] = str(calib)
@@ -182,6 +185,7 @@ def load_gpu(ref: str | GpuSpec) -> GpuSpec:
     calib = _calibration_for(path.stem)
     if calib:
         data.update(calib)
+    data.setdefault("kernel_tables", path.stem)
     return gpu_from_yaml(data, f"GPU profile {path.name}")
 
 

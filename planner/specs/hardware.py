@@ -55,6 +55,10 @@ class GpuSpec(BaseModel):
         None, gt=0, description="GPU-host bandwidth per direction (PCIe or NVLink-C2C), bytes/s, as achieved by "
         "pinned copies; None: unknown (optimizer offload is then refused).",
     )
+    kernel_tables: str | None = Field(
+        None, description="Name of the kernel-table set under profiles/kernels/<topic>/ (see profiles.tables); "
+        "None: no tables, every part uses the calibrated constants above.",
+    )
     source: str = Field("", description="Datasheet or measurement the numbers come from.")
     calibration: str = Field("", description="Which data the efficiencies were fitted on, or 'assumed'.")
 

@@ -75,6 +75,38 @@ class Micro:
         """Divisor of TP-replicated tensors: tp with sequence parallelism, else 1."""
         return np.where(self.sequence_parallel, self.tp, 1)
 
+    #: The per-candidate fields that shape a micro-batch's kernels.
+    SHAPE_FIELDS = ("micro_batch_size", "tp", "cp", "sequence_parallel", "ep", "etp")
+
+    @cached_property
+    def distinct(self) -> tuple["Micro", np.ndarray | None]:
+        """The distinct micro-batch shapes among the candidates, and each candidate's index into
+        them (None when there is nothing to gain). Thousands of candidates share a few dozen
+        shapes, so per-kernel lookups run once per shape.
+
+        >>> x = Micro(4096, np.array([1, 2, 1, 2]), np.array([2, 2, 2, 2]), np.ones(4), np.zeros(4, bool), "bf16", "flash")
+        >>> small, index = x.distinct
+        >>> small.micro_batch_size.tolist(), index.tolist()
+        ([1, 2], [0, 1, 0, 1])
+        """
+        cols = [np.asarray(getattr(self, f)) for f in self.SHAPE_FIELDS]
+        n = max(c.size for c in cols)
+        if n < 2:
+            return self, None
+        cols = [np.broadcast_to(c, (n,)).astype(np.int64) for c in cols]
+        key = np.zeros(n, dtype=np.int64)
+        for c in cols:  # mixed radix: every field is a small non-negative integer
+            key = key * (int(c.max()) + 1) + c
+        uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        if len(uniq) == n:
+            return self, None
+        picked = {f: np.asarray(getattr(self, f)) for f in self.SHAPE_FIELDS}
+        picked = {f: (np.broadcast_to(v, (n,))[first] if v.ndim else v) for f, v in picked.items()}
+        small = Micro(self.seq_len, picked["micro_batch_size"], picked["tp"], picked["cp"],
+                      picked["sequence_parallel"], self.precision, self.attention_kernel, picked["ep"],
+                      picked["etp"], self.moe_load_imbalance)
+        return small, inverse.ravel()
+
     def keys(self, window: int) -> np.ndarray | int:
         """Keys each query attends to: the sequence, or the window where it is shorter."""
         return min(self.seq_len, window) if window else self.seq_len

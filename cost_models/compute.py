@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.arrays import RECOMPUTE_MODULES, selected_modules
+from cost_models.gemm_tables import gemm_table
 from cost_models.blocks import DenseMLP, Gemm, Head, LatentAttention, Layer, Micro, ModelBlocks, MoE, Norm
 from cost_models.units import ACTIVATION_BYTES, FP8, WEIGHT_BYTES
 
@@ -51,23 +52,48 @@ class LayerTimes:
 
 def gemm_time(g: Gemm, gpu: GpuSpec, precision: str) -> np.ndarray:
     """Roofline time of one GEMM, seconds, plus the kernel overhead. Non-quantised GEMMs
-    run at the unquantised precision's peak under FP8 training.
+    run at the unquantised precision's peak under FP8 training. The achieved fraction of the
+    peak is the GPU's measured table at this shape (`cost_models.gemm_tables`) where it has one,
+    else its calibrated `gemm_efficiency`.
 
     An 8192³ bf16 GEMM is compute-bound: 2·8192³ FLOP at 312 TFLOP/s · 0.65, plus 5 µs.
 
     >>> from types import SimpleNamespace as S
     >>> a100 = S(peak=lambda p: 312e12, gemm_efficiency=0.65, hbm_bw_bytes_per_s=2.039e12, hbm_efficiency=0.9,
-    ...          kernel_overhead_s=5e-6)
+    ...          kernel_overhead_s=5e-6, kernel_tables=None)
     >>> n = 8192
     >>> round(float(gemm_time(Gemm(2 * n**3, n, n, n), a100, "bf16")) * 1e3, 3)  # ms
     5.427
     """
     prec = precision if g.quantised else UNQUANTISED[precision]
-    efficiency = gpu.gemm_efficiency * (gpu.grouped_gemm_efficiency if g.grouped else 1.0)
+    # a grouped kernel over `count` experts tiles like one GEMM `count` times as tall
+    rows = g.m * g.count if g.grouped else g.m
+    efficiency = gemm_efficiency(rows, g.n, g.k, gpu, prec) * (gpu.grouped_gemm_efficiency if g.grouped else 1.0)
     compute = g.flop / (gpu.peak(prec) * efficiency)
     traffic = (g.count * WEIGHT_BYTES[prec] * (g.m * g.k + g.k * g.n + g.m * g.n)
                / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency))
     return np.maximum(compute, traffic) + gpu.kernel_overhead_s
+
+
+def gemm_efficiency(m, n, k, gpu: GpuSpec, precision: str):
+    """Achieved fraction of `precision`'s dense peak for an (m, n, k) GEMM on `gpu`."""
+    table = gemm_table(gpu.kernel_tables)
+    if table is not None and table.has(precision):
+        return table.efficiency(m, n, k, precision)
+    return gpu.gemm_efficiency
+
+
+def gemm_backward_time(g: Gemm, gpu: GpuSpec, precision: str) -> np.ndarray:
+    """Backward of one GEMM: the input gradient (m×n)·(n×k) and the weight gradient (k×m)·(m×n),
+    each as many FLOPs as the forward, timed at their own shapes on a GPU with a GEMM table; on
+    one without, `backward_gemm_ratio` times the forward (the calibrated ratio)."""
+    prec = precision if g.quantised else UNQUANTISED[precision]
+    table = gemm_table(gpu.kernel_tables)
+    if table is None or not table.has(prec):
+        return gpu.backward_gemm_ratio * gemm_time(g, gpu, precision)
+    dgrad = Gemm(g.flop, g.m, g.k, g.n, g.quantised, g.count, g.grouped)
+    wgrad = Gemm(g.flop, g.k, g.n, g.m, g.quantised, g.count, g.grouped)
+    return gemm_time(dgrad, gpu, precision) + gemm_time(wgrad, gpu, precision)
 
 
 def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
@@ -75,6 +101,7 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     hbm = gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency
     gemms = layer.gemms(x)
     gemm_s = sum(gemm_time(g, gpu, prec) for g in gemms)
+    gemm_bwd_s = sum(gemm_backward_time(g, gpu, prec) for g in gemms)
     core = layer.attention().core(x)
     core_s = (np.maximum(core.flop / (gpu.peak(UNQUANTISED[prec]) * gpu.gemm_efficiency), core.bytes / hbm)
               + core.num_kernels * gpu.kernel_overhead_s)
@@ -85,7 +112,7 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     casts = sum((ACTIVATION_BYTES[prec] + FP8) * g.m * g.k for g in gemms if g.quantised) if prec == "fp8" else 0.0
     elementwise_s = (ew.bytes + casts) / hbm + ew.num_kernels * gpu.kernel_overhead_s
     fwd = gemm_s + core_s + softmax_s + elementwise_s
-    bwd = gpu.backward_gemm_ratio * (gemm_s + core_s) + BACKWARD_ELEMENTWISE_FACTOR * (softmax_s + elementwise_s)
+    bwd = gemm_bwd_s + gpu.backward_gemm_ratio * core_s + BACKWARD_ELEMENTWISE_FACTOR * (softmax_s + elementwise_s)
     moe = layer.moe()
     shared_s = sum((gemm_time(g, gpu, prec) for g in moe.shared_gemms(x)), ZERO_S) if moe else ZERO_S
     return LayerTimes(fwd_s=fwd, bwd_s=bwd, attn_core_fwd_s=core_s + softmax_s,
@@ -99,7 +126,12 @@ LAYER_FIELDS = ("fwd_s", "bwd_s", "attn_core_fwd_s", "fwd_flop", "attn_core_flop
 
 def layer_times(blocks: ModelBlocks, x: Micro, gpu: GpuSpec) -> LayerTimes:
     """Times of every layer kind on one rank: each field is a (K, N) array, one row per kind of
-    `blocks.all_kinds` (the main stack's kinds, then the MTP module's)."""
+    `blocks.all_kinds` (the main stack's kinds, then the MTP module's). Computed once per distinct
+    micro-batch shape (`Micro.distinct`)."""
+    small, index = x.distinct
+    if index is not None:
+        lt = layer_times(blocks, small, gpu)
+        return LayerTimes(**{f: getattr(lt, f)[:, index] for f in LAYER_FIELDS})
     kinds = [_layer_times(layer, x, gpu) for layer in blocks.all_kinds]
     n = len(x.micro_batch_size) if np.ndim(x.micro_batch_size) else 1
     return LayerTimes(**{f: np.stack([np.broadcast_to(getattr(t, f), (n,)) for t in kinds]) for f in LAYER_FIELDS})
@@ -107,13 +139,16 @@ def layer_times(blocks: ModelBlocks, x: Micro, gpu: GpuSpec) -> LayerTimes:
 
 def head_times(head: Head, x: Micro, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Output layer + cross-entropy on the last stage, one micro-batch: (fwd_s, bwd_s, fwd_flop)."""
+    small, index = x.distinct
+    if index is not None:
+        return tuple(_expand(v, index) for v in head_times(head, small, gpu))
     (g,) = head.gemms(x)
     gemm_s = gemm_time(g, gpu, x.precision)
     ew = head.elementwise(x)
     loss_s = ew.bytes / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
     overhead = ew.num_kernels * gpu.kernel_overhead_s
     fwd = gemm_s + loss_s + overhead
-    bwd = gpu.backward_gemm_ratio * gemm_s + BACKWARD_ELEMENTWISE_FACTOR * loss_s + overhead
+    bwd = gemm_backward_time(g, gpu, x.precision) + BACKWARD_ELEMENTWISE_FACTOR * loss_s + overhead
     return fwd, bwd, g.flop
 
 
@@ -154,8 +189,17 @@ def module_times(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray,
     return out
 
 
+def _expand(v, index: np.ndarray):
+    """A per-distinct-shape array back to one value per candidate (scalars stay)."""
+    v = np.asarray(v)
+    return v[index] if v.ndim else v
+
+
 def selective_recompute_s(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Forward time selective recompute repeats for the modules in `mask` (see `selected_modules`)."""
     selected = selected_modules(mask)
-    parts = module_times(layer, x, gpu, core_s, tuple(selected))
+    small, index = x.distinct
+    parts = module_times(layer, small, gpu, core_s, tuple(selected))
+    if index is not None:
+        parts = {m: (core_s if m == "core_attn" else _expand(v, index)) for m, v in parts.items()}
     return sum((np.where(on, parts[m], 0.0) for m, on in selected.items()), ZERO_S)

@@ -10,6 +10,9 @@ collective curves from `meshplan profile`. Topics:
   collectives   bus bandwidth by message size, group size and tier
   memory        allocator, communication-buffer and context memory
 
+A file may instead say `same_as: <other set>` with a `source:` giving the reason (the H200 runs the
+H100's GEMM kernels on the same die); the other set's table is then used, its source appended.
+
 Every table file is a mapping with `kind:` — `public` (measured by others, `source:` says where:
 document, table, commit) or `measured` (written by `meshplan profile` on the machine itself, `source:`
 says which run) — and `gpu:`, the GPU it was measured on. Files are parsed once (`read_yaml` caches by
@@ -57,6 +60,18 @@ def kernel_table(topic: str, name: str | None) -> dict[str, Any] | None:
         raise SpecError(f"kernel table {path}: kind must be one of {', '.join(KINDS)}, got {data.get('kind')!r}")
     if not str(data.get("source", "")).strip():
         raise SpecError(f"kernel table {path} has no source: every table names where its numbers come from")
+    alias = data.get("same_as")
+    if alias is not None:
+        if alias == name:
+            raise SpecError(f"kernel table {path}: same_as names the file itself")
+        target = kernel_table(topic, str(alias))
+        if target is None:
+            raise SpecError(f"kernel table {path}: same_as {alias!r} has no {topic} table")
+        if target.get("same_as") is not None:
+            raise SpecError(f"kernel table {path}: same_as {alias!r} is itself an alias; name the measured table")
+        target["source"] = f"{data['source']} [{topic} table {alias}: {target['source']}]"
+        target["alias_of"] = str(alias)
+        return target
     return data
 
 

@@ -106,9 +106,7 @@ def emit_cmd(
         top_k = max(rank, SEARCH_DEPTH) if best_expressible else rank
         result, source = _search(model, cluster, gpus, global_batch_size, seq_len, precision.value, top_k,
                                  parse_constraints(constraint, constraints),
-                                 # a DeepSpeed config is ranked as DeepSpeed runs ZeRO-3, any other as FSDP2
-                                 train_options(grad_precision, attention_kernel, optimizer,
-                                               zero3_impl="deepspeed" if backend == "deepspeed" else "fsdp2")), "the search"
+                                 train_options(grad_precision, attention_kernel, optimizer)), "the search"
     try:
         options = EmitOptions(launch_for=launch_for.value, script=script, master_port=master_port, job_name=job_name)
     except ValidationError as exc:

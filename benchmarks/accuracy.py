@@ -41,7 +41,8 @@ TARGETS = {"Korthikanti Table 5": (0.07, 0.15), "SC'21 Table 1": (0.07, 0.15), "
            "torchtitan FSDP2": (0.07, 0.15)}
 
 NOTES = {
-    "SC'21 Table 2 ZeRO-3": "DeepSpeed's ZeRO-3 of 2021, modelled as FSDP2 does it: a known limit (README)",
+    "SC'21 Table 2 ZeRO-3": "DeepSpeed ZeRO-3 of 2021; its cross-node rate (profiles/frameworks/zero3.yaml) is fitted "
+                            "on the 175B n768 and n1536 rows (python -m benchmarks.zero3)",
     "NeMo DGX-H100 FP8": "H100 parameters carried over from the A100 fit",
 }
 
@@ -113,7 +114,7 @@ DESCRIPTIONS = {
     "SC'21 Table 1": "SC'21 Table 1 (1.7B-1T, 32-3072 GPUs)",
     "SC'21 Table 2 PTD": "SC'21 Table 2, PTD rows (175B, 530B)",
     "torchtitan FSDP2": "torchtitan FSDP2 on 64 A100s (Llama 2/3 8B-70B; `benchmarks/data/`)",
-    "SC'21 Table 2 ZeRO-3": "SC'21 Table 2, DeepSpeed ZeRO-3 rows (known limit, below)",
+    "SC'21 Table 2 ZeRO-3": "SC'21 Table 2, DeepSpeed ZeRO-3 rows (2 of them fit its cross-node rate)",
     "NeMo DGX-H100 FP8": "NeMo 24.07 FP8 on DGX-H100 (Llama; `benchmarks/data/`), A100 fit carried over",
 }
 ROLES = {"fitted": "**calibration rows** (fitted)", "same paper": "same paper, not fitted",

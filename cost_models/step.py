@@ -30,7 +30,8 @@ from cost_models.blocks import Micro, ModelBlocks, model_blocks, padded_vocab
 from cost_models.comm import CommModel, TierCommModel
 from cost_models.compute import LayerTimes, head_times, layer_times, selective_recompute_s
 from cost_models.layout import ParallelLayout
-from cost_models.memory import (kind_expert_params_per_rank, kind_params_per_rank, model_state_bytes, per_row,
+from cost_models.sharding import zero3_comm_s
+from cost_models.memory import (model_state_bytes, per_row,
                                  stage_activation_bytes, stage_expert_params, stage_kind_counts, stage_params,
                                  zero3_working_bytes)
 from cost_models.units import FP32, DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes, optimizer_step_traffic_bytes
@@ -389,7 +390,7 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     ranks that hold them; routed-expert parameters over the expert-data-parallel group
     (Megatron-core's expert DP: the ranks of a stage left over by etp·ep)."""
     st, lay, train, comm, gpu = s.st, s.lay, s.train, s.comm, s.gpu
-    rows, lt, m, zero = lay.rows, pl.layer, s.num_microbatches, st.zero_stage
+    rows, lt, zero = lay.rows, pl.layer, st.zero_stage
     shard, shard_stride = lay.group("cp", "dp")
     edp, edp_stride = lay.expert_group("edp") if s.has_experts else (1, 1)
     params, experts = s.params, s.expert_params
@@ -409,25 +410,9 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     overlap = s.cluster.comm_overlap
     exposed = np.where(st.overlap_grad_reduce, exposed_s(grad_reduce, bwd_mb, overlap), grad_reduce)
     exposed = exposed + np.where(st.overlap_param_gather, exposed_s(param_gather, fwd_mb, overlap), param_gather)
-    # ZeRO-3 gathers each layer's weights before its forward and again before its backward and
-    # reduce-scatters its gradients after, every micro-batch; prefetching hides it behind the
-    # layer's own compute, the first gather of a step excepted.
-    dense_k = kind_params_per_rank(s.blocks, lay.tp)
-    z3_gather = comm.gather_scatter_s(dense_k * weight_b, shard, shard_stride)
-    z3_reduce = comm.gather_scatter_s(dense_k * grad_b, shard, shard_stride)
-    if s.has_experts:
-        expert_k = kind_expert_params_per_rank(s.blocks, lay.ep, lay.etp)
-        z3_gather = z3_gather + np.where(expert_k > 0, comm.gather_scatter_s(expert_k * weight_b, edp, edp_stride), 0.0)
-        z3_reduce = z3_reduce + np.where(expert_k > 0, comm.gather_scatter_s(expert_k * grad_b, edp, edp_stride), 0.0)
-    hideable = np.where(st.overlap_param_gather, 2 * z3_gather, 0.0) + np.where(st.overlap_grad_reduce, z3_reduce, 0.0)
-    z3_layer = exposed_s(hideable, lt.fwd_s + lt.bwd_s + np.where(st.recompute > 0, pl.recompute_s, 0.0), overlap)
-    z3_layer = z3_layer + (2 * z3_gather + z3_reduce - hideable)
-    ends = rows.has_embedding | rows.has_head
-    end_params = params - s.per_row(dense_k)
-    z3_ends = np.where(ends, m * comm.gather_scatter_s(end_params * weight_b, shard, shard_stride), 0.0)
-    first_gather = z3_gather.max(axis=0)
-    z3 = m * s.per_row(z3_layer) + first_gather + z3_ends
-    z3_raw = m * s.per_row(2 * z3_gather + z3_reduce) + first_gather + z3_ends
+    # ZeRO-3 / FSDP: per-layer gathers and reduce-scatters, hidden layer by layer (cost_models/sharding.py).
+    share = np.where(st.recompute == 2, _recomputed_fraction(s), np.where(st.recompute == 1, 1.0, 0.0))
+    z3, z3_raw = zero3_comm_s(s, pl, share, getattr(train, "zero3_impl", "fsdp2"))
     opt_params = s.optimizer_params
     traffic = optimizer_step_traffic_bytes(train.optimizer, train.precision, train.grad_precision)
     optimizer = opt_params * traffic / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)

@@ -66,9 +66,15 @@ MoeImbalanceOpt = Annotated[Optional[float], typer.Option(
     "cluster profile's value).")]
 
 
+Zero3ImplOpt = Annotated[str, typer.Option(
+    "--zero3-impl", help="Which ZeRO-3 implementation runs zero_stage=3 plans: fsdp2 (PyTorch FSDP2, torchtitan) "
+    "or deepspeed (DeepSpeed ZeRO-3).")]
+
+
 def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
-                  moe_load_imbalance: float | None = None) -> dict[str, Any]:
-    out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer}
+                  moe_load_imbalance: float | None = None, zero3_impl: str = "fsdp2") -> dict[str, Any]:
+    out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer,
+           "zero3_impl": zero3_impl}
     if moe_load_imbalance is not None:
         out["moe_load_imbalance"] = moe_load_imbalance
     return out

@@ -33,6 +33,12 @@ class TrainSpec(BaseModel):
         "dropout tensors are stored (Megatron 2021-22, Korthikanti et al.).",
     )
 
+    zero3_impl: Literal["fsdp2", "deepspeed"] = Field(
+        "fsdp2",
+        description="Which ZeRO-3 implementation runs the zero_stage=3 plans: fsdp2 (PyTorch FSDP2, torchtitan) "
+        "or deepspeed (DeepSpeed ZeRO-3, slower across nodes as measured; profiles/frameworks/zero3.yaml).",
+    )
+
     moe_load_imbalance: float | None = Field(
         None, ge=1,
         description="MoE: tokens the busiest expert rank receives over the mean; None = the cluster profile's "

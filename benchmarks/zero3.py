@@ -1,0 +1,104 @@
+"""Predict the published ZeRO-3 / FSDP runs of benchmarks/data/zero3_runs.json and print the errors.
+
+    python -m benchmarks.zero3          # every row, and the median / max / mean error per set
+    python -m benchmarks.zero3 --fit    # also fit deepspeed.cross_node_nic_fraction on the `fit` rows
+
+The DeepSpeed rows are predicted with `zero3_impl="deepspeed"`, the torchtitan rows with
+`"fsdp2"`. The fit is a grid search over the one parameter, minimising the largest |error| of
+the rows marked `fit`; the `check` rows are not used by it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+
+import numpy as np
+
+from benchmarks.calibration import RowError, Summary
+from benchmarks.validation import MEGATRON_2021, ROOT, StepCase, gpt_model, predict, sc21_flop_per_step
+from cost_models.sharding import zero3_impls
+
+DATA = ROOT / "benchmarks" / "data" / "zero3_runs.json"
+#: SC'21's GPT shapes (layers, hidden, heads), Table 2.
+SC21_SHAPES = {174.6: (96, 12288, 96), 529.6: (105, 20480, 128)}
+RECOMPUTE = {"no": {"recompute": "none"}, "full": {"recompute": "full", "recompute_num_layers": None}}
+
+
+def cases() -> list[tuple[StepCase, str, str]]:
+    """(case, set, role) of every row."""
+    from profiles import load_model
+
+    out = []
+    for r in json.loads(DATA.read_text())["rows"]:
+        n, B, s, b = r["num_gpus"], r["global_batch_size"], r["seq_len"], r["micro_batch_size"]
+        cons = {"dp": n, "tp": 1, "pp": 1, "cp": 1, "zero_stage": 3, "micro_batch_size": b, "sequence_parallel": False}
+        if r["set"] == "sc21_deepspeed":
+            L, h, a = SC21_SHAPES[r["model_params_billion"]]
+            model = gpt_model(f"gpt-{r['model_params_billion']}b", a, h, L, 51200, s)
+            step = sc21_flop_per_step(B, s, L, h, 51200) / (n * r["achieved_tflops_per_gpu"] * 1e12)
+            train = MEGATRON_2021
+            cons |= RECOMPUTE["full"]
+            label = f"SC'21 {r['model_params_billion']}B n{n} mbs{b}"
+        else:
+            model = load_model(r["model"])
+            step = b * s / r["tokens_per_s_per_gpu"]
+            train = {"precision": "bf16", "grad_precision": "fp32", "attention_kernel": "flash"}
+            ac = r["activation_checkpointing"]
+            cons |= RECOMPUTE.get(ac) or {"recompute": "full", "recompute_num_layers": model.num_layers // 2}
+            label = f"torchtitan {r['model']} mbs{b} AC {ac}"
+        case = StepCase(label=label, table=r["set"], model=model, num_gpus=n, global_batch_size=B, seq_len=s,
+                        measured_step_s=step, train_options=train | {"zero3_impl": r["impl"]}, constraints=cons)
+        out.append((case, r["set"], r["role"]))
+    return out
+
+
+def errors(rows) -> list[tuple[RowError, str, str]]:
+    out = []
+    for case, name, role in rows:
+        p = predict(case)
+        out.append((RowError(case.label, case.measured_step_s, p.predicted_step_s, p.strategy, p.note), name, role))
+    return out
+
+
+def fit_fraction(rows, grid=np.round(np.arange(0.05, 1.0001, 0.01), 2)) -> float:
+    """The cross-node NIC fraction on the grid with the smallest max |error| on the `fit` rows."""
+    impls = zero3_impls()
+    shipped = impls["deepspeed"]
+    fit_rows = [r for r in rows if r[2] == "fit"]
+    best, best_err = shipped.cross_node_nic_fraction, float("inf")
+    try:
+        for f in grid:
+            impls["deepspeed"] = replace(shipped, cross_node_nic_fraction=float(f))
+            worst = max(abs(e.error) for e, _, _ in errors(fit_rows))
+            if worst < best_err:
+                best, best_err = float(f), worst
+    finally:
+        impls["deepspeed"] = shipped
+    return best
+
+
+def main(argv: list[str]) -> int:
+    rows = cases()
+    if "--fit" in argv:
+        f = fit_fraction(rows)
+        print(f"fitted deepspeed.cross_node_nic_fraction = {f:.2f} (shipped "
+              f"{zero3_impls()['deepspeed'].cross_node_nic_fraction}) on the `fit` rows")
+    results = errors(rows)
+    print(f"  {'row':46s} {'role':5s} {'measured':>9s} {'predicted':>9s} {'error':>7s}  strategy")
+    for e, _, role in results:
+        if e.predicted_s is None:
+            print(f"  {e.label:46s} {role:5s} {e.measured_s:8.2f}s {'no fit':>9s} {'':>7s}  {e.strategy} ({e.note})")
+        else:
+            print(f"  {e.label:46s} {role:5s} {e.measured_s:8.2f}s {e.predicted_s:8.2f}s {e.error:+7.1%}  {e.strategy}")
+    for name in dict.fromkeys(n for _, n, _ in results):
+        for role in ("fit", "check"):
+            subset = [e for e, n, r in results if n == name and r == role]
+            if subset:
+                print(f"  {name:18s} {role:5s} {Summary.of(subset).line()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

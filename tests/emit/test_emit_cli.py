@@ -138,7 +138,7 @@ def test_best_expressible_with_too_short_a_file(capsys, tmp_path):
     path = tmp_path / "plans.json"
     path.write_text(json.dumps(result.model_dump(mode="json")))
     code, _, err = run(capsys, "emit", str(path), "-B", "deepspeed", "--best-expressible")
-    assert code == 2 and "not expressible in DeepSpeed: none of the 2 plans: cp > 1: 2" in err
+    assert code == 2 and "not expressible in DeepSpeed: none of the 2 plans: " in err
 
 
 def test_single_plan_json_is_accepted(capsys, result, tmp_path):

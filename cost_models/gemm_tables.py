@@ -41,7 +41,7 @@ from planner.errors import SpecError
 #: 128 is the smaller, so the padding is a lower bound).
 TILE = 128
 #: Precision of a training run -> the table column its GEMMs use.
-COLUMN = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "tf32": "tf32"}
+COLUMN = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "tf32": "tf32", "fp32": "fp32"}
 TERA = 1e12
 
 

@@ -45,6 +45,10 @@ CUDA_GEMM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch
 SQUARE_SIZES = (256, 512, 1024, 2048)
 HIDDEN_SIZES = (256, 512, 1024)
 TOKENS = 2048
+#: The (m, n, k) grid written as the measured GEMM table (profiles/kernels/gemm/): every
+#: combination of these sizes, per device kind, full and quick.
+GEMM_GRID = {("cuda", False): (256, 512, 1024, 2048, 4096), ("cuda", True): (256, 1024, 4096),
+             ("cpu", False): (64, 128, 256, 512), ("cpu", True): (128, 256)}
 MIN_TIME_S = 0.2
 MAX_ITERS = 50
 MIB = 2**20
@@ -74,18 +78,21 @@ def timed(fn, device: torch.device, min_time_s: float = MIN_TIME_S, max_iters: i
     return (time.perf_counter() - start) / iters
 
 
-def gemm_shapes(quick: bool) -> list[tuple[int, int, int]]:
-    """(m, n, k): squares, and the QKV / MLP-up / MLP-down GEMMs of a TOKENS-token micro-batch."""
+def gemm_shapes(quick: bool, device_type: str = "cpu") -> list[tuple[int, int, int]]:
+    """(m, n, k): squares, the QKV / MLP-up / MLP-down GEMMs of a TOKENS-token micro-batch, and
+    the full grid of GEMM_GRID (the measured GEMM table), each shape once."""
     squares = SQUARE_SIZES[:2] if quick else SQUARE_SIZES
     shapes = [(s, s, s) for s in squares]
     for h in HIDDEN_SIZES[:1] if quick else HIDDEN_SIZES:
         shapes += [(TOKENS, 3 * h, h), (TOKENS, 4 * h, h), (TOKENS, h, 4 * h)]
-    return shapes
+    grid = GEMM_GRID[("cuda" if device_type == "cuda" else "cpu", quick)]
+    shapes += [(m, n, k) for m in grid for n in grid for k in grid]
+    return list(dict.fromkeys(shapes))
 
 
 def bench_gemm(device: torch.device, quick: bool) -> list[dict]:
     dtypes = CUDA_GEMM_DTYPES if device.type == "cuda" else CPU_GEMM_DTYPES
-    cases = [(name, dtype, shape) for name, dtype in dtypes.items() for shape in gemm_shapes(quick)]
+    cases = [(name, dtype, shape) for name, dtype in dtypes.items() for shape in gemm_shapes(quick, device.type)]
     times: dict[int, list[float]] = {i: [] for i in range(len(cases))}
     for _ in range(1 if quick else REPEATS):
         for i, (name, dtype, (m, n, k)) in enumerate(cases):

@@ -122,6 +122,31 @@ def gpu_profile(raw: dict[str, Any], name: str) -> dict[str, Any]:
     }
 
 
+def gemm_table_profile(raw: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The measured GEMM table (profiles/kernels/gemm/<name>.yaml, the format of the public ones:
+    `cost_models.gemm_tables`): every dtype's rate on the largest full (m, n, k) grid among the
+    measured shapes, as b = 1 rows; the peak is the dtype's fastest GEMM of the sweep, so every
+    efficiency is at most 1. None when the shapes hold no grid of at least 2 sizes a side."""
+    dtypes = sorted({r["dtype"] for r in raw["gemm"]})
+    rate = {(r["dtype"], r["m"], r["n"], r["k"]): r["flop_per_s"] for r in raw["gemm"]}
+    sizes = sorted({r["m"] for r in raw["gemm"]} | {r["n"] for r in raw["gemm"]} | {r["k"] for r in raw["gemm"]})
+    def full(g):
+        return all((d, m, n, k) in rate for d in dtypes for m in g for n in g for k in g)
+
+    grid = [s for s in sizes if all((d, s, s, s) in rate for d in dtypes)]
+    while len(grid) >= 2 and not full(grid):
+        grid = grid[:-1]
+    if len(grid) < 2:
+        return None
+    peaks = gemm_summary(raw)
+    rows = [[1, m, n, k, *(round(rate[(d, m, n, k)] / 1e12, 6) for d in dtypes)]
+            for m in grid for n in grid for k in grid]
+    return {"kind": "measured", "gpu": raw["description"], "source": _source(raw),
+            "peak_tflops": {d: round(peaks[d]["peak_flop_per_s"] / 1e12, 6) for d in dtypes},
+            "peak_tflops_source": "the fastest GEMM of this profile's sweep, per dtype",
+            "columns": ["b", "m", "n", "k", *dtypes], "rows": rows}
+
+
 def cluster_profile(raw: dict[str, Any], name: str, gpu_ref: str | dict[str, Any]) -> dict[str, Any]:
     n = raw["world_size"]
     if n < 2:
@@ -186,6 +211,10 @@ def write_profiles(raw: dict[str, Any], name: str, root: Path) -> tuple[Path, Pa
     from profiles import search_dirs
 
     gpu = gpu_profile(raw, name)
+    table = gemm_table_profile(raw, name)
+    if table is not None:
+        gpu["kernel_tables"] = name
+        gpu["kernel_tables_source"] = f"kernels/gemm/{name}.yaml beside this file, measured by the same run"
     on_path = any(root.resolve() == d.resolve() for d in search_dirs())
     cluster = cluster_profile(raw, name, name if on_path else gpu)
     comments = [f"Written by `meshplan profile` on {datetime.now().date().isoformat()}; re-run it to refresh.",
@@ -194,5 +223,9 @@ def write_profiles(raw: dict[str, Any], name: str, root: Path) -> tuple[Path, Pa
     gpu_path.parent.mkdir(parents=True, exist_ok=True)
     cluster_path.parent.mkdir(parents=True, exist_ok=True)
     gpu_path.write_text(_dump(gpu, comments))
+    if table is not None:
+        table_path = root / "kernels" / "gemm" / f"{name}.yaml"
+        table_path.parent.mkdir(parents=True, exist_ok=True)
+        table_path.write_text(_dump(table, comments))
     cluster_path.write_text(_dump(cluster, comments))
     return gpu_path, cluster_path

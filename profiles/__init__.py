@@ -139,7 +139,7 @@ def format_validation_error(exc: ValidationError) -> str:
 #: The numeric keys of a GPU YAML file.
 GPU_YAML_FIELDS = ("memory_gib", "peak_tflops", "hbm_bw_gb_per_s", "framework_reserve_gib", "gemm_efficiency",
                    "hbm_efficiency", "backward_gemm_ratio", "kernel_overhead_us", "grouped_gemm_efficiency",
-                   "host_link_gb_per_s")
+                   "host_link_gb_per_s", "kernel_tables")
 
 
 def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:

@@ -97,3 +97,34 @@ def test_profile_then_validate_from_the_command_line(tmp_path):
     assert first["predicted_step_time_s"] > 0 and first["measured_step_time_s"] > 0
     assert second["outcome"] == "unsupported" and "cp (2)" in second["reason"]
     assert report["measured_best"] == first["label"] and report["measured_best_in_predicted_top2"]
+
+
+def test_measured_gemm_table_is_written_in_the_public_format_and_used(tmp_path, monkeypatch):
+    """A profile whose GEMM sweep holds a full (m, n, k) grid writes kernels/gemm/<name>.yaml
+    (kind: measured); with its root on MESHPLAN_PROFILES the planner uses it and says so."""
+    from cost_models.gemm_tables import gemm_table
+    from profiles.tables import provenance
+
+    raw = synthetic_raw()
+    grid = (128, 256)
+    raw["gemm"] += [{"dtype": d, "m": m, "n": n, "k": k, "time_s": 1.0, "flop_per_s": base * (m * n * k) / 256**3}
+                    for d, base in (("fp32", 50e9), ("bf16", 100e9)) for m in grid for n in grid for k in grid
+                    if (m, n, k) != (256, 256, 256)]
+    write_profiles(raw, "boxgrid", tmp_path)
+    table = yaml.safe_load((tmp_path / "kernels" / "gemm" / "boxgrid.yaml").read_text())
+    assert table["kind"] == "measured" and table["columns"] == ["b", "m", "n", "k", "bf16", "fp32"]
+    assert len(table["rows"]) == 8
+    monkeypatch.setenv("MESHPLAN_PROFILES", str(tmp_path))
+    gpu = load_gpu("boxgrid")
+    assert gpu.kernel_tables == "boxgrid"
+    assert provenance("boxgrid")["gemm"].startswith("measured")
+    t = gemm_table("boxgrid")
+    # the peak is the sweep's fastest GEMM (512³ at 50 GFLOP/s); 256³ ran at half of it
+    assert float(t.efficiency(256, 256, 256, "fp32")) == pytest.approx(0.5)
+    assert float(t.efficiency(128, 128, 128, "fp32")) == pytest.approx(1 / 8)
+
+
+def test_no_table_without_a_full_grid():
+    from executors.profiler import gemm_table_profile
+
+    assert gemm_table_profile(synthetic_raw(), "box") is None

@@ -103,3 +103,18 @@ def test_loaders_accept_and_drop_source_keys():
     cluster = load_cluster({"gpu": "a100-80gb", "gpus_per_node": 8, "intra_node": tier, "inter_node": tier,
                             "comm_overlap": 0.5, "comm_overlap_source": "measured", "efficiency_source": "assumed"})
     assert cluster.comm_overlap == 0.5
+
+
+def test_every_shipped_kernel_table_loads_with_its_source():
+    """Kernel tables (profiles/kernels/<topic>/<set>.yaml) are refused by the loader without a
+    source or a known kind; every shipped one loads, and names the GPU it was measured on."""
+    from profiles.tables import TOPICS, kernel_table
+
+    root = PROFILES_DIR / "kernels"
+    found = sorted(root.glob("*/*.yaml"))
+    assert found, "no kernel tables shipped"
+    for path in found:
+        topic, name = path.parent.name, path.stem
+        assert topic in TOPICS, path
+        table = kernel_table(topic, name)
+        assert table is not None and str(table["source"]).strip() and str(table.get("gpu", "")).strip(), path

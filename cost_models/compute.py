@@ -79,7 +79,7 @@ def gemm_efficiency(m, n, k, gpu: GpuSpec, precision: str):
     """Achieved fraction of `precision`'s dense peak for an (m, n, k) GEMM on `gpu`."""
     table = gemm_table(gpu.kernel_tables)
     if table is not None and table.has(precision):
-        return table.efficiency(m, n, k, precision)
+        return table.efficiency(m, n, k, precision) * gpu.sustained_compute_fraction
     return gpu.gemm_efficiency
 
 

@@ -139,7 +139,7 @@ def format_validation_error(exc: ValidationError) -> str:
 #: The numeric keys of a GPU YAML file.
 GPU_YAML_FIELDS = ("memory_gib", "peak_tflops", "hbm_bw_gb_per_s", "framework_reserve_gib", "gemm_efficiency",
                    "hbm_efficiency", "backward_gemm_ratio", "kernel_overhead_us", "grouped_gemm_efficiency",
-                   "host_link_gb_per_s", "kernel_tables")
+                   "host_link_gb_per_s", "kernel_tables", "sustained_compute_fraction")
 
 
 def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
@@ -160,7 +160,8 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
     fields["framework_reserve_bytes"] = float(data.pop("framework_reserve_gib", 0.0)) * GIB
     calib = data.pop("calibration", None)
     for key, conv in (("gemm_efficiency", 1.0), ("hbm_efficiency", 1.0), ("backward_gemm_ratio", 1.0),
-                      ("kernel_overhead_us", MICRO), ("grouped_gemm_efficiency", 1.0)):
+                      ("kernel_overhead_us", MICRO), ("grouped_gemm_efficiency", 1.0),
+                      ("sustained_compute_fraction", 1.0)):
         if key in data:
             fields[key.replace("_us", "_s")] = float(data.pop(key)) * conv
     if "host_link_gb_per_s" in data:
@@ -190,7 +191,8 @@ def load_gpu(ref: str | GpuSpec) -> GpuSpec:
 
 
 #: GPU fields a calibration file may set.
-CALIBRATED_FIELDS = ("gemm_efficiency", "hbm_efficiency", "backward_gemm_ratio", "kernel_overhead_us")
+CALIBRATED_FIELDS = ("gemm_efficiency", "hbm_efficiency", "backward_gemm_ratio", "kernel_overhead_us",
+                     "sustained_compute_fraction")
 
 
 def _calibration_for(gpu_key: str) -> dict[str, Any]:

@@ -55,6 +55,12 @@ class GpuSpec(BaseModel):
         None, gt=0, description="GPU-host bandwidth per direction (PCIe or NVLink-C2C), bytes/s, as achieved by "
         "pinned copies; None: unknown (optimizer offload is then refused).",
     )
+    sustained_compute_fraction: float = Field(
+        1.0, gt=0, le=1,
+        description="Share of its kernel tables' measured throughput a GPU sustains in training (power- and "
+        "clock-limited, kernels back to back, beside communication kernels); fitted per GPU generation on the "
+        "end-to-end rows its calibration file names. Applies only to the parts timed from kernel tables.",
+    )
     kernel_tables: str | None = Field(
         None, description="Name of the kernel-table set under profiles/kernels/<topic>/ (see profiles.tables); "
         "None: no tables, every part uses the calibrated constants above.",

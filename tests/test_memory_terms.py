@@ -13,7 +13,7 @@ from cost_models.memory import (MIB, OUTSIDE_ALLOCATOR_TERMS, cross_entropy_byte
                                 nccl_buffer_bytes)
 from planner import evaluate
 from planner.errors import SpecError
-from profiles import load_cluster, load_model
+from profiles import load_model
 
 GIB = 2**30
 

@@ -24,16 +24,26 @@ Sources
   attention stores no scores, only fp32 softmax statistics (4asb). A gated MLP
   is assumed to store its fused [gate, up] output (4sbf) and the down-projection
   input (2sbf), as Megatron's fused SwiGLU does.
+- The loss: `cross_entropy_bytes_per_logit` (PyTorch's cross entropy over fp32 logits).
+- Memory outside the model's tensors (`runtime_memory_bytes`): the CUDA context,
+  NCCL's own buffers and the caching allocator's slack, from the GPU's memory table
+  (profiles/kernels/memory/<name>.yaml); a GPU without one keeps its profile's flat
+  `framework_reserve_gib`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
+
 import numpy as np
 
 from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays, selected_modules
-from cost_models.blocks import ZERO, DenseMLP, LatentAttention, Micro, ModelBlocks, MoE
+from cost_models.blocks import ZERO, DenseMLP, LatentAttention, Micro, ModelBlocks, MoE, padded_vocab
 from cost_models.layout import ParallelLayout
-from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes
+from cost_models.units import DTYPE_BYTES, FP32, WEIGHT_BYTES, optimizer_state_bytes
+
+MIB = 2**20
 
 
 def _stack(values: list, n: int) -> np.ndarray:
@@ -212,7 +222,8 @@ def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, la
     working = np.where(rc == 2, full_k.max(axis=0), 0.0) * (layers_row > 0)
     embed = rows.has_embedding * lay.inflight_microbatches(rows.rank, num_microbatches) * blocks.embedding.input_bytes(x)
     head_act = blocks.head.activations(x)
-    head = rows.has_head * (head_act.replicated / x.seq_split + head_act.split / x.tp)
+    logits = cross_entropy_bytes_per_logit(x.act) * x.tokens * padded_vocab(blocks.head.vocab, x.tp) / x.tp
+    head = rows.has_head * (head_act.replicated / x.seq_split + logits)
     return {"activations": layers, "recompute_working": working, "embedding_activations": embed, "logits": head}
 
 
@@ -222,3 +233,117 @@ def zero3_working_bytes(blocks: ModelBlocks, st: StrategyArrays, precision: str,
     per_layer = (kind_params_per_rank(blocks, st.tp) + kind_expert_params_per_rank(blocks, st.ep, st.etp)).max(axis=0)
     gathered = (2 * WEIGHT_BYTES[precision] + DTYPE_BYTES[grad_precision]) * per_layer
     return np.where(st.zero_stage >= 3, gathered, 0.0)
+
+
+# ---- the loss ----------------------------------------------------------------------------------
+def cross_entropy_bytes_per_logit(act_bytes: int) -> int:
+    """Peak bytes per logit element (one token, one vocabulary entry of this rank's shard) while
+    the loss of one micro-batch is computed, with PyTorch's cross entropy over fp32 logits
+    (`F.cross_entropy(logits.float())`, as torchtitan and this project's executor run it; the
+    vocab-parallel loss of `loss_parallel` keeps the same tensors per shard).
+
+    Forward: the output layer's logits (act), their fp32 copy (FP32, none when act is fp32) and
+    the saved fp32 log-softmax (FP32) are live together. Backward: the saved log-softmax, the
+    gradient of the loss with respect to it and the gradient with respect to the logits are three
+    fp32 tensors (3·FP32). The peak is the larger. Megatron's fused vocab-parallel cross entropy
+    (`_VocabParallelCrossEntropy`) writes its backward in place and peaks in the forward
+    (act + 2·FP32), at most 2 bytes less per element; the larger figure is kept for both.
+
+    >>> cross_entropy_bytes_per_logit(2), cross_entropy_bytes_per_logit(4)
+    (12, 12)
+    """
+    forward = act_bytes + (FP32 if act_bytes < FP32 else 0) + FP32
+    backward = 3 * FP32
+    return max(forward, backward)
+
+
+# ---- memory outside the model's tensors ------------------------------------------------------
+#: terms that no tensor of the model holds; a measurement of allocated tensors excludes them
+RUNTIME_TERMS = ("framework_reserve", "cuda_context", "nccl_buffers", "allocator_slack")
+#: terms outside PyTorch's caching allocator (a `max_memory_reserved` reading excludes them)
+OUTSIDE_ALLOCATOR_TERMS = ("framework_reserve", "cuda_context", "nccl_buffers")
+
+
+@dataclass(frozen=True)
+class MemoryTable:
+    """A GPU generation's runtime memory (profiles/kernels/memory/<name>.yaml), bytes.
+
+    cuda_context_bytes: device memory of the CUDA context with lazy module loading.
+    nccl_connection_bytes: NCCL's buffers for one connection (one peer, one channel: the
+      SIMPLE, LL and LL128 protocol FIFOs; NCCL_BUFFSIZE is the SIMPLE one, 4 MiB by default).
+    nccl_channels: channels NCCL opens per connection on this GPU's intra-node fabric.
+    allocator_slack_fraction: memory the caching allocator holds beyond the live tensors at
+      the peak (reserved / allocated - 1).
+    """
+
+    cuda_context_bytes: float
+    nccl_connection_bytes: float
+    nccl_channels: int
+    allocator_slack_fraction: float
+
+
+#: YAML keys of a memory table, with their unit factor and the field they fill
+_TABLE_KEYS = (("cuda_context_mib", MIB, "cuda_context_bytes"),
+               ("nccl_connection_mib", MIB, "nccl_connection_bytes"),
+               ("nccl_channels", 1, "nccl_channels"),
+               ("allocator_slack_fraction", 1, "allocator_slack_fraction"))
+
+
+@lru_cache(maxsize=None)
+def memory_table(name: str | None) -> MemoryTable | None:
+    """The memory table of table set `name`, or None when the set has none (loaded once)."""
+    from planner.errors import SpecError
+    from profiles.tables import kernel_table, table_path
+
+    data = kernel_table("memory", name)
+    if data is None:
+        return None
+    values = {}
+    for key, factor, field in _TABLE_KEYS:
+        value = data.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise SpecError(f"memory table {table_path('memory', name)}: {key} must be a number >= 0, got {value!r}")
+        values[field] = value * factor
+    values["nccl_channels"] = int(values["nccl_channels"])
+    return MemoryTable(**values)
+
+
+def nccl_buffer_bytes(st: StrategyArrays, table: MemoryTable) -> np.ndarray:
+    """NCCL's own device buffers on one rank (N,), bytes; NCCL allocates them itself, outside
+    PyTorch's caching allocator.
+
+        bytes = connections · channels · connection_bytes
+        connections = 2 per ring collective group (tp, cp, the gradient group dp·cp; a ring
+                      connects each rank to its two neighbours whatever the group size)
+                      + 2 for pipeline sends to the previous and next stage (pp > 1)
+                      + (ep - 1) for the all-to-all of expert parallelism (ep > 1)
+
+    Sources: NCCL's memory is linear in the number of channels and a ring has two connections
+    whatever the scale (S. Jeaugey, NVIDIA/nccl#864 / #986); an all-to-all connects every pair
+    of ranks (NVIDIA/nccl#1685: 32 channels per pair of H100s, 10 MiB + 2 MiB per channel and
+    peer, 3.28 GB more after the first all-to-all on 8 GPUs). Communicators are assumed not to
+    share resources (no `ncclCommSplit` sharing), as PyTorch's process groups create them.
+    """
+    ring = 2 * ((st.tp > 1).astype(float) + (st.cp > 1) + (st.dp * st.cp > 1))
+    p2p = 2.0 * (st.pp > 1) + np.maximum(st.ep - 1, 0)
+    return (ring + p2p) * table.nccl_channels * table.nccl_connection_bytes
+
+
+def runtime_memory_bytes(tensor_bytes: np.ndarray, st: StrategyArrays, gpu) -> dict[str, np.ndarray]:
+    """Memory of one rank that no model tensor holds, by term (arrays shaped like `tensor_bytes`,
+    the sum of the tensor terms of each stage row), bytes.
+
+    With a memory table for the GPU (`gpu.kernel_tables`):
+        cuda_context    = the table's context size
+        nccl_buffers    = `nccl_buffer_bytes`
+        allocator_slack = allocator_slack_fraction · tensor_bytes
+    Without one, the profile's flat `framework_reserve` (how the calibrated presets were fitted).
+    """
+    zero = np.zeros_like(tensor_bytes)
+    table = memory_table(getattr(gpu, "kernel_tables", None))
+    if table is None:
+        return {"framework_reserve": zero + gpu.framework_reserve_bytes, "cuda_context": zero,
+                "nccl_buffers": zero, "allocator_slack": zero}
+    return {"framework_reserve": zero, "cuda_context": zero + table.cuda_context_bytes,
+            "nccl_buffers": zero + nccl_buffer_bytes(st, table),
+            "allocator_slack": table.allocator_slack_fraction * tensor_bytes}

@@ -31,16 +31,16 @@ from cost_models.comm import CommModel, TierCommModel
 from cost_models.compute import LayerTimes, head_times, layer_times, selective_recompute_s
 from cost_models.layout import ParallelLayout
 from cost_models.sharding import zero3_comm_s
-from cost_models.memory import (model_state_bytes, per_row,
-                                 stage_activation_bytes, stage_expert_params, stage_kind_counts, stage_params,
-                                 zero3_working_bytes)
+from cost_models.memory import (RUNTIME_TERMS, model_state_bytes, per_row, runtime_memory_bytes,
+                                stage_activation_bytes, stage_expert_params, stage_kind_counts, stage_params,
+                                zero3_working_bytes)
 from cost_models.units import FP32, DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes, optimizer_step_traffic_bytes
 
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
     from planner.specs import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "recompute_working", "embedding_activations",
-                "logits", "zero3_buffers", "comm_buffers", "framework_reserve")
+                "logits", "zero3_buffers", "comm_buffers") + RUNTIME_TERMS
 TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer")
 COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
 
@@ -224,7 +224,8 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     p2p_buffers = np.where(lay.pp > 1, 2 * 2 * x.tokens * s.model.hidden_size * x.act / lay.tp, 0.0)
     mem["zero3_buffers"] = zero3_working_bytes(s.blocks, st, train.precision, train.grad_precision) * (lay.rows.layers > 0)
     mem["comm_buffers"] = p2p_buffers
-    mem["framework_reserve"] = np.full(params.shape, s.gpu.framework_reserve_bytes)
+    tensors = sum(np.broadcast_to(v, params.shape) for v in mem.values())
+    mem |= runtime_memory_bytes(tensors, st, s.gpu)
     return {k: np.broadcast_to(mem[k], params.shape) for k in MEMORY_TERMS}
 
 

@@ -1,9 +1,10 @@
 """Prediction next to measurement (no torch).
 
 Step time: the plan's `Estimate.step_time_s` against the median timed step of
-the slowest rank. Memory: the estimate's peak minus its `framework_reserve`
-term (the runtime's own memory, which the worker measures as its baseline and
-subtracts) against the largest per-rank peak. Errors are signed, relative to
+the slowest rank. Memory: the estimate's peak minus its runtime terms
+(`cost_models.memory.RUNTIME_TERMS`: the flat `framework_reserve`, or the CUDA
+context, NCCL buffers and allocator slack; the worker measures allocated tensors
+above its baseline) against the largest per-rank peak. Errors are signed, relative to
 the measurement: (predicted - measured) / measured.
 
 Ranks are compared among the plans that ran `ok`: the predicted rank orders
@@ -16,10 +17,9 @@ import statistics
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cost_models.memory import RUNTIME_TERMS
 from executors.results import Outcome, ParityCheck, RunResult
 from planner.specs import Estimate, ModelSpec, Strategy, TrainSpec
-
-RESERVE_TERM = "framework_reserve"
 
 
 class PlanComparison(BaseModel):
@@ -34,7 +34,7 @@ class PlanComparison(BaseModel):
     predicted_step_time_s: float | None = Field(None, description="Estimate.step_time_s, seconds.")
     measured_step_time_s: float | None = Field(None, description="Median timed step of the slowest rank, seconds.")
     step_time_error: float | None = Field(None, description="(predicted - measured) / measured.")
-    predicted_memory_bytes: float | None = Field(None, description="Estimate peak minus framework_reserve, bytes.")
+    predicted_memory_bytes: float | None = Field(None, description="Estimate peak minus its runtime terms, bytes.")
     measured_memory_bytes: float | None = Field(None, description="Largest per-rank training peak, bytes.")
     memory_error: float | None = Field(None, description="(predicted - measured) / measured.")
     predicted_fits: bool | None = Field(None, description="Estimate.fits.")
@@ -77,7 +77,7 @@ def compare_one(run: RunResult, estimate: Estimate | None) -> PlanComparison:
                        parity=run.parity, notes=run.notes)
     if estimate is not None:
         c.predicted_step_time_s = estimate.step_time_s
-        c.predicted_memory_bytes = estimate.peak_memory_bytes - estimate.memory_bytes.get(RESERVE_TERM, 0.0)
+        c.predicted_memory_bytes = estimate.peak_memory_bytes - sum(estimate.memory_bytes.get(t, 0.0) for t in RUNTIME_TERMS)
         c.predicted_fits = estimate.fits
         c.time_s = dict(estimate.time_s)
     if run.outcome == "ok":

@@ -220,13 +220,14 @@ def main(argv: list[str]) -> int:
         tag = {"fitted": "CALIBRATION ROWS (the shipped fit used them)", "same paper": "same paper as the fit, not fitted",
                "held out": "held out (not from the paper the fit used)"}.get(table_role, table_role)
         print(f"\n{name} -- {tag}" + (f"; {NOTES[name]}" if name in NOTES else ""))
-        print(f"  {'row':38s} {'measured':>10s} {'predicted':>10s} {'error':>8s}  strategy")
+        w = max([38] + [len(r.label) for r in rows])
+        print(f"  {'row':{w}s} {'measured':>10s} {'predicted':>10s} {'error':>8s}  strategy")
         for r in rows:
             mark = "  [calibration row]" if table_role == "fitted" else ""
             if r.predicted_s is None:
-                print(f"  {r.label:38s} {seconds(r.measured_s)} {'no fit':>10s} {'':>8s}  {r.strategy}  ({r.note})")
+                print(f"  {r.label:{w}s} {seconds(r.measured_s)} {'no fit':>10s} {'':>8s}  {r.strategy}  ({r.note})")
                 continue
-            print(f"  {r.label:38s} {seconds(r.measured_s)} {seconds(r.predicted_s)} {r.error:+8.1%}  {r.strategy}{mark}")
+            print(f"  {r.label:{w}s} {seconds(r.measured_s)} {seconds(r.predicted_s)} {r.error:+8.1%}  {r.strategy}{mark}")
         summary = Summary.of(rows)
         line, met = verdict(name, table_role, summary)
         ok &= met

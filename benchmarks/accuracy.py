@@ -18,6 +18,7 @@ every other row is not fitted. Exit code 0 when every target is met.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ from benchmarks.calibration import (
     sc21_zero3,
     table_errors,
 )
-from benchmarks.validation import nemo_h100_fp8, predict, zero_table1
+from benchmarks.validation import PUBLIC_SETS, generation, predict, public_runs, zero_table1
 from cost_models.memory import model_state_bytes
 from profiles import PROFILES_DIR
 
@@ -45,6 +46,15 @@ NOTES = {
                             "on the 175B n768 and n1536 rows (python -m benchmarks.zero3)",
     "NeMo DGX-H100 FP8": "H100 parameters carried over from the A100 fit",
 }
+#: Generations in the order they are reported.
+GENERATION_ORDER = ("A100", "H100-H200", "B200", "GB200")
+
+
+@dataclass(frozen=True)
+class RunError(RowError):
+    """A compared end-to-end step time with the GPU generation it ran on."""
+
+    generation: str = "A100"
 
 
 def shipped_fit() -> str:
@@ -57,8 +67,32 @@ def step_rows(cases) -> list[RowError]:
     out = []
     for case in cases:
         p = predict(case)
-        out.append(RowError(case.label, case.measured_step_s, p.predicted_step_s, p.strategy, p.note))
+        out.append(RunError(case.label, case.measured_step_s, p.predicted_step_s, p.strategy, p.note,
+                            generation(case.cluster)))
     return out
+
+
+def public_rows(name: str) -> list[RowError]:
+    """A published-run set's rows: the predicted cases, then the rows refused on loading (kept, with the reason)."""
+    runs = public_runs(name)
+    refused = [RunError(r.label, r.measured_step_s, None, "-", f"refused: {r.reason}", generation(r.cluster))
+               for r in runs.refused]
+    return step_rows(runs.cases) + refused
+
+
+def by_generation(results) -> dict[str, list[RowError]]:
+    """Every end-to-end step-time row not used by the fit, grouped by GPU generation.
+
+    Per-layer tables and the fit's own rows are left out; rows that could not be
+    predicted count in n_rows and not in the errors.
+    """
+    groups: dict[str, list[RowError]] = {g: [] for g in GENERATION_ORDER}
+    for name, table_role, rows in results:
+        if table_role == "fitted" or name.startswith("Korthikanti Table 4"):
+            continue
+        for r in rows:
+            groups.setdefault(getattr(r, "generation", "A100"), []).append(r)
+    return groups
 
 
 def tables(fit_key: str) -> list[tuple[str, str, list[RowError]]]:
@@ -68,7 +102,8 @@ def tables(fit_key: str) -> list[tuple[str, str, list[RowError]]]:
     for t in A100_TABLES:
         out.append((t.name, role(spec, t) if spec else "unknown fit", table_errors(t, {})))
     out.append(("SC'21 Table 2 ZeRO-3", "held out", step_rows(sc21_zero3())))
-    out.append(("NeMo DGX-H100 FP8", "held out", step_rows(nemo_h100_fp8())))
+    for name, (table, _) in PUBLIC_SETS.items():
+        out.append((table, "held out", public_rows(name)))
     return out
 
 
@@ -116,6 +151,12 @@ DESCRIPTIONS = {
     "torchtitan FSDP2": "torchtitan FSDP2 on 64 A100s (Llama 2/3 8B-70B; `benchmarks/data/`)",
     "SC'21 Table 2 ZeRO-3": "SC'21 Table 2, DeepSpeed ZeRO-3 rows (2 of them fit its cross-node rate)",
     "NeMo DGX-H100 FP8": "NeMo 24.07 FP8 on DGX-H100 (Llama; `benchmarks/data/`), A100 fit carried over",
+    "Megatron-Bridge 25.11": "Megatron-Bridge 25.11 on DGX-H100 / DGX-B200 / GB200 (Llama 3, DeepSeek-V3, GPT-OSS, "
+                             "Qwen3; BF16, FP8, MXFP8; `benchmarks/data/`)",
+    "Megatron-Bridge 26.02": "Megatron-Bridge 26.02 on DGX-H100 / DGX-B200 / GB200 (same families; `benchmarks/data/`)",
+    "torchtitan H100 (2024-12)": "torchtitan on 8-512 H100s (Llama 3.1 8B-405B, FSDP / CP / TP / PP, Float8; "
+                                 "`benchmarks/data/`)",
+    "torchtitan H200 (2025-06)": "torchtitan FSDP2 on 32-64 H200s (Llama 3.1 8B; `benchmarks/data/`)",
 }
 ROLES = {"fitted": "**calibration rows** (fitted)", "same paper": "same paper, not fitted",
          "held out": "held out"}
@@ -135,6 +176,12 @@ def readme_block(results, memory: Summary, within: int, lopo: dict) -> str:
     lines.append(f"| ZeRO Table 1, model-state memory | {memory.n} | no fit involved | {memory.median_abs * 100:.2f} % | "
                  f"{memory.max_abs * 100:.1f} % ({within} of {memory.n} within the printed digit) | "
                  f"{memory.mean * 100:+.2f} % |")
+    lines += ["", "Per GPU generation: every end-to-end step-time row above that the fit did not use.", "",
+              "| GPU generation | rows | median abs. error | max abs. error | signed mean error |", "|---|---|---|---|---|"]
+    for g, rows in by_generation(results).items():
+        s = Summary.of(rows)
+        n = f"{s.n}" if s.n == s.n_rows else f"{s.n} of {s.n_rows}"
+        lines.append(f"| {g} | {n} | {pct(s.median_abs)} | {pct(s.max_abs)} | {signed(s.mean)} |")
     fits = list(lopo)
     lines += ["", "Leave one paper out (`python -m benchmarks.calibrate`): median abs. error / signed mean error "
               "of each table under each fit; *fitted* marks the fit's own rows.", "",
@@ -174,17 +221,22 @@ def main(argv: list[str]) -> int:
         tag = {"fitted": "CALIBRATION ROWS (the shipped fit used them)", "same paper": "same paper as the fit, not fitted",
                "held out": "held out (not from the paper the fit used)"}.get(table_role, table_role)
         print(f"\n{name} -- {tag}" + (f"; {NOTES[name]}" if name in NOTES else ""))
-        print(f"  {'row':38s} {'measured':>10s} {'predicted':>10s} {'error':>8s}  strategy")
+        w = max([38] + [len(r.label) for r in rows])
+        print(f"  {'row':{w}s} {'measured':>10s} {'predicted':>10s} {'error':>8s}  strategy")
         for r in rows:
             mark = "  [calibration row]" if table_role == "fitted" else ""
             if r.predicted_s is None:
-                print(f"  {r.label:38s} {seconds(r.measured_s)} {'no fit':>10s} {'':>8s}  {r.strategy}  ({r.note})")
+                print(f"  {r.label:{w}s} {seconds(r.measured_s)} {'no fit':>10s} {'':>8s}  {r.strategy}  ({r.note})")
                 continue
-            print(f"  {r.label:38s} {seconds(r.measured_s)} {seconds(r.predicted_s)} {r.error:+8.1%}  {r.strategy}{mark}")
+            print(f"  {r.label:{w}s} {seconds(r.measured_s)} {seconds(r.predicted_s)} {r.error:+8.1%}  {r.strategy}{mark}")
         summary = Summary.of(rows)
         line, met = verdict(name, table_role, summary)
         ok &= met
         print(f"  {summary.line()}  ({line})")
+        gens = {getattr(r, "generation", "A100") for r in rows}
+        if len(gens) > 1:
+            for g in [g for g in GENERATION_ORDER if g in gens] + sorted(gens - set(GENERATION_ORDER)):
+                print(f"    {g:10s} {Summary.of([r for r in rows if getattr(r, 'generation', 'A100') == g]).line()}")
 
     print("\nZeRO Table 1 (model-state memory per GPU, GB = 1e9 bytes; the paper prints 2-4 significant digits)")
     print(f"  {'row':34s} {'printed':>10s} {'predicted':>10s} {'error':>8s}  within the printed digit")
@@ -208,6 +260,9 @@ def main(argv: list[str]) -> int:
     for name, table_role, rows in results:
         s = Summary.of(rows)
         print(f"  {name:30s} {table_role:11s} {s.line()}  {verdict(name, table_role, s)[0]}")
+    print("\nPer GPU generation (end-to-end step times not used by the fit; no target yet beyond A100's tables)")
+    for g, rows in by_generation(results).items():
+        print(f"  {g:30s} {Summary.of(rows).line()}")
     print(f"\n{'all targets met' if ok else 'some targets MISSED'}")
     if "--update-readme" in argv:
         doc = yaml.safe_load((PROFILES_DIR / "calibration" / "a100-80gb.yaml").read_text())

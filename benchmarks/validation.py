@@ -185,27 +185,162 @@ def torchtitan_fsdp2() -> list[StepCase]:
     return cases
 
 
+#: The published-run files in benchmarks/data/ read by `public_runs`: file stem -> (table name, defaults for
+#: fields the file's rows leave out). Every other JSON file there has a schema of its own (`OTHER_DATA_FILES`).
+PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "nemo_h100_fp8": ("NeMo DGX-H100 FP8", {"cluster": "dgx-h100", "precision": "fp8"}),
+    "mbridge_25_11": ("Megatron-Bridge 25.11", {}),
+    "mbridge_26_02": ("Megatron-Bridge 26.02", {}),
+    "torchtitan_h100": ("torchtitan H100 (2024-12)", {}),
+    "torchtitan_h200": ("torchtitan H200 (2025-06)", {}),
+}
+OTHER_DATA_FILES = {"published_layouts", "torchtitan_fsdp2_a100"}
+
+#: GPU preset -> the generation accuracy is reported by (H200 is the H100's GH100 die with faster HBM).
+GENERATIONS = {"a100-40gb": "A100", "a100-80gb": "A100", "h100-sxm": "H100-H200", "h200": "H100-H200",
+               "b200": "B200", "gb200": "GB200"}
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+ACTIVATION_CHECKPOINTING = {"no": {"recompute": "none"},
+                            "full": {"recompute": "full", "recompute_num_layers": None}}
+
+
+def generation(cluster: str) -> str:
+    """The GPU generation of a cluster preset ('dgx-h200' -> 'H100-H200'); 'other' for GPUs not listed."""
+    from profiles import PROFILES_DIR
+
+    import yaml
+
+    doc = yaml.safe_load((PROFILES_DIR / "clusters" / f"{cluster}.yaml").read_text())
+    return GENERATIONS.get(str(doc.get("gpu", "")), "other")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A published row that is kept but not predicted, and why (never dropped silently)."""
+
+    label: str
+    cluster: str
+    measured_step_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class PublicSet:
+    """One published-run file: its source, the rows turned into cases, and the rows refused."""
+
+    name: str
+    table: str
+    source: dict[str, Any]
+    cases: list[StepCase]
+    refused: list[Refusal]
+
+
+def public_set_path(name: str) -> Path:
+    return ROOT / "benchmarks" / "data" / f"{name}.json"
+
+
+def public_runs(name: str) -> PublicSet:
+    """Read benchmarks/data/<name>.json (a `PUBLIC_SETS` entry) into StepCases.
+
+    Each row gives the model preset, the cluster preset, #GPUs, global and micro
+    batch, sequence length, the degrees (tp, pp, cp, vp, ep), precision and the
+    measured tokens/s/GPU, and optionally `fsdp` (> 0: ZeRO-3 over the data
+    parallel ranks; 0: DDP with or without the distributed optimizer, searched),
+    `ga` (gradient accumulation steps, checked against GBS / (MBS·DP)),
+    `local_batch_size` (torchtitan: sequences per data parallel rank),
+    `activation_checkpointing`, `pp_schedule`, `model_overrides` and `variant`.
+    The file's top-level `moe_load_imbalance` applies to rows of MoE models.
+    Fields a row does not state are searched (recomputation, etp, ZeRO 0/1, and
+    micro-batch size where no row field fixes it); optimizer offload is off. A
+    row whose fields disagree or ask for something meshplan does not model is
+    refused with the reason.
+    """
+    if name not in PUBLIC_SETS:
+        raise SpecError(f"public run set {name!r} is not one of {sorted(PUBLIC_SETS)}")
+    table, defaults = PUBLIC_SETS[name]
+    data = json.loads(public_set_path(name).read_text())
+    cases, refused = [], []
+    for r in data["rows"]:
+        row = defaults | r
+        outcome = _public_case(row, table, data.get("moe_load_imbalance"), legacy="cluster" not in r)
+        (refused if isinstance(outcome, Refusal) else cases).append(outcome)
+    return PublicSet(name, table, data["source"], cases, refused)
+
+
+def _public_label(r: dict[str, Any], legacy: bool) -> str:
+    deg = f"tp{r['tp']} pp{r['pp']} cp{r['cp']} vp{r.get('vp') or '?'}"
+    if legacy:  # the label nemo_h100_fp8 has always given
+        return f"{r['model']} n{r['num_gpus']} {deg}"
+    model = f"{r['model']} {r['variant']}" if r.get("variant") else r["model"]
+    recipe = r.get("fp8_recipe", "")
+    prec = recipe if r["precision"] == "fp8" and 0 < len(recipe) <= 8 else r["precision"]
+    extra = "".join(f" {k}{r[k]}" for k in ("ep", "fsdp") if r.get(k, 0) > 1)
+    ac = f" AC {r['activation_checkpointing']}" if "activation_checkpointing" in r else ""
+    sched = " interleaved" if r.get("pp_schedule", "").startswith("Interleaved") else ""
+    asynctp = " asyncTP" if r.get("async_tp") else ""
+    compiled = " compile" if r.get("compile") else ""
+    return (f"{model} {r['cluster']} {prec} n{r['num_gpus']} s{r['seq_len']} {deg}{extra}{ac}{sched}{asynctp}{compiled}"
+            .replace(" vp?", ""))
+
+
+def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None, legacy: bool):
+    from profiles import load_model
+
+    n, B, s, tp, pp, cp = r["num_gpus"], r["global_batch_size"], r["seq_len"], r["tp"], r["pp"], r["cp"]
+    label = _public_label(r, legacy)
+    step_s = B * s / (n * r["tokens_per_s_per_gpu"])
+
+    def refuse(reason: str) -> Refusal:
+        return Refusal(label, r["cluster"], step_s, reason)
+
+    if n % (tp * pp * cp):
+        return refuse(f"tp*pp*cp ({tp * pp * cp}) does not divide num_gpus ({n})")
+    dp = n // (tp * pp * cp)
+    if "ga" in r and B != r["micro_batch_size"] * dp * r["ga"]:
+        return refuse(f"published GA ({r['ga']}) disagrees with GBS / (MBS*DP) = {B} / ({r['micro_batch_size']}*{dp})")
+    if "local_batch_size" in r and B != r["local_batch_size"] * dp:
+        return refuse(f"global batch ({B}) is not local batch ({r['local_batch_size']}) x dp ({dp})")
+    if r.get("fsdp", 0) not in (0, dp):
+        return refuse(f"fsdp ({r['fsdp']}) is neither 0 nor the data parallel degree ({dp})")
+    if r["precision"] not in PRECISIONS:
+        return refuse(f"precision {r['precision']!r} has no meshplan setting")
+    ac = r.get("activation_checkpointing")
+    if ac is not None and ac not in ACTIVATION_CHECKPOINTING:
+        return refuse(f"activation checkpointing {ac!r} (torchtitan's op-level policy) is not modelled")
+
+    model = load_model(r["model"])
+    if r.get("model_overrides"):
+        model = ModelSpec.model_validate(model.model_dump() | r["model_overrides"])
+    cons: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp}
+    if r.get("pp_schedule", "").startswith("Interleaved"):
+        cons["vpp"] = list(range(2, model.num_layers // pp + 1))  # stages per rank not published: searched
+    elif r.get("vp") is not None or "pp_schedule" in r:
+        cons["vpp"] = r.get("vp") or 1
+    if "micro_batch_size" in r:
+        cons["micro_batch_size"] = r["micro_batch_size"]
+    elif "local_batch_size" in r and pp == 1:
+        cons["micro_batch_size"] = r["local_batch_size"]  # no pipeline: the local batch is one micro-batch
+    cons["sequence_parallel"] = tp > 1
+    cons["zero_stage"] = 3 if r.get("fsdp", 0) > 0 else [0, 1]
+    cons["offload_optimizer"] = False  # no published row offloads the optimizer
+    if "ep" in r:
+        cons["ep"] = r["ep"]
+    if ac is not None:
+        cons |= ACTIVATION_CHECKPOINTING[ac]
+    train: dict[str, Any] = {"precision": r["precision"], "grad_precision": "fp32", "attention_kernel": "flash"}
+    if moe_load_imbalance is not None and model.num_experts > 0:
+        train["moe_load_imbalance"] = moe_load_imbalance
+    return StepCase(label=label, table=table, model=model, num_gpus=n, global_batch_size=B, seq_len=s,
+                    cluster=r["cluster"], measured_step_s=step_s, train_options=train, constraints=cons)
+
+
 def nemo_h100_fp8() -> list[StepCase]:
     """NeMo 24.07's FP8 pre-training runs on DGX-H100 (benchmarks/data/nemo_h100_fp8.json).
 
     The table gives the parallel layout but not SP, the optimizer sharding or
     recomputation: SP is assumed with tp > 1, the rest is searched.
     """
-    data = json.loads((ROOT / "benchmarks" / "data" / "nemo_h100_fp8.json").read_text())
-    from profiles import load_model
-
-    cases = []
-    for r in data["rows"]:
-        n, B, s = r["num_gpus"], r["global_batch_size"], r["seq_len"]
-        cases.append(StepCase(
-            label=f"{r['model']} n{n} tp{r['tp']} pp{r['pp']} cp{r['cp']} vp{r['vp']}", table="NeMo DGX-H100 FP8",
-            model=load_model(r["model"]), num_gpus=n, global_batch_size=B, seq_len=s, cluster="dgx-h100",
-            measured_step_s=B * s / (n * r["tokens_per_s_per_gpu"]),
-            train_options={"precision": "fp8", "grad_precision": "fp32", "attention_kernel": "flash"},
-            constraints={"tp": r["tp"], "pp": r["pp"], "cp": r["cp"], "vpp": r["vp"], "micro_batch_size": r["micro_batch_size"],
-                         "sequence_parallel": r["tp"] > 1, "zero_stage": [0, 1]},
-        ))
-    return cases
+    return public_runs("nemo_h100_fp8").cases
 
 
 @dataclass(frozen=True)

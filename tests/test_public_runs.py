@@ -1,0 +1,126 @@
+"""Published end-to-end runs on H100, H200, B200 and GB200 (benchmarks/data/*.json).
+
+Every file names its source exactly; every row is either a case the planner
+predicts or a refusal with its reason, never dropped; the loader keeps what
+`nemo_h100_fp8` always returned.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from benchmarks.accuracy import RunError, by_generation
+from benchmarks.validation import (
+    GENERATIONS,
+    OTHER_DATA_FILES,
+    PUBLIC_SETS,
+    ROOT,
+    _public_case,
+    generation,
+    nemo_h100_fp8,
+    predict,
+    public_runs,
+    public_set_path,
+)
+from profiles import PROFILES_DIR
+
+DATA = ROOT / "benchmarks" / "data"
+
+
+def test_every_data_file_is_a_registered_set():
+    stems = {p.stem for p in DATA.glob("*.json")}
+    assert stems - OTHER_DATA_FILES == set(PUBLIC_SETS)
+
+
+@pytest.mark.parametrize("name", list(PUBLIC_SETS))
+def test_source_is_exact(name):
+    src = json.loads(public_set_path(name).read_text())["source"]
+    assert src.get("what") and src.get("not_stated") and "rows_left_out" in src
+    if "repo" in src:
+        assert src.get("path") and re.fullmatch(r"[0-9a-f]{40}", src.get("commit", ""))
+    else:
+        assert src.get("url") and src.get("table") and src.get("date")
+
+
+@pytest.mark.parametrize("name", list(PUBLIC_SETS))
+def test_every_row_is_a_case_or_a_refusal_on_known_presets(name):
+    data = json.loads(public_set_path(name).read_text())
+    runs = public_runs(name)
+    assert len(runs.cases) + len(runs.refused) == len(data["rows"]) > 0
+    defaults = PUBLIC_SETS[name][1]
+    for row in data["rows"]:
+        assert (PROFILES_DIR / "models" / f"{row['model']}.yaml").is_file(), row["model"]
+        cluster = row.get("cluster", defaults.get("cluster"))
+        assert (PROFILES_DIR / "clusters" / f"{cluster}.yaml").is_file(), cluster
+        assert generation(cluster) in {"H100-H200", "B200", "GB200"}
+        assert row["tokens_per_s_per_gpu"] > 0
+    assert all(r.reason for r in runs.refused)
+    labels = [c.label for c in runs.cases] + [r.label for r in runs.refused]
+    assert len(set(labels)) == len(labels), "labels must tell rows apart"
+
+
+@pytest.mark.parametrize("name", list(PUBLIC_SETS))
+def test_every_case_predicts_or_says_why(name):
+    for case in public_runs(name).cases:
+        p = predict(case)
+        assert p.predicted_step_s is not None or p.note, case.label
+        if p.predicted_step_s is not None:
+            assert p.predicted_step_s > 0
+
+
+def test_nemo_h100_fp8_is_unchanged():
+    cases = {c.label: c for c in nemo_h100_fp8()}
+    assert len(cases) == 5
+    c = cases["llama3-70b n64 tp4 pp4 cp2 vp5"]
+    assert c.table == "NeMo DGX-H100 FP8" and c.cluster == "dgx-h100"
+    assert c.measured_step_s == pytest.approx(128 * 8192 / (64 * 1533))
+    assert c.train_options == {"precision": "fp8", "grad_precision": "fp32", "attention_kernel": "flash"}
+    assert {k: c.constraints[k] for k in ("tp", "pp", "cp", "vpp", "micro_batch_size", "sequence_parallel",
+                                          "zero_stage")} == {"tp": 4, "pp": 4, "cp": 2, "vpp": 5, "micro_batch_size": 1,
+                                                             "sequence_parallel": True, "zero_stage": [0, 1]}
+
+
+ROW = {"model": "llama3-8b", "cluster": "dgx-h100", "num_gpus": 8, "precision": "fp8", "global_batch_size": 128,
+       "micro_batch_size": 1, "seq_len": 8192, "fsdp": 8, "tp": 1, "pp": 1, "cp": 1, "vp": 1, "ep": 1, "ga": 16,
+       "tokens_per_s_per_gpu": 14451}
+
+
+def test_row_fields_become_constraints():
+    case = _public_case(ROW, "t", None, legacy=False)
+    assert case.constraints["zero_stage"] == 3 and case.constraints["ep"] == 1
+    assert case.constraints["offload_optimizer"] is False
+    assert case.measured_step_s == pytest.approx(128 * 8192 / (8 * 14451))
+    moe = _public_case(ROW | {"model": "qwen3-30b-a3b", "ep": 8, "fsdp": 0}, "t", 1.0, legacy=False)
+    assert moe.constraints["zero_stage"] == [0, 1] and moe.constraints["ep"] == 8
+    assert moe.train_options["moe_load_imbalance"] == 1.0
+    assert "moe_load_imbalance" not in case.train_options  # dense rows keep the profile's value
+
+
+@pytest.mark.parametrize("change,reason", [({"ga": 2}, "GA"), ({"tp": 3}, "divide"), ({"fsdp": 4}, "fsdp"),
+                                           ({"precision": "nvfp4"}, "precision"),
+                                           ({"activation_checkpointing": "selective op"}, "op-level")])
+def test_inconsistent_or_unmodelled_rows_are_refused_with_the_reason(change, reason):
+    out = _public_case(ROW | change, "t", None, legacy=False)
+    assert reason in out.reason and out.measured_step_s > 0
+
+
+def test_published_ga_mismatch_is_reported():
+    # Megatron-Bridge 25.11 DGX-H100 GPT-OSS 120B: PP 4 on 64 GPUs gives DP 16, so GBS 512 / (MBS 4 x 16) = 8, not GA 2.
+    refused = public_runs("mbridge_25_11").refused
+    assert [r.label.split()[0] for r in refused] == ["gpt-oss-120b"] and "GA (2)" in refused[0].reason
+
+
+def test_generations_cover_every_gpu_preset_but_the_cpu():
+    gpus = {p.stem for p in (PROFILES_DIR / "gpus").glob("*.yaml")} - {"local-cpu"}
+    assert gpus <= set(GENERATIONS)
+
+
+def test_by_generation_groups_rows_and_skips_fitted_tables():
+    a = RunError("a", 1.0, 0.9, generation="B200")
+    b = RunError("b", 1.0, None, note="refused", generation="B200")
+    c = RunError("c", 1.0, 1.1)
+    groups = by_generation([("x", "held out", [a, b, c]), ("fit", "fitted", [RunError("d", 1.0, 2.0)])])
+    assert groups["B200"] == [a, b] and groups["A100"] == [c] and groups["GB200"] == []

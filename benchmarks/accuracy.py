@@ -33,6 +33,7 @@ from benchmarks.calibration import (
     sc21_zero3,
     table_errors,
 )
+from benchmarks.generations import calibration_rows
 from benchmarks.validation import PUBLIC_SETS, generation, predict, public_runs, zero_table1
 from cost_models.memory import model_state_bytes
 from profiles import PROFILES_DIR
@@ -57,6 +58,9 @@ class RunError(RowError):
     generation: str = "A100"
 
 
+GENERATION_FIT_TABLE = "H100 / B200 / GB200 fit rows"
+
+
 def shipped_fit() -> str:
     """The key of the fit in profiles/calibration/a100-80gb.yaml."""
     doc = yaml.safe_load((PROFILES_DIR / "calibration" / "a100-80gb.yaml").read_text())
@@ -72,12 +76,23 @@ def step_rows(cases) -> list[RowError]:
     return out
 
 
-def public_rows(name: str) -> list[RowError]:
-    """A published-run set's rows: the predicted cases, then the rows refused on loading (kept, with the reason)."""
+def public_rows(name: str, skip: frozenset[str] = frozenset()) -> list[RowError]:
+    """A published-run set's rows: the predicted cases, then the rows refused on loading (kept, with the
+    reason); rows labelled in `skip` (a generation fit's own rows) are left out."""
     runs = public_runs(name)
     refused = [RunError(r.label, r.measured_step_s, None, "-", f"refused: {r.reason}", generation(r.cluster))
                for r in runs.refused]
-    return step_rows(runs.cases) + refused
+    return step_rows([c for c in runs.cases if c.label not in skip]) + refused
+
+
+def generation_fit_rows() -> list[RowError]:
+    """The rows the newer GPUs' `sustained_compute_fraction` was fitted on (benchmarks/generations.py)."""
+    fitted = calibration_rows()
+    out = []
+    for name in PUBLIC_SETS:
+        labels = {label for s, label in fitted if s == name}
+        out += step_rows([c for c in public_runs(name).cases if c.label in labels])
+    return out
 
 
 def by_generation(results) -> dict[str, list[RowError]]:
@@ -102,8 +117,10 @@ def tables(fit_key: str) -> list[tuple[str, str, list[RowError]]]:
     for t in A100_TABLES:
         out.append((t.name, role(spec, t) if spec else "unknown fit", table_errors(t, {})))
     out.append(("SC'21 Table 2 ZeRO-3", "held out", step_rows(sc21_zero3())))
+    fitted = calibration_rows()
+    out.append((GENERATION_FIT_TABLE, "fitted", generation_fit_rows()))
     for name, (table, _) in PUBLIC_SETS.items():
-        out.append((table, "held out", public_rows(name)))
+        out.append((table, "held out", public_rows(name, frozenset(label for s, label in fitted if s == name))))
     return out
 
 
@@ -157,6 +174,8 @@ DESCRIPTIONS = {
     "torchtitan H100 (2024-12)": "torchtitan on 8-512 H100s (Llama 3.1 8B-405B, FSDP / CP / TP / PP, Float8; "
                                  "`benchmarks/data/`)",
     "torchtitan H200 (2025-06)": "torchtitan FSDP2 on 32-64 H200s (Llama 3.1 8B; `benchmarks/data/`)",
+    GENERATION_FIT_TABLE: "Megatron-Bridge 25.11, the largest dense models per GPU generation: the rows "
+                          "`sustained_compute_fraction` is fitted on (`python -m benchmarks.generations`)",
 }
 ROLES = {"fitted": "**calibration rows** (fitted)", "same paper": "same paper, not fitted",
          "held out": "held out"}

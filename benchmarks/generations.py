@@ -1,0 +1,136 @@
+"""Fit each newer GPU generation's one end-to-end parameter on a small named set of published runs.
+
+    python -m benchmarks.generations           # fit, print, write profiles/calibration/<gpu>.yaml
+    python -m benchmarks.generations --check   # fit and print only
+
+On a GPU with kernel tables (profiles/kernels/) every part of the step is timed from kernel-level
+measurements: GEMMs by shape, attention kernels, element-wise and host costs, collectives. What
+those micro-benchmarks do not see is how much of that throughput a GPU sustains in a training run:
+the power limit lowers clocks when every SM computes back to back, and the kernels run beside
+communication kernels. That is one number per GPU generation, `sustained_compute_fraction`, which
+scales the table-timed compute only.
+
+It is fitted on the runs whose step is most nearly all compute: for each generation the largest
+dense models of the newest published set (Megatron-Bridge 25.11), named in `GENERATION_FITS`
+before any fit was run. Their step time is dominated by large GEMMs and attention, the terms the
+parameter scales; small models, MoE models and other sets are left out and judged
+(`python -m benchmarks.accuracy` reports them, and prints the fitted rows as calibration rows).
+The least-squares fit is bounded to [0.5, 1]: below 0.5 a GPU would sustain less than half its
+measured kernel rate, which no published clock or power measurement supports; 1 is the tables'
+own rate.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import yaml
+from scipy.optimize import minimize_scalar
+
+from benchmarks.calibration import base_cluster, with_parameters
+from benchmarks.validation import StepCase, predict, public_runs
+from profiles import PROFILES_DIR
+
+PARAMETER = "sustained_compute_fraction"
+BOUNDS = (0.5, 1.0)
+DECIMALS = 4
+
+
+@dataclass(frozen=True)
+class GenerationFit:
+    key: str
+    gpus: tuple[str, ...]  # calibration files written (same silicon)
+    rows: tuple[tuple[str, str], ...]  # (public set, row label)
+    why: str
+
+
+GENERATION_FITS = {
+    "H100-H200": GenerationFit(
+        "H100-H200", ("h100-sxm", "h200"),
+        (("mbridge_25_11", "llama3-70b dgx-h100 FP8-CS n64 s8192 tp4 pp8 cp1 vp5"),
+         ("mbridge_25_11", "llama3.1-405b dgx-h100 FP8-CS n1024 s8192 tp8 pp8 cp2 vp8")),
+        "the two largest dense models on DGX-H100 in Megatron-Bridge 25.11; the H200 (same GH100 compute die and "
+        "clocks, 700 W) has no published run meshplan can predict, so it takes the H100 value"),
+    "B200": GenerationFit(
+        "B200", ("b200",),
+        (("mbridge_25_11", "llama3.1-405b dgx-b200 FP8-CS n128 s8192 tp4 pp8 cp2 vp8"),
+         ("mbridge_25_11", "llama3.1-405b dgx-b200 FP8-MX n128 s8192 tp4 pp8 cp2 vp8")),
+        "the largest dense model on DGX-B200 in Megatron-Bridge 25.11, in both of its FP8 recipes"),
+    "GB200": GenerationFit(
+        "GB200", ("gb200",),
+        (("mbridge_25_11", "llama3-70b gb200-nvl72 FP8-CS n64 s8192 tp1 pp1 cp1 vp1 fsdp64"),
+         ("mbridge_25_11", "llama3.1-405b gb200-nvl72 FP8-CS n256 s8192 tp4 pp16 cp1 vp4")),
+        "the two largest dense models on GB200 NVL72 in Megatron-Bridge 25.11"),
+}
+
+
+def calibration_rows() -> set[tuple[str, str]]:
+    """Every (set, label) some generation fit uses: the accuracy report prints them as fitted."""
+    return {row for f in GENERATION_FITS.values() for row in f.rows}
+
+
+def cases_of(fit: GenerationFit) -> list[StepCase]:
+    out = []
+    for set_name, label in fit.rows:
+        found = [c for c in public_runs(set_name).cases if c.label == label]
+        if len(found) != 1:
+            raise SystemExit(f"calibration row {label!r} of {set_name} not found (or refused)")
+        out.append(found[0])
+    return out
+
+
+def errors(cases: list[StepCase], value: float) -> np.ndarray:
+    errs = []
+    for case in cases:
+        cluster = with_parameters(base_cluster(case.cluster), {PARAMETER: value})
+        p = predict(case, cluster)
+        errs.append(np.nan if p.predicted_step_s is None else p.predicted_step_s / case.measured_step_s - 1)
+    return np.array(errs)
+
+
+def fit_generation(fit: GenerationFit) -> tuple[float, np.ndarray]:
+    cases = cases_of(fit)
+
+    def loss(v: float) -> float:
+        e = errors(cases, v)
+        return float(np.sum(np.where(np.isnan(e), 1.0, e) ** 2))
+
+    best = minimize_scalar(loss, bounds=BOUNDS, method="bounded", options={"xatol": 1e-3})
+    value = round(float(best.x), DECIMALS)
+    return value, errors(cases, value)
+
+
+def describe(fit: GenerationFit) -> str:
+    return f"{'; '.join(f'{s}: {label}' for s, label in fit.rows)} (why these: {fit.why})"
+
+
+def write(fit: GenerationFit, value: float, errs: np.ndarray) -> None:
+    for gpu in fit.gpus:
+        path = PROFILES_DIR / "calibration" / f"{gpu}.yaml"
+        doc = yaml.safe_load(path.read_text()) if path.exists() else {}
+        doc[PARAMETER] = value
+        doc[f"{PARAMETER}_fit"] = {
+            "fitted_on": describe(fit),
+            "method": "python -m benchmarks.generations: bounded least squares of the relative step-time errors, "
+                      f"bounds {list(BOUNDS)}",
+            "residuals": [{"row": label, "error": round(float(e), 4)} for (_, label), e in zip(fit.rows, errs)],
+        }
+        path.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    for fit in GENERATION_FITS.values():
+        value, errs = fit_generation(fit)
+        print(f"{fit.key}: {PARAMETER} = {value} on {len(fit.rows)} rows")
+        for (_, label), e in zip(fit.rows, errs):
+            print(f"  {label:70s} {e:+.1%}")
+        if not check:
+            write(fit, value, errs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

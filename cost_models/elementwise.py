@@ -34,7 +34,7 @@ import numpy as np
 from cost_models.units import BF16, FP32, FP8
 
 if TYPE_CHECKING:
-    from cost_models.blocks import Core, Elementwise, Gemm, Layer, Micro
+    from cost_models.blocks import Core, Elementwise, Gemm, Micro
 
 MICRO = 1e-6
 

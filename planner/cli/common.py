@@ -66,9 +66,17 @@ MoeImbalanceOpt = Annotated[Optional[float], typer.Option(
     "cluster profile's value).")]
 
 
+Fp8RecipeOpt = Annotated[str, typer.Option("--fp8-recipe", help="FP8 scaling with --precision fp8: delayed, "
+                                           "tensorwise, blockwise or mxfp8 (Blackwell only).")]
+CeFusionOpt = Annotated[bool, typer.Option("--cross-entropy-fusion/--no-cross-entropy-fusion",
+                                           help="Fused vocabulary-parallel cross-entropy (Megatron's --cross-entropy-loss-fusion).")]
+
+
 def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
-                  moe_load_imbalance: float | None = None) -> dict[str, Any]:
-    out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer}
+                  moe_load_imbalance: float | None = None, fp8_recipe: str = "delayed",
+                  cross_entropy_fusion: bool = True) -> dict[str, Any]:
+    out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer,
+           "fp8_recipe": fp8_recipe, "cross_entropy_fusion": cross_entropy_fusion}
     if moe_load_imbalance is not None:
         out["moe_load_imbalance"] = moe_load_imbalance
     return out

@@ -59,6 +59,8 @@ class Micro:
     ep: np.ndarray | int = 1
     etp: np.ndarray | int = 1
     moe_load_imbalance: float = 1.0  # busiest expert rank's tokens over the mean (MoE layers)
+    cross_entropy_fusion: bool = True  # Megatron's --cross-entropy-loss-fusion (see Head.loss_bytes)
+    fp8_recipe: str = "delayed"  # Megatron's --fp8-recipe (cost_models.elementwise)
 
     @cached_property
     def tokens(self) -> np.ndarray:
@@ -633,6 +635,36 @@ class Head(_Quiet):
         and their gradient."""
         v = padded_vocab(self.vocab, x.tp) / x.tp
         return Elementwise(2 * x.act * x.tokens * self.hidden / x.seq_split + (x.act + FP32 + FP32) * x.tokens * v, 2)
+
+    def loss_bytes(self, x: Micro) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """(forward bytes, backward bytes, forward kernels, backward kernels) of
+        Megatron's vocab-parallel cross-entropy over the rank's n×v logits (v = V/t), as
+        megatron/core/tensor_parallel/cross_entropy.py runs it.
+
+        Unfused: cast the bf16 logits to fp32 (read 2, write 4), max (read 4), subtract it in place
+        (read 4, write 4), exp (read 4, write 4), sum (read 4), divide into the softmax kept for
+        backward (read 4, write 4): 38 bytes per logit in 6 kernels; backward: scale the softmax minus
+        the one-hot by the loss gradient (read 4, write 4) and cast the gradient back to bf16
+        (read 4, write 2): 14 bytes in 3 kernels. Fused (`--cross-entropy-loss-fusion`,
+        megatron/core/fusions/fused_cross_entropy.py): the cast and max in one kernel (read 2,
+        write 4), subtract-exp-sum in one (read 4, write 4), the division in one (read 4, write 4):
+        22 bytes in 3 kernels; the backward is one fused kernel (read 4, write 4) and the cast: 14
+        bytes in 2 kernels. (The final norm is `self.norm.elementwise`.)
+
+        >>> head = Head(4096, 128256, Norm(4096, False), False)
+        >>> x = Micro(8192, np.array([1]), np.array([1]), np.array([1]), np.array([False]), "bf16", "flash")
+        >>> [round(float(b[0]) / (8192 * 128256)) for b in head.loss_bytes(x)[:2]]  # bytes per logit, fused
+        [22, 14]
+        """
+        v = padded_vocab(self.vocab, x.tp) / x.tp
+        logits = x.tokens * v
+        to_fp32 = x.act + FP32
+        softmax_passes = FP32 + 2 * FP32 + 2 * FP32 + FP32 + 2 * FP32  # max, subtract, exp, sum, divide
+        fused_passes = 2 * FP32 + 2 * FP32  # subtract-exp-sum, divide
+        backward = 2 * FP32 + (FP32 + x.act)  # scale the gradient, cast it back to 16-bit
+        if x.cross_entropy_fusion:
+            return (to_fp32 + fused_passes) * logits, backward * logits, 3, 2
+        return (to_fp32 + softmax_passes) * logits, backward * logits, 6, 3
 
     def activations(self, x: Micro) -> Activations:
         """Final norm input and output-layer input (16-bit) + fp32 logits, one micro-batch."""

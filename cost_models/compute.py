@@ -24,6 +24,7 @@ import numpy as np
 from cost_models.arrays import RECOMPUTE_MODULES, selected_modules
 from cost_models.gemm_tables import gemm_table
 from cost_models.blocks import DenseMLP, Gemm, Head, LatentAttention, Layer, Micro, ModelBlocks, MoE, Norm
+from cost_models.elementwise import elementwise_model, layer_kernels
 from cost_models.units import ACTIVATION_BYTES, FP8, WEIGHT_BYTES
 
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
@@ -107,12 +108,20 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
               + core.num_kernels * gpu.kernel_overhead_s)
     softmax_s = core.softmax_bytes / hbm + core.softmax_kernels * gpu.kernel_overhead_s
     ew = layer.elementwise(x)
-    # FP8: every quantised GEMM's input is cast (read 16-bit, write 8-bit); weights are cast once
-    # per step (Transformer Engine caches them across micro-batches), which is not counted here.
-    casts = sum((ACTIVATION_BYTES[prec] + FP8) * g.m * g.k for g in gemms if g.quantised) if prec == "fp8" else 0.0
-    elementwise_s = (ew.bytes + casts) / hbm + ew.num_kernels * gpu.kernel_overhead_s
-    fwd = gemm_s + core_s + softmax_s + elementwise_s
-    bwd = gemm_bwd_s + gpu.backward_gemm_ratio * core_s + BACKWARD_ELEMENTWISE_FACTOR * (softmax_s + elementwise_s)
+    table = elementwise_model(gpu)
+    if table is None:  # no element-wise table: the calibrated constants
+        # FP8: every quantised GEMM's input is cast (read 16-bit, write 8-bit); weights are cast once
+        # per step (Transformer Engine caches them across micro-batches), which is not counted here.
+        casts = sum((ACTIVATION_BYTES[prec] + FP8) * g.m * g.k for g in gemms if g.quantised) if prec == "fp8" else 0.0
+        ew_fwd = (ew.bytes + casts) / hbm + ew.num_kernels * gpu.kernel_overhead_s
+        ew_bwd = BACKWARD_ELEMENTWISE_FACTOR * ew_fwd
+    else:  # measured bandwidth, size curve and FP8 recipe (cost_models.elementwise)
+        ew_fwd, ew_bwd, ew_kernels = table.layer_s(ew, gemms, x, BACKWARD_ELEMENTWISE_FACTOR)
+    fwd = gemm_s + core_s + softmax_s + ew_fwd
+    bwd = gemm_bwd_s + gpu.backward_gemm_ratio * core_s + BACKWARD_ELEMENTWISE_FACTOR * softmax_s + ew_bwd
+    if table is not None:  # the host issues every kernel: a layer is never faster than that
+        tp_exchanges = sum(c.tp_exchanges for c in layer.comms(x))
+        fwd, bwd = table.host_floor(fwd, bwd, ew_kernels + layer_kernels(gemms, core, x, tp_exchanges))
     moe = layer.moe()
     shared_s = sum((gemm_time(g, gpu, prec) for g in moe.shared_gemms(x)), ZERO_S) if moe else ZERO_S
     return LayerTimes(fwd_s=fwd, bwd_s=bwd, attn_core_fwd_s=core_s + softmax_s,
@@ -144,6 +153,14 @@ def head_times(head: Head, x: Micro, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarr
         return tuple(_expand(v, index) for v in head_times(head, small, gpu))
     (g,) = head.gemms(x)
     gemm_s = gemm_time(g, gpu, x.precision)
+    table = elementwise_model(gpu)
+    if table is not None:  # measured bandwidth; fused or unfused cross-entropy (Head.loss_bytes)
+        norm = head.norm.elementwise(x)
+        loss_fwd, loss_bwd, fwd_kernels, bwd_kernels = head.loss_bytes(x)
+        fwd = gemm_s + table.time_s(norm.bytes + loss_fwd, norm.num_kernels + fwd_kernels)
+        bwd = (gpu.backward_gemm_ratio * gemm_s
+               + table.time_s(BACKWARD_ELEMENTWISE_FACTOR * norm.bytes + loss_bwd, norm.num_kernels + bwd_kernels))
+        return fwd, bwd, g.flop
     ew = head.elementwise(x)
     loss_s = ew.bytes / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
     overhead = ew.num_kernels * gpu.kernel_overhead_s
@@ -164,7 +181,11 @@ def module_times(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray,
     def gemms_s(gs) -> np.ndarray:
         return sum((gemm_time(g, gpu, prec) for g in gs), ZERO_S)
 
+    table = elementwise_model(gpu)
+
     def ew_s(e) -> np.ndarray:
+        if table is not None:
+            return table.time_s(e.bytes, e.num_kernels)
         return e.bytes / hbm + e.num_kernels * gpu.kernel_overhead_s
 
     out = {m: ZERO_S for m in modules}

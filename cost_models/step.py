@@ -29,6 +29,7 @@ from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays
 from cost_models.blocks import Micro, ModelBlocks, model_blocks, padded_vocab
 from cost_models.comm import CommModel, TierCommModel
 from cost_models.compute import LayerTimes, head_times, layer_times, selective_recompute_s
+from cost_models.elementwise import elementwise_model, fp8_weight_elements
 from cost_models.layout import ParallelLayout
 from cost_models.sharding import zero3_comm_s
 from cost_models.memory import (RUNTIME_TERMS, model_state_bytes, per_row, runtime_memory_bytes,
@@ -158,7 +159,8 @@ def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None =
     """One micro-batch on one rank of every candidate."""
     imbalance = getattr(train, "moe_load_imbalance", None) or getattr(cluster, "moe_load_imbalance", 1.0)
     return Micro(train.seq_len, st.micro_batch_size, st.tp, st.cp, st.sequence_parallel, train.precision,
-                 train.attention_kernel, st.ep, st.etp, float(imbalance))
+                 train.attention_kernel, st.ep, st.etp, float(imbalance),
+                 getattr(train, "cross_entropy_fusion", True), getattr(train, "fp8_recipe", "delayed"))
 
 
 def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> Setup:
@@ -416,10 +418,24 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     z3, z3_raw = zero3_comm_s(s, pl, share, getattr(train, "zero3_impl", "fsdp2"))
     opt_params = s.optimizer_params
     traffic = optimizer_step_traffic_bytes(train.optimizer, train.precision, train.grad_precision)
-    optimizer = opt_params * traffic / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
+    table = elementwise_model(gpu)
+    weight_casts = 0.0
+    if table is None:
+        optimizer = opt_params * traffic / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
+    else:  # fused multi-tensor kernels at the table's bandwidth, with the gradient-buffer passes
+        optimizer = table.optimizer_step_s(opt_params, traffic, grad_b)
+        if train.precision == "fp8":  # the FP8 weight casts of each step's first micro-batch, counted here
+            weight_casts = table.fp8_weight_cast_s(s.per_row(fp8_weight_elements_per_kind(s)), train.fp8_recipe)
     offload = offload_step_s(s, opt_params, bwd_mb)
-    tail = {"dp_comm": np.where(zero == 3, z3, exposed), "optimizer": np.where(st.offload_optimizer, offload, optimizer)}
+    tail = {"dp_comm": np.where(zero == 3, z3, exposed),
+            "optimizer": np.where(st.offload_optimizer, offload, optimizer) + weight_casts}
     return tail, np.where(zero == 3, z3_raw, grad_reduce + param_gather)
+
+
+def fp8_weight_elements_per_kind(s: Setup) -> np.ndarray:
+    """Weight elements of the FP8 GEMMs of one layer of each kind on one rank (K, N)."""
+    n = len(s.st)
+    return np.stack([np.broadcast_to(fp8_weight_elements(layer.gemms(s.x)), (n,)) for layer in s.blocks.all_kinds])
 
 
 def offload_step_s(s: Setup, opt_params: np.ndarray, bwd_mb: np.ndarray) -> np.ndarray:

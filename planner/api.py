@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import SpecError
+from planner.rules import fp8_recipe_problem
 from planner.specs import ClusterSpec, Estimate, ModelSpec, PlanResult, Strategy, TrainSpec
 
 ModelRef = str | Path | ModelSpec | dict
@@ -37,6 +38,8 @@ def make_inputs(
     except ValidationError as exc:
         raise SpecError(f"invalid training settings: {format_validation_error(exc)}") from None
     cluster_spec.gpu.peak(train.precision)  # the GPU must have a rate for this precision
+    if (problem := fp8_recipe_problem(train, cluster_spec.gpu)) is not None:
+        raise SpecError(problem)
     return model_spec, cluster_spec, train
 
 

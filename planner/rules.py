@@ -50,6 +50,23 @@ def _offload_msg(ctx: Context, r: dict) -> str:
             "`host:` section or GPU `host_link_gb_per_s` in its profile")
 
 
+def fp8_recipe_problem(train, gpu) -> str | None:
+    """Why the training's FP8 recipe cannot run on `gpu`, or None. The GPU's element-wise kernel table
+    lists the recipes its kernels run (mxfp8 needs Blackwell tensor cores); a GPU without one runs
+    the per-tensor and block-scaled recipes only."""
+    if getattr(train, "precision", None) != "fp8":
+        return None
+    from cost_models.elementwise import elementwise_model
+
+    recipe = train.fp8_recipe
+    table = elementwise_model(gpu)
+    supported = table.fp8_recipes if table is not None else ("delayed", "tensorwise", "blockwise")
+    if recipe in supported:
+        return None
+    return (f"fp8_recipe {recipe!r} is not supported on {gpu.name} (it runs {', '.join(supported)}); "
+            "mxfp8 needs a Blackwell GPU (B200, GB200)")
+
+
 @dataclass(frozen=True)
 class Rule:
     key: str

@@ -21,11 +21,12 @@ PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "-
 # Frozen CLI surface (issue 2): commands and their long options. Changing it is a
 # breaking change for users' scripts: extend it, never rename.
 FROZEN = {
-    "plan": ["--attention-kernel", "--cluster", "--constraint", "--constraints", "--format", "--global-batch-size",
+    "plan": ["--attention-kernel", "--cluster", "--constraint", "--constraints", "--cross-entropy-fusion",
+             "--format", "--fp8-recipe", "--global-batch-size",
              "--gpus", "--grad-precision", "--model", "--moe-load-imbalance", "--optimizer", "--precision", "--seq-len",
              "--top", "--zero3-impl"],
-    "evaluate": ["--attention-kernel", "--cluster", "--cp", "--dp", "--embedding-as-layer", "--ep", "--etp",
-                 "--first-stage-layers", "--format", "--global-batch-size", "--gpus", "--grad-precision",
+    "evaluate": ["--attention-kernel", "--cluster", "--cp", "--cross-entropy-fusion", "--dp", "--embedding-as-layer",
+                 "--ep", "--etp", "--first-stage-layers", "--format", "--fp8-recipe", "--global-batch-size", "--gpus", "--grad-precision",
                  "--last-stage-layers", "--loss-as-layer", "--mbs", "--model", "--moe-load-imbalance",
                  "--offload-optimizer", "--optimizer", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--pp", "--precision", "--recompute", "--recompute-num-layers",
@@ -148,6 +149,7 @@ def test_plan_table_split_retypes_into_evaluate(capsys, constraints):
              str(st.zero_stage), "--mbs", str(st.micro_batch_size), "--recompute", st.recompute]
     flags += ["--sp"] if st.sequence_parallel else []
     flags += ["--recompute-num-layers", str(st.recompute_num_layers)] if st.recompute_num_layers else []
+    flags += ["--offload-optimizer"] if st.offload_optimizer else []
     code, out, err = run(capsys, "evaluate", *SPLIT_ARGS, *flags, *_split_flags(label), "--format", "json")
     assert "Traceback" not in err
     assert json.loads(out)["step_time_s"] == top["estimate"]["step_time_s"]

@@ -70,11 +70,18 @@ Zero3ImplOpt = Annotated[str, typer.Option(
     "--zero3-impl", help="Which ZeRO-3 implementation runs zero_stage=3 plans: fsdp2 (PyTorch FSDP2, torchtitan) "
     "or deepspeed (DeepSpeed ZeRO-3).")]
 
+Fp8RecipeOpt = Annotated[str, typer.Option("--fp8-recipe", help="FP8 scaling with --precision fp8: delayed, "
+                                           "tensorwise, blockwise or mxfp8 (Blackwell only).")]
+CeFusionOpt = Annotated[bool, typer.Option("--cross-entropy-fusion/--no-cross-entropy-fusion",
+                                           help="Fused vocabulary-parallel cross-entropy (Megatron's --cross-entropy-loss-fusion).")]
+
+
 
 def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
-                  moe_load_imbalance: float | None = None, zero3_impl: str = "fsdp2") -> dict[str, Any]:
+                  moe_load_imbalance: float | None = None, zero3_impl: str = "fsdp2", fp8_recipe: str = "delayed",
+                  cross_entropy_fusion: bool = True) -> dict[str, Any]:
     out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer,
-           "zero3_impl": zero3_impl}
+           "zero3_impl": zero3_impl, "fp8_recipe": fp8_recipe, "cross_entropy_fusion": cross_entropy_fusion}
     if moe_load_imbalance is not None:
         out["moe_load_imbalance"] = moe_load_imbalance
     return out

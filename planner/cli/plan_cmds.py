@@ -24,6 +24,8 @@ from planner.cli.common import (
     ModelOpt,
     MoeImbalanceOpt,
     Zero3ImplOpt,
+    Fp8RecipeOpt,
+    CeFusionOpt,
     OptimizerOpt,
     Precision,
     PrecisionOpt,
@@ -63,12 +65,15 @@ def plan_cmd(
     optimizer: OptimizerOpt = "adam",
     moe_load_imbalance: MoeImbalanceOpt = None,
     zero3_impl: Zero3ImplOpt = "fsdp2",
+    fp8_recipe: Fp8RecipeOpt = "delayed",
+    cross_entropy_fusion: CeFusionOpt = True,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank every valid strategy by predicted throughput; show the fastest that fit."""
     result = api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                       seq_len=seq_len, precision=precision.value, constraints=parse_constraints(constraint, constraints),
-                      top_k=top, **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance, zero3_impl))
+                      top_k=top, **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
+                                                 zero3_impl, fp8_recipe, cross_entropy_fusion))
     if fmt is Format.json:
         emit_json(result.model_dump(mode="json"))
     elif fmt is Format.csv:
@@ -206,14 +211,16 @@ def _one_strategy_command(render):
         overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True,
         grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash",
         optimizer: OptimizerOpt = "adam", moe_load_imbalance: MoeImbalanceOpt = None,
-        zero3_impl: Zero3ImplOpt = "fsdp2", fmt: FormatOpt = Format.table,
+        zero3_impl: Zero3ImplOpt = "fsdp2", fp8_recipe: Fp8RecipeOpt = "delayed",
+        cross_entropy_fusion: CeFusionOpt = True, fmt: FormatOpt = Format.table,
     ) -> None:
         strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
                              last_stage_layers, stage_layers, embedding_as_layer, loss_as_layer, overlap_grad_reduce,
                              overlap_param_gather, ep, etp, offload_optimizer)
         est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                            seq_len=seq_len, precision=precision.value, strategy=strategy,
-                           **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance, zero3_impl))
+                           **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
+                                           zero3_impl, fp8_recipe, cross_entropy_fusion))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)

@@ -121,6 +121,7 @@ FLAGS: dict[str, Flag] = {
     "fp8_recipe": Flag("--fp8-recipe", "str"),
     "fp8_amax_history_len": Flag("--fp8-amax-history-len", "int"),
     "fp8_amax_compute_algo": Flag("--fp8-amax-compute-algo", "str"),
+    "cross_entropy_loss_fusion": Flag("--cross-entropy-loss-fusion", "switch"),
     # model shape
     "num_layers": Flag("--num-layers", "int"),
     "hidden_size": Flag("--hidden-size", "int"),
@@ -307,8 +308,12 @@ def _precision(f: PlanFacts) -> dict[str, Any]:
         out["grad_reduce_in_bf16"] = True
     if grads == "fp32" and compute == "fp16":
         out["accumulate_allreduce_grads_in_fp32"] = True
-    if precision == "fp8":
-        out |= FP8_SETTINGS
+    if precision == "fp8":  # the amax history settings belong to the delayed recipe only
+        recipe = f.train.fp8_recipe
+        out |= {k: v for k, v in FP8_SETTINGS.items() if recipe == "delayed" or not k.startswith("fp8_amax")}
+        out["fp8_recipe"] = recipe
+    if f.train.cross_entropy_fusion:
+        out["cross_entropy_loss_fusion"] = True
     return out
 
 
@@ -547,7 +552,7 @@ _PARALLEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size"
 _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
                        "normalization", "add_bias_linear", "add_qkv_bias", "attention_dropout", "hidden_dropout",
                        "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
-                       "fp8", "fp8_recipe",
+                       "fp8", "fp8_recipe", "cross_entropy_loss_fusion",
                        "fp8_amax_history_len", "fp8_amax_compute_algo", "attention_backend",
                        "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
                        "account_for_loss_in_pipeline_split",

@@ -39,6 +39,16 @@ class TrainSpec(BaseModel):
         "or deepspeed (DeepSpeed ZeRO-3, slower across nodes as measured; profiles/frameworks/zero3.yaml).",
     )
 
+    cross_entropy_fusion: bool = Field(
+        True,
+        description="Fused vocabulary-parallel cross-entropy (Megatron's --cross-entropy-loss-fusion; NeMo and "
+        "Megatron-Bridge recipes turn it on, Megatron-LM's own default is off): fewer fp32 passes over the logits.",
+    )
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] = Field(
+        "delayed",
+        description="FP8 scaling with precision fp8 (Megatron's --fp8-recipe, Transformer Engine): delayed or "
+        "tensorwise (current) per-tensor scales, blockwise 1x128/128x128 tiles, mxfp8 1x32 blocks (Blackwell only).",
+    )
     moe_load_imbalance: float | None = Field(
         None, ge=1,
         description="MoE: tokens the busiest expert rank receives over the mean; None = the cluster profile's "

@@ -30,6 +30,7 @@ MEGATRON_ARGS=(
   --overlap-param-gather
   --optimizer adam
   --bf16
+  --cross-entropy-loss-fusion
   --num-layers 61
   --hidden-size 7168
   --ffn-hidden-size 18432

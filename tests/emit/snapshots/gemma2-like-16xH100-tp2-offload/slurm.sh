@@ -28,6 +28,7 @@ MEGATRON_ARGS=(
   --optimizer-offload-fraction 1.0
   --use-precision-aware-optimizer
   --bf16
+  --cross-entropy-loss-fusion
   --num-layers 42
   --hidden-size 3584
   --ffn-hidden-size 14336

@@ -22,6 +22,7 @@ MEGATRON_ARGS=(
   --optimizer adam
   --fp16
   --accumulate-allreduce-grads-in-fp32
+  --cross-entropy-loss-fusion
   --num-layers 96
   --hidden-size 12288
   --ffn-hidden-size 49152

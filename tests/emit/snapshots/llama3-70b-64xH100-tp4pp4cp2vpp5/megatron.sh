@@ -16,6 +16,7 @@ MEGATRON_ARGS=(
   --overlap-param-gather
   --optimizer adam
   --bf16
+  --cross-entropy-loss-fusion
   --num-layers 80
   --hidden-size 8192
   --ffn-hidden-size 28672

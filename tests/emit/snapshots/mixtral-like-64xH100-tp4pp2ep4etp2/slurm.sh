@@ -27,6 +27,7 @@ MEGATRON_ARGS=(
   --overlap-param-gather
   --optimizer adam
   --bf16
+  --cross-entropy-loss-fusion
   --num-layers 32
   --hidden-size 4096
   --ffn-hidden-size 14336

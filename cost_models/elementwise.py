@@ -1,0 +1,218 @@
+"""Everything that is not a GEMM or the attention core: element-wise, norm and loss kernels, FP8
+quantisation, the optimizer step, and the host's cost of issuing kernels.
+
+Data: the GPU's `elementwise` kernel table (`profiles/kernels/elementwise/<set>.yaml`, read once per
+set by `elementwise_model`). A GPU without one keeps the calibrated constants of its profile
+(`hbm_efficiency`, `kernel_overhead_s`) and the formulas in `cost_models.compute` untouched.
+
+Model (symbols: B = bytes a kernel moves, f = the table's `hbm_fraction`, W = peak HBM bandwidth,
+t0 = `kernel_fixed_us`, h = `host_per_kernel_us`, n = kernels of a layer's forward, r =
+`backward_kernels_per_forward`):
+
+- a memory-bound kernel takes B / (f·W) + t0 on the GPU: small tensors reach less of the bandwidth
+  (a 10 MB kernel on H100 runs at 55 % of the large-tensor rate) — the size curve;
+- the CPU issues a layer's forward in n·h and its backward in r·n·h; it runs ahead of the GPU, so a
+  layer takes max(GPU time, host time) (`host_floor`): this floor binds for small models and small
+  micro-batches, where the GPU work per kernel is shorter than its issue cost;
+- FP8 (Transformer Engine recipes, Megatron-LM `--fp8-recipe`): the input of every quantised GEMM is
+  cast in the forward and its output gradient in the backward (`fp8_cast_bytes_per_element`); the
+  weights are cast once per step (Transformer Engine caches them across micro-batches,
+  `is_first_microbatch`); Hopper needs a transposed copy of each cast tensor, block-scaled recipes a
+  second, column-wise quantised copy and their scales;
+- the optimizer step streams its bytes per parameter at `optimizer_hbm_fraction`, plus the gradient
+  norm (a read of the gradient buffer, for clipping) and the zeroing of the buffer for the next step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cost_models.units import BF16, FP32, FP8
+
+if TYPE_CHECKING:
+    from cost_models.blocks import Core, Elementwise, Gemm, Micro
+
+MICRO = 1e-6
+
+#: Transformer Engine's FP8 recipes under Megatron-LM's `--fp8-recipe` names (arguments.py choices):
+#: delayed = per-tensor scale from an amax history; tensorwise = per-tensor current scaling (an amax
+#: pass before the cast); blockwise = 1x128 activation / 128x128 weight tiles with fp32 scales
+#: (DeepSeek-V3 Sec. 3.3.2); mxfp8 = OCP microscaling, 1x32 blocks with E8M0 (1-byte) scales.
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+E8M0 = 1
+#: Elements per scale and bytes per scale of the block-scaled recipes (1x128 tiles of activations
+#: and gradients; weights' 128x128 tiles have fewer scales, which is negligible here).
+BLOCK_ELEMENTS = {"blockwise": 128, "mxfp8": 32}
+SCALE_BYTES = {"blockwise": FP32, "mxfp8": E8M0}
+
+#: Passes over the gradient buffer an optimizer step makes besides Adam itself: the global norm for
+#: clipping (a read; Megatron's `clip_grad_norm`, multi-tensor L2 norm) and zeroing it for the next
+#: step (a write; `zero_grad_buffer`).
+GRAD_BUFFER_PASSES = 2
+
+_FIELDS = ("hbm_fraction", "kernel_fixed_us", "host_per_kernel_us", "backward_kernels_per_forward",
+           "optimizer_hbm_fraction", "fp8_recipes", "fp8_transpose")
+
+
+def fp8_cast_bytes_per_element(recipe: str, transpose: bool) -> float:
+    """HBM bytes one quantise kernel moves per element of a 16-bit tensor cast to FP8: read the
+    bf16 tensor (twice with current scaling: the amax pass, then the cast), write one FP8 copy, a
+    second (transposed, or column-wise quantised) copy where the GEMMs need it, and the scales.
+
+    >>> [fp8_cast_bytes_per_element(r, True) for r in ("delayed", "tensorwise")]  # Hopper
+    [4, 6]
+    >>> fp8_cast_bytes_per_element("delayed", False), fp8_cast_bytes_per_element("mxfp8", False)  # Blackwell
+    (3, 4.0625)
+    """
+    block = BLOCK_ELEMENTS.get(recipe)
+    copies = 2 if (transpose or block) else 1
+    amax_pass = BF16 if recipe == "tensorwise" else 0
+    scales = copies * SCALE_BYTES[recipe] / block if block else 0
+    return BF16 + amax_pass + copies * FP8 + scales
+
+
+def fp8_cast_kernels(recipe: str) -> int:
+    """Kernels one cast takes: a fused cast(-transpose) with the amax, plus the amax pass of current scaling."""
+    return 2 if recipe == "tensorwise" else 1
+
+
+@dataclass(frozen=True)
+class ElementwiseModel:
+    """One GPU's element-wise table in SI units (see the module docstring)."""
+
+    name: str
+    bw_bytes_per_s: float  # achieved bandwidth of large element-wise kernels, f·W
+    kernel_fixed_s: float  # t0
+    host_per_kernel_s: float  # h
+    backward_kernels_per_forward: float  # r
+    optimizer_bw_bytes_per_s: float
+    fp8_recipes: tuple[str, ...]
+    fp8_transpose: bool
+
+    def time_s(self, nbytes, num_kernels) -> np.ndarray:
+        """GPU seconds of `num_kernels` memory-bound kernels moving `nbytes` in all.
+
+        >>> m = ElementwiseModel("x", 3e12, 3e-6, 6.5e-6, 2.0, 2.4e12, ("delayed",), True)
+        >>> round(float(m.time_s(10e6, 1)) * 1e6, 2), round(float(m.time_s(1e9, 1)) * 1e6, 1)  # us
+        (6.33, 336.3)
+        """
+        return np.asarray(nbytes) / self.bw_bytes_per_s + np.asarray(num_kernels) * self.kernel_fixed_s
+
+    def check_recipe(self, recipe: str) -> None:
+        """Refuse a recipe this GPU's kernels do not run (a SpecError naming the field and the GPU)."""
+        from planner.errors import SpecError
+
+        if recipe not in self.fp8_recipes:
+            raise SpecError(f"fp8_recipe {recipe!r} is not supported on {self.name} (its kernels run "
+                            f"{', '.join(self.fp8_recipes)}); mxfp8 needs a Blackwell GPU")
+
+    def fp8_casts(self, gemms: list[Gemm], recipe: str) -> tuple[np.ndarray, np.ndarray, int]:
+        """(forward bytes, backward bytes, kernels each way) of the FP8 casts of one layer: the input
+        (m×k) of each quantised GEMM in the forward, its output gradient (m×n) in the backward."""
+        per_element = fp8_cast_bytes_per_element(recipe, self.fp8_transpose)
+        quantised = [g for g in gemms if g.quantised]
+        fwd = sum((per_element * g.count * g.m * g.k for g in quantised), np.zeros(()))
+        bwd = sum((per_element * g.count * g.m * g.n for g in quantised), np.zeros(()))
+        return fwd, bwd, fp8_cast_kernels(recipe) * len(quantised)
+
+    def fp8_weight_cast_s(self, weight_elements: np.ndarray, recipe: str) -> np.ndarray:
+        """Seconds to cast a rank's FP8 GEMM weights once per step (cached across micro-batches)."""
+        return self.time_s(fp8_cast_bytes_per_element(recipe, self.fp8_transpose) * weight_elements, 0)
+
+    def fp8_weight_copy_bytes(self, weight_elements: np.ndarray, recipe: str) -> np.ndarray:
+        """Memory of the cached FP8 weight copies of a rank (bytes): what the cast writes.
+
+        >>> m = ElementwiseModel("x", 3e12, 3e-6, 6.5e-6, 2.0, 2.4e12, ("delayed",), True)
+        >>> float(m.fp8_weight_copy_bytes(1e9, "delayed")) / 1e9  # GB: FP8 weights and their transpose
+        2.0
+        """
+        written = fp8_cast_bytes_per_element(recipe, self.fp8_transpose) - BF16
+        written -= BF16 if recipe == "tensorwise" else 0
+        return written * np.asarray(weight_elements)
+
+    def layer_s(self, ew: Elementwise, gemms: list[Gemm], x: Micro, backward_factor: float
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(forward s, backward s, forward kernels) of a layer's element-wise kernels and FP8 casts.
+        The backward of the element-wise kernels moves `backward_factor` times their forward bytes
+        in as many kernels."""
+        fwd_bytes, bwd_bytes, kernels = ew.bytes, backward_factor * ew.bytes, ew.num_kernels
+        cast_kernels = 0
+        if x.precision == "fp8":
+            self.check_recipe(x.fp8_recipe)
+            cast_fwd, cast_bwd, cast_kernels = self.fp8_casts(gemms, x.fp8_recipe)
+            fwd_bytes, bwd_bytes = fwd_bytes + cast_fwd, bwd_bytes + cast_bwd
+        return (self.time_s(fwd_bytes, kernels + cast_kernels), self.time_s(bwd_bytes, kernels + cast_kernels),
+                np.asarray(kernels + cast_kernels))
+
+    def host_floor(self, fwd_s: np.ndarray, bwd_s: np.ndarray, fwd_kernels: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """A layer's forward and backward seconds once the host's issue time is a floor under them.
+
+        >>> m = ElementwiseModel("x", 3e12, 3e-6, 6.5e-6, 2.0, 2.4e12, ("delayed",), True)
+        >>> [round(float(t) * 1e6) for t in m.host_floor(np.array(50e-6), np.array(100e-6), np.array(20))]
+        [130, 260]
+        """
+        host_fwd = fwd_kernels * self.host_per_kernel_s
+        return np.maximum(fwd_s, host_fwd), np.maximum(bwd_s, self.backward_kernels_per_forward * host_fwd)
+
+    def optimizer_step_s(self, params: np.ndarray, traffic_bytes_per_param: float, grad_bytes: int) -> np.ndarray:
+        """Seconds of one optimizer step over `params` parameters (fused multi-tensor kernels)."""
+        per_param = traffic_bytes_per_param + GRAD_BUFFER_PASSES * grad_bytes
+        return params * per_param / self.optimizer_bw_bytes_per_s
+
+
+def layer_kernels(gemms: list[Gemm], core: Core, x: Micro, tp_exchanges: int) -> np.ndarray:
+    """Kernels of a layer's forward besides its element-wise ones: GEMMs (one launch each, a grouped
+    GEMM one for all its experts), the attention core and unfused softmax, and the TP collectives
+    (an all-reduce, or an all-gather and a reduce-scatter with sequence parallelism)."""
+    comm = tp_exchanges * np.where(np.asarray(x.tp) > 1, np.where(x.sequence_parallel, 2, 1), 0)
+    return len(gemms) + core.num_kernels + core.softmax_kernels + comm
+
+
+def fp8_weight_elements(gemms: list[Gemm]) -> np.ndarray:
+    """Weight elements of the quantised GEMMs of one layer on one rank (k×n per GEMM, per expert)."""
+    return sum((g.count * g.k * g.n for g in gemms if g.quantised), np.zeros(()))
+
+
+def elementwise_model(gpu) -> ElementwiseModel | None:
+    """The GPU's element-wise model, or None when its table set has no elementwise table."""
+    name = getattr(gpu, "kernel_tables", None)
+    return _load(name, float(gpu.hbm_bw_bytes_per_s), str(gpu.name)) if name else None
+
+
+@lru_cache(maxsize=None)
+def _load(name: str, hbm_bw_bytes_per_s: float, gpu_name: str) -> ElementwiseModel | None:
+    from planner.errors import SpecError
+    from profiles.tables import kernel_table, table_path
+
+    table = kernel_table("elementwise", name)
+    if table is None:
+        return None
+    where = f"elementwise kernel table {table_path('elementwise', name)}"
+    missing = [f for f in _FIELDS if f not in table]
+    if missing:
+        raise SpecError(f"{where} lacks {', '.join(missing)}")
+    for field in ("hbm_fraction", "optimizer_hbm_fraction"):
+        if not 0 < float(table[field]) <= 1:
+            raise SpecError(f"{where}: {field} must be in (0, 1], got {table[field]!r}")
+    for field in ("kernel_fixed_us", "host_per_kernel_us", "backward_kernels_per_forward"):
+        if float(table[field]) < 0:
+            raise SpecError(f"{where}: {field} must be >= 0, got {table[field]!r}")
+    recipes = tuple(table["fp8_recipes"] or ())
+    unknown = [r for r in recipes if r not in FP8_RECIPES]
+    if unknown:
+        raise SpecError(f"{where}: fp8_recipes {unknown} unknown; known: {', '.join(FP8_RECIPES)}")
+    return ElementwiseModel(
+        name=gpu_name,
+        bw_bytes_per_s=float(table["hbm_fraction"]) * hbm_bw_bytes_per_s,
+        kernel_fixed_s=float(table["kernel_fixed_us"]) * MICRO,
+        host_per_kernel_s=float(table["host_per_kernel_us"]) * MICRO,
+        backward_kernels_per_forward=float(table["backward_kernels_per_forward"]),
+        optimizer_bw_bytes_per_s=float(table["optimizer_hbm_fraction"]) * hbm_bw_bytes_per_s,
+        fp8_recipes=recipes,
+        fp8_transpose=bool(table["fp8_transpose"]),
+    )

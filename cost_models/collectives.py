@@ -65,21 +65,21 @@ class Curves:
     def busbw(self, nbytes, n) -> np.ndarray:
         """Bus bandwidth (bytes/s) of one collective of `nbytes` over `n` ranks, arrays broadcast."""
         nbytes, n = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(n, dtype=float))
-        per_group = []
-        for lb, lbw in zip(self.log_bytes, self.log_busbw):
-            # below the smallest size: keep the smallest size's time, i.e. busbw scales with b
-            u = np.log(np.maximum(nbytes, 1.0))
-            clamped = np.maximum(u, lb[0])
-            per_group.append(np.interp(clamped, lb, lbw) + (u - clamped))
-        stacked = np.stack(per_group)  # (G, ...)
         log_g = np.log(self.group_sizes)
         x = np.clip(np.log(np.maximum(n, 1.0)), log_g[0], log_g[-1])
         hi = np.clip(np.searchsorted(log_g, x, side="left"), 1, len(log_g) - 1) if len(log_g) > 1 else np.zeros(x.shape, int)
         lo = np.maximum(hi - 1, 0)
         span = log_g[hi] - log_g[lo]
         w = np.where(span > 0, (x - log_g[lo]) / np.where(span > 0, span, 1.0), 0.0)
-        pick = lambda idx: np.take_along_axis(stacked, idx[None, ...], axis=0)[0]  # noqa: E731
-        return np.exp((1 - w) * pick(lo) + w * pick(hi))
+        u = np.log(np.maximum(nbytes, 1.0))
+        out = np.zeros(u.shape)
+        for g in np.union1d(lo, hi):  # only the measured group sizes some query falls between
+            lb, lbw = self.log_bytes[g], self.log_busbw[g]
+            # below the smallest size: keep the smallest size's time, i.e. busbw scales with b
+            clamped = np.maximum(u, lb[0])
+            at_g = np.interp(clamped, lb, lbw) + (u - clamped)
+            out = out + np.where(lo == g, 1 - w, 0.0) * at_g + np.where(hi == g, w, 0.0) * at_g
+        return np.exp(out)
 
     def time_s(self, op: str, nbytes, n) -> np.ndarray:
         """Seconds of one `op` of `nbytes` over `n` ranks (no zero case: callers handle n = 1)."""
@@ -168,6 +168,8 @@ class CurveCommModel(TierCommModel):
         inside, local = self._span(n, stride)
         curve = self.nvlink[op]
         t_in = curve.time_s(op, nbytes, n)
+        if np.all(inside):
+            return np.where(n > 1, t_in, 0.0)
         # spanning domains: TierCommModel's busbw = min(NVLink, k · NIC), NVLink side from the
         # curve of the k members one domain holds, and the network tier's latency per hop
         span_bw = np.minimum(curve.busbw(nbytes, np.maximum(local, 2)), self.inter_bw * local)

@@ -170,9 +170,11 @@ class CurveCommModel(TierCommModel):
         t_in = curve.time_s(op, nbytes, n)
         if np.all(inside):
             return np.where(n > 1, t_in, 0.0)
-        # spanning domains: TierCommModel's busbw = min(NVLink, k · NIC), NVLink side from the
-        # curve of the k members one domain holds, and the network tier's latency per hop
-        span_bw = np.minimum(curve.busbw(nbytes, np.maximum(local, 2)), self.inter_bw * local)
+        # spanning domains: TierCommModel's busbw = min(NVLink, k · NIC) (the NIC tier's all-reduce or
+        # gather/scatter bandwidth), NVLink side from the curve of the k members one domain holds,
+        # and the network tier's latency per hop
+        nic_bw = self.inter_bw if op == "all_reduce" else self.inter_gs_bw
+        span_bw = np.minimum(curve.busbw(nbytes, np.maximum(local, 2)), nic_bw * local)
         t_span = bus_factor(op, np.maximum(n, 2)) * nbytes / span_bw + hops * self.inter_lat
         return np.where(n > 1, np.where(inside, t_in, t_span), 0.0)
 

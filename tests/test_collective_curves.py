@@ -121,3 +121,12 @@ def test_tp_overlap_hides_tp_communication_only_with_sequence_parallel():
                           **dict(args, cluster=cl.model_copy(update={"tp_comm_overlap": 0.0})))
     assert sp.time_s["tp_comm"] < no_overlap.time_s["tp_comm"]
     assert sp.step_time_s < no_overlap.step_time_s
+
+
+def test_spanning_gathers_use_the_network_tiers_gather_scatter_bandwidth():
+    """Across domains an all-gather/reduce-scatter runs at the inter-node tier's gather/scatter
+    bandwidth, as in TierCommModel (a gloo-like tier with efficiency 0.2 is slower)."""
+    cl = load_cluster("dgx-h100")
+    slow = cl.model_copy(update={"inter_node": cl.inter_node.model_copy(update={"gather_scatter_efficiency": 0.2})})
+    assert float(comm_model_for(slow).gather_scatter_s(1e9, 64, 1)) > float(comm_model_for(cl).gather_scatter_s(1e9, 64, 1))
+    assert float(comm_model_for(slow).all_reduce_s(1e9, 64, 1)) == float(comm_model_for(cl).all_reduce_s(1e9, 64, 1))

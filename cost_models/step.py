@@ -27,7 +27,8 @@ import numpy as np
 
 from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays
 from cost_models.blocks import Micro, ModelBlocks, model_blocks, padded_vocab
-from cost_models.comm import CommModel, TierCommModel
+from cost_models.collectives import comm_model_for
+from cost_models.comm import CommModel
 from cost_models.compute import LayerTimes, head_times, layer_times, selective_recompute_s
 from cost_models.elementwise import elementwise_model, fp8_weight_elements
 from cost_models.layout import ParallelLayout
@@ -166,7 +167,7 @@ def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None =
 def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> Setup:
     lay = ParallelLayout.of(st, model.num_layers)
     x = micro_of(train, st, cluster)
-    return Setup(model, cluster, train, st, comm or TierCommModel(cluster), model_blocks(model), lay, x,
+    return Setup(model, cluster, train, st, comm or comm_model_for(cluster), model_blocks(model), lay, x,
                  lay.num_microbatches(train.global_batch_size, st.micro_batch_size))
 
 
@@ -176,7 +177,7 @@ def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st
     mem_rows = stage_memory(s)
     total = sum(mem_rows.values())
     binding = np.argmax(total, axis=0)
-    pl = per_layer_times(model, train, s.gpu, s.comm, st, cluster.comm_overlap, s)
+    pl = per_layer_times(model, train, s.gpu, s.comm, st, cluster.overlap_efficiency, s, cluster.tp_comm_overlap)
     mb = microbatch_times(s, pl)
     slow = np.argmax(sum(mb.values()), axis=0)
     t_mb = _pick(sum(mb.values()), slow)
@@ -196,7 +197,8 @@ def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st
         "optimizer": _pick(tail["optimizer"], tail_stage),
     }
     moe_raw = s.per_row(3 * pl.cp_raw_s + pl.ep_raw_s)
-    comm_total = (time["tp_comm"] + m * _pick(moe_raw, slow) + pp_comm + _pick(tail_raw, tail_stage))
+    tp_hidden = s.per_row(2 * pl.tp_raw_s - pl.tp_fwd_s - pl.tp_bwd_s)
+    comm_total = (time["tp_comm"] + m * _pick(moe_raw + tp_hidden, slow) + pp_comm + _pick(tail_raw, tail_stage))
     model_flop, hardware_flop = step_flops(s)
     host = cluster.host
     return CostArrays(
@@ -238,7 +240,9 @@ class PerLayerTimes:
 
     layer: LayerTimes
     tp_all_reduce_s: np.ndarray  # one TP all-reduce of the embedding output
-    tp_fwd_s: np.ndarray  # TP communication of the forward (an all-reduce, or AG + RS with SP, per exchange)
+    tp_fwd_s: np.ndarray  # exposed TP communication of the forward (an all-reduce, or AG + RS with SP, per exchange)
+    tp_bwd_s: np.ndarray  # exposed TP communication of the backward
+    tp_raw_s: np.ndarray  # TP communication of one direction, hidden or not
     cp_fwd_s: np.ndarray  # exposed ring-attention KV exchange of the forward
     cp_raw_s: np.ndarray  # the whole KV exchange of the forward, hidden or not
     ep_fwd_s: np.ndarray  # exposed MoE token dispatch + combine of the forward
@@ -260,7 +264,7 @@ class PerLayerTimes:
     @property
     def bwd_s(self) -> np.ndarray:
         """Backward including recomputation (as Korthikanti Table 4 reports it)."""
-        return self.layer.bwd_s + self.tp_fwd_s + 2 * self.cp_fwd_s + self.ep_bwd_s + self.recompute_s
+        return self.layer.bwd_s + self.tp_bwd_s + 2 * self.cp_fwd_s + self.ep_bwd_s + self.recompute_s
 
 
 def exposed_s(comm_s, window_s, overlap: float):
@@ -285,7 +289,7 @@ def _moe_exchange_s(layer, x: Micro, comm: CommModel, lay: ParallelLayout) -> np
 
 
 def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: CommModel, st: StrategyArrays, comm_overlap: float = 1.0,
-                    s: Setup | None = None) -> PerLayerTimes:
+                    s: Setup | None = None, tp_overlap: float = 0.0) -> PerLayerTimes:
     """Per-layer compute and exposed TP/CP/EP communication of every layer kind and candidate.
 
     MoE: the dispatch and combine are on the critical path (Megatron-core's all-to-all
@@ -295,6 +299,12 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     `--overlap-moe-expert-parallel-comm`) they hide behind another micro-batch's compute of the
     layer instead. DeepSeek's DualPipe is not modelled: for such runs the prediction is
     pessimistic by up to the whole `ep_comm` term.
+
+    TP: with sequence parallelism and `tp_overlap` > 0 (cluster.tp_comm_overlap: Transformer
+    Engine userbuffers, Megatron's --tp-comm-overlap) that share of each direction's all-gathers
+    and reduce-scatters is pipelined with the layer's GEMMs (forward: the layer's time outside
+    the attention core; backward: backward_gemm_ratio times that) and hides behind them as far
+    as they last, at `comm_overlap`; the rest stays on the critical path.
     """
     blocks = s.blocks if s else model_blocks(model)
     lay = s.lay if s else ParallelLayout.of(st, model.num_layers)
@@ -320,7 +330,13 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
         return np.broadcast_to(tp, (n,)), np.broadcast_to(hop, (n,))
 
     kinds = [layer_comm(layer) for layer in blocks.all_kinds]
-    tp_fwd = np.stack([tp for tp, _ in kinds])
+    tp_raw = np.stack([tp for tp, _ in kinds])
+    tp_fwd = tp_bwd = tp_raw
+    if tp_overlap > 0:
+        pipelined = np.where(st.sequence_parallel & (st.tp > 1), tp_overlap * tp_raw, 0.0)
+        gemm_fwd = lt.fwd_s - lt.attn_core_fwd_s
+        tp_fwd = tp_raw - pipelined + exposed_s(pipelined, gemm_fwd, comm_overlap)
+        tp_bwd = tp_raw - pipelined + exposed_s(pipelined, gpu.backward_gemm_ratio * gemm_fwd, comm_overlap)
     cp_hop = np.stack([hop for _, hop in kinds])
     cp_raw = np.where(st.cp > 1, (st.cp - 1) * cp_hop, 0.0)
     cp_fwd = np.where(st.cp > 1, exposed_s(cp_raw, lt.attn_core_fwd_s, comm_overlap), 0.0)
@@ -345,7 +361,7 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     selective = selective + np.where(st.recompute_modules & moe_bit, ep_fwd, 0.0)
     recompute = np.where(rc == 2, lt.fwd_s + tp_fwd + cp_fwd + ep_fwd, np.where(rc == 1, selective, 0.0))
     head_f, head_b, _ = head_times(blocks.head, x, gpu)
-    return PerLayerTimes(layer=lt, tp_all_reduce_s=tp_ar, tp_fwd_s=tp_fwd, cp_fwd_s=cp_fwd, cp_raw_s=cp_raw,
+    return PerLayerTimes(layer=lt, tp_all_reduce_s=tp_ar, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, tp_raw_s=tp_raw, cp_fwd_s=cp_fwd, cp_raw_s=cp_raw,
                          ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, ep_raw_s=2 * ep_one, recompute_s=recompute,
                          head_fwd_s=head_f, head_bwd_s=head_b)
 
@@ -365,7 +381,7 @@ def microbatch_times(s: Setup, pl: PerLayerTimes) -> dict[str, np.ndarray]:
     return {
         "compute": s.per_row(lt.fwd_s + lt.bwd_s) + rows.has_head * heads * (pl.head_fwd_s + pl.head_bwd_s),
         "recompute": share * s.per_row(pl.recompute_s),
-        "tp_comm": s.per_row(2 * pl.tp_fwd_s) + rows.has_embedding * pl.tp_all_reduce_s,
+        "tp_comm": s.per_row(pl.tp_fwd_s + pl.tp_bwd_s) + rows.has_embedding * pl.tp_all_reduce_s,
         "cp_comm": s.per_row(3 * pl.cp_fwd_s),  # forward + backward (KV and dKV)
         "ep_comm": s.per_row(pl.ep_fwd_s + pl.ep_bwd_s),
     }
@@ -410,7 +426,7 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
         grad_reduce = grad_reduce + reduce_s(experts * grad_b, edp, edp_stride)
         param_gather = param_gather + np.where((zero == 1) | (zero == 2),
                                                comm.gather_scatter_s(experts * weight_b, edp, edp_stride), 0.0)
-    overlap = s.cluster.comm_overlap
+    overlap = s.cluster.overlap_efficiency
     exposed = np.where(st.overlap_grad_reduce, exposed_s(grad_reduce, bwd_mb, overlap), grad_reduce)
     exposed = exposed + np.where(st.overlap_param_gather, exposed_s(param_gather, fwd_mb, overlap), param_gather)
     # ZeRO-3 / FSDP: per-layer gathers and reduce-scatters, hidden layer by layer (cost_models/sharding.py).

@@ -213,8 +213,9 @@ def _calibration_for(gpu_key: str) -> dict[str, Any]:
 #: The numeric keys of a link tier and of a cluster YAML file (a cluster-level
 #: `latency_source` or `efficiency_source` covers both tiers).
 TIER_YAML_FIELDS = ("bw_gb_per_s", "latency_us", "efficiency", "gather_scatter_efficiency")
-CLUSTER_YAML_FIELDS = ("gpus_per_node", "nvlink_domain_size", "max_gpus", "comm_overlap", "moe_load_imbalance",
-                       *TIER_YAML_FIELDS)
+CLUSTER_SCALARS = ("gpus_per_node", "nvlink_domain_size", "max_gpus", "comm_overlap", "comm_compute_slowdown",
+                   "tp_comm_overlap", "moe_load_imbalance")
+CLUSTER_YAML_FIELDS = (*CLUSTER_SCALARS, *TIER_YAML_FIELDS)
 HOST_YAML_FIELDS = ("memory_gib", "memory_bw_gb_per_s", "memory_efficiency")
 
 
@@ -273,7 +274,7 @@ def cluster_from_yaml(data: dict[str, Any], what: str = "cluster") -> ClusterSpe
         "intra_node": _tier(data.pop("intra_node", None), f"{what}.intra_node"),
         "inter_node": _tier(data.pop("inter_node", None), f"{what}.inter_node"),
     }
-    for key in ("gpus_per_node", "nvlink_domain_size", "max_gpus", "comm_overlap", "moe_load_imbalance", "source"):
+    for key in (*CLUSTER_SCALARS, "source"):
         if key in data:
             fields[key] = data.pop(key)
     if "host" in data:

@@ -44,6 +44,10 @@ Choices an experienced Megatron user would make, and why:
 - Sliding windows: `--window-size W-1,0` (a causal window of W tokens), and
   global layers by `--window-attn-skip-freq` (N: every N-th layer global, the
   same rule as `global_attention_every`; otherwise a per-layer list, 1 = local).
+- Tensor-parallel communication overlap: `--tp-comm-overlap` (Transformer Engine userbuffers)
+  with sequence parallelism and tp > 1 where the cluster profile's `tp_comm_overlap` is above 0,
+  as the cost model then assumes (NVIDIA's H100/B200 recipes turn it on; Megatron-LM requires
+  sequence parallelism for it).
 - offload_optimizer: `--optimizer-cpu-offload --optimizer-offload-fraction 1.0`
   with the precision-aware optimizer Megatron-LM requires for it and the
   distributed optimizer (zero_stage >= 1).
@@ -91,6 +95,7 @@ FLAGS: dict[str, Flag] = {
     "expert_model_parallel_size": Flag("--expert-model-parallel-size", "int"),
     "expert_tensor_parallel_size": Flag("--expert-tensor-parallel-size", "int"),
     "sequence_parallel": Flag("--sequence-parallel", "switch"),
+    "tp_comm_overlap": Flag("--tp-comm-overlap", "switch"),
     # batch and sequence
     "micro_batch_size": Flag("--micro-batch-size", "int"),
     "global_batch_size": Flag("--global-batch-size", "int"),
@@ -214,6 +219,8 @@ def settings(plan: Plan) -> dict[str, Any]:
         out["expert_tensor_parallel_size"] = s.etp
     if s.sequence_parallel:
         out["sequence_parallel"] = True
+        if s.tp > 1 and plan.cluster.tp_comm_overlap > 0:  # the cost model pipelines TP comm with the GEMMs
+            out["tp_comm_overlap"] = True
     out |= {"micro_batch_size": s.micro_batch_size, "global_batch_size": t.global_batch_size, "seq_length": t.seq_len}
     out |= _recompute(f)
     out |= _data_parallel(f)
@@ -548,7 +555,8 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
 
 # ---- argparse destinations -> megatron-core config kwargs ---------------------------
 _PARALLEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-                    "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel")
+                    "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
+                    "tp_comm_overlap")
 _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
                        "normalization", "add_bias_linear", "add_qkv_bias", "attention_dropout", "hidden_dropout",
                        "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",

@@ -137,6 +137,18 @@ class ClusterSpec(BaseModel):
         "1 where NICs and copy engines move the data (GPUs), near 0 where the computing cores also move it "
         "(gloo on CPU). Measured by `meshplan profile`.",
     )
+    comm_compute_slowdown: float = Field(
+        0.0, ge=0, le=1,
+        description="How much slower compute runs while collective kernels share the SMs with it: the compute "
+        "beside overlapped communication takes (1 + this) times as long, so overlapped communication costs "
+        "this share of its hidden time after all. 0 where `comm_overlap` was measured with the contention in it.",
+    )
+    tp_comm_overlap: float = Field(
+        0.0, ge=0, le=1,
+        description="Share of the tensor-parallel all-gathers and reduce-scatters (sequence parallel, tp > 1) the "
+        "training framework pipelines with the GEMMs beside them (Transformer Engine userbuffers, Megatron's "
+        "--tp-comm-overlap, which the Megatron emitter then sets); 0: TP communication is on the critical path.",
+    )
     moe_load_imbalance: float = Field(
         1.0, ge=1,
         description="MoE: tokens the busiest expert rank receives over the mean (1 = perfect balance); the "
@@ -157,3 +169,10 @@ class ClusterSpec(BaseModel):
     @property
     def domain_size(self) -> int:
         return self.nvlink_domain_size or self.gpus_per_node
+
+    @property
+    def overlap_efficiency(self) -> float:
+        """Share of the communication a schedule overlaps that costs no step time:
+        comm_overlap / (1 + comm_compute_slowdown). With hidden time h beside compute W ≥ h
+        slowed by σ, the step takes W + h·σ/(1+σ): h/(1+σ) of h is really hidden."""
+        return self.comm_overlap / (1.0 + self.comm_compute_slowdown)

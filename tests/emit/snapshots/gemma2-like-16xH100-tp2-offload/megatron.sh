@@ -7,6 +7,7 @@ MEGATRON_ARGS=(
   --pipeline-model-parallel-size 1
   --context-parallel-size 1
   --sequence-parallel
+  --tp-comm-overlap
   --micro-batch-size 1
   --global-batch-size 64
   --seq-length 8192

@@ -8,6 +8,7 @@ MEGATRON_ARGS=(
   --num-virtual-stages-per-pipeline-rank 5
   --context-parallel-size 2
   --sequence-parallel
+  --tp-comm-overlap
   --micro-batch-size 1
   --global-batch-size 128
   --seq-length 8192

@@ -15,6 +15,7 @@ MEGATRON_ARGS=(
   --expert-model-parallel-size 4
   --expert-tensor-parallel-size 2
   --sequence-parallel
+  --tp-comm-overlap
   --micro-batch-size 1
   --global-batch-size 256
   --seq-length 4096

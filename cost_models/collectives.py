@@ -1,0 +1,211 @@
+"""Collectives from measured curves: bus bandwidth by message size and group size, per tier.
+
+`CurveCommModel` implements `cost_models.comm.CommModel` from a GPU's collectives table
+(`profiles/kernels/collectives/<set>.yaml`, see `profiles.tables`): for each operation
+(all_reduce, all_gather, reduce_scatter, all_to_all) and group size, the bus bandwidth
+(nccl-tests convention, cost_models.comm) measured at a series of message sizes, with every
+group of that size running at once. Groups inside one NVLink domain are priced from the
+curves; groups that span domains keep the two-tier rules of `TierCommModel` (the NICs of the
+members in each domain carry the traffic) with the curve as the NVLink side; point-to-point
+transfers use the cluster tiers.
+
+Reading a curve (symbols: b = bytes, n = group size, busbw(b, n) in bytes/s):
+
+  time(b, n) = f(n) · b / busbw(b, n),   f = 2(n-1)/n (all-reduce), (n-1)/n (the others)
+
+- time is made non-decreasing in b once, on load: each measured point's time is lowered to
+  the least time measured for any larger message (a message can always be sent padded to a
+  larger one, so measured spikes at small sizes are noise);
+- between measured sizes log busbw is linear in log b (a power law), which keeps time
+  monotone between points whose times are;
+- between measured group sizes log busbw is linear in log n at fixed b (outside the measured
+  group sizes the nearest one); a weighted sum of monotone log-times stays monotone;
+- below the smallest measured size the time is that size's time (the small-message
+  latency); above the largest, busbw stays at the largest size's value.
+
+Tables are parsed once per table set (`functools.lru_cache`); every lookup is numpy over
+the candidates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cost_models.comm import TierCommModel
+from planner.errors import SpecError
+
+if TYPE_CHECKING:  # specs are read by attribute only
+    from planner.specs import ClusterSpec
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+GB = 1e9
+
+
+def bus_factor(op: str, n):
+    """busbw / algbw of `op` over `n` ranks (nccl-tests doc/PERFORMANCE.md)."""
+    n = np.asarray(n, dtype=float)
+    return (2.0 if op == "all_reduce" else 1.0) * (n - 1) / np.maximum(n, 1)
+
+
+@dataclass(frozen=True)
+class Curves:
+    """One operation's measured curves on one tier, ready for lookup.
+
+    group_sizes (G,) ascending; for each group g the knots log_bytes[g] (ascending) and
+    log_busbw[g] (after the monotone-time envelope), bytes/s."""
+
+    group_sizes: np.ndarray
+    log_bytes: tuple[np.ndarray, ...]
+    log_busbw: tuple[np.ndarray, ...]
+
+    def busbw(self, nbytes, n) -> np.ndarray:
+        """Bus bandwidth (bytes/s) of one collective of `nbytes` over `n` ranks, arrays broadcast."""
+        nbytes, n = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(n, dtype=float))
+        log_g = np.log(self.group_sizes)
+        x = np.clip(np.log(np.maximum(n, 1.0)), log_g[0], log_g[-1])
+        hi = np.clip(np.searchsorted(log_g, x, side="left"), 1, len(log_g) - 1) if len(log_g) > 1 else np.zeros(x.shape, int)
+        lo = np.maximum(hi - 1, 0)
+        span = log_g[hi] - log_g[lo]
+        w = np.where(span > 0, (x - log_g[lo]) / np.where(span > 0, span, 1.0), 0.0)
+        u = np.log(np.maximum(nbytes, 1.0))
+        out = np.zeros(u.shape)
+        for g in np.union1d(lo, hi):  # only the measured group sizes some query falls between
+            lb, lbw = self.log_bytes[g], self.log_busbw[g]
+            # below the smallest size: keep the smallest size's time, i.e. busbw scales with b
+            clamped = np.maximum(u, lb[0])
+            at_g = np.interp(clamped, lb, lbw) + (u - clamped)
+            out = out + np.where(lo == g, 1 - w, 0.0) * at_g + np.where(hi == g, w, 0.0) * at_g
+        return np.exp(out)
+
+    def time_s(self, op: str, nbytes, n) -> np.ndarray:
+        """Seconds of one `op` of `nbytes` over `n` ranks (no zero case: callers handle n = 1)."""
+        n = np.asarray(n, dtype=float)
+        return bus_factor(op, np.maximum(n, 2)) * np.asarray(nbytes, dtype=float) / self.busbw(nbytes, n)
+
+
+def _curve(op: str, row: dict, what: str) -> tuple[int, np.ndarray, np.ndarray]:
+    try:
+        n = int(row["group_size"])
+        b = np.asarray(row["bytes"], dtype=float)
+        bw = np.asarray(row["busbw_gb_per_s"], dtype=float) * GB
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpecError(f"{what}: each curve needs group_size, bytes and busbw_gb_per_s ({exc})") from None
+    if n < 2 or b.ndim != 1 or b.shape != bw.shape or len(b) < 2:
+        raise SpecError(f"{what}: group_size must be >= 2 and bytes, busbw_gb_per_s equal lists of >= 2 values "
+                        f"(group_size {n}, {b.size} sizes, {bw.size} bandwidths)")
+    if np.any(np.diff(b) <= 0) or b[0] <= 0 or np.any(bw <= 0):
+        raise SpecError(f"{what} group_size {n}: bytes must be positive and ascending, busbw_gb_per_s positive")
+    t = bus_factor(op, n) * b / bw
+    t = np.minimum.accumulate(t[::-1])[::-1]  # no message faster than a larger one was measured
+    return n, np.log(b), np.log(bus_factor(op, n) * b / t)
+
+
+def curves_from_table(table: dict, name: str) -> dict[str, dict[str, Curves]]:
+    """{tier: {op: Curves}} from a parsed collectives table."""
+    tiers = table.get("tiers")
+    if not isinstance(tiers, dict) or not tiers:
+        raise SpecError(f"collectives table {name}: needs tiers: {{nvlink: {{all_reduce: [...], ...}}}}")
+    out: dict[str, dict[str, Curves]] = {}
+    for tier, ops in tiers.items():
+        out[tier] = {}
+        for op, rows in (ops or {}).items():
+            if op not in OPS:
+                raise SpecError(f"collectives table {name}: unknown operation {op!r}; known: {', '.join(OPS)}")
+            parsed = sorted(_curve(op, row, f"collectives table {name} {tier}.{op}") for row in rows)
+            sizes = [n for n, _, _ in parsed]
+            if len(set(sizes)) != len(sizes):
+                raise SpecError(f"collectives table {name} {tier}.{op}: group sizes repeat: {sizes}")
+            out[tier][op] = Curves(np.array(sizes, dtype=float), tuple(p[1] for p in parsed), tuple(p[2] for p in parsed))
+    return out
+
+
+@lru_cache(maxsize=None)
+def load_curves(name: str | None) -> dict[str, dict[str, Curves]] | None:
+    """The curves of table set `name`, parsed once; None when the set has no collectives table.
+    A table with `reuse: <set>` takes that set's curves (and says why in its source)."""
+    from profiles.tables import kernel_table
+
+    table = kernel_table("collectives", name)
+    if table is None:
+        return None
+    if table.get("reuse"):
+        target = str(table["reuse"])
+        if target == name:
+            raise SpecError(f"collectives table {name}: reuse names itself")
+        curves = load_curves(target)
+        if curves is None:
+            raise SpecError(f"collectives table {name}: reuse: {target} has no collectives table")
+        return curves
+    return curves_from_table(table, str(name))
+
+
+class CurveCommModel(TierCommModel):
+    """`CommModel` from measured collective curves inside an NVLink domain, with the two-tier
+    rules of `TierCommModel` across domains (the curve is then the NVLink side of
+    min(NVLink, k · NIC)) and for point-to-point transfers."""
+
+    def __init__(self, cluster: ClusterSpec, curves: dict[str, dict[str, Curves]]) -> None:
+        super().__init__(cluster)
+        nvlink = curves.get("nvlink", {})
+        missing = [op for op in OPS if op not in nvlink]
+        if missing:
+            raise SpecError(f"collectives table of {cluster.gpu.name}: nvlink tier lacks {', '.join(missing)}")
+        self.nvlink = nvlink
+
+    def _span(self, size, stride):
+        """(inside one domain, members per domain) of each group."""
+        size, stride = np.asarray(size, dtype=float), np.asarray(stride, dtype=float)
+        inside = size * stride <= self.domain
+        local = np.clip(self.domain // np.maximum(stride, 1), 1, size)
+        return inside, local
+
+    def _collective_s(self, op: str, nbytes, size, stride, hops) -> np.ndarray:
+        n = np.asarray(size, dtype=float)
+        inside, local = self._span(n, stride)
+        curve = self.nvlink[op]
+        t_in = curve.time_s(op, nbytes, n)
+        if np.all(inside):
+            return np.where(n > 1, t_in, 0.0)
+        # spanning domains: TierCommModel's busbw = min(NVLink, k · NIC) (the NIC tier's all-reduce or
+        # gather/scatter bandwidth), NVLink side from the curve of the k members one domain holds,
+        # and the network tier's latency per hop
+        nic_bw = self.inter_bw if op == "all_reduce" else self.inter_gs_bw
+        span_bw = np.minimum(curve.busbw(nbytes, np.maximum(local, 2)), nic_bw * local)
+        t_span = bus_factor(op, np.maximum(n, 2)) * nbytes / span_bw + hops * self.inter_lat
+        return np.where(n > 1, np.where(inside, t_in, t_span), 0.0)
+
+    def all_reduce_s(self, nbytes, size, stride) -> np.ndarray:
+        n = np.asarray(size, dtype=float)
+        return self._collective_s("all_reduce", nbytes, n, stride, 2 * np.ceil(np.log2(np.maximum(n, 1))))
+
+    def gather_scatter_s(self, nbytes, size, stride) -> np.ndarray:
+        """The mean of the measured all-gather and reduce-scatter times (the step model asks
+        for either with one call; their curves differ by a few per cent)."""
+        n = np.asarray(size, dtype=float)
+        hops = n - 1
+        return 0.5 * (self._collective_s("all_gather", nbytes, n, stride, hops)
+                      + self._collective_s("reduce_scatter", nbytes, n, stride, hops))
+
+    def all_to_all_s(self, nbytes, size, stride) -> np.ndarray:
+        """Inside a domain the measured curve; across domains TierCommModel's rule (the slower of
+        the NVLink share and the NIC share) with the NVLink share at the curve's bandwidth."""
+        n = np.asarray(size, dtype=float)
+        stride = np.asarray(stride, dtype=float)
+        inside, local = self._span(n, stride)
+        curve = self.nvlink["all_to_all"]
+        t_in = curve.time_s("all_to_all", nbytes, n)
+        intra_s = nbytes * (local - 1) / n / curve.busbw(nbytes, np.maximum(local, 2))
+        inter_s = nbytes * (n - local) / n / self.inter_bw
+        t_span = np.maximum(intra_s, inter_s) + np.ceil(np.log2(np.maximum(n, 1))) * self.inter_lat
+        return np.where(n > 1, np.where(inside, t_in, t_span), 0.0)
+
+
+def comm_model_for(cluster: ClusterSpec) -> TierCommModel:
+    """The cluster's communication model: measured curves when its GPU's table set has a
+    collectives table, otherwise the calibrated two-tier alpha-beta model."""
+    curves = load_curves(getattr(cluster.gpu, "kernel_tables", None))
+    return CurveCommModel(cluster, curves) if curves is not None else TierCommModel(cluster)

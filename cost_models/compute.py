@@ -10,7 +10,8 @@ forward, selective recompute the attention-core forward (Korthikanti Eq. 8).
 Time: each GEMM is a roofline, max(FLOP ÷ (peak · gemm_efficiency), bytes ÷
 (HBM · hbm_efficiency)), plus a fixed per-kernel cost; element-wise kernels move
 their bytes at HBM · hbm_efficiency. The efficiencies and the kernel cost come from
-the GPU profile (`profiles/`), never from this file.
+the GPU profile (`profiles/`), never from this file. A GPU with an attention kernel table
+times the fused attention core from it instead (`cost_models.attention_kernels`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.arrays import RECOMPUTE_MODULES, selected_modules
+from cost_models.attention_kernels import flash_core_times
 from cost_models.blocks import DenseMLP, Gemm, Head, LatentAttention, Layer, Micro, ModelBlocks, MoE, Norm
 from cost_models.units import ACTIVATION_BYTES, FP8, WEIGHT_BYTES
 
@@ -76,8 +78,13 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     gemms = layer.gemms(x)
     gemm_s = sum(gemm_time(g, gpu, prec) for g in gemms)
     core = layer.attention().core(x)
-    core_s = (np.maximum(core.flop / (gpu.peak(UNQUANTISED[prec]) * gpu.gemm_efficiency), core.bytes / hbm)
-              + core.num_kernels * gpu.kernel_overhead_s)
+    flash = flash_core_times(layer.attention(), x, gpu)  # measured fused-attention throughput, if the GPU has a table
+    if flash is None:
+        core_s = (np.maximum(core.flop / (gpu.peak(UNQUANTISED[prec]) * gpu.gemm_efficiency), core.bytes / hbm)
+                  + core.num_kernels * gpu.kernel_overhead_s)
+        core_bwd_s = gpu.backward_gemm_ratio * core_s
+    else:
+        core_s, core_bwd_s = flash
     softmax_s = core.softmax_bytes / hbm + core.softmax_kernels * gpu.kernel_overhead_s
     ew = layer.elementwise(x)
     # FP8: every quantised GEMM's input is cast (read 16-bit, write 8-bit); weights are cast once
@@ -85,7 +92,7 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     casts = sum((ACTIVATION_BYTES[prec] + FP8) * g.m * g.k for g in gemms if g.quantised) if prec == "fp8" else 0.0
     elementwise_s = (ew.bytes + casts) / hbm + ew.num_kernels * gpu.kernel_overhead_s
     fwd = gemm_s + core_s + softmax_s + elementwise_s
-    bwd = gpu.backward_gemm_ratio * (gemm_s + core_s) + BACKWARD_ELEMENTWISE_FACTOR * (softmax_s + elementwise_s)
+    bwd = gpu.backward_gemm_ratio * gemm_s + core_bwd_s + BACKWARD_ELEMENTWISE_FACTOR * (softmax_s + elementwise_s)
     moe = layer.moe()
     shared_s = sum((gemm_time(g, gpu, prec) for g in moe.shared_gemms(x)), ZERO_S) if moe else ZERO_S
     return LayerTimes(fwd_s=fwd, bwd_s=bwd, attn_core_fwd_s=core_s + softmax_s,

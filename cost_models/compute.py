@@ -10,7 +10,8 @@ forward, selective recompute the attention-core forward (Korthikanti Eq. 8).
 Time: each GEMM is a roofline, max(FLOP ÷ (peak · gemm_efficiency), bytes ÷
 (HBM · hbm_efficiency)), plus a fixed per-kernel cost; element-wise kernels move
 their bytes at HBM · hbm_efficiency. The efficiencies and the kernel cost come from
-the GPU profile (`profiles/`), never from this file.
+the GPU profile (`profiles/`), never from this file. A GPU with an attention kernel table
+times the fused attention core from it instead (`cost_models.attention_kernels`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from cost_models.arrays import RECOMPUTE_MODULES, selected_modules
 from cost_models.gemm_tables import gemm_table
+from cost_models.attention_kernels import flash_core_times
 from cost_models.blocks import DenseMLP, Gemm, Head, LatentAttention, Layer, Micro, ModelBlocks, MoE, Norm
 from cost_models.elementwise import elementwise_model, layer_kernels
 from cost_models.units import ACTIVATION_BYTES, FP8, WEIGHT_BYTES
@@ -104,8 +106,13 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     gemm_s = sum(gemm_time(g, gpu, prec) for g in gemms)
     gemm_bwd_s = sum(gemm_backward_time(g, gpu, prec) for g in gemms)
     core = layer.attention().core(x)
-    core_s = (np.maximum(core.flop / (gpu.peak(UNQUANTISED[prec]) * gpu.gemm_efficiency), core.bytes / hbm)
-              + core.num_kernels * gpu.kernel_overhead_s)
+    flash = flash_core_times(layer.attention(), x, gpu)  # measured fused-attention throughput, if the GPU has a table
+    if flash is None:
+        core_s = (np.maximum(core.flop / (gpu.peak(UNQUANTISED[prec]) * gpu.gemm_efficiency), core.bytes / hbm)
+                  + core.num_kernels * gpu.kernel_overhead_s)
+        core_bwd_s = gpu.backward_gemm_ratio * core_s
+    else:
+        core_s, core_bwd_s = flash
     softmax_s = core.softmax_bytes / hbm + core.softmax_kernels * gpu.kernel_overhead_s
     ew = layer.elementwise(x)
     table = elementwise_model(gpu)
@@ -118,7 +125,7 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     else:  # measured bandwidth, size curve and FP8 recipe (cost_models.elementwise)
         ew_fwd, ew_bwd, ew_kernels = table.layer_s(ew, gemms, x, BACKWARD_ELEMENTWISE_FACTOR)
     fwd = gemm_s + core_s + softmax_s + ew_fwd
-    bwd = gemm_bwd_s + gpu.backward_gemm_ratio * core_s + BACKWARD_ELEMENTWISE_FACTOR * softmax_s + ew_bwd
+    bwd = gemm_bwd_s + core_bwd_s + BACKWARD_ELEMENTWISE_FACTOR * softmax_s + ew_bwd
     if table is not None:  # the host issues every kernel: a layer is never faster than that
         tp_exchanges = sum(c.tp_exchanges for c in layer.comms(x))
         fwd, bwd = table.host_floor(fwd, bwd, ew_kernels + layer_kernels(gemms, core, x, tp_exchanges))

@@ -63,23 +63,35 @@ class Curves:
     log_busbw: tuple[np.ndarray, ...]
 
     def busbw(self, nbytes, n) -> np.ndarray:
-        """Bus bandwidth (bytes/s) of one collective of `nbytes` over `n` ranks, arrays broadcast."""
+        """Bus bandwidth (bytes/s) of one collective of `nbytes` over `n` ranks, arrays broadcast:
+        linear in log bytes along each measured group's curve, linear in log group size between the
+        two measured groups around `n` (clamped at the smallest and largest)."""
         nbytes, n = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(n, dtype=float))
+        shape = nbytes.shape
+        u = np.log(np.maximum(nbytes.ravel(), 1.0))
         log_g = np.log(self.group_sizes)
-        x = np.clip(np.log(np.maximum(n, 1.0)), log_g[0], log_g[-1])
-        hi = np.clip(np.searchsorted(log_g, x, side="left"), 1, len(log_g) - 1) if len(log_g) > 1 else np.zeros(x.shape, int)
-        lo = np.maximum(hi - 1, 0)
-        span = log_g[hi] - log_g[lo]
-        w = np.where(span > 0, (x - log_g[lo]) / np.where(span > 0, span, 1.0), 0.0)
-        u = np.log(np.maximum(nbytes, 1.0))
-        out = np.zeros(u.shape)
-        for g in np.union1d(lo, hi):  # only the measured group sizes some query falls between
-            lb, lbw = self.log_bytes[g], self.log_busbw[g]
-            # below the smallest size: keep the smallest size's time, i.e. busbw scales with b
-            clamped = np.maximum(u, lb[0])
-            at_g = np.interp(clamped, lb, lbw) + (u - clamped)
-            out = out + np.where(lo == g, 1 - w, 0.0) * at_g + np.where(hi == g, w, 0.0) * at_g
-        return np.exp(out)
+        if len(log_g) == 1:
+            return np.exp(self._at(0, u)).reshape(shape)
+        x = np.clip(np.log(np.maximum(n.ravel(), 1.0)), log_g[0], log_g[-1])
+        hi = np.clip(np.searchsorted(log_g, x, side="left"), 1, len(log_g) - 1)
+        w = (x - log_g[hi - 1]) / (log_g[hi] - log_g[hi - 1])
+        out = np.empty_like(u)
+        for j in range(1, len(log_g)):  # each pair of measured group sizes, on the queries between them
+            sel = hi == j
+            if sel.all():
+                out = (1 - w) * self._at(j - 1, u) + w * self._at(j, u)
+                break
+            if sel.any():
+                uu, ww = u[sel], w[sel]
+                out[sel] = (1 - ww) * self._at(j - 1, uu) + ww * self._at(j, uu)
+        return np.exp(out).reshape(shape)
+
+    def _at(self, g: int, u: np.ndarray) -> np.ndarray:
+        """log busbw on measured group g's curve at log bytes `u`; below its smallest size the time
+        stays at that size's (busbw proportional to bytes)."""
+        lb, lbw = self.log_bytes[g], self.log_busbw[g]
+        clamped = np.maximum(u, lb[0])
+        return np.interp(clamped, lb, lbw) + (u - clamped)
 
     def time_s(self, op: str, nbytes, n) -> np.ndarray:
         """Seconds of one `op` of `nbytes` over `n` ranks (no zero case: callers handle n = 1)."""

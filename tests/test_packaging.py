@@ -39,7 +39,7 @@ def test_preset_yaml_is_package_data():
 
 DOCTEST_MODULES = ["cost_models.memory", "cost_models.units", "cost_models.compute", "cost_models.comm",
                    "cost_models.layout", "cost_models.blocks", "planner.specs.strategy", "planner.specs.model",
-                   "planner.emit.megatron"]
+                   "planner.emit.megatron", "planner.error_band"]
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)

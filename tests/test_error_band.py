@@ -299,3 +299,15 @@ def test_residuals_script_prints_every_gpu(capsys, validation_path):
         assert f"\n{gpu}: " in out
     assert "left out SC'21 Table 2 ZeRO-3" in out and "wrote" not in out
     assert math.isfinite(load_gpu("h100-sxm").step_time_residuals.error_low)
+
+
+def test_a_malformed_residuals_mapping_is_one_clear_error():
+    from planner.errors import SpecError
+
+    doc = yaml.safe_load((PROFILES_DIR / "gpus" / "b200.yaml").read_text())
+    doc["step_time_residuals"] = {"end_to_end": True, "n": 3, "error_low": 0.1, "error_high": 0.2, "basis": "x"}
+    with pytest.raises(SpecError, match=r"step_time_residuals: error_low: .*less than or equal to 0 \(got 0.1\)"):
+        gpu_from_yaml(doc)
+    doc["step_time_residuals"] = [0.1]
+    with pytest.raises(SpecError, match="step_time_residuals must be a mapping"):
+        gpu_from_yaml(doc)

@@ -13,10 +13,11 @@ import numpy as np
 from cost_models import CostArrays, StrategyArrays, evaluate_arrays
 from cost_models.layout import STAGE_NAMES
 from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs
+from planner.error_band import band_fields, overlaps_best
 from planner.errors import SpecError
 from planner.rules import RULES, Context, check, first_failure_counts, messages
 from planner.space import enumerate_space, search_space
-from planner.specs import Estimate, Plan, PlanResult, SearchStats, Strategy
+from planner.specs import Estimate, GpuSpec, Plan, PlanResult, SearchStats, Strategy
 
 GIB = 2**30
 NUM_CLOSEST = 3
@@ -67,14 +68,16 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) 
 
     def make_plan(rank: int, i: int) -> Plan:
         strategy = Strategy(**candidates.row(int(i)))
-        est = estimate_from(costs, int(i), num_gpus, train, reasons=_memory_reason(costs, int(i)))
+        est = estimate_from(costs, int(i), num_gpus, train, reasons=_memory_reason(costs, int(i)), gpu=cluster.gpu)
         return Plan(rank=rank, strategy=strategy, estimate=est, model=model, cluster=cluster, train=train,
                     num_gpus=num_gpus)
 
     stats = SearchStats(num_candidates=num_candidates, num_valid=len(candidates), num_feasible=int(len(feasible)),
                         rejected=rejected, search_time_s=elapsed)
+    plans = [make_plan(r + 1, i) for r, i in enumerate(order)]
+    overlap = overlaps_best([p.estimate.step_time_s_low for p in plans], [p.estimate.step_time_s_high for p in plans])
     return PlanResult(
-        plans=[make_plan(r + 1, i) for r, i in enumerate(order)],
+        plans=plans, worth_a_real_run=[p.rank for p, o in zip(plans, overlap) if o],
         closest=[make_plan(r + 1, i) for r, i in enumerate(closest)],
         stats=stats, model=model, cluster=cluster, train=train, num_gpus=num_gpus,
     )
@@ -122,7 +125,7 @@ def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:
     valid = not reasons
     costs = evaluate_arrays(model, cluster, train, st)
     reasons += _memory_reason(costs, 0)
-    return estimate_from(costs, 0, num_gpus, train, reasons=reasons, valid=valid)
+    return estimate_from(costs, 0, num_gpus, train, reasons=reasons, valid=valid, gpu=cluster.gpu)
 
 
 def _memory_reason(costs: CostArrays, i: int) -> list[str]:
@@ -139,7 +142,9 @@ def _memory_reason(costs: CostArrays, i: int) -> list[str]:
             f"{costs.memory_bytes[term][i] / GIB:.1f} GiB)"]
 
 
-def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list[str], valid: bool = True) -> Estimate:
+def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list[str], valid: bool = True,
+                  gpu: GpuSpec | None = None) -> Estimate:
+    """The Estimate of candidate `i`, with its error band from `gpu`'s residuals (planner.error_band)."""
     step = float(costs.step_time_s[i])
     if not np.isfinite(step) or step <= 0:
         raise SpecError(f"the cost model produced a non-positive step time ({step}) for this strategy")
@@ -147,13 +152,15 @@ def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list
     model_flop = float(costs.model_flop_per_step[i])
     hw_flop = float(costs.hardware_flop_per_step[i])
     memory = {k: float(v[i]) for k, v in costs.memory_bytes.items()}
+    mfu = model_flop / step / num_gpus / costs.peak_flop_per_s
+    band = band_fields(step, tokens / step / num_gpus, mfu, gpu) if gpu is not None else {}
     return Estimate(
         step_time_s=step,
         tokens_per_s=tokens / step,
         tokens_per_s_per_gpu=tokens / step / num_gpus,
         model_tflops_per_gpu=model_flop / step / num_gpus / 1e12,
         hardware_tflops_per_gpu=hw_flop / step / num_gpus / 1e12,
-        mfu=model_flop / step / num_gpus / costs.peak_flop_per_s,
+        mfu=mfu,
         peak_memory_bytes=float(costs.peak_memory_bytes[i]),
         memory_capacity_bytes=float(costs.memory_capacity_bytes),
         memory_bytes=memory,
@@ -167,4 +174,5 @@ def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list
         fits=not reasons,
         valid=valid,
         reasons=reasons,
+        **band,
     )

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from planner.errors import SpecError, unknown_name_message
 from planner.specs import ClusterSpec, GpuSpec, HostSpec, LinkTier, ModelSpec
+from planner.specs.hardware import StepTimeResiduals
 
 PROFILES_DIR = Path(__file__).resolve().parent
 GIB = 2**30
@@ -170,6 +171,9 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
         fields["kernel_tables"] = str(data.pop("kernel_tables"))
     data.pop("kernel_tables", None)
     fields["source"] = str(data.pop("source", ""))
+    residuals = data.pop("step_time_residuals", None)
+    if residuals is not None:
+        fields["step_time_residuals"] = _residuals(residuals, what)
     if calib:
         fields["calibration"] = str(calib)
     if data:
@@ -196,6 +200,8 @@ CALIBRATED_FIELDS = ("gemm_efficiency", "hbm_efficiency", "backward_gemm_ratio",
 
 
 def _calibration_for(gpu_key: str) -> dict[str, Any]:
+    """The calibrated fields of GPU preset `gpu_key`, its `calibration` note, and its
+    `step_time_residuals` (the error band's basis; `residuals:` there is the fit's own, in-sample)."""
     for d in search_dirs():
         path = d / "calibration" / f"{gpu_key}.yaml"
         if path.exists():
@@ -204,9 +210,21 @@ def _calibration_for(gpu_key: str) -> dict[str, Any]:
             calib.pop("method", None)
             calib.pop("residuals", None)
             out = {k: calib[k] for k in CALIBRATED_FIELDS if k in calib}
+            if calib.get("step_time_residuals") is not None:
+                out["step_time_residuals"] = calib["step_time_residuals"]
             out["calibration"] = f"{path.name}: fitted on {fitted_on}" if fitted_on else path.name
             return out
     return {}
+
+
+def _residuals(data: Any, what: str) -> StepTimeResiduals:
+    """A `step_time_residuals:` mapping (see StepTimeResiduals; its `method:` and per-row `rows:` document
+    the numbers, and are dropped)."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{what}: step_time_residuals must be a mapping (end_to_end, n, error_low, error_high, "
+                        f"basis, ...), not {type(data).__name__}")
+    data = {k: v for k, v in data.items() if k not in ("method", "rows")}
+    return _validated(StepTimeResiduals, data, f"{what} step_time_residuals")
 
 
 # ---- clusters --------------------------------------------------------------

@@ -77,7 +77,8 @@ def plan_cmd(
     if fmt is Format.json:
         emit_json(result.model_dump(mode="json"))
     elif fmt is Format.csv:
-        emit_csv([plan_row(p) for p in result.plans or result.closest])
+        emit_csv([plan_row(p) | {"worth_a_real_run": p.rank in result.worth_a_real_run and bool(result.plans)}
+                  for p in result.plans or result.closest])
     else:
         print_plan_table(result)
         warn_hidden_comm(result)
@@ -116,26 +117,50 @@ def print_plan_table(result: PlanResult) -> None:
     table = Table(title=title, title_justify="left")
     moe = m.is_moe or any(p.strategy.ep > 1 or p.strategy.etp > 1 for p in plans)
     cols = ["#", "dp", "tp", "pp", "cp"] + (["ep", "etp"] if moe else []) + [
-        "vpp", "sp", "zero", "mbs", "recompute", "split", "step (s)", "tok/s/GPU", "model TFLOP/s/GPU", "MFU %",
-        "mem/GPU (GiB)", "headroom (GiB)"]
+        "vpp", "sp", "zero", "mbs", "recompute", "split", "step (s)", "step band (s)", "~#1", "tok/s/GPU",
+        "model TFLOP/s/GPU", "MFU %", "MFU band %", "mem/GPU (GiB)", "headroom (GiB)"]
     for col in cols:
         table.add_column(col, justify="left" if col in ("recompute", "split") else "right")
+    worth = set(result.worth_a_real_run)
     for p in plans:
         s, e = p.strategy, p.estimate
+        mark = "" if not result.plans else ("best" if p.rank == 1 else ("~" if p.rank in worth else ""))
         rc = s.recompute + (f"({s.recompute_num_layers})" if s.recompute_num_layers else "")
         zero = f"{s.zero_stage}+cpu" if s.offload_optimizer else str(s.zero_stage)
         experts = [str(s.ep), str(s.etp)] if moe else []
         table.add_row(str(p.rank), str(s.dp), str(s.tp), str(s.pp), str(s.cp), *experts, str(s.vpp),
                       "y" if s.sequence_parallel else "-", zero, str(s.micro_batch_size), rc,
-                      s.split_label() or "even", f"{e.step_time_s:.3f}", f"{e.tokens_per_s_per_gpu:,.0f}",
-                      f"{e.model_tflops_per_gpu:.1f}", f"{100 * e.mfu:.1f}", gib(e.peak_memory_bytes),
+                      s.split_label() or "even", f"{e.step_time_s:.3f}", step_band(e), mark,
+                      f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.model_tflops_per_gpu:.1f}", f"{100 * e.mfu:.1f}",
+                      mfu_band(e), gib(e.peak_memory_bytes),
                       gib(e.memory_capacity_bytes - e.peak_memory_bytes))
     stdout.print(table)
+    if plans:
+        stdout.print(band_legend(result, plans[0].estimate), markup=False, highlight=False)
     st = result.stats
     rejected = ", ".join(f"{k}: {v:,}" for k, v in sorted(st.rejected.items(), key=lambda kv: -kv[1])) or "none"
     stdout.print(f"candidates evaluated: {st.num_candidates:,} | valid: {st.num_valid:,} | feasible: "
                  f"{st.num_feasible:,} | search time: {st.search_time_s:.2f} s")
     stdout.print(f"rejected by reason: {rejected}", highlight=False)
+
+
+def step_band(e: Estimate) -> str:
+    """`low-high` seconds of the step-time band ("-" for an Estimate without one)."""
+    return "-" if e.step_time_s_low is None else f"{e.step_time_s_low:.3f}-{e.step_time_s_high:.3f}"
+
+
+def mfu_band(e: Estimate) -> str:
+    return "-" if e.mfu_low is None else f"{100 * e.mfu_low:.1f}-{100 * e.mfu_high:.1f}"
+
+
+def band_legend(result: PlanResult, best: Estimate) -> str:
+    """The lines under the plan table: what the band is and what `~` marks."""
+    lines = [f"band: where a real run is expected to land; {best.band_basis}"]
+    if result.plans:
+        others = [r for r in result.worth_a_real_run if r != 1]
+        lines.append("~ : step-time band overlaps plan 1's, the model cannot order them: worth a real run "
+                     "(`meshplan validate`)" + ("" if others else "; none here"))
+    return "\n".join(lines)
 
 
 def warn_hidden_comm(result: PlanResult) -> None:
@@ -248,6 +273,10 @@ def print_estimate_summary(strategy: Strategy, est: Estimate) -> None:
     stdout.print(f"step {est.step_time_s:.3f} s | {est.tokens_per_s:,.0f} tokens/s | {est.tokens_per_s_per_gpu:,.0f} "
                  f"tokens/s/GPU | model {est.model_tflops_per_gpu:.1f} TFLOP/s/GPU | hardware "
                  f"{est.hardware_tflops_per_gpu:.1f} TFLOP/s/GPU | MFU {100 * est.mfu:.1f} %")
+    if est.step_time_s_low is not None:
+        stdout.print(f"band: step {step_band(est)} s | {est.tokens_per_s_per_gpu_low:,.0f}-"
+                     f"{est.tokens_per_s_per_gpu_high:,.0f} tokens/s/GPU | MFU {mfu_band(est)} % ({est.band_basis})",
+                     markup=False, highlight=False)
     stdout.print(f"peak memory {gib(est.peak_memory_bytes)} GiB of {gib(est.memory_capacity_bytes)} GiB "
                  f"({est.binding_stage} stage; largest term {est.binding_memory_term}) | "
                  f"{est.num_microbatches} micro-batches, bubble {100 * est.bubble_fraction:.1f} %")
@@ -342,19 +371,43 @@ def models_cmd(fmt: FormatOpt = Format.table) -> None:
 
 @app.command("clusters")
 def clusters_cmd(fmt: FormatOpt = Format.table) -> None:
-    """List cluster presets."""
+    """List cluster presets, and where each GPU's numbers come from: kernel tables per topic (measured by
+    `meshplan profile`, public kernel data, or none), the calibrated constants (fitted on which runs, or
+    carried over from which GPU) and the error band (end-to-end residuals, or widened)."""
+    from planner.cli.provenance import gpu_provenance
     from profiles import list_presets, load_cluster
 
-    rows = []
+    rows, gpus = [], {}
     for name in list_presets("clusters"):
         c = load_cluster(name)
         peak = c.gpu.peak_flop_per_s.get("bf16") or max(c.gpu.peak_flop_per_s.values())
+        where = gpus.setdefault(c.gpu.name, gpu_provenance(c.gpu))
         rows.append({"name": name, "gpu": c.gpu.name, "memory_gib": round(c.gpu.memory_bytes / GIB, 1),
                      "bf16_tflops": round(peak / 1e12, 1), "gpus_per_node": c.gpus_per_node,
                      "nvlink_domain": c.domain_size, "intra_gb_per_s": round(c.intra_node.bw_bytes_per_s / 1e9),
                      "inter_gb_per_s": round(c.inter_node.bw_bytes_per_s / 1e9),
-                     "efficiencies": calibration_status(c.gpu.calibration)})
-    _print_rows(rows, fmt, "cluster presets")
+                     "efficiencies": calibration_status(c.gpu.calibration),
+                     "provenance": {k: v for k, v in where.items() if k != "gpu"}})
+    if fmt is not Format.table:
+        flat = [{k: v for k, v in r.items() if k != "provenance"} | {f"provenance.{k}": v
+                for k, v in r["provenance"].items()} for r in rows]
+        _print_rows(rows if fmt is Format.json else flat, fmt, "cluster presets")
+        return
+    _print_rows([{k: v for k, v in r.items() if k != "provenance"} for r in rows], fmt, "cluster presets")
+    _print_rows([{k: v for k, v in g.items() if k not in ("error_band_basis", "calibration")}
+                 for g in gpus.values()], fmt, "where each GPU's numbers come from")
+    stdout.print(PROVENANCE_LEGEND, markup=False, highlight=False)
+
+
+#: The lines under `meshplan clusters`' provenance table.
+PROVENANCE_LEGEND = (
+    "gemm .. memory: kernel tables (profiles/kernels/<topic>/<kernel_set>.yaml): measured = by `meshplan profile`, "
+    "public = published kernel data (the GPU in brackets is the one measured), none = the calibrated constants\n"
+    "constants: the calibrated GPU constants (profiles/calibration/<gpu>.yaml): fitted, carried over from another "
+    "GPU, or measured\n"
+    "error_band: step-time error (predicted / measured - 1) behind every estimate's band: end-to-end = residuals "
+    "of published runs on this GPU, widened = no end-to-end check on this GPU (other GPUs' band widened), "
+    "estimate = no residuals; `--format json` gives the full notes")
 
 
 def calibration_status(text: str) -> str:
@@ -371,7 +424,7 @@ def _print_rows(rows: list[dict[str, Any]], fmt: Format, title: str) -> None:
     else:
         table = Table(title=title, title_justify="left")
         for col in rows[0]:
-            table.add_column(col, overflow="fold", max_width=60 if col in ("source", "calibration") else None)
+            table.add_column(col, overflow="fold", max_width=60 if col in ("source", "calibration", "constants") else None)
         for r in rows:
             table.add_row(*(str(v) for v in r.values()))
         stdout.print(table)

@@ -18,6 +18,34 @@ from planner.errors import SpecError
 Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32"]
 
 
+class StepTimeResiduals(BaseModel):
+    """How far the cost model's step times fell from published end-to-end runs on one GPU: the
+    basis of every Estimate's error band (planner.error_band). Errors are signed relative errors
+    of the step time, predicted / measured - 1 (< 0: the model predicts faster than measured).
+    Written into `profiles/calibration/<gpu>.yaml` under `step_time_residuals:` by
+    `python -m benchmarks.residuals --write`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    end_to_end: bool = Field(
+        description="True: from this GPU's own published end-to-end runs that no fit used; False: no such run "
+        "exists, and the band is another GPU set's widened by the rule `basis` states.")
+    n: int = Field(ge=0, description="Rows the band rests on (on the reference GPUs when end_to_end is False).")
+    tables: list[str] = Field(default_factory=list, description="The published sets the rows come from, "
+                              "each with its row count.")
+    error_low: float = Field(gt=-1, le=0, description="Signed relative step-time error at the band's fast edge "
+                             "(<= 0): the measured step is at most predicted / (1 + error_low).")
+    error_high: float = Field(ge=0, description="Signed relative step-time error at the band's slow edge (>= 0): "
+                              "the measured step is at least predicted / (1 + error_high).")
+    coverage: float | None = Field(
+        None, gt=0, lt=1, description="Nominal share of new runs inside the band (order-statistic prediction "
+        "interval of the rows); None where the band is widened by a rule rather than measured.")
+    median_abs: float | None = Field(None, ge=0, description="Median |relative error| of the rows.")
+    mean_signed: float | None = Field(None, description="Mean signed relative error of the rows (the bias).")
+    max_abs: float | None = Field(None, ge=0, description="Largest |relative error| of the rows.")
+    basis: str = Field(description="One line: which rows, or which rule, the band comes from.")
+
+
 class GpuSpec(BaseModel):
     """One accelerator: capacity, peak rates and achievable fractions of them."""
 
@@ -67,6 +95,9 @@ class GpuSpec(BaseModel):
     )
     source: str = Field("", description="Datasheet or measurement the numbers come from.")
     calibration: str = Field("", description="Which data the efficiencies were fitted on, or 'assumed'.")
+    step_time_residuals: StepTimeResiduals | None = Field(
+        None, description="Step-time errors on published end-to-end runs (or the widened rule where none exist), "
+        "from the GPU's calibration file; the basis of every estimate's error band. None: none known.")
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s for `precision`; a clear error if the GPU has none."""

@@ -6,12 +6,16 @@ public contract (DESIGN.md) and are never renamed.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.specs.hardware import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.strategy import Strategy
 from planner.specs.train import TrainSpec
+
+
+#: Rounding slack when checking that a band contains its point estimate (relative).
+BAND_TOLERANCE = 1e-9
 
 
 class Estimate(BaseModel):
@@ -41,6 +45,30 @@ class Estimate(BaseModel):
     valid: bool = Field(True, description="The strategy breaks no rule (degrees, split, batch, experts); a valid "
                         "strategy may still not fit.")
     reasons: list[str] = Field(default_factory=list, description="Why the strategy is invalid or does not fit; empty when it does.")
+    # ---- error band (planner.error_band): where a real run may land, from the GPU profile's residuals ----
+    step_time_s_low: float | None = Field(
+        None, description="Fast edge of the step-time band, seconds (<= step_time_s); None only for an Estimate "
+        "built by hand.")
+    step_time_s_high: float | None = Field(None, description="Slow edge of the step-time band, seconds (>= step_time_s).")
+    tokens_per_s_per_gpu_low: float | None = Field(
+        None, description="Low edge of the tokens/s/GPU band (from step_time_s_high).")
+    tokens_per_s_per_gpu_high: float | None = Field(
+        None, description="High edge of the tokens/s/GPU band (from step_time_s_low).")
+    mfu_low: float | None = Field(None, description="Low edge of the MFU band (from step_time_s_high).")
+    mfu_high: float | None = Field(None, description="High edge of the MFU band (from step_time_s_low).")
+    band_basis: str = Field("", description="Where the band comes from: the published end-to-end runs whose "
+                            "residuals set it, or the rule that widened it for a GPU without such runs.")
+
+    @model_validator(mode="after")
+    def _band_contains_point(self) -> "Estimate":
+        for name, point in (("step_time_s", self.step_time_s), ("tokens_per_s_per_gpu", self.tokens_per_s_per_gpu),
+                            ("mfu", self.mfu)):
+            low, high = getattr(self, f"{name}_low"), getattr(self, f"{name}_high")
+            if (low is None) != (high is None):
+                raise ValueError(f"{name}_low and {name}_high must be given together")
+            if low is not None and not (low <= point * (1 + BAND_TOLERANCE) and point <= high * (1 + BAND_TOLERANCE)):
+                raise ValueError(f"the band {name}_low ({low}) .. {name}_high ({high}) must contain {name} ({point})")
+        return self
 
 
 class Plan(BaseModel):
@@ -110,6 +138,9 @@ class PlanResult(BaseModel):
     closest: list[Plan] = Field(
         default_factory=list, description="When nothing fits: the valid strategies that came closest to fitting."
     )
+    worth_a_real_run: list[int] = Field(
+        default_factory=list, description="Ranks of the plans whose step-time band overlaps the best plan's (rank 1 "
+        "included): the cost model cannot order them, so short real runs (`meshplan validate`) should.")
     stats: SearchStats = Field(description="Counts and timing of the search.")
     model: ModelSpec = Field(description="The model planned for.")
     cluster: ClusterSpec = Field(description="The cluster planned for.")

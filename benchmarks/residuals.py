@@ -28,7 +28,8 @@ from typing import Callable
 import yaml
 
 from benchmarks.calibration import A100_TABLES, FITS
-from benchmarks.validation import nemo_h100_fp8, predict
+from benchmarks.generations import calibration_rows
+from benchmarks.validation import PUBLIC_SETS, nemo_h100_fp8, predict, public_runs
 from planner.error_band import summarise, widened
 from planner.specs.hardware import StepTimeResiduals
 from profiles import PROFILES_DIR, load_cluster, load_gpu
@@ -47,9 +48,18 @@ class EndToEnd:
 
 
 #: Every published end-to-end step-time set the accuracy report predicts, but those in LEFT_OUT.
+def _held_out_cases(name: str) -> Callable[[], list]:
+    """A published set's cases less the rows a generation fit used (benchmarks.generations)."""
+    def rows() -> list:
+        fitted = calibration_rows()
+        return [c for c in public_runs(name).cases if (name, c.label) not in fitted]
+    return rows
+
+
 END_TO_END = tuple(EndToEnd(t.name, t.rows) for t in A100_TABLES if t.kind == "step") + (
     EndToEnd("NeMo DGX-H100 FP8", nemo_h100_fp8),
-)
+) + tuple(EndToEnd(table, _held_out_cases(name)) for name, (table, _) in PUBLIC_SETS.items()
+          if name != "nemo_h100_fp8")
 #: End-to-end sets the band does not use.
 LEFT_OUT = {
     "SC'21 Table 2 ZeRO-3": "DeepSpeed's ZeRO-3 of 2021, a known limit of the model (README; 27-78 % too fast), "

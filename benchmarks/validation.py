@@ -191,10 +191,11 @@ PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     "nemo_h100_fp8": ("NeMo DGX-H100 FP8", {"cluster": "dgx-h100", "precision": "fp8"}),
     "mbridge_25_11": ("Megatron-Bridge 25.11", {}),
     "mbridge_26_02": ("Megatron-Bridge 26.02", {}),
-    "torchtitan_h100": ("torchtitan H100 (2024-12)", {}),
-    "torchtitan_h200": ("torchtitan H200 (2025-06)", {}),
+    # torchtitan computes the loss with PyTorch's cross_entropy over fp32 logits: not Megatron's fused kernel
+    "torchtitan_h100": ("torchtitan H100 (2024-12)", {"cross_entropy_fusion": False}),
+    "torchtitan_h200": ("torchtitan H200 (2025-06)", {"cross_entropy_fusion": False}),
 }
-OTHER_DATA_FILES = {"published_layouts", "torchtitan_fsdp2_a100"}
+OTHER_DATA_FILES = {"published_layouts", "torchtitan_fsdp2_a100", "zero3_runs", "peak_memory"}
 
 #: GPU preset -> the generation accuracy is reported by (H200 is the H100's GH100 die with faster HBM).
 GENERATIONS = {"a100-40gb": "A100", "a100-80gb": "A100", "h100-sxm": "H100-H200", "h200": "H100-H200",
@@ -283,6 +284,11 @@ def _public_label(r: dict[str, Any], legacy: bool) -> str:
             .replace(" vp?", ""))
 
 
+#: The published FP8 recipe names -> TrainSpec.fp8_recipe; a recipe not stated keeps the default (delayed).
+FP8_RECIPES = {"FP8-CS": "tensorwise", "FP8-MX": "mxfp8", "MXFP8": "mxfp8",
+               "torchao float8 tensorwise dynamic": "tensorwise"}
+
+
 def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None, legacy: bool):
     from profiles import load_model
 
@@ -328,6 +334,10 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
     if ac is not None:
         cons |= ACTIVATION_CHECKPOINTING[ac]
     train: dict[str, Any] = {"precision": r["precision"], "grad_precision": "fp32", "attention_kernel": "flash"}
+    if r["precision"] == "fp8" and r.get("fp8_recipe") in FP8_RECIPES:
+        train["fp8_recipe"] = FP8_RECIPES[r["fp8_recipe"]]
+    if "cross_entropy_fusion" in r:
+        train["cross_entropy_fusion"] = bool(r["cross_entropy_fusion"])
     if moe_load_imbalance is not None and model.num_experts > 0:
         train["moe_load_imbalance"] = moe_load_imbalance
     return StepCase(label=label, table=table, model=model, num_gpus=n, global_batch_size=B, seq_len=s,

@@ -82,17 +82,18 @@ def summarise(errors: list[float], tables: list[str], basis: str) -> StepTimeRes
 
 
 def widened(reference: StepTimeResiduals, reference_name: str) -> StepTimeResiduals:
-    """The band for a GPU with no end-to-end check: `reference`'s edges times WIDEN_FACTOR, at least
-    WIDEN_FLOOR either way; never narrower than the reference.
+    """The band for a GPU with no end-to-end check: `reference`'s edges widened WIDEN_FACTOR times on
+    the ratio scale (measured / predicted step time, so a fast edge of -50 % becomes -75 %, never
+    -100 %), at least WIDEN_FLOOR either way; never narrower than the reference.
 
     >>> ref = StepTimeResiduals(end_to_end=True, n=29, error_low=-0.09, error_high=0.05, basis="x")
     >>> w = widened(ref, "a100-80gb")
     >>> (w.error_low, w.error_high, w.end_to_end)
     (-0.2, 0.2, False)
     """
-    low = min(WIDEN_FACTOR * reference.error_low, -WIDEN_FLOOR)
-    high = max(WIDEN_FACTOR * reference.error_high, WIDEN_FLOOR)
-    basis = (f"no end-to-end check on this GPU: the band of {reference_name} (n={reference.n}) x{WIDEN_FACTOR:g}, "
+    low = min((1 + reference.error_low) ** WIDEN_FACTOR - 1, -WIDEN_FLOOR)
+    high = max((1 + reference.error_high) ** WIDEN_FACTOR - 1, WIDEN_FLOOR)
+    basis = (f"no end-to-end check on this GPU: the band of {reference_name} (n={reference.n}) widened x{WIDEN_FACTOR:g} on the ratio scale, "
              f"at least +-{WIDEN_FLOOR:.0%}")
     return StepTimeResiduals(end_to_end=False, n=reference.n, tables=list(reference.tables),
                              error_low=round(low, 4), error_high=round(high, 4), basis=basis)

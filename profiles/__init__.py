@@ -213,6 +213,11 @@ def _calibration_for(gpu_key: str) -> dict[str, Any]:
             if calib.get("step_time_residuals") is not None:
                 out["step_time_residuals"] = calib["step_time_residuals"]
             out["calibration"] = f"{path.name}: fitted on {fitted_on}" if fitted_on else path.name
+            sustained = calib.get("sustained_compute_fraction_fit")
+            if isinstance(sustained, dict) and "sustained_compute_fraction" in out:
+                rows = len(sustained.get("residuals") or [])
+                out["calibration"] += (f"; sustained_compute_fraction fitted on {rows} end-to-end rows "
+                                       "(benchmarks.generations)")
             return out
     return {}
 

@@ -109,24 +109,24 @@ def _relative_width(cluster: str) -> float:
     return e.step_time_s_high / e.step_time_s_low
 
 
-@pytest.mark.parametrize("cluster", ["dgx-b200", "gb200-nvl72", "dgx-h200", "dgx-a100-40gb"])
+@pytest.mark.parametrize("cluster", ["dgx-h200", "dgx-a100-40gb"])  # GPUs with no published run the planner predicts
 def test_a_gpu_without_end_to_end_runs_has_a_wider_band_than_the_a100(cluster):
     gpu = load_cluster(cluster).gpu
     assert gpu.step_time_residuals is not None and not gpu.step_time_residuals.end_to_end
     assert "no end-to-end check on this GPU" in gpu.step_time_residuals.basis
     assert load_gpu("a100-80gb").step_time_residuals.end_to_end
-    # spread of the band, high / low - 1: 0.55 for the widened band against 0.18 on the A100 today
+    # spread of the band, high / low - 1: the widened band against the A100 measured one
     assert _relative_width(cluster) - 1 > 1.5 * (_relative_width("dgx-a100-80gb") - 1)
 
 
-def test_a_gpu_without_residuals_gets_the_widest_band():
+def test_a_gpu_without_residuals_gets_the_documented_estimate_band():
     doc = yaml.safe_load((PROFILES_DIR / "gpus" / "b200.yaml").read_text())
     bare = gpu_from_yaml(doc)
     assert bare.step_time_residuals is None
     fields = band_fields(1.0, 1000.0, 0.4, bare)
-    shipped = band_fields(1.0, 1000.0, 0.4, load_gpu("b200"))
     assert "no residuals" in fields["band_basis"]
-    assert fields["step_time_s_high"] > shipped["step_time_s_high"] and fields["step_time_s_low"] < shipped["step_time_s_low"]
+    # +-40 % on the error: the step time between 1/1.4 and 1/0.6 of the point estimate
+    assert fields["step_time_s_low"] == pytest.approx(1 / 1.4) and fields["step_time_s_high"] == pytest.approx(1 / 0.6)
 
 
 def test_the_fast_edge_never_passes_the_dense_peak():
@@ -138,8 +138,10 @@ def test_widening_never_narrows_and_respects_the_floor():
     for low, high in ((-0.3, 0.02), (-0.01, 0.25), (0.0, 0.0)):
         ref = StepTimeResiduals(end_to_end=True, n=10, error_low=low, error_high=high, basis="x")
         w = widened(ref, "ref")
-        assert w.error_low <= min(WIDEN_FACTOR * low, -WIDEN_FLOOR) + 1e-12 and w.error_low <= low
-        assert w.error_high >= max(WIDEN_FACTOR * high, WIDEN_FLOOR) - 1e-12 and w.error_high >= high
+        # widened on the ratio scale: (1 + e) ** factor - 1, so the fast edge never reaches -100 %
+        assert w.error_low <= min((1 + low) ** WIDEN_FACTOR - 1, -WIDEN_FLOOR) + 1e-12 and w.error_low <= low
+        assert w.error_low > -1
+        assert w.error_high >= max((1 + high) ** WIDEN_FACTOR - 1, WIDEN_FLOOR) - 1e-12 and w.error_high >= high
 
 
 def test_order_statistic_interval_reaches_its_coverage():
@@ -255,12 +257,12 @@ def test_plan_table_shows_the_band_and_marks_overlap_with_the_best(capsys):
 
 
 def test_evaluate_prints_the_band_and_its_basis(capsys):
-    code, out, err = run(capsys, "evaluate", "--model", "llama3-8b", "--cluster", "dgx-b200", "--gpus", "8",
+    code, out, err = run(capsys, "evaluate", "--model", "llama3-8b", "--cluster", "dgx-h200", "--gpus", "8",
                          "--global-batch-size", "64", "--seq-len", "8192", "--tp", "2", "--sp")
     assert code == 0, err
     line = next(x for x in out.splitlines() if x.startswith("band: step "))
     assert "tokens/s/GPU" in line and "MFU" in line and "no end-to-end check on this GPU" in line
-    code, out, _ = run(capsys, "evaluate", "--model", "llama3-8b", "--cluster", "dgx-b200", "--gpus", "8",
+    code, out, _ = run(capsys, "evaluate", "--model", "llama3-8b", "--cluster", "dgx-h200", "--gpus", "8",
                        "--global-batch-size", "64", "--seq-len", "8192", "--tp", "2", "--sp", "--format", "json")
     e = json.loads(out)
     assert line.startswith(f"band: step {e['step_time_s_low']:.3f}-{e['step_time_s_high']:.3f} s")
@@ -279,7 +281,7 @@ def test_clusters_names_where_every_presets_numbers_come_from(capsys):
         assert where["constants"].startswith(("fitted on ", "carried over from ", "measured by `meshplan profile`",
                                               "defaults (assumed)"))
         if "carried over" in gpu.calibration:  # nothing carried over goes unnamed
-            assert where["constants"] == "carried over from a100-80gb (assumed)"
+            assert where["constants"].startswith("carried over from a100-80gb (assumed)")
         band = gpu.step_time_residuals
         kind = "estimate" if band is None else ("end-to-end" if band.end_to_end else "widened")
         assert kind in where["error_band"] and where["error_band_basis"]
@@ -287,7 +289,8 @@ def test_clusters_names_where_every_presets_numbers_come_from(capsys):
     assert "where each GPU's numbers come from" in out
     for r in rows:
         assert r["gpu"] in out
-    assert "carried over from a100-80gb" in out and "end-to-end n=29" in out and "widened" in out
+    flat = " ".join(out.split())  # the table wraps its cells
+    assert "end-to-end" in flat and "widened" in flat and "carried over from" in flat
 
 
 def test_residuals_script_prints_every_gpu(capsys, validation_path):

@@ -28,10 +28,12 @@ def constants_provenance(gpu: GpuSpec) -> str:
         return f"{MEASURED} (micro-benchmarks on this machine)"
     if not text:
         return "defaults (assumed): no calibration file"
+    sustained = re.search(r"; (sustained_compute_fraction fitted on \d+ end-to-end rows)", text)
+    tail = f"; {sustained[1]}" if sustained else ""
     if "carried over" in text:
         m = re.search(r"the (\S+) fit carried over|carried over from (\S+)", text)
         origin = next((g for g in m.groups() if g), None) if m else None
-        return f"carried over from {origin} (assumed)" if origin else "carried over (assumed): " + text
+        return (f"carried over from {origin} (assumed)" if origin else "carried over (assumed): " + text) + tail
     m = re.match(r"(?P<file>[\w.-]+\.yaml): fitted on (?P<what>[^:]+)", text)
     if not m:
         return text

@@ -30,7 +30,7 @@ the candidates.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,12 +43,16 @@ if TYPE_CHECKING:  # specs are read by attribute only
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 GB = 1e9
+#: The lookup grid of `Curves.busbw`: 1/32 octave in bytes, from 1 byte to 2**48 (beyond the largest
+#: measured size the bus bandwidth stays at the last value, as the curve itself does).
+GRID_STEP = float(np.log(2.0)) / 32
+GRID_POINTS = 48 * 32 + 2
 
 
 def bus_factor(op: str, n):
     """busbw / algbw of `op` over `n` ranks (nccl-tests doc/PERFORMANCE.md)."""
     n = np.asarray(n, dtype=float)
-    return (2.0 if op == "all_reduce" else 1.0) * (n - 1) / np.maximum(n, 1)
+    return (2.0 if op == "all_reduce" else 1.0) * (n - 1) / np.maximum(n, 1)  # gather_scatter: the mean curve
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,29 @@ class Curves:
     log_busbw: tuple[np.ndarray, ...]
 
     def busbw(self, nbytes, n) -> np.ndarray:
+        """Bus bandwidth (bytes/s) of one collective of `nbytes` over `n` ranks (whole numbers),
+        arrays broadcast: `exact_busbw` tabulated once per group size on a grid of 1/32 octave in
+        bytes, which holds every knot at a power-of-two size, so the lookup is the exact curve there
+        and between (the curve is linear in log bytes between knots)."""
+        grid = self._grid
+        nbytes, n = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(n, dtype=float))
+        k = np.minimum(np.log(np.maximum(nbytes, 1.0)) / GRID_STEP, GRID_POINTS - 1 - 1e-9)
+        i = k.astype(np.int64)
+        flat = np.minimum(np.maximum(n, 0), grid.shape[0] - 1).astype(np.int64) * GRID_POINTS + i
+        table = grid.ravel()
+        lo = table[flat]
+        return np.exp(lo + (k - i) * (table[flat + 1] - lo))
+
+    @cached_property
+    def _grid(self) -> np.ndarray:
+        """log busbw per whole group size 0..largest measured (smaller and larger ones clamp to the
+        nearest measured curve) at GRID_POINTS byte sizes 2**(j/32)."""
+        u = np.arange(GRID_POINTS) * GRID_STEP
+        top = int(self.group_sizes[-1])
+        return np.stack([np.log(self.exact_busbw(np.exp(u), np.full(u.shape, float(max(n, 1)))))
+                         for n in range(top + 1)])
+
+    def exact_busbw(self, nbytes, n) -> np.ndarray:
         """Bus bandwidth (bytes/s) of one collective of `nbytes` over `n` ranks, arrays broadcast:
         linear in log bytes along each measured group's curve, linear in log group size between the
         two measured groups around `n` (clamped at the smallest and largest)."""
@@ -166,7 +193,8 @@ class CurveCommModel(TierCommModel):
         missing = [op for op in OPS if op not in nvlink]
         if missing:
             raise SpecError(f"collectives table of {cluster.gpu.name}: nvlink tier lacks {', '.join(missing)}")
-        self.nvlink = nvlink
+        self.nvlink = dict(nvlink)
+        self.nvlink["gather_scatter"] = _mean_curve(nvlink["all_gather"], nvlink["reduce_scatter"])
 
     def _span(self, size, stride):
         """(inside one domain, members per domain) of each group."""
@@ -175,45 +203,83 @@ class CurveCommModel(TierCommModel):
         local = np.clip(self.domain // np.maximum(stride, 1), 1, size)
         return inside, local
 
-    def _collective_s(self, op: str, nbytes, size, stride, hops) -> np.ndarray:
-        n = np.asarray(size, dtype=float)
-        inside, local = self._span(n, stride)
-        curve = self.nvlink[op]
-        t_in = curve.time_s(op, nbytes, n)
-        if np.all(inside):
-            return np.where(n > 1, t_in, 0.0)
-        # spanning domains: TierCommModel's busbw = min(NVLink, k · NIC) (the NIC tier's all-reduce or
-        # gather/scatter bandwidth), NVLink side from the curve of the k members one domain holds,
-        # and the network tier's latency per hop
-        nic_bw = self.inter_bw if op == "all_reduce" else self.inter_gs_bw
-        span_bw = np.minimum(curve.busbw(nbytes, np.maximum(local, 2)), nic_bw * local)
-        t_span = bus_factor(op, np.maximum(n, 2)) * nbytes / span_bw + hops * self.inter_lat
-        return np.where(n > 1, np.where(inside, t_in, t_span), 0.0)
+    def _groups(self, nbytes, size, stride):
+        """Flattened (bytes, n, stride, members per domain) of every query, and the masks of the
+        groups inside one domain and of those spanning domains (groups of one rank take no time and
+        are in neither): each curve is evaluated on the queries that need it only."""
+        nbytes, n, stride = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(size, dtype=float),
+                                                np.asarray(stride, dtype=float))
+        shape = n.shape
+        nbytes, n, stride = nbytes.ravel(), n.ravel(), stride.ravel()
+        active = (n > 1) & (nbytes > 0)  # no ranks to talk to, or nothing to send: no collective
+        fits = n * stride <= self.domain
+        inside = active & fits
+        span = active & ~fits
+        local = np.zeros(n.shape)
+        if span.any():  # members of a spanning group in one domain (at least 1, at most the group)
+            local[span] = np.minimum(np.maximum(self.domain // np.maximum(stride[span], 1), 1), n[span])
+        return shape, nbytes, n, local, inside, span
+
+    def _collective_s(self, ops: tuple[str, ...], nbytes, size, stride, hops) -> np.ndarray:
+        """Mean time of `ops` (one, or all-gather and reduce-scatter) of `nbytes` over `size` ranks.
+        Inside a domain: the measured curve. Spanning domains: TierCommModel's busbw = min(NVLink,
+        k · NIC) (the NIC tier's all-reduce or gather/scatter bandwidth), the NVLink side from the
+        curve of the k members one domain holds, plus the network tier's latency per hop."""
+        shape, nbytes, n, local, inside, span = self._groups(nbytes, size, stride)
+        hops = np.broadcast_to(np.asarray(hops, dtype=float), shape).ravel()
+        out = np.zeros(n.shape)
+        for op in ops:
+            curve = self.nvlink[op]
+            if inside.any():
+                out[inside] += curve.time_s(op, nbytes[inside], n[inside])
+            if span.any():
+                b, k = nbytes[span], local[span]
+                nic_bw = self.inter_bw if op == "all_reduce" else self.inter_gs_bw
+                span_bw = np.minimum(curve.busbw(b, np.maximum(k, 2)), nic_bw * k)
+                out[span] += bus_factor(op, n[span]) * b / span_bw + hops[span] * self.inter_lat
+        return (out / len(ops)).reshape(shape)
 
     def all_reduce_s(self, nbytes, size, stride) -> np.ndarray:
         n = np.asarray(size, dtype=float)
-        return self._collective_s("all_reduce", nbytes, n, stride, 2 * np.ceil(np.log2(np.maximum(n, 1))))
+        return self._collective_s(("all_reduce",), nbytes, n, stride, 2 * np.ceil(np.log2(np.maximum(n, 1))))
 
     def gather_scatter_s(self, nbytes, size, stride) -> np.ndarray:
         """The mean of the measured all-gather and reduce-scatter times (the step model asks
         for either with one call; their curves differ by a few per cent)."""
         n = np.asarray(size, dtype=float)
-        hops = n - 1
-        return 0.5 * (self._collective_s("all_gather", nbytes, n, stride, hops)
-                      + self._collective_s("reduce_scatter", nbytes, n, stride, hops))
+        return self._collective_s(("gather_scatter",), nbytes, n, stride, n - 1)
 
     def all_to_all_s(self, nbytes, size, stride) -> np.ndarray:
         """Inside a domain the measured curve; across domains TierCommModel's rule (the slower of
         the NVLink share and the NIC share) with the NVLink share at the curve's bandwidth."""
-        n = np.asarray(size, dtype=float)
-        stride = np.asarray(stride, dtype=float)
-        inside, local = self._span(n, stride)
+        shape, nbytes, n, local, inside, span = self._groups(nbytes, size, stride)
         curve = self.nvlink["all_to_all"]
-        t_in = curve.time_s("all_to_all", nbytes, n)
-        intra_s = nbytes * (local - 1) / n / curve.busbw(nbytes, np.maximum(local, 2))
-        inter_s = nbytes * (n - local) / n / self.inter_bw
-        t_span = np.maximum(intra_s, inter_s) + np.ceil(np.log2(np.maximum(n, 1))) * self.inter_lat
-        return np.where(n > 1, np.where(inside, t_in, t_span), 0.0)
+        out = np.zeros(n.shape)
+        if inside.any():
+            out[inside] = curve.time_s("all_to_all", nbytes[inside], n[inside])
+        if span.any():
+            b, k, m = nbytes[span], local[span], n[span]
+            intra_s = b * (k - 1) / m / curve.busbw(b, np.maximum(k, 2))
+            inter_s = b * (m - k) / m / self.inter_bw
+            out[span] = np.maximum(intra_s, inter_s) + np.ceil(np.log2(m)) * self.inter_lat
+        return out.reshape(shape)
+
+
+def _mean_curve(a: Curves, b: Curves) -> Curves:
+    """One curve whose time is the mean of two operations' (all-gather and reduce-scatter share the
+    bus-bandwidth factor (n-1)/n): at every knot of either, on the group sizes both measured."""
+    sizes = np.intersect1d(a.group_sizes, b.group_sizes)
+    if not len(sizes):
+        raise SpecError("collectives table: all_gather and reduce_scatter share no group size")
+    log_bytes, log_busbw = [], []
+    for n in sizes:
+        ia, ib = int(np.searchsorted(a.group_sizes, n)), int(np.searchsorted(b.group_sizes, n))
+        u = np.union1d(a.log_bytes[ia], b.log_bytes[ib])
+        ta = np.exp(u - a._at(ia, u))  # bytes / busbw, the common factor (n-1)/n left out
+        tb = np.exp(u - b._at(ib, u))
+        log_bytes.append(u)
+        log_busbw.append(u - np.log((ta + tb) / 2))
+    return Curves(sizes.astype(float), tuple(log_bytes), tuple(log_busbw))
 
 
 def comm_model_for(cluster: ClusterSpec) -> TierCommModel:

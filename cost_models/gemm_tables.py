@@ -67,7 +67,7 @@ class GemmTable:
         """
         grid = self.eff[COLUMN[precision]]
         m, n, k = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (m, n, k)))
-        if m.size > 64:  # candidates share few shapes: interpolate each distinct one once
+        if m.size > 16384:  # candidates share few shapes: interpolate each distinct one once
             keys = np.stack([m.ravel(), n.ravel(), k.ravel()])
             uniq, inverse = np.unique(keys, axis=1, return_inverse=True)
             return self._lookup(grid, *uniq)[inverse.ravel()].reshape(m.shape)

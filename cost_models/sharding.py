@@ -120,13 +120,14 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     rows, m = lay.rows, s.num_microbatches
     shard, shard_stride = lay.group("cp", "dp")
     grad_b, weight_b = DTYPE_BYTES[train.grad_precision], WEIGHT_BYTES[train.precision]
-    dense_k = kind_params_per_rank(s.blocks, lay.tp)
+    z3 = st.zero_stage == 3  # only those candidates' traffic is used: the others' bytes are zero
+    dense_k = kind_params_per_rank(s.blocks, lay.tp) * z3
     gathered = dense_k * weight_b  # one layer's weights, bytes, (K, N)
     gather = collective_s(s, impl, gathered, shard, shard_stride)
     reduce = collective_s(s, impl, dense_k * grad_b, shard, shard_stride)
     if s.has_experts:
         edp, edp_stride = lay.expert_group("edp")
-        expert_k = kind_expert_params_per_rank(s.blocks, lay.ep, lay.etp)
+        expert_k = kind_expert_params_per_rank(s.blocks, lay.ep, lay.etp) * z3
         gathered = gathered + expert_k * weight_b
         gather = gather + np.where(expert_k > 0, collective_s(s, impl, expert_k * weight_b, edp, edp_stride), 0.0)
         reduce = reduce + np.where(expert_k > 0, collective_s(s, impl, expert_k * grad_b, edp, edp_stride), 0.0)
@@ -142,7 +143,7 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     # Embedding, final norm and output layer: gathered at every micro-batch's start (with the
     # first layer), reduce-scattered after the last backward.
     ends = rows.has_embedding | rows.has_head
-    end_params = s.params - s.per_row(dense_k)
+    end_params = (s.params - s.per_row(dense_k)) * z3
     end_gather = np.where(ends, collective_s(s, impl, end_params * weight_b, shard, shard_stride), 0.0)
     end_reduce = np.where(ends, collective_s(s, impl, end_params * grad_b, shard, shard_stride), 0.0)
     end_copy = np.where(ends & impl.copy_out, READ_PLUS_WRITE * end_params * weight_b

@@ -322,9 +322,9 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
         tp, hop = 0.0, 0.0
         for c in layer.comms(x):
             if c.tp_exchanges:
-                tp = tp + c.tp_exchanges * np.where(st.sequence_parallel,
-                                                    2 * comm.gather_scatter_s(c.tp_bytes, tp_size, tp_stride),
-                                                    comm.all_reduce_s(c.tp_bytes, tp_size, tp_stride))
+                sp = st.sequence_parallel  # each collective gets the bytes of the candidates that run it
+                tp = tp + c.tp_exchanges * np.where(sp, 2 * comm.gather_scatter_s(c.tp_bytes * sp, tp_size, tp_stride),
+                                                    comm.all_reduce_s(c.tp_bytes * ~sp, tp_size, tp_stride))
             if np.any(c.cp_hop_bytes):
                 hop = hop + comm.p2p_s(c.cp_hop_bytes, cp_stride, cp_size * cp_stride)
         return np.broadcast_to(tp, (n,)), np.broadcast_to(hop, (n,))
@@ -415,17 +415,21 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     params, experts = s.params, s.expert_params
     grad_b, weight_b = DTYPE_BYTES[train.grad_precision], WEIGHT_BYTES[train.precision]
 
+    # each collective gets the bytes of the candidates that run it only (zero elsewhere: a measured-curve
+    # model skips those; the tier model's answer there is discarded by the np.where)
     def reduce_s(nbytes, size, stride):
-        return np.where(zero == 0, comm.all_reduce_s(nbytes, size, stride), comm.gather_scatter_s(nbytes, size, stride))
+        return np.where(zero == 0, comm.all_reduce_s(nbytes * (zero == 0), size, stride),
+                        comm.gather_scatter_s(nbytes * (zero != 0), size, stride))
 
     fwd_mb = s.per_row(lt.fwd_s)
     bwd_mb = s.per_row(lt.bwd_s) + rows.has_head * s.blocks.head_passes * pl.head_bwd_s
     grad_reduce = reduce_s(params * grad_b, shard, shard_stride)
-    param_gather = np.where((zero == 1) | (zero == 2), comm.gather_scatter_s(params * weight_b, shard, shard_stride), 0.0)
+    sharded = (zero == 1) | (zero == 2)
+    param_gather = np.where(sharded, comm.gather_scatter_s(params * weight_b * sharded, shard, shard_stride), 0.0)
     if s.has_experts:
         grad_reduce = grad_reduce + reduce_s(experts * grad_b, edp, edp_stride)
-        param_gather = param_gather + np.where((zero == 1) | (zero == 2),
-                                               comm.gather_scatter_s(experts * weight_b, edp, edp_stride), 0.0)
+        param_gather = param_gather + np.where(sharded, comm.gather_scatter_s(experts * weight_b * sharded, edp,
+                                                                             edp_stride), 0.0)
     overlap = s.cluster.overlap_efficiency
     exposed = np.where(st.overlap_grad_reduce, exposed_s(grad_reduce, bwd_mb, overlap), grad_reduce)
     exposed = exposed + np.where(st.overlap_param_gather, exposed_s(param_gather, fwd_mb, overlap), param_gather)

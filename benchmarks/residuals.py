@@ -60,6 +60,11 @@ END_TO_END = tuple(EndToEnd(t.name, t.rows) for t in A100_TABLES if t.kind == "s
     EndToEnd("NeMo DGX-H100 FP8", nemo_h100_fp8),
 ) + tuple(EndToEnd(table, _held_out_cases(name)) for name, (table, _) in PUBLIC_SETS.items()
           if name != "nemo_h100_fp8")
+#: GPUs that share a compute die and its calibration with another (the A100 40 GB and 80 GB; the H200
+#: and H100: same GH100 die and clocks, more and faster HBM): without runs of their own, their band is
+#: the twin's as it is (at least the floor), rather than every GPU's pooled and widened.
+SAME_SILICON = {"a100-40gb": "a100-80gb", "h200": "h100-sxm"}
+
 #: End-to-end sets the band does not use.
 LEFT_OUT = {
     "SC'21 Table 2 ZeRO-3": "DeepSpeed's ZeRO-3 of 2021, a known limit of the model (README; 27-78 % too fast), "
@@ -111,6 +116,9 @@ def residuals_by_gpu(rows: list[Row], gpus: list[str]) -> dict[str, StepTimeResi
         if r.error is not None:
             own.setdefault(r.gpu, []).append(r)
     out = {gpu: _summary(rs) for gpu, rs in own.items()}
+    for gpu, twin in SAME_SILICON.items():  # the twin's own runs, widened (no run on this GPU itself)
+        if gpu in gpus and gpu not in out and twin in own:
+            out[gpu] = widened(_summary(own[twin]), f"{twin} (same compute die)", factor=1.0)
     pooled = [r for rs in own.values() for r in rs]
     if pooled:
         reference = _summary(pooled)

@@ -308,28 +308,41 @@ def memory_table(name: str | None) -> MemoryTable | None:
     return MemoryTable(**values)
 
 
-def nccl_buffer_bytes(st: StrategyArrays, table: MemoryTable) -> np.ndarray:
+#: Channels NCCL opens to a peer it reaches over the network for point-to-point work (all-to-all,
+#: send/recv): NCCL_NCHANNELS_PER_NET_PEER, 2 by default (NCCL environment-variable documentation);
+#: users report all-to-all across nodes running on 1-2 channels by default and raise it by hand
+#: (NVIDIA/nccl#1680; a GB200 tuning note measuring "1 channel" by default). Peers inside the NVLink
+#: domain take the table's `nccl_channels` (measured: 32 per pair of H100s, NVIDIA/nccl#1685).
+NET_PEER_CHANNELS = 2
+
+
+def nccl_buffer_bytes(st: StrategyArrays, table: MemoryTable, domain: int | None = None) -> np.ndarray:
     """NCCL's own device buffers on one rank (N,), bytes; NCCL allocates them itself, outside
     PyTorch's caching allocator.
 
-        bytes = connections · channels · connection_bytes
-        connections = 2 per ring collective group (tp, cp, the gradient group dp·cp; a ring
-                      connects each rank to its two neighbours whatever the group size)
-                      + 2 for pipeline sends to the previous and next stage (pp > 1)
-                      + (ep - 1) for the all-to-all of expert parallelism (ep > 1)
+        bytes = (ring · channels + all-to-all peers' channels) · connection_bytes
+        ring  = 2 connections per ring collective group (tp, cp, the gradient group dp·cp; a ring
+                connects each rank to its two neighbours whatever the group size)
+                + 2 for pipeline sends to the previous and next stage (pp > 1)
+        all-to-all peers of expert parallelism: the ep - 1 others, those inside the NVLink domain
+                (`domain`, ep ranks etp apart) at `channels` each, the rest at NET_PEER_CHANNELS
 
     Sources: NCCL's memory is linear in the number of channels and a ring has two connections
     whatever the scale (S. Jeaugey, NVIDIA/nccl#864 / #986); an all-to-all connects every pair
     of ranks (NVIDIA/nccl#1685: 32 channels per pair of H100s, 10 MiB + 2 MiB per channel and
     peer, 3.28 GB more after the first all-to-all on 8 GPUs). Communicators are assumed not to
     share resources (no `ncclCommSplit` sharing), as PyTorch's process groups create them.
+    Without `domain` every peer counts as inside it (the upper bound).
     """
-    ring = 2 * ((st.tp > 1).astype(float) + (st.cp > 1) + (st.dp * st.cp > 1))
-    p2p = 2.0 * (st.pp > 1) + np.maximum(st.ep - 1, 0)
-    return (ring + p2p) * table.nccl_channels * table.nccl_connection_bytes
+    ring = 2 * ((st.tp > 1).astype(float) + (st.cp > 1) + (st.dp * st.cp > 1)) + 2.0 * (st.pp > 1)
+    peers = np.maximum(st.ep - 1, 0).astype(float)
+    local = peers if domain is None else np.minimum(peers, np.maximum(domain // np.maximum(st.etp, 1), 1) - 1)
+    channels = ring * table.nccl_channels + local * table.nccl_channels + (peers - local) * NET_PEER_CHANNELS
+    return channels * table.nccl_connection_bytes
 
 
-def runtime_memory_bytes(tensor_bytes: np.ndarray, st: StrategyArrays, gpu) -> dict[str, np.ndarray]:
+def runtime_memory_bytes(tensor_bytes: np.ndarray, st: StrategyArrays, gpu, domain: int | None = None
+                         ) -> dict[str, np.ndarray]:
     """Memory of one rank that no model tensor holds, by term (arrays shaped like `tensor_bytes`,
     the sum of the tensor terms of each stage row), bytes.
 
@@ -345,5 +358,5 @@ def runtime_memory_bytes(tensor_bytes: np.ndarray, st: StrategyArrays, gpu) -> d
         return {"framework_reserve": zero + gpu.framework_reserve_bytes, "cuda_context": zero,
                 "nccl_buffers": zero, "allocator_slack": zero}
     return {"framework_reserve": zero, "cuda_context": zero + table.cuda_context_bytes,
-            "nccl_buffers": zero + nccl_buffer_bytes(st, table),
+            "nccl_buffers": zero + nccl_buffer_bytes(st, table, domain),
             "allocator_slack": table.allocator_slack_fraction * tensor_bytes}

@@ -229,7 +229,7 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     mem["zero3_buffers"] = zero3_working_bytes(s.blocks, st, train.precision, train.grad_precision) * (lay.rows.layers > 0)
     mem["comm_buffers"] = p2p_buffers
     tensors = sum(np.broadcast_to(v, params.shape) for v in mem.values())
-    mem |= runtime_memory_bytes(tensors, st, s.gpu)
+    mem |= runtime_memory_bytes(tensors, st, s.gpu, s.cluster.domain_size)
     return {k: np.broadcast_to(mem[k], params.shape) for k in MEMORY_TERMS}
 
 

@@ -81,7 +81,7 @@ def summarise(errors: list[float], tables: list[str], basis: str) -> StepTimeRes
         mean_signed=round(sum(errors) / len(errors), 4), max_abs=round(max(abs(e) for e in errors), 4), basis=basis)
 
 
-def widened(reference: StepTimeResiduals, reference_name: str) -> StepTimeResiduals:
+def widened(reference: StepTimeResiduals, reference_name: str, factor: float = WIDEN_FACTOR) -> StepTimeResiduals:
     """The band for a GPU with no end-to-end check: `reference`'s edges widened WIDEN_FACTOR times on
     the ratio scale (measured / predicted step time, so a fast edge of -50 % becomes -75 %, never
     -100 %), at least WIDEN_FLOOR either way; never narrower than the reference.
@@ -91,9 +91,9 @@ def widened(reference: StepTimeResiduals, reference_name: str) -> StepTimeResidu
     >>> (w.error_low, w.error_high, w.end_to_end)
     (-0.2, 0.2, False)
     """
-    low = min((1 + reference.error_low) ** WIDEN_FACTOR - 1, -WIDEN_FLOOR)
-    high = max((1 + reference.error_high) ** WIDEN_FACTOR - 1, WIDEN_FLOOR)
-    basis = (f"no end-to-end check on this GPU: the band of {reference_name} (n={reference.n}) widened x{WIDEN_FACTOR:g} on the ratio scale, "
+    low = min((1 + reference.error_low) ** factor - 1, -WIDEN_FLOOR)
+    high = max((1 + reference.error_high) ** factor - 1, WIDEN_FLOOR)
+    basis = (f"no end-to-end check on this GPU: the band of {reference_name} (n={reference.n}) widened x{factor:g} on the ratio scale, "
              f"at least +-{WIDEN_FLOOR:.0%}")
     return StepTimeResiduals(end_to_end=False, n=reference.n, tables=list(reference.tables),
                              error_low=round(low, 4), error_high=round(high, 4), basis=basis)

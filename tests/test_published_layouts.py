@@ -32,7 +32,13 @@ DATA_DOC = load_data()
 
 #: Published layouts meshplan accepts and prices but cannot fit, and why (reported to the cost
 #: model, never worked around by changing the layout). Strict: the mark fails once they fit.
-DOES_NOT_FIT: dict[str, str] = {}  # layout -> why it does not fit (none today)
+DOES_NOT_FIT: dict[str, str] = {
+    "deepseek-v3-report": "over by about 11 GiB: meshplan stores BF16 activations where DeepSeek caches FP8 "
+                          "(noted in the data file), and adds the allocator slack estimate (10 % of tensors)",
+    "llama3.1-405b-8k-8192gpu": "over by about 7 GiB, less than the allocator slack estimate (10 % of tensors, "
+                                "7.7 GiB): the run's allocator held less than that",
+    "llama3.1-405b-128k-cp16": "over by about 0.5 GiB, within the allocator slack estimate (7.0 GiB)",
+}
 
 
 def _fit_params():
@@ -178,6 +184,10 @@ def test_each_layout_given_as_constraints_is_the_plan(name, results):
     cons = {k: v for k, v in s.model_dump().items() if v is not None}
     result = plan(model=lay.model, cluster=lay.cluster, num_gpus=lay.num_gpus, global_batch_size=lay.global_batch_size,
                   seq_len=lay.seq_len, precision=lay.precision, constraints=cons, top_k=1, **lay.train_options)
-    assert result.stats.num_valid == 1 and len(result.plans) == 1, result.stats
+    assert result.stats.num_valid == 1, result.stats
+    if name in DOES_NOT_FIT:  # the one valid plan is the closest one, not a plan that fits
+        assert not result.plans and result.closest and result.closest[0].strategy == s
+        return
+    assert len(result.plans) == 1
     assert result.plans[0].strategy == s
     assert result.plans[0].estimate.step_time_s == pytest.approx(results[name].estimate.step_time_s)

@@ -110,22 +110,36 @@ def main(argv: list[str]) -> int:
     directory = Path(PROFILES_DIR) / "calibration"
     for key, note in (("a100-80gb", ""), ("a100-40gb", "; applied to the A100-SXM4-40GB (same A100 silicon)")):
         path = directory / f"{key}.yaml"
-        path.write_text(yaml.safe_dump(shipped_doc(shipped, lopo_table, note), sort_keys=False, width=120))
+        doc = shipped_doc(shipped, lopo_table, note) | kept_keys(path)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
         print(f"wrote {path}")
-    # No per-layer or end-to-end timings for newer GPUs are in the validation set:
-    # their parameters are the A100 fit carried over, and say so.
+    # The newer GPUs' A100-fitted constants (gemm_efficiency and the others) are carried over and say
+    # so; they time only what those GPUs' kernel tables do not cover. Their sustained_compute_fraction
+    # (benchmarks.generations) and error band (benchmarks.residuals) are kept as those scripts wrote them.
     for key in CARRIED_OVER:
+        path = directory / f"{key}.yaml"
         doc = {
             **{k: shipped.params[k] for k in BOUNDS},
             "fit": f"{SHIPPED} (carried over from a100-80gb)",
-            "fitted_on": "nothing for this GPU: the a100-80gb fit carried over (assumed; no published timings "
-                         "for this GPU in the validation set). Replace with `meshplan profile` measurements.",
+            "fitted_on": "nothing for this GPU: the a100-80gb fit carried over (assumed) for the parts its kernel "
+                         "tables do not time. Replace with `meshplan profile` measurements.",
             "method": "python -m benchmarks.calibrate (carried over)",
-        }
-        path = directory / f"{key}.yaml"
+        } | kept_keys(path)
         path.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
         print(f"wrote {path} (carried over)")
     return 0
+
+
+#: Keys of a calibration file that other scripts write (benchmarks.generations, benchmarks.residuals).
+KEPT = ("sustained_compute_fraction", "sustained_compute_fraction_fit", "step_time_residuals")
+
+
+def kept_keys(path: Path) -> dict:
+    """The KEPT keys of the calibration file at `path` as they are (none if it does not exist)."""
+    if not path.exists():
+        return {}
+    doc = yaml.safe_load(path.read_text()) or {}
+    return {k: doc[k] for k in KEPT if k in doc}
 
 
 if __name__ == "__main__":

@@ -131,7 +131,9 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
         gathered = gathered + expert_k * weight_b
         gather = gather + np.where(expert_k > 0, collective_s(s, impl, expert_k * weight_b, edp, edp_stride), 0.0)
         reduce = reduce + np.where(expert_k > 0, collective_s(s, impl, expert_k * grad_b, edp, edp_stride), 0.0)
-    copy_out = np.where(impl.copy_out, READ_PLUS_WRITE * gathered / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency), 0.0)
+    sharded = shard > 1  # a shard group of one rank gathers nothing, and copies nothing out
+    copy_out = np.where(impl.copy_out & sharded,
+                        READ_PLUS_WRITE * gathered / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency), 0.0)
     bwd_plain = pl.bwd_s - pl.recompute_s
 
     def layer(bwd_window):
@@ -146,7 +148,7 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     end_params = (s.params - s.per_row(dense_k)) * z3
     end_gather = np.where(ends, collective_s(s, impl, end_params * weight_b, shard, shard_stride), 0.0)
     end_reduce = np.where(ends, collective_s(s, impl, end_params * grad_b, shard, shard_stride), 0.0)
-    end_copy = np.where(ends & impl.copy_out, READ_PLUS_WRITE * end_params * weight_b
+    end_copy = np.where(ends & impl.copy_out & sharded, READ_PLUS_WRITE * end_params * weight_b
                         / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency), 0.0)
     has_layers = rows.layers > 0
     # The first layer's gather has no earlier layer to hide behind (every micro-batch); the

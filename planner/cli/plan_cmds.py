@@ -119,8 +119,12 @@ def print_plan_table(result: PlanResult) -> None:
     cols = ["#", "dp", "tp", "pp", "cp"] + (["ep", "etp"] if moe else []) + [
         "vpp", "sp", "zero", "mbs", "recompute", "split", "step (s)", "step band (s)", "~#1", "tok/s/GPU",
         "model TFLOP/s/GPU", "MFU %", "MFU band %", "mem/GPU (GiB)", "headroom (GiB)"]
+    # the split and recompute labels are typed back into `evaluate`: never truncated, the other columns give way
+    widths = {"split": max([len(p.strategy.split_label() or "even") for p in plans] + [5]),
+              "recompute": max([len(p.strategy.recompute) + 5 for p in plans] + [9])}
     for col in cols:
-        table.add_column(col, justify="left" if col in ("recompute", "split") else "right")
+        table.add_column(col, justify="left" if col in widths else "right", no_wrap=col in widths,
+                         min_width=widths.get(col))
     worth = set(result.worth_a_real_run)
     for p in plans:
         s, e = p.strategy, p.estimate

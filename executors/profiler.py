@@ -147,6 +147,32 @@ def gemm_table_profile(raw: dict[str, Any], name: str) -> dict[str, Any] | None:
             "columns": ["b", "m", "n", "k", *dtypes], "rows": rows}
 
 
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def collectives_table_profile(raw: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The measured collective curves (profiles/kernels/collectives/<name>.yaml, the format of the
+    public ones: `cost_models.collectives`): per operation and group size, the message sizes and the
+    nccl-tests bus bandwidth measured, as the tier inside one machine. None unless all four
+    operations were measured at two sizes or more for some group size."""
+    tier: dict[str, list[dict[str, Any]]] = {}
+    for op in COLLECTIVE_OPS:
+        curves = []
+        for n in sorted({r["group_size"] for r in raw["collectives"] if r["op"] == op}):
+            rows = sorted((r for r in raw["collectives"] if r["op"] == op and r["group_size"] == n),
+                          key=lambda r: r["bytes"])
+            if n >= 2 and len(rows) >= 2 and all(r["busbw_bytes_per_s"] > 0 for r in rows):
+                curves.append({"group_size": int(n), "bytes": [int(r["bytes"]) for r in rows],
+                               "busbw_gb_per_s": [round(r["busbw_bytes_per_s"] / 1e9, 6) for r in rows]})
+        if not curves:
+            return None
+        tier[op] = curves
+    return {"kind": "measured", "gpu": raw["description"], "source": _source(raw),
+            "convention": "nccl-tests bus bandwidth (doc/PERFORMANCE.md): all-reduce 2(n-1)/n, the others (n-1)/n "
+                          "times bytes / time; bytes = the full buffer",
+            "tiers": {"nvlink": tier}}
+
+
 def cluster_profile(raw: dict[str, Any], name: str, gpu_ref: str | dict[str, Any]) -> dict[str, Any]:
     n = raw["world_size"]
     if n < 2:
@@ -211,10 +237,12 @@ def write_profiles(raw: dict[str, Any], name: str, root: Path) -> tuple[Path, Pa
     from profiles import search_dirs
 
     gpu = gpu_profile(raw, name)
-    table = gemm_table_profile(raw, name)
-    if table is not None:
+    tables = {topic: t for topic, t in (("gemm", gemm_table_profile(raw, name)),
+                                         ("collectives", collectives_table_profile(raw, name))) if t is not None}
+    if tables:
         gpu["kernel_tables"] = name
-        gpu["kernel_tables_source"] = f"kernels/gemm/{name}.yaml beside this file, measured by the same run"
+        gpu["kernel_tables_source"] = (", ".join(f"kernels/{topic}/{name}.yaml" for topic in tables)
+                                       + " beside this file, measured by the same run")
     on_path = any(root.resolve() == d.resolve() for d in search_dirs())
     cluster = cluster_profile(raw, name, name if on_path else gpu)
     comments = [f"Written by `meshplan profile` on {datetime.now().date().isoformat()}; re-run it to refresh.",
@@ -223,8 +251,8 @@ def write_profiles(raw: dict[str, Any], name: str, root: Path) -> tuple[Path, Pa
     gpu_path.parent.mkdir(parents=True, exist_ok=True)
     cluster_path.parent.mkdir(parents=True, exist_ok=True)
     gpu_path.write_text(_dump(gpu, comments))
-    if table is not None:
-        table_path = root / "kernels" / "gemm" / f"{name}.yaml"
+    for topic, table in tables.items():
+        table_path = root / "kernels" / topic / f"{name}.yaml"
         table_path.parent.mkdir(parents=True, exist_ok=True)
         table_path.write_text(_dump(table, comments))
     cluster_path.write_text(_dump(cluster, comments))

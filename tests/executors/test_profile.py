@@ -128,3 +128,24 @@ def test_no_table_without_a_full_grid():
     from executors.profiler import gemm_table_profile
 
     assert gemm_table_profile(synthetic_raw(), "box") is None
+
+
+def test_measured_collective_curves_are_written_and_used(tmp_path, monkeypatch):
+    """The profile's collective measurements become kernels/collectives/<name>.yaml (kind: measured);
+    on MESHPLAN_PROFILES the cluster's communication model reads them back: a 4 MiB all-reduce over
+    the 2 measured ranks takes the measured time."""
+    from cost_models.collectives import CurveCommModel, comm_model_for
+    from profiles.tables import provenance
+
+    raw = synthetic_raw()
+    write_profiles(raw, "boxnet", tmp_path)
+    doc = yaml.safe_load((tmp_path / "kernels" / "collectives" / "boxnet.yaml").read_text())
+    assert doc["kind"] == "measured" and set(doc["tiers"]["nvlink"]) == {"all_reduce", "all_gather",
+                                                                           "reduce_scatter", "all_to_all"}
+    monkeypatch.setenv("MESHPLAN_PROFILES", str(tmp_path))
+    assert provenance("boxnet")["collectives"].startswith("measured")
+    cluster = load_cluster("boxnet")
+    comm = comm_model_for(cluster)
+    assert isinstance(comm, CurveCommModel)
+    measured = next(r["time_s"] for r in raw["collectives"] if r["op"] == "all_reduce" and r["bytes"] == 2**22)
+    assert float(comm.all_reduce_s(2**22, 2, 1)) == pytest.approx(measured, rel=1e-6)

@@ -49,20 +49,22 @@ class GenerationFit:
 GENERATION_FITS = {
     "H100-H200": GenerationFit(
         "H100-H200", ("h100-sxm", "h200"),
-        (("mbridge_25_11", "llama3-70b dgx-h100 FP8-CS n64 s8192 tp4 pp8 cp1 vp5"),
+        (("mbridge_25_11", "llama3-8b dgx-h100 FP8-CS n8 s8192 tp1 pp1 cp1 vp1 fsdp8"),
+         ("mbridge_25_11", "llama3-70b dgx-h100 FP8-CS n64 s8192 tp4 pp8 cp1 vp5"),
          ("mbridge_25_11", "llama3.1-405b dgx-h100 FP8-CS n1024 s8192 tp8 pp8 cp2 vp8")),
-        "the two largest dense models on DGX-H100 in Megatron-Bridge 25.11; the H200 (same GH100 compute die and "
+        "the dense models on DGX-H100 in Megatron-Bridge 25.11, 8B to 405B; the H200 (same GH100 compute die and "
         "clocks, 700 W) has no published run meshplan can predict, so it takes the H100 value"),
     "B200": GenerationFit(
         "B200", ("b200",),
-        (("mbridge_25_11", "llama3.1-405b dgx-b200 FP8-CS n128 s8192 tp4 pp8 cp2 vp8"),
-         ("mbridge_25_11", "llama3.1-405b dgx-b200 FP8-MX n128 s8192 tp4 pp8 cp2 vp8")),
-        "the largest dense model on DGX-B200 in Megatron-Bridge 25.11, in both of its FP8 recipes"),
+        (("mbridge_25_11", "llama3-8b dgx-b200 FP8-CS n8 s8192 tp1 pp1 cp1 vp1"),
+         ("mbridge_25_11", "llama3.1-405b dgx-b200 FP8-CS n128 s8192 tp4 pp8 cp2 vp8")),
+        "the smallest and the largest dense model on DGX-B200 in Megatron-Bridge 25.11, FP8 current scaling"),
     "GB200": GenerationFit(
         "GB200", ("gb200",),
-        (("mbridge_25_11", "llama3-70b gb200-nvl72 FP8-CS n64 s8192 tp1 pp1 cp1 vp1 fsdp64"),
+        (("mbridge_25_11", "llama3-8b gb200-nvl72 FP8-CS n8 s8192 tp1 pp1 cp1 vp1"),
+         ("mbridge_25_11", "llama3-70b gb200-nvl72 FP8-CS n64 s8192 tp1 pp1 cp1 vp1 fsdp64"),
          ("mbridge_25_11", "llama3.1-405b gb200-nvl72 FP8-CS n256 s8192 tp4 pp16 cp1 vp4")),
-        "the two largest dense models on GB200 NVL72 in Megatron-Bridge 25.11"),
+        "the dense models on GB200 NVL72 in Megatron-Bridge 25.11, 8B to 405B, FP8 current scaling"),
 }
 
 

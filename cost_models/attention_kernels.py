@@ -92,20 +92,14 @@ class AttentionTable:
 
 
 def _body(name: str) -> tuple[dict, str]:
-    """The table's data mapping and its path label; a file with `reuse: <set>` takes that set's curves."""
-    from planner.errors import SpecError  # imported here: the cost model imports no planner module at load time
+    """The table's data mapping and its label (the measured set's name: a `same_as` file takes that
+    set's table, `profiles.tables.kernel_table`)."""
     from profiles.tables import kernel_table
 
     data = kernel_table("attention", name)
     if data is None:
         return {}, ""
-    if "reuse" in data:
-        other = kernel_table("attention", str(data["reuse"]))
-        if other is None or "reuse" in other:
-            raise SpecError(f"attention table {name}: reuse must name a set with its own attention table, "
-                            f"got {data['reuse']!r}")
-        return other, str(data["reuse"])
-    return data, name
+    return data, str(data.get("alias_of", name))
 
 
 @lru_cache(maxsize=None)

@@ -165,20 +165,14 @@ def curves_from_table(table: dict, name: str) -> dict[str, dict[str, Curves]]:
 @lru_cache(maxsize=None)
 def load_curves(name: str | None) -> dict[str, dict[str, Curves]] | None:
     """The curves of table set `name`, parsed once; None when the set has no collectives table.
-    A table with `reuse: <set>` takes that set's curves (and says why in its source)."""
+    A `same_as` file (`profiles.tables.kernel_table`) shares the measured set's curves."""
     from profiles.tables import kernel_table
 
     table = kernel_table("collectives", name)
     if table is None:
         return None
-    if table.get("reuse"):
-        target = str(table["reuse"])
-        if target == name:
-            raise SpecError(f"collectives table {name}: reuse names itself")
-        curves = load_curves(target)
-        if curves is None:
-            raise SpecError(f"collectives table {name}: reuse: {target} has no collectives table")
-        return curves
+    if "alias_of" in table:
+        return load_curves(table["alias_of"])
     return curves_from_table(table, str(name))
 
 

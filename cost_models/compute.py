@@ -165,7 +165,7 @@ def head_times(head: Head, x: Micro, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarr
         norm = head.norm.elementwise(x)
         loss_fwd, loss_bwd, fwd_kernels, bwd_kernels = head.loss_bytes(x)
         fwd = gemm_s + table.time_s(norm.bytes + loss_fwd, norm.num_kernels + fwd_kernels)
-        bwd = (gpu.backward_gemm_ratio * gemm_s
+        bwd = (gemm_backward_time(g, gpu, x.precision)
                + table.time_s(BACKWARD_ELEMENTWISE_FACTOR * norm.bytes + loss_bwd, norm.num_kernels + bwd_kernels))
         return fwd, bwd, g.flop
     ew = head.elementwise(x)

@@ -123,17 +123,6 @@ class ElementwiseModel:
         """Seconds to cast a rank's FP8 GEMM weights once per step (cached across micro-batches)."""
         return self.time_s(fp8_cast_bytes_per_element(recipe, self.fp8_transpose) * weight_elements, 0)
 
-    def fp8_weight_copy_bytes(self, weight_elements: np.ndarray, recipe: str) -> np.ndarray:
-        """Memory of the cached FP8 weight copies of a rank (bytes): what the cast writes.
-
-        >>> m = ElementwiseModel("x", 3e12, 3e-6, 6.5e-6, 2.0, 2.4e12, ("delayed",), True)
-        >>> float(m.fp8_weight_copy_bytes(1e9, "delayed")) / 1e9  # GB: FP8 weights and their transpose
-        2.0
-        """
-        written = fp8_cast_bytes_per_element(recipe, self.fp8_transpose) - BF16
-        written -= BF16 if recipe == "tensorwise" else 0
-        return written * np.asarray(weight_elements)
-
     def layer_s(self, ew: Elementwise, gemms: list[Gemm], x: Micro, backward_factor: float
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(forward s, backward s, forward kernels) of a layer's element-wise kernels and FP8 casts.

@@ -25,7 +25,8 @@ FP8 on a GPU whose table has no trustworthy FP8 column (`fp8_from_bf16` in the f
 efficiency at the same shape times the ratio of a measured FP8 curve (by k, at one m = n) to the
 BF16 table at that m, n, so the k dependence is measured and the m, n dependence borrowed.
 
-Lookups are vectorised and deduplicated: candidate strategies share few distinct GEMM shapes.
+Lookups are vectorised; the cost model calls them once per distinct micro-batch shape
+(`cost_models.blocks.Micro.distinct`), not once per candidate.
 """
 
 from __future__ import annotations
@@ -67,10 +68,6 @@ class GemmTable:
         """
         grid = self.eff[COLUMN[precision]]
         m, n, k = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (m, n, k)))
-        if m.size > 16384:  # candidates share few shapes: interpolate each distinct one once
-            keys = np.stack([m.ravel(), n.ravel(), k.ravel()])
-            uniq, inverse = np.unique(keys, axis=1, return_inverse=True)
-            return self._lookup(grid, *uniq)[inverse.ravel()].reshape(m.shape)
         return self._lookup(grid, m, n, k)
 
     def _lookup(self, grid, m, n, k) -> np.ndarray:

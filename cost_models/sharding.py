@@ -15,7 +15,8 @@ out, only the ratio of the traffic to the compute does, so per layer and micro-b
                                       the next layer's gather and the previous layer's
                                       reduce-scatter share the links during this layer's backward
 
-(each through `exposed_s`, so the cluster's `comm_overlap` applies), plus what nothing hides:
+(each through `exposed_s`, so the cluster's `overlap_efficiency` applies: `comm_overlap` less the
+compute slowdown while NCCL shares the SMs, as for every other overlapped collective), plus what nothing hides:
 the first layer's gather and the embedding/head gathers at the start of every micro-batch's
 forward, and the last reduce-scatters after the step's final backward. The tier a group crosses
 is the comm model's: a group inside an NVLink domain runs at NVLink rate, one across nodes at
@@ -138,7 +139,7 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
 
     def layer(bwd_window):
         exposed = per_layer_exposed_s(gather, reduce, pl.fwd_s, bwd_window, st.overlap_param_gather,
-                                      st.overlap_grad_reduce, s.cluster.comm_overlap)
+                                      st.overlap_grad_reduce, s.cluster.overlap_efficiency)
         return exposed + 2 * copy_out  # a copy-out after the forward's gather and the backward's
 
     per_mb = recompute_share * s.per_row(layer(pl.bwd_s)) + (1 - recompute_share) * s.per_row(layer(bwd_plain))
@@ -154,7 +155,7 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     # The first layer's gather has no earlier layer to hide behind (every micro-batch); the
     # last reduce-scatter none after it (the step's final backward; earlier micro-batches'
     # hide behind the next forward).
-    fwd_exposed = np.where(st.overlap_param_gather, gather - np.minimum(gather, pl.fwd_s) * s.cluster.comm_overlap, gather)
+    fwd_exposed = np.where(st.overlap_param_gather, gather - np.minimum(gather, pl.fwd_s) * s.cluster.overlap_efficiency, gather)
     first_extra = np.where(has_layers, (gather - fwd_exposed).max(axis=0), 0.0)
     last_reduce = np.where(has_layers, reduce.max(axis=0), 0.0)
     exposed = m * (per_mb + first_extra + end_gather + end_copy) + last_reduce + end_reduce

@@ -194,7 +194,7 @@ def _write_table(root: Path, body: dict) -> None:
     ({"curves": [{"direction": "sideways", "causal": True, "head_dim": 64, "tflops": [1, 2], "source": "x"}]},
      "direction must be fwd or bwd"),
     ({"curves": [{"direction": "fwd", "causal": True, "head_dim": 64, "tflops": [1, 2]}]}, "names its source"),
-    ({"reuse": "no-such-set"}, "reuse must name a set"),
+    ({"same_as": "no-such-set"}, "same_as 'no-such-set' has no attention table"),
 ])
 def test_a_bad_table_is_refused_naming_the_rule(tmp_path, monkeypatch, change, message):
     body = {"kind": "public", "gpu": "x", "source": "test", "seq_lens": [512, 1024], "curves": []} | change

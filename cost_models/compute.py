@@ -36,6 +36,12 @@ if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner 
 #: writes one gradient: three tensors against the forward's two.
 BACKWARD_ELEMENTWISE_FACTOR = 3 / 2
 
+#: Streams Transformer Engine's grouped linear spreads its per-expert cuBLAS GEMMs over
+#: (transformer_engine/common/util/multi_stream.cpp, `num_compute_streams = 4`; the GEMMs are
+#: issued round-robin by `multi_stream_cublas_gemm` in gemm/cublaslt_gemm.cu, the path Megatron's
+#: TEGroupedMLP takes unless CUTLASS grouped GEMM is switched on for Hopper BF16).
+GROUPED_GEMM_STREAMS = 4
+
 #: FP8 training (Transformer Engine's recipe) runs the transformer-layer linear GEMMs in FP8
 #: but keeps the attention core and the output (vocabulary) layer in BF16.
 UNQUANTISED = {"fp8": "bf16", "bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
@@ -69,13 +75,25 @@ def gemm_time(g: Gemm, gpu: GpuSpec, precision: str) -> np.ndarray:
     5.427
     """
     prec = precision if g.quantised else UNQUANTISED[precision]
-    # a grouped kernel over `count` experts tiles like one GEMM `count` times as tall
-    rows = g.m * g.count if g.grouped else g.m
-    efficiency = gemm_efficiency(rows, g.n, g.k, gpu, prec) * (gpu.grouped_gemm_efficiency if g.grouped else 1.0)
+    if not g.grouped:
+        efficiency = gemm_efficiency(g.m, g.n, g.k, gpu, prec)
+    elif _has_table(gpu, prec):
+        # Transformer Engine's grouped linear launches one GEMM per local expert, round-robin over
+        # GROUPED_GEMM_STREAMS streams: at most that many experts' tiles share the GPU's waves,
+        # so it runs like one GEMM that many experts tall, at the measured efficiency of that shape
+        rows = g.m * np.minimum(g.count, GROUPED_GEMM_STREAMS)
+        efficiency = gemm_efficiency(rows, g.n, g.k, gpu, prec)
+    else:  # a calibrated GPU: one kernel over all experts, at the profile's grouped-GEMM efficiency
+        efficiency = gemm_efficiency(g.m * g.count, g.n, g.k, gpu, prec) * gpu.grouped_gemm_efficiency
     compute = g.flop / (gpu.peak(prec) * efficiency)
     traffic = (g.count * WEIGHT_BYTES[prec] * (g.m * g.k + g.k * g.n + g.m * g.n)
                / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency))
     return np.maximum(compute, traffic) + gpu.kernel_overhead_s
+
+
+def _has_table(gpu: GpuSpec, precision: str) -> bool:
+    table = gemm_table(gpu.kernel_tables)
+    return table is not None and table.has(precision)
 
 
 def gemm_efficiency(m, n, k, gpu: GpuSpec, precision: str):
@@ -128,7 +146,9 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     bwd = gemm_bwd_s + core_bwd_s + BACKWARD_ELEMENTWISE_FACTOR * softmax_s + ew_bwd
     if table is not None:  # the host issues every kernel: a layer is never faster than that
         tp_exchanges = sum(c.tp_exchanges for c in layer.comms(x))
-        fwd, bwd = table.host_floor(fwd, bwd, ew_kernels + layer_kernels(gemms, core, x, tp_exchanges))
+        moe = layer.moe()
+        local_experts = moe.num_experts / x.ep if moe else 0
+        fwd, bwd = table.host_floor(fwd, bwd, ew_kernels + layer_kernels(gemms, core, x, tp_exchanges), local_experts)
     moe = layer.moe()
     shared_s = sum((gemm_time(g, gpu, prec) for g in moe.shared_gemms(x)), ZERO_S) if moe else ZERO_S
     return LayerTimes(fwd_s=fwd, bwd_s=bwd, attn_core_fwd_s=core_s + softmax_s,

@@ -13,7 +13,10 @@ t0 = `kernel_fixed_us`, h = `host_per_kernel_us`, n = kernels of a layer's forwa
   (a 10 MB kernel on H100 runs at 55 % of the large-tensor rate) — the size curve;
 - the CPU issues a layer's forward in n·h and its backward in r·n·h; it runs ahead of the GPU, so a
   layer takes max(GPU time, host time) (`host_floor`): this floor binds for small models and small
-  micro-batches, where the GPU work per kernel is shorter than its issue cost;
+  micro-batches, where the GPU work per kernel is shorter than its issue cost; a grouped expert MLP
+  adds `host_per_expert_forward_us` (backward: `host_per_expert_backward_us`) of host set-up per
+  local expert (buffers, pointers and quantizers per expert), which is what makes fine-grained MoE
+  layers with many local experts host-bound;
 - FP8 (Transformer Engine recipes, Megatron-LM `--fp8-recipe`): the input of every quantised GEMM is
   cast in the forward and its output gradient in the backward (`fp8_cast_bytes_per_element`); the
   weights are cast once per step (Transformer Engine caches them across micro-batches,
@@ -55,6 +58,7 @@ SCALE_BYTES = {"blockwise": FP32, "mxfp8": E8M0}
 GRAD_BUFFER_PASSES = 2
 
 _FIELDS = ("hbm_fraction", "kernel_fixed_us", "host_per_kernel_us", "backward_kernels_per_forward",
+           "host_per_expert_forward_us", "host_per_expert_backward_us",
            "optimizer_hbm_fraction", "fp8_recipes", "fp8_transpose")
 
 
@@ -92,6 +96,8 @@ class ElementwiseModel:
     optimizer_bw_bytes_per_s: float
     fp8_recipes: tuple[str, ...]
     fp8_transpose: bool
+    host_per_expert_fwd_s: float = 0.0  # e_f: host set-up of one local expert in a grouped MLP's forward
+    host_per_expert_bwd_s: float = 0.0  # e_b: the same in its backward
 
     def time_s(self, nbytes, num_kernels) -> np.ndarray:
         """GPU seconds of `num_kernels` memory-bound kernels moving `nbytes` in all.
@@ -137,16 +143,22 @@ class ElementwiseModel:
         return (self.time_s(fwd_bytes, kernels + cast_kernels), self.time_s(bwd_bytes, kernels + cast_kernels),
                 np.asarray(kernels + cast_kernels))
 
-    def host_floor(self, fwd_s: np.ndarray, bwd_s: np.ndarray, fwd_kernels: np.ndarray
+    def host_floor(self, fwd_s: np.ndarray, bwd_s: np.ndarray, fwd_kernels: np.ndarray, local_experts=0
                    ) -> tuple[np.ndarray, np.ndarray]:
-        """A layer's forward and backward seconds once the host's issue time is a floor under them.
+        """A layer's forward and backward seconds once the host's issue time is a floor under them:
+        n·h forward and r·n·h backward for its kernels, plus e_f (e_b) per local expert of a
+        grouped MLP.
 
-        >>> m = ElementwiseModel("x", 3e12, 3e-6, 6.5e-6, 2.0, 2.4e12, ("delayed",), True)
+        >>> m = ElementwiseModel("x", 3e12, 3e-6, 6.5e-6, 2.0, 2.4e12, ("delayed",), True, 18.8e-6, 32.8e-6)
         >>> [round(float(t) * 1e6) for t in m.host_floor(np.array(50e-6), np.array(100e-6), np.array(20))]
         [130, 260]
+        >>> [round(float(t) * 1e6) for t in m.host_floor(np.array(50e-6), np.array(100e-6), np.array(20), 16)]
+        [431, 785]
         """
         host_fwd = fwd_kernels * self.host_per_kernel_s
-        return np.maximum(fwd_s, host_fwd), np.maximum(bwd_s, self.backward_kernels_per_forward * host_fwd)
+        experts = np.asarray(local_experts)
+        return (np.maximum(fwd_s, host_fwd + experts * self.host_per_expert_fwd_s),
+                np.maximum(bwd_s, self.backward_kernels_per_forward * host_fwd + experts * self.host_per_expert_bwd_s))
 
     def optimizer_step_s(self, params: np.ndarray, traffic_bytes_per_param: float, grad_bytes: int) -> np.ndarray:
         """Seconds of one optimizer step over `params` parameters (fused multi-tensor kernels)."""
@@ -188,7 +200,8 @@ def _load(name: str, hbm_bw_bytes_per_s: float, gpu_name: str) -> ElementwiseMod
     for field in ("hbm_fraction", "optimizer_hbm_fraction"):
         if not 0 < float(table[field]) <= 1:
             raise SpecError(f"{where}: {field} must be in (0, 1], got {table[field]!r}")
-    for field in ("kernel_fixed_us", "host_per_kernel_us", "backward_kernels_per_forward"):
+    for field in ("kernel_fixed_us", "host_per_kernel_us", "backward_kernels_per_forward",
+                  "host_per_expert_forward_us", "host_per_expert_backward_us"):
         if float(table[field]) < 0:
             raise SpecError(f"{where}: {field} must be >= 0, got {table[field]!r}")
     recipes = tuple(table["fp8_recipes"] or ())
@@ -204,4 +217,6 @@ def _load(name: str, hbm_bw_bytes_per_s: float, gpu_name: str) -> ElementwiseMod
         optimizer_bw_bytes_per_s=float(table["optimizer_hbm_fraction"]) * hbm_bw_bytes_per_s,
         fp8_recipes=recipes,
         fp8_transpose=bool(table["fp8_transpose"]),
+        host_per_expert_fwd_s=float(table["host_per_expert_forward_us"]) * MICRO,
+        host_per_expert_bwd_s=float(table["host_per_expert_backward_us"]) * MICRO,
     )

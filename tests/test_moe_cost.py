@@ -210,3 +210,39 @@ def test_overlapping_the_all_to_all_with_another_micro_batch():
     assert over.time_s["compute"] == plain.time_s["compute"]
     bad = _eval(MIXTRAL, gpus=32, dp=16, pp=2, ep=8, zero_stage=1, overlap_moe_comm=True)  # pp 2 without vpp
     assert not bad.valid and any("overlap_moe_comm" in r for r in bad.reasons)
+
+
+def test_grouped_gemm_runs_four_experts_at_a_time_on_table_gpus():
+    """Transformer Engine's grouped linear issues one GEMM per local expert over four streams: on
+    a GPU with a GEMM table, 16 experts of 512 rows take four times as long as 4 such experts
+    (the same shape, four at a time), and longer than one 8,192-row GEMM of the same FLOPs."""
+    from cost_models.blocks import Gemm
+    from cost_models.compute import GROUPED_GEMM_STREAMS, gemm_time
+    from profiles import load_cluster
+
+    gpu = load_cluster("dgx-h100").gpu
+    m, n, k = 512, 1536, 2048
+
+    def grouped(count):
+        return float(gemm_time(Gemm(2 * m * n * k * count, m, n, k, count=count, grouped=True), gpu, "bf16"))
+
+    assert GROUPED_GEMM_STREAMS == 4
+    overhead = gpu.kernel_overhead_s
+    assert grouped(16) - overhead == pytest.approx(4 * (grouped(4) - overhead), rel=1e-6)
+    one_tall = float(gemm_time(Gemm(2 * 16 * m * n * k, 16 * m, n, k), gpu, "bf16"))
+    assert grouped(16) > one_tall
+
+
+def test_host_setup_per_local_expert_slows_fine_grained_moe():
+    """The host's per-expert set-up of a grouped MLP (Transformer Engine) is a floor under the
+    layer: with more local experts per rank (smaller ep) a host-bound MoE layer takes longer."""
+    from cost_models.elementwise import elementwise_model
+    from profiles import load_cluster
+
+    table = elementwise_model(load_cluster("dgx-h100").gpu)
+    assert table.host_per_expert_fwd_s > 0 and table.host_per_expert_bwd_s > table.host_per_expert_fwd_s
+    tiny = np.array(1e-6)
+    few = table.host_floor(tiny, tiny, np.array(10), 2)
+    many = table.host_floor(tiny, tiny, np.array(10), 64)
+    assert many[0] - few[0] == pytest.approx(62 * table.host_per_expert_fwd_s)
+    assert many[1] - few[1] == pytest.approx(62 * table.host_per_expert_bwd_s)

@@ -77,7 +77,9 @@ class GpuSpec(BaseModel):
     grouped_gemm_efficiency: float = Field(
         1.0, gt=0, le=1,
         description="Throughput of a grouped GEMM (MoE experts in one kernel) relative to a dense GEMM of the same "
-        "FLOPs, before the roofline's memory bound (which the per-expert shapes already give).",
+        "FLOPs, before the roofline's memory bound (which the per-expert shapes already give). Used only on a GPU "
+        "without a GEMM kernel table; with one, each expert's GEMM is timed at its own shape (four at a time, "
+        "Transformer Engine's streams).",
     )
     host_link_bw_bytes_per_s: float | None = Field(
         None, gt=0, description="GPU-host bandwidth per direction (PCIe or NVLink-C2C), bytes/s, as achieved by "

@@ -48,7 +48,7 @@ NOTES = {
     "NeMo DGX-H100 FP8": "H100 parameters carried over from the A100 fit",
 }
 #: Generations in the order they are reported.
-GENERATION_ORDER = ("A100", "H100-H200", "B200", "GB200")
+GENERATION_ORDER = ("A100", "H100-H200", "B200", "GB200", "GB300")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class RunError(RowError):
     moe: bool = False  # a mixture-of-experts model
 
 
-GENERATION_FIT_TABLE = "H100 / B200 / GB200 fit rows"
+GENERATION_FIT_TABLE = "H100 / B200 / GB200 / GB300 fit rows"
 
 
 def shipped_fit() -> str:
@@ -192,9 +192,9 @@ DESCRIPTIONS = {
     "torchtitan FSDP2": "torchtitan FSDP2 on 64 A100s (Llama 2/3 8B-70B; `benchmarks/data/`)",
     "SC'21 Table 2 ZeRO-3": "SC'21 Table 2, DeepSpeed ZeRO-3 rows (2 of them fit its cross-node rate)",
     "NeMo DGX-H100 FP8": "NeMo 24.07 FP8 on DGX-H100 (Llama; `benchmarks/data/`), A100 fit carried over",
-    "Megatron-Bridge 25.11": "Megatron-Bridge 25.11 on DGX-H100 / DGX-B200 / GB200 (Llama 3, DeepSeek-V3, GPT-OSS, "
+    "Megatron-Bridge 25.11": "Megatron-Bridge 25.11 on DGX-H100 / DGX-B200 / GB200 / GB300 (Llama 3, DeepSeek-V3, GPT-OSS, "
                              "Qwen3; BF16, FP8, MXFP8; `benchmarks/data/`)",
-    "Megatron-Bridge 26.02": "Megatron-Bridge 26.02 on DGX-H100 / DGX-B200 / GB200 (same families; `benchmarks/data/`)",
+    "Megatron-Bridge 26.02": "Megatron-Bridge 26.02 on DGX-H100 / DGX-B200 / GB200 / GB300 (same families; `benchmarks/data/`)",
     "torchtitan H100 (2024-12)": "torchtitan on 8-512 H100s (Llama 3.1 8B-405B, FSDP / CP / TP / PP, Float8; "
                                  "`benchmarks/data/`)",
     "torchtitan H200 (2025-06)": "torchtitan FSDP2 on 32-64 H200s (Llama 3.1 8B; `benchmarks/data/`)",

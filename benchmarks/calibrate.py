@@ -30,7 +30,7 @@ import yaml
 from benchmarks.calibration import A100_TABLES, BOUNDS, FITS, SHIPPED, SHIPPED_BECAUSE, Fit, fit, lopo, role
 from profiles import PROFILES_DIR
 
-CARRIED_OVER = ("h100-sxm", "h200", "b200", "gb200")
+CARRIED_OVER = ("h100-sxm", "h200", "b200", "gb200", "gb300")
 METHOD = ("python -m benchmarks.calibrate (benchmarks/calibration.py): scipy least squares on the relative errors of "
           "the rows in fitted_on; kernel_overhead_us, link bandwidths and efficiencies and comm_overlap as the GPU and "
           "cluster profiles give them")

@@ -65,6 +65,13 @@ GENERATION_FITS = {
          ("mbridge_25_11", "llama3-70b gb200-nvl72 FP8-CS n64 s8192 tp1 pp1 cp1 vp1 fsdp64"),
          ("mbridge_25_11", "llama3.1-405b gb200-nvl72 FP8-CS n256 s8192 tp4 pp16 cp1 vp4")),
         "the dense models on GB200 NVL72 in Megatron-Bridge 25.11, 8B to 405B, FP8 current scaling"),
+    "GB300": GenerationFit(
+        "GB300", ("gb300",),
+        (("mbridge_25_11", "llama3-8b gb300-nvl72 FP8-CS n8 s8192 tp1 pp1 cp1 vp1"),
+         ("mbridge_25_11", "llama3-70b gb300-nvl72 FP8-CS n64 s8192 tp1 pp1 cp1 vp1 fsdp64"),
+         ("mbridge_25_11", "llama3.1-405b gb300-nvl72 FP8-CS n256 s8192 tp2 pp8 cp2 vp4")),
+        "the dense models on GB300 NVL72 in Megatron-Bridge 25.11, 8B to 405B, FP8 current scaling (the rows chosen "
+        "for GB200, on the GB300 rack)"),
 }
 
 

@@ -199,7 +199,7 @@ OTHER_DATA_FILES = {"published_layouts", "torchtitan_fsdp2_a100", "zero3_runs", 
 
 #: GPU preset -> the generation accuracy is reported by (H200 is the H100's GH100 die with faster HBM).
 GENERATIONS = {"a100-40gb": "A100", "a100-80gb": "A100", "h100-sxm": "H100-H200", "h200": "H100-H200",
-               "b200": "B200", "gb200": "GB200"}
+               "b200": "B200", "gb200": "GB200", "gb300": "GB300"}
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 ACTIVATION_CHECKPOINTING = {"no": {"recompute": "none"},
                             "full": {"recompute": "full", "recompute_num_layers": None}}

@@ -14,7 +14,7 @@ from cost_models.comm import TierCommModel
 from profiles import load_cluster
 from profiles.tables import kernel_table
 
-CURVE_CLUSTERS = ["dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"]
+CURVE_CLUSTERS = ["dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "gb300-nvl72"]
 SIZES = np.logspace(0, 11, 200)  # 1 B .. 100 GB
 
 

@@ -16,7 +16,7 @@ from planner.errors import SpecError
 from planner.specs import TrainSpec
 from profiles import load_cluster, load_model
 
-TABLE_GPUS = ("h100-sxm", "h200", "b200", "gb200")
+TABLE_GPUS = ("h100-sxm", "h200", "b200", "gb200", "gb300")
 
 
 def _gpu(name):

@@ -298,7 +298,7 @@ def test_residuals_script_prints_every_gpu(capsys, validation_path):
 
     assert residuals_main([]) == 0
     out = capsys.readouterr().out
-    for gpu in ("a100-80gb", "a100-40gb", "h100-sxm", "h200", "b200", "gb200"):
+    for gpu in ("a100-80gb", "a100-40gb", "h100-sxm", "h200", "b200", "gb200", "gb300"):
         assert f"\n{gpu}: " in out
     assert "left out SC'21 Table 2 ZeRO-3" in out and "wrote" not in out
     assert math.isfinite(load_gpu("h100-sxm").step_time_residuals.error_low)

@@ -14,7 +14,7 @@ from cost_models.gemm_tables import gemm_table, monotone
 from planner.errors import SpecError
 from profiles import PROFILES_DIR, load_gpu
 
-TABLE_GPUS = ["h100-sxm", "h200", "b200", "gb200"]
+TABLE_GPUS = ["h100-sxm", "h200", "b200", "gb200", "gb300"]
 
 
 def table_rows(name):

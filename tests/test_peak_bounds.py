@@ -12,7 +12,7 @@ from profiles import load_cluster
 CASES = [("llama3-8b", 8, 64, 8192), ("llama3-70b", 64, 128, 8192), ("qwen3-30b-a3b", 16, 256, 4096)]
 
 
-@pytest.mark.parametrize("cluster", ["dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"])
+@pytest.mark.parametrize("cluster", ["dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "gb300-nvl72"])
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
 def test_no_plan_beats_the_dense_peak(cluster, precision):
     peak = load_cluster(cluster).gpu.peak(precision)

@@ -55,7 +55,7 @@ def test_every_row_is_a_case_or_a_refusal_on_known_presets(name):
         assert (PROFILES_DIR / "models" / f"{row['model']}.yaml").is_file(), row["model"]
         cluster = row.get("cluster", defaults.get("cluster"))
         assert (PROFILES_DIR / "clusters" / f"{cluster}.yaml").is_file(), cluster
-        assert generation(cluster) in {"H100-H200", "B200", "GB200"}
+        assert generation(cluster) in {"H100-H200", "B200", "GB200", "GB300"}
         assert row["tokens_per_s_per_gpu"] > 0
     assert all(r.reason for r in runs.refused)
     labels = [c.label for c in runs.cases] + [r.label for r in runs.refused]
@@ -108,9 +108,11 @@ def test_inconsistent_or_unmodelled_rows_are_refused_with_the_reason(change, rea
 
 
 def test_published_ga_mismatch_is_reported():
-    # Megatron-Bridge 25.11 DGX-H100 GPT-OSS 120B: PP 4 on 64 GPUs gives DP 16, so GBS 512 / (MBS 4 x 16) = 8, not GA 2.
-    refused = public_runs("mbridge_25_11").refused
-    assert [r.label.split()[0] for r in refused] == ["gpt-oss-120b"] and "GA (2)" in refused[0].reason
+    # Megatron-Bridge 25.11 DGX-H100 GPT-OSS 120B: PP 4 on 64 GPUs gives DP 16, so GBS 512 / (MBS 4 x 16) = 8, not
+    # GA 2; DGX-GB300 Qwen3-235B: PP 4 on 256 GPUs gives DP 64, so GBS 8192 / (MBS 2 x 64) = 64, not GA 32.
+    refused = {r.label.split()[0]: r.reason for r in public_runs("mbridge_25_11").refused}
+    assert set(refused) == {"gpt-oss-120b", "qwen3-235b-a22b"}
+    assert "GA (2)" in refused["gpt-oss-120b"] and "GA (32)" in refused["qwen3-235b-a22b"]
 
 
 def test_generations_cover_every_gpu_preset_but_the_cpu():

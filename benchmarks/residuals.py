@@ -30,9 +30,9 @@ import yaml
 from benchmarks.calibration import A100_TABLES, FITS
 from benchmarks.generations import calibration_rows
 from benchmarks.validation import PUBLIC_SETS, nemo_h100_fp8, predict, public_runs
-from planner.error_band import summarise, widened
+from planner.error_band import by_kind, summarise, widened
 from planner.specs.hardware import StepTimeResiduals
-from profiles import PROFILES_DIR, load_cluster, load_gpu
+from profiles import PROFILES_DIR, load_cluster, load_gpu, load_model
 
 METHOD = ("python -m benchmarks.residuals --write: signed step-time errors (predicted / measured - 1) of published "
           "end-to-end runs no fit used, predicted as python -m benchmarks.accuracy does; band = order-statistic "
@@ -78,6 +78,7 @@ class Row:
     table: str
     label: str
     error: float | None  # None: no strategy under the paper's constraints fits
+    moe: bool = False  # a mixture-of-experts model
 
 
 def calibration_files(directory: Path = PROFILES_DIR / "calibration") -> dict[str, Path]:
@@ -105,7 +106,8 @@ def predicted_rows(files: dict[str, Path]) -> tuple[list[Row], list[str]]:
             if table.name in fitted_tables(docs[gpu]):
                 notes.append(f"{table.name}: {case.label}: fitted on by {gpu}'s fit (in-sample), not used")
                 continue
-            rows.append(Row(gpu, table.name, case.label, predict(case).error))
+            model = load_model(case.model) if isinstance(case.model, str) else case.model
+            rows.append(Row(gpu, table.name, case.label, predict(case).error, model.num_experts > 0))
     return rows, notes
 
 
@@ -115,10 +117,13 @@ def residuals_by_gpu(rows: list[Row], gpus: list[str]) -> dict[str, StepTimeResi
     for r in rows:
         if r.error is not None:
             own.setdefault(r.gpu, []).append(r)
-    out = {gpu: _summary(rs) for gpu, rs in own.items()}
+    out = {gpu: _with_kinds(_summary(rs), rs) for gpu, rs in own.items()}
     for gpu, twin in SAME_SILICON.items():  # the twin's own runs, widened (no run on this GPU itself)
         if gpu in gpus and gpu not in out and twin in own:
-            out[gpu] = widened(_summary(own[twin]), f"{twin} (same compute die)", factor=1.0)
+            name = f"{twin} (same compute die)"
+            kinds = {k: widened(getattr(out[twin], k), name, factor=1.0) for k in ("dense", "moe")
+                     if getattr(out[twin], k) is not None}
+            out[gpu] = widened(out[twin], name, factor=1.0).model_copy(update=kinds)
     pooled = [r for rs in own.values() for r in rs]
     if pooled:
         reference = _summary(pooled)
@@ -127,6 +132,13 @@ def residuals_by_gpu(rows: list[Row], gpus: list[str]) -> dict[str, StepTimeResi
             if gpu not in out:
                 out[gpu] = widened(reference, name)
     return out
+
+
+def _with_kinds(res: StepTimeResiduals, rows: list[Row]) -> StepTimeResiduals:
+    """`res` with the dense and MoE sub-bands of `rows` where a kind has enough rows."""
+    kinds = by_kind([r.error for r in rows], [r.moe for r in rows], [[r.table] for r in rows],
+                    "end-to-end runs no fit used")
+    return res.model_copy(update=kinds)
 
 
 def _summary(rows: list[Row]) -> StepTimeResiduals:
@@ -142,8 +154,8 @@ def document(res: StepTimeResiduals, rows: list[Row]) -> dict:
     """The `step_time_residuals:` mapping written into a calibration file."""
     doc = {"method": METHOD, **res.model_dump(exclude_none=True)}
     if res.end_to_end:
-        doc["rows"] = [{"row": f"{r.table}: {r.label}", "error": round(r.error, 4)} for r in rows
-                       if r.error is not None]
+        doc["rows"] = [{"row": f"{r.table}: {r.label}", "kind": "moe" if r.moe else "dense",
+                        "error": round(r.error, 4)} for r in rows if r.error is not None]
     return doc
 
 
@@ -170,6 +182,10 @@ def main(argv: list[str]) -> int:
         cover = f", coverage {res.coverage:.0%}" if res.coverage else ""
         print(f"  {stats}band: error {res.error_low:+.1%} .. {res.error_high:+.1%}{cover}")
         print(f"  step time in [{1 / (1 + res.error_high):.3f}, {1 / (1 + res.error_low):.3f}] x predicted; {res.basis}")
+        for kind in ("dense", "moe"):
+            sub = getattr(res, kind)
+            if sub is not None:
+                print(f"  {kind} plans: band error {sub.error_low:+.1%} .. {sub.error_high:+.1%} (n={sub.n})")
     if "--write" in argv:
         for gpu, path in files.items():
             if gpu not in result:

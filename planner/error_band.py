@@ -11,6 +11,10 @@ no fit used, summarised as an interval [error_low, error_high] with error_low <=
 Throughput and MFU are proportional to 1 / step time, so their low edge comes from the high step
 time. The band contains the point estimate by construction (error_low <= 0 <= error_high).
 
+A GPU whose rows include enough of both kinds also carries a `dense` and a `moe` sub-band, each
+from its own rows of that kind (`by_kind`): a plan takes the sub-band of its model's kind (the
+model errs differently on mixture-of-experts runs), else the GPU's band of all rows.
+
 The interval from n rows is a distribution-free prediction interval from order statistics
 (Hahn & Meeker, Statistical Intervals, 1991, Sec. 5.4): with the errors sorted, x_(j) .. x_(n+1-j)
 holds the error of one more run like them with probability (n + 1 - 2j) / (n + 1). j is the largest
@@ -39,6 +43,10 @@ WIDEN_FACTOR = 2.0
 #: Least half-width of a widened band, either way. Estimate: the same carried-over check's bias was
 #: -12.1 % with errors up to -24.5 %; a GPU the model has never been checked on can be off by 20 %.
 WIDEN_FLOOR = 0.20
+#: Fewest rows of one model kind (dense or MoE) on a GPU that get a band of their own. Estimate: with
+#: five rows the order-statistic interval is the full range at a nominal coverage of 4 in 6; fewer
+#: rows say too little, and the GPU's band of all rows is used.
+MIN_KIND_ROWS = 5
 #: Half-width of the band of a GPU whose profile has no residuals at all (a GPU file without a
 #: calibration file): twice the widened floor, as nothing ties its constants to any measured run.
 NO_RESIDUALS_ERROR = 2 * WIDEN_FLOOR
@@ -99,26 +107,54 @@ def widened(reference: StepTimeResiduals, reference_name: str, factor: float = W
                              error_low=round(low, 4), error_high=round(high, 4), basis=basis)
 
 
-def errors_of(gpu: GpuSpec) -> tuple[float, float, str]:
-    """(error_low, error_high, basis) of `gpu`'s band."""
+def by_kind(errors: list[float], is_moe: list[bool], tables: list[list[str]], basis: str) -> dict[str, StepTimeResiduals]:
+    """The `dense` and `moe` sub-bands of one GPU's rows: a kind with at least MIN_KIND_ROWS rows
+    gets its own interval (`tables[i]` names the set of row i); a kind with fewer has none and
+    its plans take the GPU's band of all rows.
+
+    >>> sub = by_kind([-0.05, -0.02, 0.01, 0.03, -0.04, -0.6, -0.4], [False] * 5 + [True] * 2, [["s"]] * 7, "rows")
+    >>> sorted(sub), sub["dense"].error_low, sub["dense"].n
+    (['dense'], -0.05, 5)
+    """
+    out = {}
+    for kind, flag in (("dense", False), ("moe", True)):
+        picked = [i for i, m in enumerate(is_moe) if m == flag]
+        if len(picked) >= MIN_KIND_ROWS:
+            counts: dict[str, int] = {}
+            for i in picked:
+                for t in tables[i]:
+                    counts[t] = counts.get(t, 0) + 1
+            names = [f"{name} ({n})" for name, n in counts.items()]
+            out[kind] = summarise([errors[i] for i in picked], names, f"{basis}, {kind} models only")
+    return out
+
+
+def errors_of(gpu: GpuSpec, moe: bool | None = None) -> tuple[float, float, str]:
+    """(error_low, error_high, basis) of `gpu`'s band; for a plan of a dense (`moe=False`) or a
+    mixture-of-experts model (`moe=True`) the sub-band of that kind where the profile has one."""
     r = gpu.step_time_residuals
     if r is None:
         return (-NO_RESIDUALS_ERROR, NO_RESIDUALS_ERROR,
                 f"no residuals in this GPU's profile: +-{NO_RESIDUALS_ERROR:.0%} (estimate)")
+    sub = None if moe is None else (r.moe if moe else r.dense)
+    if sub is not None:
+        return sub.error_low, sub.error_high, band_basis(sub, "MoE" if moe else "dense")
     return r.error_low, r.error_high, band_basis(r)
 
 
-def band_basis(r: StepTimeResiduals) -> str:
+def band_basis(r: StepTimeResiduals, kind: str = "") -> str:
     """One short line for a table or the JSON: where the band comes from."""
     if not r.end_to_end:
         return r.basis
     sets = ", ".join(t.split(" (")[0] for t in r.tables) or "published runs"
-    return f"end-to-end residuals of {sets} (n={r.n}, ~{r.coverage or TARGET_COVERAGE:.0%} band)"
+    of = f"{kind} runs of " if kind else ""
+    return f"end-to-end residuals of {of}{sets} (n={r.n}, ~{r.coverage or TARGET_COVERAGE:.0%} band)"
 
 
-def band_fields(step_time_s: float, tokens_per_s_per_gpu: float, mfu: float, gpu: GpuSpec) -> dict[str, float | str]:
-    """The Estimate's band fields for one prediction on `gpu`."""
-    low, high, basis = errors_of(gpu)
+def band_fields(step_time_s: float, tokens_per_s_per_gpu: float, mfu: float, gpu: GpuSpec,
+                moe: bool | None = None) -> dict[str, float | str]:
+    """The Estimate's band fields for one prediction on `gpu` (of a MoE model when `moe`)."""
+    low, high, basis = errors_of(gpu, moe)
     # measured = predicted / (1 + e); no run beats the dense peak, so the fast edge stops at MFU 1
     step_low = max(step_time_s / (1.0 + high), step_time_s * min(mfu, 1.0))
     step_high = step_time_s / (1.0 + low)

@@ -22,7 +22,8 @@ from hypothesis import strategies as hs
 
 from planner import ModelSpec, TrainSpec, plan
 from planner.cli import main
-from planner.error_band import WIDEN_FACTOR, WIDEN_FLOOR, band_fields, interval, overlaps_best, widened
+from planner.error_band import (MIN_KIND_ROWS, WIDEN_FACTOR, WIDEN_FLOOR, band_fields, errors_of, interval,
+                                 overlaps_best, widened)
 from planner.rules import Context, check
 from planner.search import evaluate_one
 from planner.space import enumerate_space
@@ -214,6 +215,32 @@ def test_shipped_residuals_are_what_benchmarks_residuals_recomputes(validation_p
     # the A100 rows are the four out-of-sample sets the accuracy report targets, never the fitted Table 4
     assert {t.split(" (")[0] for t in fresh["a100-80gb"].tables} == {
         "Korthikanti Table 5", "SC'21 Table 1", "SC'21 Table 2 PTD", "torchtitan FSDP2"}
+
+
+def test_dense_and_moe_plans_take_their_own_kinds_band():
+    """GB200's profile has enough dense and MoE rows for a sub-band each: each is the interval of
+    that kind's stored rows alone, and plans of that kind get it; without a kind, the band of all."""
+    gpu = load_gpu("gb200")
+    doc = _stored("gb200")
+    for kind, moe in (("dense", False), ("moe", True)):
+        errors = [r["error"] for r in doc["rows"] if r["kind"] == kind]
+        assert len(errors) >= MIN_KIND_ROWS
+        expected = interval(errors)
+        low, high, basis = errors_of(gpu, moe)
+        assert (low, high) == pytest.approx((expected.error_low, expected.error_high), abs=2e-4)
+        assert ("MoE runs" if moe else "dense runs") in basis
+    r = gpu.step_time_residuals
+    assert errors_of(gpu)[:2] == (r.error_low, r.error_high)
+    # the MoE rows err further to the fast side than the dense ones on GB200
+    assert errors_of(gpu, True)[0] < errors_of(gpu, False)[0]
+
+
+def test_a_kind_with_too_few_rows_takes_the_band_of_all_rows():
+    gpu = load_gpu("b200")  # two dense rows of its own: fewer than MIN_KIND_ROWS
+    doc = _stored("b200")
+    assert sum(r["kind"] == "dense" for r in doc["rows"]) < MIN_KIND_ROWS
+    assert gpu.step_time_residuals.dense is None
+    assert errors_of(gpu, False)[:2] == errors_of(gpu)[:2]
 
 
 # ---- CLI -----------------------------------------------------------------------------------------

@@ -44,6 +44,12 @@ class StepTimeResiduals(BaseModel):
     mean_signed: float | None = Field(None, description="Mean signed relative error of the rows (the bias).")
     max_abs: float | None = Field(None, ge=0, description="Largest |relative error| of the rows.")
     basis: str = Field(description="One line: which rows, or which rule, the band comes from.")
+    dense: StepTimeResiduals | None = Field(
+        None, description="The band of dense-model plans alone, from this GPU's own dense rows (present when "
+        "there are enough of them, planner.error_band.MIN_KIND_ROWS); plans of dense models use it.")
+    moe: StepTimeResiduals | None = Field(
+        None, description="The band of mixture-of-experts plans alone, from this GPU's own MoE rows (present "
+        "when there are enough of them); plans of MoE models use it.")
 
 
 class GpuSpec(BaseModel):

@@ -57,6 +57,11 @@ KNOBS: dict[str, list[Knob]] = {
                     ("cp", "context parallelism (cp) splits the sequence", lambda p: p.strategy.cp < p.train.seq_len),
                     ("tp", "more tensor parallelism (tp) shards them", _tp_room),
                     (None, "a shorter sequence (--seq-len)", lambda p: p.train.seq_len > 1)],
+    "logits": [(None, "fused cross-entropy (--cross-entropy-fusion) never holds the fp32 logits",
+                lambda p: not p.train.cross_entropy_fusion),
+               ("tp", "more tensor parallelism (tp) splits the vocabulary", _tp_room),
+               ("cp", "context parallelism (cp) splits the sequence", lambda p: p.strategy.cp < p.train.seq_len),
+               (None, "a shorter sequence (--seq-len)", lambda p: p.train.seq_len > 1)],
 }
 
 

@@ -59,11 +59,7 @@ class Row:
 
 
 def headroom_limit(capacity_bytes: float, headroom: float) -> float:
-    """Peak memory a plan may reach under the safety margin, bytes.
-
-    >>> headroom_limit(80 * 2**30, 0.05) / 2**30
-    76.0
-    """
+    """Peak memory a plan may reach under the safety margin, bytes (80 GiB at 5 %: 76 GiB)."""
     return capacity_bytes * (1.0 - headroom)
 
 

@@ -427,6 +427,11 @@ def print_estimate_summary(strategy: Strategy, est: Estimate) -> None:
     stdout.print(f"peak memory {gib(est.peak_memory_bytes)} GiB of {gib(est.memory_capacity_bytes)} GiB "
                  f"({est.binding_stage} stage; largest term {est.binding_memory_term}) | "
                  f"{est.num_microbatches} micro-batches, bubble {100 * est.bubble_fraction:.1f} %")
+    from planner.specs.results import DEFAULT_HEADROOM
+
+    if not est.reasons and est.peak_memory_bytes > est.memory_capacity_bytes * (1 - DEFAULT_HEADROOM):
+        stdout.print(f"note: peak memory is inside the {DEFAULT_HEADROOM:.0%} safety margin `meshplan plan` keeps by "
+                     "default (--headroom): it fits the GPU, with little to spare", markup=False, highlight=False)
     if est.reasons:
         stdout.print("[bold red]does not fit / invalid:[/]")
         for r in est.reasons:

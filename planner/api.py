@@ -53,6 +53,7 @@ def plan(
     constraints: dict[str, Any] | None = None,
     top_k: int = 10,
     headroom: float | None = None,
+    ranking: str = "simple",
     **train_options: Any,
 ) -> PlanResult:
     """Search every valid strategy and return the fastest that fit, best first.
@@ -65,7 +66,10 @@ def plan(
 
     `headroom` is the memory safety margin, a fraction of each GPU's memory a
     plan must leave free (default 0.05: peak memory at most 95 % of capacity).
-    Ranking and folding of near-duplicates: planner.ranking.
+    `ranking`: "simple" (default: near-ties go to the simpler layout and
+    near-duplicates fold into one row, planner.ranking) or "fastest" (strict
+    step-time order, one row per strategy, as a benchmark predicting a tuned
+    published run wants).
 
     When nothing fits, `result.plans` is empty and `result.closest` holds the
     valid strategies that came closest (their `estimate.reasons` say by how much),
@@ -82,10 +86,13 @@ def plan(
     if (isinstance(headroom, bool) or not isinstance(headroom, (int, float))
             or not 0 <= headroom < 1):  # NaN fails the range test too
         raise SpecError(f"headroom must be a fraction of GPU memory in [0, 1), e.g. 0.05 (got {headroom!r})")
+    if ranking not in ("simple", "fastest"):
+        raise SpecError(f"ranking must be 'simple' or 'fastest' (got {ranking!r})")
     model_spec, cluster_spec, train = make_inputs(
         model, cluster, num_gpus, global_batch_size, seq_len, precision, **train_options
     )
-    return search(model_spec, cluster_spec, train, num_gpus, constraints or {}, top_k, headroom=float(headroom))
+    return search(model_spec, cluster_spec, train, num_gpus, constraints or {}, top_k, headroom=float(headroom),
+                  ranking=ranking)
 
 
 def evaluate(

@@ -27,7 +27,7 @@ NUM_CLOSEST = 3
 
 
 def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
-           headroom: float = DEFAULT_HEADROOM, find_min_gpus: bool = True) -> PlanResult:
+           headroom: float = DEFAULT_HEADROOM, find_min_gpus: bool = True, ranking: str = "simple") -> PlanResult:
     """Score every valid candidate and rank those that fit under the memory safety margin
     (planner.ranking). When none is valid, the result has no plans and counts the rejections by rule;
     when none fits, it holds the closest candidates, advice and the smallest GPU count that fits
@@ -71,11 +71,18 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
         rejected[f"memory (inside the {headroom:.0%} headroom)"] = margin
     feasible = np.flatnonzero(fits)
     high = costs.step_time_s / (1.0 + errors_of(cluster.gpu)[0])  # the band's slow edge, as band_fields has it
-    rows = rank_rows(candidates, costs.step_time_s, high, feasible, top_k)
+    if ranking == "fastest":  # strict step-time order; ties to the lower peak memory, then fewer model-parallel GPUs
+        order = feasible[np.lexsort(((candidates.tp * candidates.cp * candidates.pp)[feasible],
+                                     costs.peak_memory_bytes[feasible], costs.step_time_s[feasible]))][:top_k]
+        rows = [Row(int(i), np.array([i])) for i in order]
+    else:
+        rows = rank_rows(candidates, costs.step_time_s, high, feasible, top_k)
     closest: list[Row] = []
     if len(feasible) == 0:
-        miss = (costs.peak_memory_bytes - limit) / limit + host_over * np.maximum(
-            (costs.host_memory_bytes - costs.host_capacity_bytes) / max(costs.host_capacity_bytes, 1.0), 0.0)
+        host_cap = costs.host_capacity_bytes
+        host_miss = (np.where(host_over, (costs.host_memory_bytes - host_cap) / host_cap, 0.0)
+                     if np.isfinite(host_cap) and host_cap > 0 else 0.0)
+        miss = (costs.peak_memory_bytes - limit) / limit + host_miss
         closest = closest_rows(candidates, miss, costs.step_time_s, costs.peak_memory_bytes,
                                np.arange(len(candidates)), NUM_CLOSEST)
     elapsed = time.perf_counter() - start
@@ -97,8 +104,9 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
     if not plans and near:
         from planner.advice import advice_for, min_gpus_to_fit
 
-        found, tried = (min_gpus_to_fit(model, cluster, train, num_gpus, constraints, headroom) if find_min_gpus
-                        else (None, []))
+        fixed = all(isinstance((constraints or {}).get(k), int) for k in ("dp", "tp", "pp", "cp"))
+        found, tried = (min_gpus_to_fit(model, cluster, train, num_gpus, constraints, headroom)
+                        if find_min_gpus and not fixed else (None, []))  # fixed degrees fix the GPU count
         extra = dict(min_gpus_to_fit=found, min_gpus_searched=tried,
                      advice=advice_for(near[0], constraints or {}, headroom, found, tried))
     return PlanResult(

@@ -102,3 +102,12 @@ def test_every_row_reproduces_exactly_through_evaluate():
                        strategy=p.strategy)
         assert est.step_time_s == p.estimate.step_time_s
         assert est.peak_memory_bytes == p.estimate.peak_memory_bytes
+
+
+def test_fastest_ranking_is_strict_step_time_order_without_folding():
+    result = plan(**Q, top_k=10, ranking="fastest")
+    times = [p.estimate.step_time_s for p in result.plans]
+    assert times == sorted(times) and all(p.folded is None for p in result.plans)
+    assert times[0] <= plan(**Q, top_k=1).plans[0].estimate.step_time_s
+    with pytest.raises(SpecError, match="ranking"):
+        plan(**Q, ranking="cheapest")

@@ -118,6 +118,8 @@ def no_valid_message(result: PlanResult) -> str:
 
 
 def no_fit_message(result: PlanResult) -> str:
+    if not result.stats.num_valid:
+        return no_valid_message(result)
     lines = [f"no strategy fits in {result.cluster.gpu.memory_bytes / GIB:.0f} GiB per GPU with a "
              f"{result.headroom:.0%} safety margin ({result.stats.num_valid:,} valid strategies scored)."]
     if result.closest:

@@ -52,6 +52,8 @@ def plan(
     precision: str = "bf16",
     constraints: dict[str, Any] | None = None,
     top_k: int = 10,
+    headroom: float | None = None,
+    ranking: str = "simple",
     **train_options: Any,
 ) -> PlanResult:
     """Search every valid strategy and return the fastest that fit, best first.
@@ -62,17 +64,35 @@ def plan(
     Strategy field. Extra keyword arguments go to TrainSpec (`grad_precision`,
     `optimizer`, `attention_kernel`).
 
+    `headroom` is the memory safety margin, a fraction of each GPU's memory a
+    plan must leave free (default 0.05: peak memory at most 95 % of capacity).
+    `ranking`: "simple" (default: near-ties go to the simpler layout and
+    near-duplicates fold into one row, planner.ranking) or "fastest" (strict
+    step-time order, one row per strategy, as a benchmark predicting a tuned
+    published run wants).
+
     When nothing fits, `result.plans` is empty and `result.closest` holds the
-    valid strategies that came closest (their `estimate.reasons` say by how much).
+    valid strategies that came closest (their `estimate.reasons` say by how much),
+    with `result.advice` and `result.min_gpus_to_fit`. When no strategy is valid,
+    both are empty and `result.rejections` counts the candidates by rule.
     """
     from planner.search import search
+    from planner.specs.results import DEFAULT_HEADROOM
 
-    if not isinstance(top_k, int) or top_k < 1:
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise SpecError(f"top_k must be a positive integer (got {top_k!r})")
+    if headroom is None:
+        headroom = DEFAULT_HEADROOM
+    if (isinstance(headroom, bool) or not isinstance(headroom, (int, float))
+            or not 0 <= headroom < 1):  # NaN fails the range test too
+        raise SpecError(f"headroom must be a fraction of GPU memory in [0, 1), e.g. 0.05 (got {headroom!r})")
+    if ranking not in ("simple", "fastest"):
+        raise SpecError(f"ranking must be 'simple' or 'fastest' (got {ranking!r})")
     model_spec, cluster_spec, train = make_inputs(
         model, cluster, num_gpus, global_batch_size, seq_len, precision, **train_options
     )
-    return search(model_spec, cluster_spec, train, num_gpus, constraints or {}, top_k)
+    return search(model_spec, cluster_spec, train, num_gpus, constraints or {}, top_k, headroom=float(headroom),
+                  ranking=ranking)
 
 
 def evaluate(

@@ -1,7 +1,8 @@
 """Exhaustive search: enumerate, check rules, score all at once, rank.
 
-Ranking: fastest predicted step first (highest tokens/s); ties go to the lower
-peak memory, then to the simpler layout (fewer model-parallel GPUs).
+Ranking (planner.ranking): plans that fit under the memory safety margin, fastest first, with
+near-ties (within the tie tolerance and the error band) going to the simpler layout and
+near-duplicates folded into one row.
 """
 
 from __future__ import annotations
@@ -13,17 +14,24 @@ import numpy as np
 from cost_models import CostArrays, StrategyArrays, evaluate_arrays
 from cost_models.layout import STAGE_NAMES
 from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs
-from planner.error_band import band_fields, overlaps_best
+from planner.error_band import band_fields, errors_of, overlaps_best
 from planner.errors import SpecError
+from planner.ranking import Row, closest_rows, headroom_limit, rank_rows
 from planner.rules import RULES, Context, check, first_failure_counts, messages
 from planner.space import enumerate_space, search_space
 from planner.specs import Estimate, GpuSpec, Plan, PlanResult, SearchStats, Strategy
+from planner.specs.results import DEFAULT_HEADROOM, Folded, Rejection
 
 GIB = 2**30
 NUM_CLOSEST = 3
 
 
-def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) -> PlanResult:
+def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
+           headroom: float = DEFAULT_HEADROOM, find_min_gpus: bool = True, ranking: str = "simple") -> PlanResult:
+    """Score every valid candidate and rank those that fit under the memory safety margin
+    (planner.ranking). When none is valid, the result has no plans and counts the rejections by rule;
+    when none fits, it holds the closest candidates, advice and the smallest GPU count that fits
+    (searched only then, and only when `find_min_gpus`)."""
     start = time.perf_counter()
     # Offloading the optimizer only adds time to a plan (the host's memory bandwidth per GPU is far
     # below HBM's), so a searched offload is scored only for the plans that do not fit without it.
@@ -33,16 +41,20 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) 
     rejected = dict(space.rejected)
     candidates = space.valid
     num_candidates = space.num_candidates
-    if not len(candidates):  # every candidate breaks a rule: say which, of one of them (rare, so checked again)
-        ctx = Context(model, train, num_gpus, cluster)
-        every = enumerate_space(model, train, num_gpus, first, cluster)
-        raise SpecError(_no_valid_message(ctx, every, check(ctx, every)[1]))
+    common = dict(model=model, cluster=cluster, train=train, num_gpus=num_gpus, headroom=headroom)
+    if not len(candidates):  # every candidate breaks a rule: count by rule, each with an example (rare path)
+        rejections = _rejections(Context(model, train, num_gpus, cluster), model, train, num_gpus, first, cluster,
+                                 rejected)
+        stats = SearchStats(num_candidates=num_candidates, num_valid=0, num_feasible=0, rejected=rejected,
+                            search_time_s=time.perf_counter() - start)
+        return PlanResult(plans=[], stats=stats, rejections=rejections, **common)
     costs = evaluate_arrays(model, cluster, train, candidates)
     if free_offload:
         candidates, costs, num_twins = _with_offload_twins(model, cluster, train, num_gpus, candidates, costs, rejected)
         num_candidates += num_twins
-    fits = costs.fits
-    over = ~fits
+    limit = headroom_limit(costs.memory_capacity_bytes, headroom)
+    fits = costs.fits & (costs.peak_memory_bytes <= limit)
+    over = ~costs.fits
     host_over = costs.host_memory_bytes > costs.host_capacity_bytes
     if host_over.any():
         rejected["host memory (offloaded optimizer)"] = int(host_over.sum())
@@ -54,33 +66,89 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int) 
             n = int((over & (binding_term == j)).sum())
             if n:
                 rejected[f"memory ({term} largest)"] = n
+    margin = int((costs.fits & ~fits).sum())
+    if margin:
+        rejected[f"memory (inside the {headroom:.0%} headroom)"] = margin
     feasible = np.flatnonzero(fits)
-    order = feasible[np.lexsort((
-        (candidates.tp * candidates.cp * candidates.pp)[feasible],
-        costs.peak_memory_bytes[feasible],
-        costs.step_time_s[feasible],
-    ))][:top_k]
-    closest: list[int] = []
-    if len(feasible) == 0 and len(candidates):
-        excess = costs.peak_memory_bytes - costs.memory_capacity_bytes
-        closest = list(np.argsort(excess, kind="stable")[:NUM_CLOSEST])
+    high = costs.step_time_s / (1.0 + errors_of(cluster.gpu)[0])  # the band's slow edge, as band_fields has it
+    if ranking == "fastest":  # strict step-time order; ties to the lower peak memory, then fewer model-parallel GPUs
+        order = feasible[np.lexsort(((candidates.tp * candidates.cp * candidates.pp)[feasible],
+                                     costs.peak_memory_bytes[feasible], costs.step_time_s[feasible]))][:top_k]
+        rows = [Row(int(i), np.array([i])) for i in order]
+    else:
+        rows = rank_rows(candidates, costs.step_time_s, high, feasible, top_k)
+    closest: list[Row] = []
+    if len(feasible) == 0:
+        host_cap = costs.host_capacity_bytes
+        host_miss = (np.where(host_over, (costs.host_memory_bytes - host_cap) / host_cap, 0.0)
+                     if np.isfinite(host_cap) and host_cap > 0 else 0.0)
+        miss = (costs.peak_memory_bytes - limit) / limit + host_miss
+        closest = closest_rows(candidates, miss, costs.step_time_s, costs.peak_memory_bytes,
+                               np.arange(len(candidates)), NUM_CLOSEST)
     elapsed = time.perf_counter() - start
 
-    def make_plan(rank: int, i: int) -> Plan:
-        strategy = Strategy(**candidates.row(int(i)))
-        est = estimate_from(costs, int(i), num_gpus, train, reasons=_memory_reason(costs, int(i)), gpu=cluster.gpu)
+    def make_plan(rank: int, row: Row) -> Plan:
+        i = row.index
+        strategy = Strategy(**candidates.row(i))
+        reasons = _memory_reason(costs, i) + _headroom_reason(costs, i, limit, headroom)
+        est = estimate_from(costs, i, num_gpus, train, reasons=reasons, gpu=cluster.gpu)
         return Plan(rank=rank, strategy=strategy, estimate=est, model=model, cluster=cluster, train=train,
-                    num_gpus=num_gpus)
+                    num_gpus=num_gpus, folded=_folded(candidates, costs, row))
 
     stats = SearchStats(num_candidates=num_candidates, num_valid=len(candidates), num_feasible=int(len(feasible)),
                         rejected=rejected, search_time_s=elapsed)
-    plans = [make_plan(r + 1, i) for r, i in enumerate(order)]
+    plans = [make_plan(r + 1, row) for r, row in enumerate(rows)]
     overlap = overlaps_best([p.estimate.step_time_s_low for p in plans], [p.estimate.step_time_s_high for p in plans])
+    near = [make_plan(r + 1, row) for r, row in enumerate(closest)]
+    extra: dict = {}
+    if not plans and near:
+        from planner.advice import advice_for, min_gpus_to_fit
+
+        fixed = all(isinstance((constraints or {}).get(k), int) for k in ("dp", "tp", "pp", "cp"))
+        found, tried = (min_gpus_to_fit(model, cluster, train, num_gpus, constraints, headroom)
+                        if find_min_gpus and not fixed else (None, []))  # fixed degrees fix the GPU count
+        extra = dict(min_gpus_to_fit=found, min_gpus_searched=tried,
+                     advice=advice_for(near[0], constraints or {}, headroom, found, tried))
     return PlanResult(
-        plans=plans, worth_a_real_run=[p.rank for p, o in zip(plans, overlap) if o],
-        closest=[make_plan(r + 1, i) for r, i in enumerate(closest)],
-        stats=stats, model=model, cluster=cluster, train=train, num_gpus=num_gpus,
+        plans=plans, worth_a_real_run=[p.rank for p, o in zip(plans, overlap) if o], closest=near,
+        stats=stats, **common, **extra,
     )
+
+
+def _folded(candidates: StrategyArrays, costs: CostArrays, row: Row) -> Folded | None:
+    members = row.members
+    if len(members) < 2:
+        return None
+    layers = sorted({int(v) for v in candidates.recompute_num_layers[members] if v > 0})
+    every = bool((candidates.recompute_num_layers[members] == 0).any())
+    times = costs.step_time_s[members]
+    return Folded(num_plans=len(members), zero_stages=sorted({int(z) for z in candidates.zero_stage[members]}),
+                  recompute_num_layers=layers + ([None] if every else []), step_time_s_min=float(times.min()),
+                  step_time_s_max=float(times.max()),
+                  peak_memory_bytes_min=float(costs.peak_memory_bytes[members].min()))
+
+
+def _headroom_reason(costs: CostArrays, i: int, limit: float, headroom: float) -> list[str]:
+    """The reason of a plan that fits the GPU but not the safety margin."""
+    peak, cap = costs.peak_memory_bytes[i], costs.memory_capacity_bytes
+    if not costs.fits[i] or peak <= limit:
+        return []
+    return [f"peak memory {peak / GIB:.1f} GiB is inside the {headroom:.0%} safety margin: above the "
+            f"{limit / GIB:.1f} GiB limit of {cap / GIB:.1f} GiB per GPU by {(peak - limit) / GIB:.1f} GiB"]
+
+
+def _rejections(ctx: Context, model, train, num_gpus: int, constraints: dict, cluster,
+                rejected: dict[str, int]) -> list[Rejection]:
+    """Every rule that rejected candidates, most first, with its message for one of them."""
+    every = enumerate_space(model, train, num_gpus, constraints, cluster)
+    _, failures = check(ctx, every)
+    out = []
+    for key, count in sorted(rejected.items(), key=lambda kv: -kv[1]):
+        rule = next((r for r in RULES if r.key == key), None)
+        hit = np.flatnonzero(failures[key]) if rule is not None and key in failures else []
+        example = rule.message(ctx, every.row(int(hit[0]))) if len(hit) else key
+        out.append(Rejection(rule=key, count=count, example=example))
+    return out
 
 
 def _with_offload_twins(model, cluster, train, num_gpus: int, candidates: StrategyArrays, costs: CostArrays,
@@ -103,17 +171,6 @@ def _with_offload_twins(model, cluster, train, num_gpus: int, candidates: Strate
         return candidates, costs, len(need)
     return (StrategyArrays.concat([candidates, twins]),
             concat_costs([costs, evaluate_arrays(model, cluster, train, twins)]), len(need))
-
-
-def _no_valid_message(ctx: Context, space: StrategyArrays, failures: dict[str, np.ndarray]) -> str:
-    """One line when every candidate breaks a rule: the rule that rejected the most, said of one of them."""
-    counts = first_failure_counts(failures)
-    if not counts:
-        return "no valid strategy for these constraints"
-    key = max(counts, key=counts.get)
-    i = int(np.flatnonzero(failures[key])[0])
-    rule = next(r for r in RULES if r.key == key)
-    return f"no valid strategy for these constraints: {rule.message(ctx, space.row(i))}"
 
 
 def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:

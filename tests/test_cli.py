@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 
@@ -23,17 +24,17 @@ PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "-
 FROZEN = {
     "plan": ["--attention-kernel", "--cluster", "--constraint", "--constraints", "--cross-entropy-fusion",
              "--format", "--fp8-recipe", "--global-batch-size",
-             "--gpus", "--grad-precision", "--model", "--moe-load-imbalance", "--optimizer", "--precision", "--seq-len",
-             "--top", "--zero3-impl"],
+             "--gpus", "--grad-precision", "--headroom", "--model", "--moe-load-imbalance", "--optimizer", "--precision",
+             "--seq-len", "--top", "--wide", "--zero3-impl"],
     "evaluate": ["--attention-kernel", "--cluster", "--cp", "--cross-entropy-fusion", "--dp", "--embedding-as-layer",
                  "--ep", "--etp", "--first-stage-layers", "--format", "--fp8-recipe", "--global-batch-size", "--gpus", "--grad-precision",
                  "--last-stage-layers", "--loss-as-layer", "--mbs", "--model", "--moe-load-imbalance",
                  "--offload-optimizer", "--optimizer", "--overlap-grad-reduce",
-                 "--overlap-param-gather", "--pp", "--precision", "--recompute", "--recompute-num-layers",
-                 "--seq-len", "--sp", "--stage-layers", "--tp", "--vpp", "--zero", "--zero-stage", "--zero3-impl"],
+                 "--overlap-param-gather", "--plan", "--pp", "--precision", "--rank", "--recompute",
+                 "--recompute-num-layers", "--seq-len", "--sp", "--stage-layers", "--tp", "--vpp", "--zero", "--zero-stage", "--zero3-impl"],
     "emit": ["--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints",
              "--format", "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for",
-             "--master-port", "--model", "--optimizer", "--precision", "--rank", "--script", "--seq-len"],
+             "--master-port", "--model", "--optimizer", "--plan", "--precision", "--rank", "--script", "--seq-len"],
     "models": ["--format"],
     "clusters": ["--format"],
     "validate": ["--attention-kernel", "--cluster", "--collect", "--constraint", "--constraints", "--device", "--engine",
@@ -69,6 +70,10 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
 
 def test_plan_table(capsys):
     code, out, err = run(capsys, "plan", *PLAN_ARGS, "--top", "3")
+    assert code == 0, err
+    for header in ("layout", "zero", "recompute", "split", "step (s)", "MFU %", "GiB/GPU"):
+        assert header in out
+    code, out, err = run(capsys, "plan", *PLAN_ARGS, "--top", "3", "--wide")
     assert code == 0, err
     for header in ("step (s)", "tok/s/GPU", "model TFLOP/s/GPU", "MFU %", "mem/GPU (GiB)", "headroom (GiB)"):
         assert header in out
@@ -254,10 +259,13 @@ def test_deepseek_v3_plan_has_expert_columns_and_explain_shows_the_all_to_all(ca
     """Issue 8's acceptance question, end to end through the CLI."""
     args = ["--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "2048", "--global-batch-size", "4096",
             "--seq-len", "4096"]
-    code, out, err = run(capsys, "plan", *args, "--top", "3")
+    code, out, err = run(capsys, "plan", *args, "--top", "3", "--wide")
     assert code == 0, err
     header = next(line for line in out.splitlines() if "step (s)" in line)
     assert " ep " in header and " etp " in header
+    code, out, err = run(capsys, "plan", *args, "--top", "3")
+    assert code == 0, err
+    assert re.search(r"\bep\d+\b", out)  # the default table's layout cell names the expert degree
     code, out, _ = run(capsys, "plan", *args, "--top", "1", "--format", "json")
     s = json.loads(out)["plans"][0]["strategy"]
     flags = ["--dp", str(s["dp"]), "--tp", str(s["tp"]), "--pp", str(s["pp"]), "--cp", str(s["cp"]),

@@ -265,7 +265,7 @@ def test_plan_table_shows_the_band_and_marks_overlap_with_the_best(capsys):
     tied = json.loads(out)
     assert tied["worth_a_real_run"] == [1, 2, 3]
     code, out, err = run(capsys, "plan", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
-                         "--global-batch-size", "64", "--seq-len", "8192", "--top", "3")
+                         "--global-batch-size", "64", "--seq-len", "8192", "--top", "3", "--wide")
     assert code == 0, err
     lines = out.splitlines()
     header = next(line for line in lines if "step (s)" in line)
@@ -278,7 +278,7 @@ def test_plan_table_shows_the_band_and_marks_overlap_with_the_best(capsys):
     assert " best " in rows[0] and " ~ " in rows[1] and " ~ " in rows[2]
     assert any(line.startswith("~ : step-time band overlaps plan 1's") for line in lines)
     assert any(line.startswith("band: ") and "end-to-end residuals of" in line for line in lines)
-    code, out, _ = run(capsys, "plan", *GAP)
+    code, out, _ = run(capsys, "plan", *GAP, "--wide")
     rows = [line for line in out.splitlines() if line.startswith("│")]
     assert " best " in rows[0] and " ~ " not in rows[1]
 

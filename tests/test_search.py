@@ -6,6 +6,7 @@ import pytest
 
 from cost_models.layout import ParallelLayout
 from planner import Estimate, PlanResult, SpecError, Strategy, evaluate, plan
+from planner.ranking import TIE_FRACTION
 
 Q = dict(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096)
 
@@ -15,8 +16,10 @@ def test_plan_contract_fields():
     assert isinstance(result, PlanResult)
     assert 1 <= len(result.plans) <= 3
     assert [p.rank for p in result.plans] == list(range(1, len(result.plans) + 1))
-    times = [p.estimate.step_time_s for p in result.plans]
-    assert times == sorted(times)
+    # fastest first, except that near-ties go to the simpler layout (planner.ranking)
+    best = plan(**Q, top_k=100).plans
+    fastest = min(p.estimate.step_time_s for p in best)
+    assert result.plans[0].estimate.step_time_s <= fastest * (1 + TIE_FRACTION)
     est = result.plans[0].estimate
     for field in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu",
                   "hardware_tflops_per_gpu", "mfu", "peak_memory_bytes", "memory_bytes", "time_s", "fits", "reasons"):

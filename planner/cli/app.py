@@ -15,4 +15,5 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: wraps descriptions, never cuts option names in a narrow terminal
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
 import warnings
 from enum import Enum
@@ -24,8 +25,10 @@ from planner.errors import SpecError
 
 GIB = 2**30
 
-# Pipes and files get a wide console so tables are not squeezed to 80 columns.
-stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+# Pipes and files get a wide console so tables are not squeezed to 80 columns, unless COLUMNS says
+# how wide the output may be.
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 200
+stdout = Console(soft_wrap=True, width=_WIDTH)
 stderr = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200)
 
 
@@ -105,6 +108,25 @@ def parse_constraints(items: list[str] | None, as_json: str | None) -> dict[str,
         values = [_parse_scalar(v) for v in raw.split(",") if v != ""]
         out[key.strip().replace("-", "_")] = values if len(values) != 1 else values[0]
     return out
+
+
+HeadroomOpt = Annotated[Optional[str], typer.Option(
+    "--headroom", metavar="FRACTION", help="Memory safety margin: the share of each GPU's memory a plan must "
+    "leave free, as 5% or 0.05 (default 5%). Plans above capacity x (1 - headroom) do not count as fitting.")]
+
+
+def parse_headroom(text: str | None) -> float | None:
+    """`5%` or `0.05` -> 0.05; None -> None (the default)."""
+    if text is None:
+        return None
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1:  # NaN fails too
+        raise SpecError(f"--headroom must be a fraction of GPU memory in [0, 1) written as 5% or 0.05 (got {text!r})")
+    return value
 
 
 def _parse_scalar(text: str) -> Any:
@@ -211,3 +233,57 @@ def read_text_arg(path: str) -> str:
     except OSError as exc:
         raise SpecError(f"cannot read {path!r}: {exc.strerror}") from None
 
+
+
+# ---- plans read back from `meshplan plan --format json` --------------------------
+PlanFileOpt = Annotated[Optional[str], typer.Option(
+    "--plan", metavar="FILE", help="A plan file written by `meshplan plan --format json` (or - for stdin); "
+    "--rank picks the plan.")]
+RankOpt = Annotated[int, typer.Option("--rank", "-r", help="With --plan: which plan of the file (1 = the first).")]
+
+
+def plan_result_from_json(text: str, source: str):
+    """`meshplan plan --format json` output (a PlanResult), or a single Plan's JSON wrapped as one;
+    the flag says which."""
+    from planner.specs import Plan, PlanResult
+
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise SpecError(f"{source!r} is not JSON: {exc}") from None
+    if not isinstance(obj, dict) or not ({"plans"} <= obj.keys() or {"strategy", "estimate"} <= obj.keys()):
+        raise SpecError(f"{source!r} is not a meshplan plan: expected the output of `meshplan plan --format json`")
+    try:
+        if "plans" in obj:
+            return PlanResult.model_validate(obj), False
+        single = Plan.model_validate(obj)
+    except ValidationError as exc:
+        from profiles import format_validation_error
+
+        raise SpecError(f"{source!r} is not a valid meshplan plan: {format_validation_error(exc)}") from None
+    stats = {"num_candidates": 1, "num_valid": 1, "num_feasible": 1, "rejected": {}, "search_time_s": 0.0}
+    return PlanResult(plans=[single], stats=stats, model=single.model, cluster=single.cluster, train=single.train,
+                      num_gpus=single.num_gpus), True
+
+
+def load_plan(path: str, rank: int):
+    """The plan ranked `rank` in a plan file (a single Plan's JSON is returned whatever `rank`)."""
+    if rank < 1:
+        raise SpecError(f"--rank must be >= 1 (got {rank})")
+    result, single = plan_result_from_json(read_text_arg(path), path)
+    if single:
+        return result.plans[0]
+    for p in result.plans:
+        if p.rank == rank:
+            return p
+    if not result.plans:
+        raise SpecError(f"{path!r} holds no plan that fits (nothing to pick with --rank)")
+    ranks = [p.rank for p in result.plans]
+    raise SpecError(f"--rank {rank} is not in {path!r}: it has plans ranked {ranks[0]}-{ranks[-1]}")
+
+
+def plan_inputs(p) -> dict[str, Any]:
+    """The `evaluate()` keyword arguments that reproduce plan `p` exactly (its own model, cluster and
+    training settings, not the presets' current ones)."""
+    train = {k: v for k, v in p.train.model_dump().items() if v is not None}
+    return {"model": p.model, "cluster": p.cluster, "num_gpus": p.num_gpus, **train}

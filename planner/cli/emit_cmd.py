@@ -7,7 +7,6 @@ options `meshplan plan` takes.
 
 from __future__ import annotations
 
-import json
 import sys
 from enum import Enum
 from typing import Annotated, Any, Optional
@@ -25,11 +24,13 @@ from planner.cli.common import (
     GradPrecisionOpt,
     ModelOpt,
     OptimizerOpt,
+    PlanFileOpt,
     Precision,
     PrecisionOpt,
     SeqOpt,
     emit_json,
     parse_constraints,
+    plan_result_from_json,
     read_text_arg,
     train_options,
 )
@@ -78,12 +79,17 @@ def emit_cmd(
     master_port: Annotated[int, typer.Option("--master-port", help="Rendezvous TCP port on the first node.")] = 29500,
     job_name: Annotated[str, typer.Option("--job-name", help="Slurm job name.")] = "meshplan",
     fmt: Annotated[EmitFormat, typer.Option("--format", "-f", help="text: what you paste; json: the structured form.")] = EmitFormat.text,
+    plan_file: PlanFileOpt = None,
 ) -> None:
     """Emit a plan as Megatron-LM flags, Megatron-Bridge overrides, a DeepSpeed JSON, Colossal-AI plugin
     kwargs, a torchtitan TOML, or a torchrun / Slurm launch script."""
     from planner.emit import EmitOptions, get_emitter
 
     emitter = get_emitter(backend)
+    if plan_file is not None:  # --plan FILE is PLAN_JSON by name, as evaluate and explain take it
+        if plan_json is not None:
+            raise SpecError(f"give the plan file once: PLAN_JSON ({plan_json!r}) or --plan ({plan_file!r})")
+        plan_json = plan_file
     if rank < 1:
         raise SpecError(f"--rank must be >= 1 (got {rank})")
     search = {"--model": model, "--cluster": cluster, "--gpus": gpus, "--global-batch-size": global_batch_size,
@@ -132,28 +138,6 @@ def _search(model: str, cluster: str, gpus: int, gbs: int, seq: int, precision: 
 
     return api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=gbs, seq_len=seq,
                     precision=precision, constraints=constraints, top_k=top_k, **train)
-
-
-def plan_result_from_json(text: str, source: str) -> tuple[PlanResult, bool]:
-    """`meshplan plan --format json` output (a PlanResult), or a single Plan's JSON wrapped as one;
-    the flag says which."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{source!r} is not JSON: {exc}") from None
-    if not isinstance(obj, dict) or not ({"plans"} <= obj.keys() or {"strategy", "estimate"} <= obj.keys()):
-        raise SpecError(f"{source!r} is not a meshplan plan: expected the output of `meshplan plan --format json`")
-    try:
-        if "plans" in obj:
-            return PlanResult.model_validate(obj), False
-        single = Plan.model_validate(obj)
-    except ValidationError as exc:
-        from profiles import format_validation_error
-
-        raise SpecError(f"{source!r} is not a valid meshplan plan: {format_validation_error(exc)}") from None
-    stats = {"num_candidates": 1, "num_valid": 1, "num_feasible": 1, "rejected": {}, "search_time_s": 0.0}
-    return PlanResult(plans=[single], stats=stats, model=single.model, cluster=single.cluster, train=single.train,
-                      num_gpus=single.num_gpus), True
 
 
 def _best_expressible(result: PlanResult, chosen: Plan, backend: str, options) -> Plan:

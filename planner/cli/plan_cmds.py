@@ -21,6 +21,9 @@ from planner.cli.common import (
     GbsOpt,
     GpusOpt,
     GradPrecisionOpt,
+    HeadroomOpt,
+    PlanFileOpt,
+    RankOpt,
     ModelOpt,
     MoeImbalanceOpt,
     Zero3ImplOpt,
@@ -34,7 +37,10 @@ from planner.cli.common import (
     emit_csv,
     emit_json,
     gib,
+    load_plan,
     parse_constraints,
+    parse_headroom,
+    plan_inputs,
     stderr,
     stdout,
     train_options,
@@ -67,32 +73,61 @@ def plan_cmd(
     zero3_impl: Zero3ImplOpt = "fsdp2",
     fp8_recipe: Fp8RecipeOpt = "delayed",
     cross_entropy_fusion: CeFusionOpt = True,
+    headroom: HeadroomOpt = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column (bands, tokens/s, TFLOP/s, headroom); the "
+                                       "default table fits 100 columns.")] = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
-    """Rank every valid strategy by predicted throughput; show the fastest that fit."""
-    result = api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
-                      seq_len=seq_len, precision=precision.value, constraints=parse_constraints(constraint, constraints),
-                      top_k=top, **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
-                                                 zero3_impl, fp8_recipe, cross_entropy_fusion))
+    """Rank every valid strategy by predicted throughput; show the fastest that fit (near-ties go to the
+    simpler layout, near-duplicates share a row: see the README's "Reading the plan table")."""
+    kwargs = dict(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size, seq_len=seq_len,
+                  precision=precision.value, constraints=parse_constraints(constraint, constraints), top_k=top,
+                  headroom=parse_headroom(headroom), **train_options(grad_precision, attention_kernel, optimizer,
+                                                                      moe_load_imbalance, zero3_impl, fp8_recipe,
+                                                                      cross_entropy_fusion))
+    with searching(f"searching strategies for {gpus:,} GPUs"):
+        result = api_plan(**kwargs)
     if fmt is Format.json:
         emit_json(result.model_dump(mode="json"))
     elif fmt is Format.csv:
         emit_csv([plan_row(p) | {"worth_a_real_run": p.rank in result.worth_a_real_run and bool(result.plans)}
                   for p in result.plans or result.closest])
-    else:
-        print_plan_table(result)
+    elif result.stats.num_valid:
+        print_plan_table(result, wide=wide)
         warn_hidden_comm(result)
+    if not result.stats.num_valid:
+        raise ExitWith(2, no_valid_message(result))
     if not result.plans:
         raise ExitWith(1, no_fit_message(result))
 
 
+def searching(text: str):
+    """A spinner on stderr while a search runs, on a terminal only (never in piped or JSON output)."""
+    from contextlib import nullcontext
+
+    return stderr.status(text, spinner="dots") if stderr.is_terminal else nullcontext()
+
+
+def no_valid_message(result: PlanResult) -> str:
+    """`0 valid strategies` with every rule that rejected candidates, counted."""
+    n = result.stats.num_candidates
+    lines = [f"error: 0 valid strategies for {result.num_gpus:,} GPUs ({n:,} candidates, every one breaks a rule):"]
+    for r in result.rejections:
+        lines.append(f"  {r.rule}: {r.count:,} (e.g. {r.example})")
+    return "\n".join(lines)
+
+
 def no_fit_message(result: PlanResult) -> str:
-    lines = [f"no strategy fits in {result.cluster.gpu.memory_bytes / GIB:.0f} GiB per GPU "
-             f"({result.stats.num_valid} valid strategies scored)."]
+    if not result.stats.num_valid:
+        return no_valid_message(result)
+    lines = [f"no strategy fits in {result.cluster.gpu.memory_bytes / GIB:.0f} GiB per GPU with a "
+             f"{result.headroom:.0%} safety margin ({result.stats.num_valid:,} valid strategies scored)."]
     if result.closest:
         near = result.closest[0]
         lines.append(f"closest: {near.strategy.short()}: " + "; ".join(near.estimate.reasons))
-        lines.append("try more GPUs, a smaller global batch or sequence, or allow recompute/ZeRO (see --constraint).")
+        lines += result.advice
+        if not result.advice:
+            lines.append("try more GPUs, a smaller global batch or sequence, or fewer constraints.")
     return "\n".join(lines)
 
 
@@ -107,45 +142,126 @@ def plan_row(p: Plan) -> dict[str, Any]:
     return row
 
 
-def print_plan_table(result: PlanResult) -> None:
+def print_plan_table(result: PlanResult, wide: bool = False, console=None) -> None:
+    """The ranked plans (or, when nothing fits, the closest) with their legend. The default table fits a
+    100-column terminal; `wide` adds the bands, tokens/s, TFLOP/s and headroom columns."""
+    out = console or stdout
     m, c, t = result.model, result.cluster, result.train
     size = f"{m.num_params() / 1e9:.1f}B params" + (f", {m.num_active_params() / 1e9:.1f}B active" if m.is_moe else "")
-    stdout.print(f"[bold]{m.name}[/] ({size}) on {result.num_gpus} x {c.gpu.name} "
-                 f"({c.name}), global batch {t.global_batch_size} x {t.seq_len} tokens, {t.precision}")
+    out.print(f"[bold]{m.name}[/] ({size}) on {result.num_gpus} x {c.gpu.name} ({c.name}), global batch "
+              f"{t.global_batch_size} x {t.seq_len} tokens, {t.precision}", soft_wrap=False)
     plans = result.plans or result.closest
     title = "ranked plans" if result.plans else "no strategy fits; closest candidates"
+    if wide:  # as wide as the table needs: the full detail was asked for
+        from rich.measure import Measurement
+
+        from rich.console import Console
+
+        table = _wide_table(result, plans, title)
+        need = Measurement.get(out, out.options.update(width=10_000), table).maximum
+        if need > out.width:
+            out = Console(file=out.file, width=need, soft_wrap=True, no_color=out.no_color,
+                          force_terminal=out.is_terminal)
+        out.print(table)
+    else:
+        out.print(_narrow_table(result, plans, title))
+    for line in plan_legend(result, plans, wide):
+        out.print(line, markup=False, highlight=False, soft_wrap=False)
+    st = result.stats
+    rejected = ", ".join(f"{k}: {v:,}" for k, v in sorted(st.rejected.items(), key=lambda kv: -kv[1])) or "none"
+    out.print(f"candidates evaluated: {st.num_candidates:,} | valid: {st.num_valid:,} | feasible: "
+              f"{st.num_feasible:,} | search time: {st.search_time_s:.2f} s", soft_wrap=False)
+    out.print(f"rejected by reason: {rejected}", highlight=False, soft_wrap=False)
+
+
+def layout_label(s: Strategy) -> str:
+    """`dp64 tp8 pp16 cp2 vpp8 sp`: the degrees (cp, ep, etp, vpp only when > 1) and sequence parallelism."""
+    parts = [f"dp{s.dp}", f"tp{s.tp}", f"pp{s.pp}"]
+    parts += [f"{k}{v}" for k, v in (("cp", s.cp), ("ep", s.ep), ("etp", s.etp), ("vpp", s.vpp)) if v > 1]
+    return " ".join(parts + (["sp"] if s.sequence_parallel else []))
+
+
+def zero_label(p: Plan) -> str:
+    """`1`, `1-2` for a folded row, `1+cpu` with the optimizer offloaded."""
+    z = p.folded.zero_label() if p.folded else str(p.strategy.zero_stage)
+    return z + ("+cpu" if p.strategy.offload_optimizer else "")
+
+
+def recompute_label(p: Plan) -> str:
+    """`none`, `selective`, `full`, `full(6)` (6 layers per chunk) or `full(1..6)` for a folded row."""
+    s = p.strategy
+    layers = (p.folded.layers_label() if p.folded else "") or (str(s.recompute_num_layers)
+                                                               if s.recompute_num_layers else "")
+    return s.recompute + (f"({layers})" if layers else "")
+
+
+def _mark(result: PlanResult, p: Plan) -> str:
+    if not result.plans:
+        return ""
+    return "best" if p.rank == 1 else ("~" if p.rank in result.worth_a_real_run else "")
+
+
+def _narrow_table(result: PlanResult, plans: list[Plan], title: str) -> Table:
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 1),
+                  header_style="bold underline")
+    # every cell is printed whole: a cell that would be cut folds onto a second line instead
+    for col in ("#", "layout", "zero", "mbs", "recompute", "split", "step (s)", "MFU %", "GiB/GPU"):
+        table.add_column(col, justify="left" if col in ("layout", "recompute", "split") else "right",
+                         overflow="fold", no_wrap=col in ("#", "step (s)", "MFU %", "GiB/GPU", "zero"))
+    for p in plans:
+        s, e = p.strategy, p.estimate
+        table.add_row(f"{p.rank}~" if _mark(result, p) == "~" else str(p.rank), layout_label(s),
+                      zero_label(p), str(s.micro_batch_size), recompute_label(p), s.split_label() or "even",
+                      f"{e.step_time_s:.3f}", f"{100 * e.mfu:.1f}", gib(e.peak_memory_bytes))
+    return table
+
+
+def _wide_table(result: PlanResult, plans: list[Plan], title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    moe = m.is_moe or any(p.strategy.ep > 1 or p.strategy.etp > 1 for p in plans)
+    moe = result.model.is_moe or any(p.strategy.ep > 1 or p.strategy.etp > 1 for p in plans)
     cols = ["#", "dp", "tp", "pp", "cp"] + (["ep", "etp"] if moe else []) + [
         "vpp", "sp", "zero", "mbs", "recompute", "split", "step (s)", "step band (s)", "~#1", "tok/s/GPU",
         "model TFLOP/s/GPU", "MFU %", "MFU band %", "mem/GPU (GiB)", "headroom (GiB)"]
     # the split and recompute labels are typed back into `evaluate`: never truncated, the other columns give way
     widths = {"split": max([len(p.strategy.split_label() or "even") for p in plans] + [5]),
-              "recompute": max([len(p.strategy.recompute) + 5 for p in plans] + [9])}
+              "recompute": max([len(recompute_label(p)) for p in plans] + [9])}
     for col in cols:
         table.add_column(col, justify="left" if col in widths else "right", no_wrap=col in widths,
                          min_width=widths.get(col))
-    worth = set(result.worth_a_real_run)
     for p in plans:
         s, e = p.strategy, p.estimate
-        mark = "" if not result.plans else ("best" if p.rank == 1 else ("~" if p.rank in worth else ""))
-        rc = s.recompute + (f"({s.recompute_num_layers})" if s.recompute_num_layers else "")
-        zero = f"{s.zero_stage}+cpu" if s.offload_optimizer else str(s.zero_stage)
         experts = [str(s.ep), str(s.etp)] if moe else []
         table.add_row(str(p.rank), str(s.dp), str(s.tp), str(s.pp), str(s.cp), *experts, str(s.vpp),
-                      "y" if s.sequence_parallel else "-", zero, str(s.micro_batch_size), rc,
-                      s.split_label() or "even", f"{e.step_time_s:.3f}", step_band(e), mark,
+                      "y" if s.sequence_parallel else "-", zero_label(p), str(s.micro_batch_size), recompute_label(p),
+                      s.split_label() or "even", f"{e.step_time_s:.3f}", step_band(e), _mark(result, p),
                       f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.model_tflops_per_gpu:.1f}", f"{100 * e.mfu:.1f}",
                       mfu_band(e), gib(e.peak_memory_bytes),
                       gib(e.memory_capacity_bytes - e.peak_memory_bytes))
-    stdout.print(table)
-    if plans:
-        stdout.print(band_legend(result, plans[0].estimate), markup=False, highlight=False)
-    st = result.stats
-    rejected = ", ".join(f"{k}: {v:,}" for k, v in sorted(st.rejected.items(), key=lambda kv: -kv[1])) or "none"
-    stdout.print(f"candidates evaluated: {st.num_candidates:,} | valid: {st.num_valid:,} | feasible: "
-                 f"{st.num_feasible:,} | search time: {st.search_time_s:.2f} s")
-    stdout.print(f"rejected by reason: {rejected}", highlight=False)
+    return table
+
+
+def plan_legend(result: PlanResult, plans: list[Plan], wide: bool) -> list[str]:
+    """The lines under the plan table."""
+    from planner.ranking import TIE_FRACTION
+
+    if not plans:
+        return []
+    cap = result.cluster.gpu.memory_bytes
+    lines = [f"memory safety margin {result.headroom:.0%} (--headroom): a plan fits when its peak is at most "
+             f"{cap * (1 - result.headroom) / GIB:.1f} of {cap / GIB:.1f} GiB per GPU"]
+    if result.plans:
+        lines.append(f"order: fastest first, but plans within {TIE_FRACTION:.0%} of the fastest remaining (and in "
+                     "its band) go to the simpler layout: fewer stages, no cp, larger micro-batches")
+    if any(p.folded for p in plans):
+        lines.append("a range (zero 1-2, full(1..6)) folds near-duplicates of one layout into a row; the row's plan "
+                     "is one concrete member (--format json)")
+    lines.append("reproduce a row: meshplan evaluate|explain|emit --plan plans.json --rank N (plans.json from "
+                 "--format json)")
+    if not wide:
+        lines.append("layout: degrees (cp, ep, etp, vpp shown when > 1), sp = sequence parallel; --wide for the "
+                     "bands, tokens/s and TFLOP/s")
+    band = band_legend(result, plans[0].estimate, wide)
+    return lines + ([band] if band else [])
 
 
 def step_band(e: Estimate) -> str:
@@ -157,9 +273,9 @@ def mfu_band(e: Estimate) -> str:
     return "-" if e.mfu_low is None else f"{100 * e.mfu_low:.1f}-{100 * e.mfu_high:.1f}"
 
 
-def band_legend(result: PlanResult, best: Estimate) -> str:
+def band_legend(result: PlanResult, best: Estimate, wide: bool = True) -> str:
     """The lines under the plan table: what the band is and what `~` marks."""
-    lines = [f"band: where a real run is expected to land; {best.band_basis}"]
+    lines = [f"band: where a real run is expected to land; {best.band_basis}"] if wide else []
     if result.plans:
         others = [r for r in result.worth_a_real_run if r != 1]
         lines.append("~ : step-time band overlaps plan 1's, the model cannot order them: worth a real run "
@@ -230,8 +346,9 @@ def _one_strategy_command(render):
     `evaluate` and `explain` share every option."""
 
     def command(
-        model: ModelOpt, cluster: ClusterOpt, gpus: GpusOpt, global_batch_size: GbsOpt, seq_len: SeqOpt,
-        precision: PrecisionOpt = Precision.bf16,
+        ctx: typer.Context,
+        model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, global_batch_size: GbsOpt = None,
+        seq_len: SeqOpt = None, precision: PrecisionOpt = Precision.bf16,
         dp: DpOpt = None, tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = 1,
         vpp: VppOpt = 1, sp: SpOpt = False, offload_optimizer: OffloadOpt = False,
         zero: ZeroOpt = 0, mbs: MbsOpt = 1, recompute: RecomputeArg = RecomputeOpt.none,
@@ -241,8 +358,26 @@ def _one_strategy_command(render):
         grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash",
         optimizer: OptimizerOpt = "adam", moe_load_imbalance: MoeImbalanceOpt = None,
         zero3_impl: Zero3ImplOpt = "fsdp2", fp8_recipe: Fp8RecipeOpt = "delayed",
-        cross_entropy_fusion: CeFusionOpt = True, fmt: FormatOpt = Format.table,
+        cross_entropy_fusion: CeFusionOpt = True, plan_file: PlanFileOpt = None, rank: RankOpt = 1,
+        fmt: FormatOpt = Format.table,
     ) -> None:
+        if plan_file is not None:  # the plan file holds the whole question and the strategy: nothing else may be given
+            given = _given_options(ctx, skip={"plan_file", "rank", "fmt"})
+            if given:
+                raise SpecError(f"--plan gives the model, cluster, batch and strategy; drop {', '.join(given)}")
+            chosen = load_plan(plan_file, rank)
+            est = api_evaluate(strategy=chosen.strategy, **plan_inputs(chosen))
+            render(chosen.strategy, est, fmt)
+            if not est.fits:
+                raise ExitWith(1)
+            return
+        if "--rank" in _given_options(ctx, skip=set()):
+            raise SpecError("--rank picks a plan of a plan file: give --plan FILE too")
+        question = {"--model": model, "--cluster": cluster, "--gpus": gpus, "--global-batch-size": global_batch_size,
+                    "--seq-len": seq_len}
+        missing = [k for k, v in question.items() if v is None]
+        if missing:
+            raise SpecError(f"missing option(s) {', '.join(missing)} (or give --plan FILE --rank N)")
         strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
                              last_stage_layers, stage_layers, embedding_as_layer, loss_as_layer, overlap_grad_reduce,
                              overlap_param_gather, ep, etp, offload_optimizer)
@@ -257,6 +392,16 @@ def _one_strategy_command(render):
             raise ExitWith(1)
 
     return command
+
+
+def _given_options(ctx: typer.Context, skip: set[str]) -> list[str]:
+    """The options typed on the command line (not defaults), by their long name."""
+    def typed(name: str) -> bool:
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name == "COMMANDLINE"
+
+    return [max(p.opts, key=len) for p in ctx.command.params if p.name not in skip and p.name is not None
+            and typed(p.name)]
 
 
 def render_evaluate(strategy: Strategy, est: Estimate, fmt: Format) -> None:
@@ -284,6 +429,11 @@ def print_estimate_summary(strategy: Strategy, est: Estimate) -> None:
     stdout.print(f"peak memory {gib(est.peak_memory_bytes)} GiB of {gib(est.memory_capacity_bytes)} GiB "
                  f"({est.binding_stage} stage; largest term {est.binding_memory_term}) | "
                  f"{est.num_microbatches} micro-batches, bubble {100 * est.bubble_fraction:.1f} %")
+    from planner.specs.results import DEFAULT_HEADROOM
+
+    if not est.reasons and est.peak_memory_bytes > est.memory_capacity_bytes * (1 - DEFAULT_HEADROOM):
+        stdout.print(f"note: peak memory is inside the {DEFAULT_HEADROOM:.0%} safety margin `meshplan plan` keeps by "
+                     "default (--headroom): it fits the GPU, with little to spare", markup=False, highlight=False)
     if est.reasons:
         stdout.print("[bold red]does not fit / invalid:[/]")
         for r in est.reasons:

@@ -16,6 +16,10 @@ from planner.specs.train import TrainSpec
 
 #: Rounding slack when checking that a band contains its point estimate (relative).
 BAND_TOLERANCE = 1e-9
+#: Default memory safety margin of `plan()`: the share of each GPU's memory a plan must leave free.
+#: Estimate: PyTorch's caching-allocator fragmentation and the CUDA context and NCCL buffers, which the
+#: memory model does not itemise, take a few GiB of an 80 GiB GPU in Megatron-LM runs.
+DEFAULT_HEADROOM = 0.05
 
 
 class Estimate(BaseModel):
@@ -71,6 +75,46 @@ class Estimate(BaseModel):
         return self
 
 
+class Folded(BaseModel):
+    """Near-duplicates shown as one plan row: the same layout, with knobs that change the step time by
+    less than planner.ranking.FOLD_FRACTION. The row's `strategy` is one concrete member."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_plans: int = Field(description="Plans folded into the row, the shown one included.")
+    zero_stages: list[int] = Field(description="ZeRO stages among them, ascending.")
+    recompute_num_layers: list[int | None] = Field(
+        description="Recomputed layers per chunk among them (None = all, or no full recompute), ascending.")
+    step_time_s_min: float = Field(description="Fastest predicted step among them, seconds.")
+    step_time_s_max: float = Field(description="Slowest predicted step among them, seconds.")
+    peak_memory_bytes_min: float = Field(description="Lowest peak memory among them, bytes.")
+
+    def zero_label(self) -> str:
+        """`1-2` for stages 1 and 2, `0,2` for 0 and 2, `1` for one stage."""
+        z = self.zero_stages
+        if len(z) > 1 and z == list(range(z[0], z[-1] + 1)):
+            return f"{z[0]}-{z[-1]}"
+        return ",".join(map(str, z))
+
+    def layers_label(self) -> str:
+        """`1..6` for a range of recomputed layer counts; empty when there is none."""
+        n = [v for v in self.recompute_num_layers if v is not None]
+        if len(self.recompute_num_layers) < 2 or not n:
+            return ""
+        top = "all" if None in self.recompute_num_layers else str(n[-1])
+        return f"{n[0]}..{top}"
+
+
+class Rejection(BaseModel):
+    """How many candidates one rule rejected, with the rule's message for one of them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rule: str = Field(description="The rule's key (planner.rules.RULES).")
+    count: int = Field(description="Candidates it rejected (each counted under the first rule it breaks).")
+    example: str = Field(description="The rule's message for one rejected candidate.")
+
+
 class Plan(BaseModel):
     """A ranked strategy with its estimate and the inputs it was made for."""
 
@@ -83,6 +127,9 @@ class Plan(BaseModel):
     cluster: ClusterSpec = Field(description="The cluster the plan is for.")
     train: TrainSpec = Field(description="Batch, sequence and precision the plan is for.")
     num_gpus: int = Field(description="GPUs the plan uses.")
+    folded: Folded | None = Field(
+        None, description="Near-duplicates folded into this row (same layout, ZeRO stage or recomputed layer count "
+        "changing nothing within planner.ranking.FOLD_FRACTION); None when the row stands alone.")
 
     # ---- emitters (planner.emit); each raises NotExpressibleError when the framework cannot run the plan ----
     def to_megatron_args(self) -> list[str]:
@@ -146,3 +193,16 @@ class PlanResult(BaseModel):
     cluster: ClusterSpec = Field(description="The cluster planned for.")
     train: TrainSpec = Field(description="Batch, sequence and precision planned for.")
     num_gpus: int = Field(description="GPUs in the job.")
+    headroom: float = Field(DEFAULT_HEADROOM, description="Memory safety margin the plans keep free: a plan fits "
+                            "when its peak memory is at most capacity * (1 - headroom).")
+    min_gpus_to_fit: int | None = Field(
+        None, description="When nothing fits: the smallest GPU count tried (`min_gpus_searched`) at which a plan "
+        "fits; None when something fits, or none of the counts tried does.")
+    min_gpus_searched: list[int] = Field(
+        default_factory=list, description="When nothing fits: the GPU counts tried for `min_gpus_to_fit`, ascending.")
+    advice: list[str] = Field(
+        default_factory=list, description="When nothing fits: what would make a plan fit, from the closest plan's "
+        "memory breakdown (the term that binds and the knobs that shrink it and are not at their limit).")
+    rejections: list[Rejection] = Field(
+        default_factory=list, description="When no strategy is valid: every rule that rejected candidates, with "
+        "counts, most first.")

@@ -18,7 +18,7 @@ PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "-
 # Frozen `emit` surface: extend it, never rename (users' scripts depend on it).
 FROZEN_EMIT = ["--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints", "--format",
                "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for", "--master-port",
-               "--model", "--optimizer", "--precision", "--rank", "--script", "--seq-len"]
+               "--model", "--optimizer", "--plan", "--precision", "--rank", "--script", "--seq-len"]
 
 
 def run(capsys, *args: str, stdin: str | None = None) -> tuple[int, str, str]:

@@ -1,0 +1,154 @@
+"""When nothing fits: what would, computed from the closest plan and the search itself.
+
+`advice_for` reads the closest plan's memory breakdown: the term that binds (the largest of
+params, grads, optimizer, activations) and, for that term, the knobs that shrink it and are not at
+their limit in that plan. A knob the search chooses (tp, pp, cp, zero_stage, recompute, ...) is
+named only when the caller's constraints kept the search from using it: otherwise the search has
+tried it already and it did not help. Knobs outside the search (gradient precision, sequence
+length) are named when they are not at their limit. `min_gpus_to_fit` searches GPU counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from planner.errors import SpecError
+from planner.specs import Plan
+
+GIB = 2**30
+#: Largest multiple of the starting GPU count the GPU-count search tries (doubling up to it).
+MAX_SCALE = 4096
+#: Node multiples tried one by one above the GPU count asked for, and at most between the last count
+#: that does not fit and the first that does (above it, only those with factors 2, 3, 5 there).
+MAX_SCAN = 24
+
+#: term -> [(Strategy field or None, what it does, applies(plan) -> the knob is not at its limit)]
+Knob = tuple[str | None, str, Callable[[Plan], bool]]
+
+
+def _tp_room(p: Plan) -> bool:
+    return p.strategy.tp < min(p.cluster.domain_size, p.model.num_attention_heads)
+
+
+def _pp_room(p: Plan) -> bool:
+    return p.strategy.pp < p.model.num_layers
+
+
+KNOBS: dict[str, list[Knob]] = {
+    "params": [("tp", "more tensor parallelism (tp) shards the weights", _tp_room),
+               ("pp", "more pipeline stages (pp) split the layers", _pp_room),
+               ("zero_stage", "ZeRO-3 (zero_stage=3) shards the weights over dp", lambda p: p.strategy.zero_stage < 3)],
+    "grads": [("zero_stage", "ZeRO-2 or 3 shards the gradients over dp", lambda p: p.strategy.zero_stage < 2),
+              (None, "bf16 gradients (--grad-precision bf16) halve them", lambda p: p.train.grad_precision == "fp32"),
+              ("tp", "more tensor parallelism (tp) shards them", _tp_room),
+              ("pp", "more pipeline stages (pp) split them", _pp_room)],
+    "optimizer": [("zero_stage", "ZeRO-1 or higher shards the optimizer states over dp",
+                   lambda p: p.strategy.zero_stage < 1),
+                  ("offload_optimizer", "offloading the optimizer moves its states to the host",
+                   lambda p: not p.strategy.offload_optimizer),
+                  ("tp", "more tensor parallelism (tp) shards them", _tp_room),
+                  ("pp", "more pipeline stages (pp) split them", _pp_room)],
+    "activations": [("recompute", "recomputation (recompute=full) keeps only layer inputs",
+                     lambda p: p.strategy.recompute != "full" or p.strategy.recompute_num_layers is not None),
+                    ("micro_batch_size", "a smaller micro-batch (micro_batch_size=1)",
+                     lambda p: p.strategy.micro_batch_size > 1),
+                    ("sequence_parallel", "sequence parallelism shards them over tp",
+                     lambda p: p.strategy.tp > 1 and not p.strategy.sequence_parallel),
+                    ("cp", "context parallelism (cp) splits the sequence", lambda p: p.strategy.cp < p.train.seq_len),
+                    ("tp", "more tensor parallelism (tp) shards them", _tp_room),
+                    (None, "a shorter sequence (--seq-len)", lambda p: p.train.seq_len > 1)],
+    "logits": [(None, "fused cross-entropy (--cross-entropy-fusion) never holds the fp32 logits",
+                lambda p: not p.train.cross_entropy_fusion),
+               ("tp", "more tensor parallelism (tp) splits the vocabulary", _tp_room),
+               ("cp", "context parallelism (cp) splits the sequence", lambda p: p.strategy.cp < p.train.seq_len),
+               (None, "a shorter sequence (--seq-len)", lambda p: p.train.seq_len > 1)],
+}
+
+
+def advice_for(closest: Plan, constraints: dict[str, Any], headroom: float, min_gpus: int | None,
+               tried: list[int]) -> list[str]:
+    """Lines of advice for a question where nothing fits, from its closest plan."""
+    e = closest.estimate
+    limit = e.memory_capacity_bytes * (1 - headroom)
+    term = max(e.memory_bytes, key=e.memory_bytes.get)
+    out = [f"binding term: {term} {e.memory_bytes[term] / GIB:.1f} GiB of the {e.peak_memory_bytes / GIB:.1f} GiB "
+           f"peak ({e.binding_stage} stage); the limit is {limit / GIB:.1f} GiB ({e.memory_capacity_bytes / GIB:.0f} "
+           f"GiB less the {headroom:.0%} headroom), {max(e.peak_memory_bytes - limit, 0) / GIB:.1f} GiB over"]
+    for field, what, room in KNOBS.get(term, []):
+        if not room(closest):
+            continue
+        if field is None:
+            out.append(f"to shrink {term}: {what}")
+        elif field in constraints:
+            out.append(f"to shrink {term}: {what}; the constraint {field}={constraints[field]} keeps the search "
+                       "from it")
+    if min_gpus is not None:
+        out.append(gpus_line(closest.num_gpus, min_gpus, tried, closest.cluster.gpus_per_node))
+    elif tried:
+        out.append(f"no plan fits on any GPU count tried up to {tried[-1]:,}")
+    return out
+
+
+def gpus_line(num_gpus: int, found: int, tried: list[int], node: int) -> str:
+    """`needs at least N GPUs` when every node multiple between was tried, else what was tried."""
+    every = [n for n in range(node, found, node) if n > num_gpus]
+    if set(every) <= set(tried) and found % node == 0:
+        return f"needs at least {found:,} GPUs (the smallest multiple of {node} GPUs per node that fits)"
+    return (f"fits on {found:,} GPUs, the smallest of the {len(tried)} GPU counts tried (multiples of {node} GPUs "
+            f"per node; not every multiple below it was tried)")
+
+
+def _smooth(k: int) -> bool:
+    for f in (2, 3, 5):
+        while k % f == 0:
+            k //= f
+    return k == 1
+
+
+def min_gpus_to_fit(model, cluster, train, num_gpus: int, constraints: dict, headroom: float
+                    ) -> tuple[int | None, list[int]]:
+    """The smallest GPU count, a multiple of the node size above `num_gpus`, at which a plan fits, and
+    every count tried, ascending (None when none of them fits). Tries the next MAX_SCAN node multiples
+    one by one; beyond them doubles until a count fits (up to MAX_SCALE times `num_gpus` or the
+    cluster's max_gpus), then tries the node multiples between the last failure and it (all of them
+    when at most MAX_SCAN, else those whose node count has no prime factor above 5)."""
+    node = cluster.gpus_per_node
+    bound = num_gpus * MAX_SCALE if cluster.max_gpus is None else min(cluster.max_gpus, num_gpus * MAX_SCALE)
+    tried: list[int] = []
+
+    def fits(n: int) -> bool:
+        tried.append(n)
+        return _fits_at(model, cluster, train, n, constraints, headroom)
+
+    n = (num_gpus // node + 1) * node
+    for _ in range(MAX_SCAN):
+        if n > bound:
+            return None, tried
+        if fits(n):
+            return n, tried
+        n += node
+    lo, hi = n - node, None
+    n = 2 * lo
+    while n <= bound:
+        if fits(n):
+            hi = n
+            break
+        lo, n = n, 2 * n
+    if hi is None:
+        return None, sorted(tried)
+    between = list(range(lo + node, hi, node))
+    if len(between) > MAX_SCAN:
+        between = [m for m in between if _smooth(m // node)]
+    for m in between:
+        if fits(m):
+            return m, sorted(tried)
+    return hi, sorted(tried)
+
+
+def _fits_at(model, cluster, train, n: int, constraints: dict, headroom: float) -> bool:
+    from planner.search import search
+
+    try:
+        return bool(search(model, cluster, train, n, constraints, 1, headroom=headroom, find_min_gpus=False).plans)
+    except SpecError:  # the constraints leave no strategy at this count
+        return False

@@ -70,7 +70,8 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
     if margin:
         rejected[f"memory (inside the {headroom:.0%} headroom)"] = margin
     feasible = np.flatnonzero(fits)
-    high = costs.step_time_s / (1.0 + errors_of(cluster.gpu)[0])  # the band's slow edge, as band_fields has it
+    moe = model.num_experts > 0
+    high = costs.step_time_s / (1.0 + errors_of(cluster.gpu, moe)[0])  # the band's slow edge, as band_fields has it
     if ranking == "fastest":  # strict step-time order; ties to the lower peak memory, then fewer model-parallel GPUs
         order = feasible[np.lexsort(((candidates.tp * candidates.cp * candidates.pp)[feasible],
                                      costs.peak_memory_bytes[feasible], costs.step_time_s[feasible]))][:top_k]
@@ -91,7 +92,7 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
         i = row.index
         strategy = Strategy(**candidates.row(i))
         reasons = _memory_reason(costs, i) + _headroom_reason(costs, i, limit, headroom)
-        est = estimate_from(costs, i, num_gpus, train, reasons=reasons, gpu=cluster.gpu)
+        est = estimate_from(costs, i, num_gpus, train, reasons=reasons, gpu=cluster.gpu, moe=moe)
         return Plan(rank=rank, strategy=strategy, estimate=est, model=model, cluster=cluster, train=train,
                     num_gpus=num_gpus, folded=_folded(candidates, costs, row))
 
@@ -182,7 +183,8 @@ def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:
     valid = not reasons
     costs = evaluate_arrays(model, cluster, train, st)
     reasons += _memory_reason(costs, 0)
-    return estimate_from(costs, 0, num_gpus, train, reasons=reasons, valid=valid, gpu=cluster.gpu)
+    return estimate_from(costs, 0, num_gpus, train, reasons=reasons, valid=valid, gpu=cluster.gpu,
+                         moe=model.num_experts > 0)
 
 
 def _memory_reason(costs: CostArrays, i: int) -> list[str]:
@@ -200,8 +202,9 @@ def _memory_reason(costs: CostArrays, i: int) -> list[str]:
 
 
 def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list[str], valid: bool = True,
-                  gpu: GpuSpec | None = None) -> Estimate:
-    """The Estimate of candidate `i`, with its error band from `gpu`'s residuals (planner.error_band)."""
+                  gpu: GpuSpec | None = None, moe: bool | None = None) -> Estimate:
+    """The Estimate of candidate `i`, with its error band from `gpu`'s residuals (planner.error_band),
+    the band of its model's kind (`moe`) where the profile has one."""
     step = float(costs.step_time_s[i])
     if not np.isfinite(step) or step <= 0:
         raise SpecError(f"the cost model produced a non-positive step time ({step}) for this strategy")
@@ -210,7 +213,7 @@ def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list
     hw_flop = float(costs.hardware_flop_per_step[i])
     memory = {k: float(v[i]) for k, v in costs.memory_bytes.items()}
     mfu = model_flop / step / num_gpus / costs.peak_flop_per_s
-    band = band_fields(step, tokens / step / num_gpus, mfu, gpu) if gpu is not None else {}
+    band = band_fields(step, tokens / step / num_gpus, mfu, gpu, moe) if gpu is not None else {}
     return Estimate(
         step_time_s=step,
         tokens_per_s=tokens / step,

@@ -563,3 +563,28 @@ def check_shell(script: str, tmp_dir: Path) -> None:
     path.write_text(script)
     proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
+
+
+def torchtitan_recomputed_layers(plan: Plan, toml_text: str) -> list[int]:
+    """Layers torchtitan's own `apply_ac` wraps in activation checkpointing, per pipeline chunk (schedule
+    order), when each rank applies it to its chunks in order, as torchtitan's pipeline does."""
+    from torch import nn
+
+    import_torchtitan_config()  # enters the package without its triton-importing __init__
+    from torchtitan.config import ActivationCheckpoint
+    from torchtitan.distributed import activation_checkpoint as ac
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    section = tomllib.loads(toml_text).get("activation_checkpoint", {})
+    config = ActivationCheckpoint(**section)
+    f = facts(plan)
+    chunks, pp = f.layers_per_chunk(), f.strategy.pp
+    counts = [0] * len(chunks)
+    for rank in range(pp):
+        ac._layer_sac_count = 0  # module state of one process: each rank counts from zero
+        for c in range(rank, len(chunks), pp):
+            part = nn.Module()
+            part.layers = nn.ModuleDict({str(i): nn.Linear(1, 1) for i in range(chunks[c])})
+            ac.apply_ac(part, config)
+            counts[c] = sum(isinstance(layer, CheckpointWrapper) for layer in part.layers.values())
+    return counts

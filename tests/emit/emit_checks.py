@@ -299,6 +299,57 @@ class ModelParallelUnit:
         return 0
 
 
+class ProcessGroupUnit(ModelParallelUnit):
+    """The mpu with process groups, for `deepspeed.initialize`: it reports the plan's degrees while
+    every group is the one-process gloo world (the engine sizes its batch rules from the mpu's
+    world sizes and builds its optimizer partitions on the groups)."""
+
+    def get_data_parallel_group(self):
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+
+    def get_model_parallel_group(self):
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+
+    get_tensor_model_parallel_group = get_model_parallel_group
+
+
+def check_deepspeed_initialize(plan: Plan, config: dict[str, Any]) -> Any:
+    """`deepspeed.initialize` builds an engine from the config at the plan's data-parallel world size
+    (a small model; the client optimizer is what the plan's training code passes: DeepSpeedCPUAdam
+    with optimizer offload, AdamW otherwise) and the engine holds the plan's numbers. With pp > 1 the
+    engine is the plain one: a PipelineEngine needs a PipelineModule over real pp ranks."""
+    import deepspeed
+    import torch
+
+    f = facts(plan)
+    s, t = f.strategy, plan.train
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    if s.offload_optimizer:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        optimizer = DeepSpeedCPUAdam(model.parameters())
+    else:
+        optimizer = torch.optim.AdamW(model.parameters())
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=json.loads(json.dumps(config)),
+                                           mpu=ProcessGroupUnit(f.dp, s.tp, s.pp))
+    assert engine.dp_world_size == f.dp
+    assert engine.train_batch_size() == t.global_batch_size
+    assert engine.train_micro_batch_size_per_gpu() == s.micro_batch_size
+    assert engine.gradient_accumulation_steps() == f.num_microbatches
+    assert engine.zero_optimization_stage() == s.zero_stage
+    assert engine.bfloat16_enabled() == (t.precision == "bf16") and engine.fp16_enabled() == (t.precision == "fp16")
+    model_dtype, accum_dtype = engine.get_data_types()
+    if t.precision == "bf16":
+        assert accum_dtype == {"fp32": torch.float32, "bf16": torch.bfloat16}[t.grad_precision]
+    assert engine.communication_data_type == {"fp32": torch.float32, "bf16": torch.bfloat16,
+                                              "fp16": torch.float16}[t.grad_precision]
+    return engine
+
+
 def check_deepspeed(plan: Plan, config: dict[str, Any], launcher_args: list[str] | None = None) -> None:
     """DeepSpeed's own config parser, for the plan's data-parallel world size, derives the plan's numbers."""
     from deepspeed.runtime.config import DeepSpeedConfig

@@ -31,7 +31,7 @@ FROZEN = {
                  "--offload-optimizer", "--optimizer", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--pp", "--precision", "--recompute", "--recompute-num-layers",
                  "--seq-len", "--sp", "--stage-layers", "--tp", "--vpp", "--zero", "--zero-stage", "--zero3-impl"],
-    "emit": ["--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints",
+    "emit": ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints",
              "--format", "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for",
              "--master-port", "--model", "--optimizer", "--precision", "--rank", "--script", "--seq-len"],
     "models": ["--format"],

@@ -32,7 +32,7 @@ FROZEN = {
                  "--offload-optimizer", "--optimizer", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--plan", "--pp", "--precision", "--rank", "--recompute",
                  "--recompute-num-layers", "--seq-len", "--sp", "--stage-layers", "--tp", "--vpp", "--zero", "--zero-stage", "--zero3-impl"],
-    "emit": ["--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints",
+    "emit": ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints",
              "--format", "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for",
              "--master-port", "--model", "--optimizer", "--plan", "--precision", "--rank", "--script", "--seq-len"],
     "models": ["--format"],

@@ -80,6 +80,7 @@ def emit_cmd(
     job_name: Annotated[str, typer.Option("--job-name", help="Slurm job name.")] = "meshplan",
     fmt: Annotated[EmitFormat, typer.Option("--format", "-f", help="text: what you paste; json: the structured form.")] = EmitFormat.text,
     plan_file: PlanFileOpt = None,
+    allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Print text that cannot carry the whole plan (what it drops goes to stderr) instead of exiting 2.")] = False,
 ) -> None:
     """Emit a plan as Megatron-LM flags, Megatron-Bridge overrides, a DeepSpeed JSON, Colossal-AI plugin
     kwargs, a torchtitan TOML, or a torchrun / Slurm launch script."""
@@ -125,7 +126,22 @@ def emit_cmd(
     if fmt is EmitFormat.json:
         emit_json(emitter.data(chosen, options))
     else:
-        sys.stdout.write(emitter.render(chosen, options))
+        _text(emitter, chosen, options, backend, allow_partial)
+
+
+def _text(emitter, chosen: Plan, options, backend: str, allow_partial: bool) -> None:
+    """The text form; what it cannot carry of the plan goes to stderr, and without --allow-partial
+    nothing is printed and the exit code is 2."""
+    from planner.cli.common import stderr
+    from planner.emit import omissions
+
+    text = emitter.render(chosen, options)
+    dropped = omissions(chosen, backend, options)
+    for reason in dropped:
+        stderr.print(f"{backend} text drops part of plan {chosen.rank}: {reason}", markup=False, highlight=False)
+    if dropped and not allow_partial:
+        raise ExitWith(2, "not emitted: pass --allow-partial to print it anyway, or use --format json")
+    sys.stdout.write(text)
 
 
 #: plans searched for --best-expressible when the plan comes from plan options

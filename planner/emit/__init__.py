@@ -46,6 +46,14 @@ def emit_data(plan: Plan, backend: str, options: EmitOptions | None = None) -> A
     return get_emitter(backend).data(plan, options or EmitOptions())
 
 
+def omissions(plan: Plan, backend: str, options: EmitOptions | None = None) -> list[str]:
+    """What of the plan `emit(plan, backend)`'s text cannot carry, one reason per item ([] when it
+    carries everything). An emitter that can drop nothing has no `omissions` method."""
+    emitter = get_emitter(backend)
+    method = getattr(emitter, "omissions", None)
+    return list(method(plan, options or EmitOptions())) if method is not None else []
+
+
 def first_expressible(plans: list[Plan], backend: str,
                       options: EmitOptions | None = None) -> tuple[Plan, list[tuple[Plan, NotExpressibleError]]]:
     """The best-ranked of `plans` that `backend` can run, and the better ones it refused (with why).
@@ -75,4 +83,4 @@ def summarize(refused: list[tuple[Plan, NotExpressibleError]]) -> str:
 
 
 __all__ = ["EmitOptions", "Emitter", "NotExpressibleError", "Registry", "backends", "emit", "emit_data",
-           "first_expressible", "get_emitter", "register", "summarize"]
+           "first_expressible", "get_emitter", "omissions", "register", "summarize"]

@@ -18,6 +18,10 @@ tests/emit/test_contract.py):
   whose message starts "not expressible in <framework>: " and names the field,
   the rule and the value. An emitter never silently drops or changes a knob
   that changes memory or speed; it either maps it or refuses.
+- An emitter whose text form cannot carry part of a plan that its `data` form
+  carries (DeepSpeed's bare JSON has no tp key) has `omissions(plan, options)`,
+  one reason per dropped part; `meshplan emit` prints them on stderr and exits
+  2 unless `--allow-partial`.
 """
 
 from __future__ import annotations

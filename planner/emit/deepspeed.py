@@ -23,6 +23,10 @@ What DeepSpeed cannot run as planned (each raises NotExpressibleError):
   communication differ from the plan's.
 - full recompute of only some layers with pp > 1: the pipeline engine
   checkpoints every `activation_checkpoint_interval` layers, not the first k.
+- ZeRO stage 0 with bf16 and fp32 gradients (grad_precision "fp32"):
+  `deepspeed.initialize` raises "unsupported mix of model_dtype=bfloat16 and
+  grad_accum_dtype=float32" (only the BF16 optimizer of ZeRO stage >= 1
+  accumulates bf16 gradients in fp32); DeepSpeedConfig alone accepts it.
 - fp8: DeepSpeed's config has no FP8 training mode (it lives in model code,
   e.g. Transformer Engine).
 - ep > 1 or etp > 1: DeepSpeed-MoE takes its expert-parallel degree in model
@@ -82,6 +86,9 @@ def _refuse_unsupported(f: PlanFacts) -> None:
                "every activation_checkpoint_interval layers, not the first k of each stage")
     if t.precision == "fp8":
         refuse("precision 'fp8'; the DeepSpeed config has bf16 and fp16 modes only")
+    if s.zero_stage == 0 and t.precision == "bf16" and t.grad_precision == "fp32":
+        refuse("zero_stage 0 with bf16 and grad_precision 'fp32'; deepspeed.initialize accumulates bf16 gradients in "
+               "fp32 only with ZeRO stage >= 1 (its BF16 optimizer); use zero_stage 1 or grad_precision 'bf16'")
     if s.ep > 1:
         refuse(f"ep ({s.ep}) > 1; DeepSpeed sets expert parallelism in model code, "
                f"deepspeed.moe.layer.MoE(ep_size={s.ep}, ...), not in {CONFIG_PATH}")
@@ -207,6 +214,18 @@ class DeepSpeedEmitter:
 
     def render(self, plan: Plan, options: EmitOptions) -> str:
         return json.dumps(ds_config(plan), indent=2) + "\n"
+
+    def omissions(self, plan: Plan, options: EmitOptions) -> list[str]:
+        """What of the plan the bare ds_config.json cannot carry (the mpu's degrees)."""
+        s = check_plan(plan, FRAMEWORK).strategy
+        ds_config(plan)
+        lost = [f"{name} ({value})" for name, value, on in (
+            ("tp", s.tp, s.tp > 1), ("pp", s.pp, s.pp > 1), ("sequence_parallel", "true", s.sequence_parallel)) if on]
+        if not lost:
+            return []
+        return [f"{', '.join(lost)}: {CONFIG_PATH} has no key for them (DeepSpeed takes them from the training "
+                "code's model parallel unit); emit --backend megatron-deepspeed for the pretrain_gpt.py flags that "
+                "carry them, or --format json for both"]
 
 
 class MegatronDeepSpeedEmitter:

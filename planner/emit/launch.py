@@ -129,6 +129,12 @@ def _data(plan: Plan, options: EmitOptions, framework: str) -> dict[str, Any]:
             "files": w.files, "env": w.env, "arrays": w.arrays, "command": w.command}
 
 
+def _omissions(plan: Plan, options: EmitOptions) -> list[str]:
+    """What the started framework's part of the script cannot carry (the Megatron-LM flags' RoPE base)."""
+    workload(plan, options)
+    return megatron.rope_omissions(plan) if options.launch_for == "megatron" else []
+
+
 class TorchrunEmitter:
     name = "torchrun"
     framework = "torchrun"
@@ -139,6 +145,9 @@ class TorchrunEmitter:
 
     def render(self, plan: Plan, options: EmitOptions) -> str:
         return torchrun_script(plan, options)
+
+    def omissions(self, plan: Plan, options: EmitOptions) -> list[str]:
+        return _omissions(plan, options)
 
 
 class SlurmEmitter:
@@ -151,6 +160,9 @@ class SlurmEmitter:
 
     def render(self, plan: Plan, options: EmitOptions) -> str:
         return slurm_script(plan, options)
+
+    def omissions(self, plan: Plan, options: EmitOptions) -> list[str]:
+        return _omissions(plan, options)
 
 
 REGISTRY.register(TorchrunEmitter())

@@ -25,7 +25,10 @@ Choices an experienced Megatron user would make, and why:
 - fp8 is Transformer Engine delayed scaling, hybrid format (E4M3 forward,
   E5M2 backward), amax history 1024 with the max algorithm, on top of bf16.
 - rope models get `--max-position-embeddings max(table, seq_len)`; Megatron
-  requires it to be at least the sequence length.
+  requires it to be at least the sequence length. `--rotary-base` is the model's
+  `rope_theta` where its spec holds one (Llama 3: 500000); where it does not,
+  Megatron's default 10000 would apply silently, so the text output names the
+  missing base (`omissions`) and `meshplan emit` exits 2 unless `--allow-partial`.
 - MoE: `--num-experts`, `--moe-router-topk`, `--moe-ffn-hidden-size` (one
   expert's width), `--moe-shared-expert-intermediate-size` (all shared experts
   together) with `--moe-shared-expert-overlap` (the shared experts run during
@@ -139,6 +142,7 @@ FLAGS: dict[str, Flag] = {
     "normalization": Flag("--normalization", "str"),
     "position_embedding_type": Flag("--position-embedding-type", "str"),
     "max_position_embeddings": Flag("--max-position-embeddings", "int"),
+    "rotary_base": Flag("--rotary-base", "int"),
     "untie_embeddings_and_output_weights": Flag("--untie-embeddings-and-output-weights", "switch"),
     "add_bias_linear": Flag("--disable-bias-linear", "negswitch"),
     "add_qkv_bias": Flag("--add-qkv-bias", "switch"),
@@ -342,6 +346,9 @@ def _model_shape(f: PlanFacts) -> dict[str, Any]:
     out["position_embedding_type"] = _POSITION[m.position_embedding]
     table = m.max_position_embeddings
     out["max_position_embeddings"] = table if m.position_embedding == "learned" else max(table, t.seq_len)
+    base = rope_base(m)
+    if base is not None:
+        out["rotary_base"] = base
     if not m.tie_embeddings:
         out["untie_embeddings_and_output_weights"] = True
     if not m.linear_bias:
@@ -629,11 +636,38 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     gpt = {
         "position_embedding_type": args.get("position_embedding_type", "learned_absolute"),
         "max_sequence_length": args["max_position_embeddings"],
+        "rotary_base": args.get("rotary_base", MEGATRON_ROTARY_BASE),
         "share_embeddings_and_output_weights": not args.get("untie_embeddings_and_output_weights", False),
     }
     training = {k: args[k] for k in ("micro_batch_size", "global_batch_size", "seq_length")}
     return {"parallel": parallel, "transformer": transformer, "ddp": ddp, "optimizer": optimizer, "gpt": gpt,
             "training": training}
+
+
+#: Megatron-LM's --rotary-base default (and megatron-core GPTModel's rotary_base)
+MEGATRON_ROTARY_BASE = 10000
+
+
+def rope_base(model) -> int | None:
+    """The model's RoPE base (`rope_theta` of its Hugging Face config) when the spec holds one;
+    None for a model without RoPE or a spec that does not say."""
+    if model.position_embedding != "rope":
+        return None
+    theta = getattr(model, "rope_theta", None)
+    if theta is None:
+        return None
+    if float(theta) != int(theta):
+        raise NotExpressibleError(FRAMEWORK, f"rope_theta ({theta}) is not an integer; --rotary-base takes an int")
+    return int(theta)
+
+
+def rope_omissions(plan: Plan) -> list[str]:
+    """The RoPE base, when the model spec cannot say it (Megatron would use its default silently)."""
+    m = plan.model
+    if m.position_embedding == "rope" and not m.is_mla and rope_base(m) is None:
+        return [f"--rotary-base: model {m.name} has no rope_theta in its spec, so Megatron's default "
+                f"{MEGATRON_ROTARY_BASE} would apply; add --rotary-base <rope_theta of its config.json>"]
+    return []
 
 
 def environment(plan: Plan) -> dict[str, str]:
@@ -665,6 +699,10 @@ class MegatronEmitter:
                 "#   torchrun ... pretrain_gpt.py \"${MEGATRON_ARGS[@]}\" ...\n")
         exports = "".join(f"export {k}={v}\n" for k, v in env.items())
         return head + exports + shell_array("MEGATRON_ARGS", args)
+
+    def omissions(self, plan: Plan, options: EmitOptions) -> list[str]:
+        megatron_args(plan)
+        return rope_omissions(plan)
 
 
 REGISTRY.register(MegatronEmitter())

@@ -14,6 +14,11 @@ MoE, latent-attention and window fields are the same megatron-core fields
 per-layer patterns are Hydra lists, and MLA fields need a recipe whose provider
 is an MLA config (Megatron-Bridge's DeepSeek providers). Offload sets
 `optimizer.optimizer_offload_fraction=1.0` (megatron-core's default is 0).
+Megatron-FSDP (ZeRO 2/3) sets `checkpoint.ckpt_format=fsdp_dtensor`, the only
+format `ConfigContainer.validate()` accepts with it. The mixed-precision recipe
+writes its own gradient reduction precision into the DDP config at validation
+(bf16 recipes fp32, fp16 recipes fp16), after the overrides, so a plan whose
+grad_precision differs from the recipe's is refused rather than silently changed.
 """
 
 from __future__ import annotations
@@ -53,6 +58,11 @@ _OPTIMIZER_FIELDS = ("optimizer", "use_distributed_optimizer", "optimizer_cpu_of
 #: strings Hydra's override grammar takes unquoted
 _BARE = re.compile(r"[A-Za-z0-9_.\-]+")
 MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
+#: the gradient reduction precision each recipe writes into `ddp.grad_reduce_in_fp32` when the config is
+#: validated (MixedPrecisionConfig.setup), over whatever the overrides set
+RECIPE_GRAD_REDUCE_IN_FP32 = {"bf16_mixed": True, "fp16_mixed": False, "bf16_with_fp8_delayed_scaling_mixed": True}
+#: the only checkpoint format ConfigContainer.validate() accepts with Megatron-FSDP
+FSDP_CKPT_FORMAT = "fsdp_dtensor"
 
 
 def overrides(plan: Plan) -> dict[str, Any]:
@@ -74,7 +84,15 @@ def overrides(plan: Plan) -> dict[str, Any]:
     out |= {f"ddp.{k}": ddp[k] for k in _DDP_FIELDS}
     out |= {f"optimizer.{k}": opt[k] for k in _OPTIMIZER_FIELDS
             if k != "optimizer_offload_fraction" or opt["optimizer_cpu_offload"]}
-    out["mixed_precision"] = MIXED_PRECISION[plan.train.precision]
+    if ddp["use_megatron_fsdp"]:
+        out["checkpoint.ckpt_format"] = FSDP_CKPT_FORMAT
+    recipe = MIXED_PRECISION[plan.train.precision]
+    if RECIPE_GRAD_REDUCE_IN_FP32[recipe] != ddp["grad_reduce_in_fp32"]:
+        raise NotExpressibleError(
+            FRAMEWORK, f"grad_precision {plan.train.grad_precision!r} with precision {plan.train.precision!r}; the "
+            f"{recipe} mixed-precision recipe sets ddp.grad_reduce_in_fp32={RECIPE_GRAD_REDUCE_IN_FP32[recipe]} when "
+            "the config is validated, over any override")
+    out["mixed_precision"] = recipe
     return out
 
 

@@ -30,7 +30,10 @@ Mapping choices (torchtitan shards data parallelism with FSDP2):
   over `global_batch_size / (local_batch_size·dp)` steps.
 - Recompute: selective is op-level selective checkpointing; full of every layer
   is `full`; full of k of n layers per chunk is `selective` with every
-  (n/k)-th layer, when n/k is whole.
+  (n/k)-th layer, when n/k is whole and every pipeline chunk has the same n
+  (torchtitan counts layers across a rank's chunks with one frequency, so an
+  uneven split would recompute more layers than planned on the larger stages:
+  refused).
 - fp8 is torchao float8 training with tensorwise scaling (torchao has no
   delayed scaling); fp16 is refused (torchtitan trains in bf16 or fp32).
 - MoE: `expert_parallel_degree` = ep and `expert_tensor_parallel_degree` = etp.
@@ -189,8 +192,13 @@ def _recompute(f: PlanFacts, refuse) -> dict[str, Any]:
         return {"mode": "selective", "selective_ac_option": "op"}
     if s.recompute_num_layers is None:
         return {"mode": "full"}
-    chunk = min(f.layers_per_chunk())
-    if chunk == 0 or any(n % s.recompute_num_layers for n in f.layers_per_chunk()):
+    chunks = f.layers_per_chunk()
+    if len(set(chunks)) > 1:
+        refuse(f"recompute_num_layers ({s.recompute_num_layers}) with pipeline chunks of {min(chunks)} to "
+               f"{max(chunks)} layers; torchtitan checkpoints every N-th layer with one N for every stage, so "
+               f"stages of different sizes cannot each recompute {s.recompute_num_layers} layers")
+    chunk = chunks[0]
+    if chunk == 0 or chunk % s.recompute_num_layers:
         refuse(f"recompute_num_layers ({s.recompute_num_layers}) of {chunk} layers per chunk; torchtitan checkpoints "
                "every N-th layer, so the count must divide the layers per chunk")
     every = chunk // s.recompute_num_layers

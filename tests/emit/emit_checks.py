@@ -299,6 +299,57 @@ class ModelParallelUnit:
         return 0
 
 
+class ProcessGroupUnit(ModelParallelUnit):
+    """The mpu with process groups, for `deepspeed.initialize`: it reports the plan's degrees while
+    every group is the one-process gloo world (the engine sizes its batch rules from the mpu's
+    world sizes and builds its optimizer partitions on the groups)."""
+
+    def get_data_parallel_group(self):
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+
+    def get_model_parallel_group(self):
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+
+    get_tensor_model_parallel_group = get_model_parallel_group
+
+
+def check_deepspeed_initialize(plan: Plan, config: dict[str, Any]) -> Any:
+    """`deepspeed.initialize` builds an engine from the config at the plan's data-parallel world size
+    (a small model; the client optimizer is what the plan's training code passes: DeepSpeedCPUAdam
+    with optimizer offload, AdamW otherwise) and the engine holds the plan's numbers. With pp > 1 the
+    engine is the plain one: a PipelineEngine needs a PipelineModule over real pp ranks."""
+    import deepspeed
+    import torch
+
+    f = facts(plan)
+    s, t = f.strategy, plan.train
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    if s.offload_optimizer:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        optimizer = DeepSpeedCPUAdam(model.parameters())
+    else:
+        optimizer = torch.optim.AdamW(model.parameters())
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=json.loads(json.dumps(config)),
+                                           mpu=ProcessGroupUnit(f.dp, s.tp, s.pp))
+    assert engine.dp_world_size == f.dp
+    assert engine.train_batch_size() == t.global_batch_size
+    assert engine.train_micro_batch_size_per_gpu() == s.micro_batch_size
+    assert engine.gradient_accumulation_steps() == f.num_microbatches
+    assert engine.zero_optimization_stage() == s.zero_stage
+    assert engine.bfloat16_enabled() == (t.precision == "bf16") and engine.fp16_enabled() == (t.precision == "fp16")
+    model_dtype, accum_dtype = engine.get_data_types()
+    if t.precision == "bf16":
+        assert accum_dtype == {"fp32": torch.float32, "bf16": torch.bfloat16}[t.grad_precision]
+    assert engine.communication_data_type == {"fp32": torch.float32, "bf16": torch.bfloat16,
+                                              "fp16": torch.float16}[t.grad_precision]
+    return engine
+
+
 def check_deepspeed(plan: Plan, config: dict[str, Any], launcher_args: list[str] | None = None) -> None:
     """DeepSpeed's own config parser, for the plan's data-parallel world size, derives the plan's numbers."""
     from deepspeed.runtime.config import DeepSpeedConfig
@@ -563,3 +614,28 @@ def check_shell(script: str, tmp_dir: Path) -> None:
     path.write_text(script)
     proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
+
+
+def torchtitan_recomputed_layers(plan: Plan, toml_text: str) -> list[int]:
+    """Layers torchtitan's own `apply_ac` wraps in activation checkpointing, per pipeline chunk (schedule
+    order), when each rank applies it to its chunks in order, as torchtitan's pipeline does."""
+    from torch import nn
+
+    import_torchtitan_config()  # enters the package without its triton-importing __init__
+    from torchtitan.config import ActivationCheckpoint
+    from torchtitan.distributed import activation_checkpoint as ac
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    section = tomllib.loads(toml_text).get("activation_checkpoint", {})
+    config = ActivationCheckpoint(**section)
+    f = facts(plan)
+    chunks, pp = f.layers_per_chunk(), f.strategy.pp
+    counts = [0] * len(chunks)
+    for rank in range(pp):
+        ac._layer_sac_count = 0  # module state of one process: each rank counts from zero
+        for c in range(rank, len(chunks), pp):
+            part = nn.Module()
+            part.layers = nn.ModuleDict({str(i): nn.Linear(1, 1) for i in range(chunks[c])})
+            ac.apply_ac(part, config)
+            counts[c] = sum(isinstance(layer, CheckpointWrapper) for layer in part.layers.values())
+    return counts

@@ -11,12 +11,12 @@ import typer
 
 from planner import plan
 from planner.cli import app, main
-from planner.emit import emit
+from planner.emit import emit, omissions
 
 PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
              "--seq-len", "4096"]
 # Frozen `emit` surface: extend it, never rename (users' scripts depend on it).
-FROZEN_EMIT = ["--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints", "--format",
+FROZEN_EMIT = ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints", "--format",
                "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for", "--master-port",
                "--model", "--optimizer", "--plan", "--precision", "--rank", "--script", "--seq-len"]
 
@@ -51,9 +51,10 @@ def test_emit_surface_is_frozen():
 
 @pytest.mark.parametrize("backend", ["megatron", "megatron-bridge", "torchtitan", "torchrun", "slurm"])
 def test_emit_from_plan_file_matches_the_api(capsys, result, plan_file, backend):
-    code, out, err = run(capsys, "emit", str(plan_file), "--backend", backend, "--rank", "2")
+    code, out, err = run(capsys, "emit", str(plan_file), "--backend", backend, "--rank", "2", "--allow-partial")
     assert code == 0, err
     assert out == emit(result.plans[1], backend)
+    assert err == "".join(f"{backend} text drops part of plan 2: {r}\n" for r in omissions(result.plans[1], backend))
 
 
 def test_emit_from_stdin_and_json_format(capsys, result, plan_file):
@@ -63,7 +64,7 @@ def test_emit_from_stdin_and_json_format(capsys, result, plan_file):
 
 
 def test_emit_from_plan_options(capsys, result):
-    code, out, err = run(capsys, "emit", "-B", "megatron", *PLAN_ARGS)
+    code, out, err = run(capsys, "emit", "-B", "megatron", "--allow-partial", *PLAN_ARGS)
     assert code == 0, err
     assert out == emit(result.plans[0], "megatron")
 
@@ -132,7 +133,7 @@ def test_best_expressible_walks_down_the_ranking(capsys):
     best = plan(model="llama3-70b", cluster="dgx-h100", num_gpus=64, global_batch_size=128, seq_len=8192,
                 top_k=rank).plans[rank - 1]
     assert json.loads(out)["config"] == best.to_deepspeed_config()
-    code, out, err = run(capsys, "emit", "-B", "megatron", "--best-expressible", *args)
+    code, out, err = run(capsys, "emit", "-B", "megatron", "--best-expressible", "--format", "json", *args)
     assert code == 0 and err == ""  # rank 1 is expressible: nothing skipped
 
 
@@ -147,6 +148,42 @@ def test_best_expressible_with_too_short_a_file(capsys, tmp_path):
 def test_single_plan_json_is_accepted(capsys, result, tmp_path):
     path = tmp_path / "one.json"
     path.write_text(result.plans[2].model_dump_json())
-    code, out, err = run(capsys, "emit", str(path), "-B", "megatron")
+    code, out, err = run(capsys, "emit", str(path), "-B", "megatron", "--allow-partial")
     assert code == 0, err
     assert out == emit(result.plans[2], "megatron")
+
+
+def test_text_that_drops_part_of_the_plan_exits_2_unless_allowed(capsys, tmp_path):
+    """DeepSpeed's bare ds_config.json has no key for tp or sequence parallelism: emit says so on
+    stderr and prints nothing (exit 2); --allow-partial prints it; --format json carries both parts."""
+    result = plan(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096, top_k=1,
+                  constraints={"tp": 4, "sequence_parallel": True, "zero_stage": 1})
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(result.model_dump(mode="json")))
+    code, out, err = run(capsys, "emit", str(path), "-B", "deepspeed")
+    assert code == 2 and out == ""
+    assert err.splitlines() == [
+        "deepspeed text drops part of plan 1: tp (4), sequence_parallel (true): ds_config.json has no key for them "
+        "(DeepSpeed takes them from the training code's model parallel unit); emit --backend megatron-deepspeed for "
+        "the pretrain_gpt.py flags that carry them, or --format json for both",
+        "not emitted: pass --allow-partial to print it anyway, or use --format json"]
+    code, out, err = run(capsys, "emit", str(path), "-B", "deepspeed", "--allow-partial")
+    assert code == 0 and json.loads(out) == result.plans[0].to_deepspeed_config() and "drops part" in err
+    code, out, err = run(capsys, "emit", str(path), "-B", "deepspeed", "-f", "json")
+    assert code == 0 and err == "" and "--tensor-model-parallel-size" in json.loads(out)["megatron_deepspeed_args"]
+    code, out, err = run(capsys, "emit", str(path), "-B", "megatron-deepspeed")
+    assert code == 0 and err == "" and "--sequence-parallel" in out
+
+
+def test_rope_base_is_written_or_named(capsys, plan_file, result):
+    """Megatron's --rotary-base is the model's rope_theta; a spec without one would leave Megatron's
+    default 10000 in place, so the text is withheld (exit 2) unless --allow-partial."""
+    p = result.plans[0]
+    theta = getattr(p.model, "rope_theta", None)
+    code, out, err = run(capsys, "emit", str(plan_file), "-B", "megatron")
+    if theta is None:
+        assert code == 2 and out == "" and "--rotary-base: model llama3-8b has no rope_theta" in err
+    else:
+        assert code == 0 and f"--rotary-base {int(theta)}" in out
+    with_theta = p.model_copy(update={"model": p.model.model_copy(update={"rope_theta": 500000.0})})
+    assert omissions(with_theta, "megatron") == [] and "  --rotary-base 500000\n" in emit(with_theta, "megatron")

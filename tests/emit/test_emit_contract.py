@@ -16,7 +16,8 @@ import re
 
 import pytest
 
-from emit_checks import check_bridge, check_colossalai, check_deepspeed, check_megatron, check_shell, check_torchtitan
+from emit_checks import (check_bridge, check_colossalai, check_deepspeed, check_deepspeed_initialize, check_megatron,
+                         check_shell, check_torchtitan)
 from emit_plans import search_sample
 from planner.emit import EmitOptions, Emitter, NotExpressibleError, backends, get_emitter
 
@@ -26,8 +27,8 @@ pytest.importorskip("colossalai.booster.plugin")
 #: the only refusals each framework may give for a strategy the search returns
 ALLOWED_REFUSALS = {
     "megatron": [],
-    "megatron-bridge": [],
-    "deepspeed": [r"zero_stage [23] with pp", r"vpp \(\d+\) > 1", r"uneven pipeline stages", r"cp \(\d+\) > 1",
+    "megatron-bridge": [r"grad_precision '\w+' with precision '\w+'; the \w+ mixed-precision recipe"],
+    "deepspeed": [r"zero_stage 0 with bf16 and grad_precision 'fp32'", r"zero_stage [23] with pp", r"vpp \(\d+\) > 1", r"uneven pipeline stages", r"cp \(\d+\) > 1",
                   r"recompute_num_layers \(\d+\) with pp", r"precision 'fp8'",
                   r"(stage_layers \[[\d, ]+\]|embedding_as_layer|loss_as_layer)[\w ]* with pp \(\d+\) > 1",
                   # MoE (issue 8): expert parallelism lives in DeepSpeed-MoE model code
@@ -40,6 +41,7 @@ ALLOWED_REFUSALS = {
                    r"etp \(\d+\) must equal tp", r"zero_stage 3 with an MoE model", r"ep \(\d+\) must divide dp",
                    r"num_mtp_layers \(\d+\)"],
     "torchtitan": [r"precision 'fp16'", r"recompute_num_layers \(\d+\) of \d+ layers per chunk",
+                   r"recompute_num_layers \(\d+\) with pipeline chunks of \d+ to \d+ layers",
                    r"offload_optimizer; torchtitan", r"etp \(\d+\) with ep", r"num_mtp_layers \(\d+\)"],
     "torchrun": [],
     "slurm": [],
@@ -112,6 +114,10 @@ def _check_with_real_library(backend, plan, data, text, tmp_path, i):
     elif backend in ("deepspeed", "megatron-deepspeed"):
         args = data["megatron_deepspeed_args"] if backend == "deepspeed" else data["args"]
         check_deepspeed(plan, data["config"], args)
+        # deepspeed.initialize too (bf16 without offload: DeepSpeed's CPU accelerator has no fp16 engine,
+        # and offload's DeepSpeedCPUAdam is built in its own slow test)
+        if backend == "deepspeed" and plan.train.precision == "bf16" and not plan.strategy.offload_optimizer:
+            check_deepspeed_initialize(plan, data["config"])
     elif backend == "colossalai":
         check_colossalai(plan, data)
     elif backend == "torchtitan":

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from emit_checks import check_deepspeed
+from emit_checks import check_deepspeed, check_deepspeed_initialize
 from emit_plans import PUBLISHED, make_plan
 from planner.emit import NotExpressibleError, emit, emit_data
 from planner.emit.deepspeed import ds_config, megatron_deepspeed_args
@@ -30,7 +30,9 @@ def _comm(deepspeed_comm):
     dict(tp=2, recompute="full", recompute_num_layers=4),
 ], ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
 def test_deepspeed_parses_the_plan(strategy):
-    plan = make_plan(*LLAMA8, strategy=strategy)
+    # ZeRO 0 with bf16 accumulates bf16 gradients (fp32 ones need ZeRO >= 1; see the refusal test)
+    grad = "bf16" if strategy.get("zero_stage", 0) == 0 else "fp32"
+    plan = make_plan(*LLAMA8, strategy=strategy, grad_precision=grad)
     data = emit_data(plan, "deepspeed")
     check_deepspeed(plan, data["config"], data["megatron_deepspeed_args"])
     assert json.loads(emit(plan, "deepspeed")) == data["config"]
@@ -73,3 +75,46 @@ def test_what_deepspeed_cannot_express_is_refused(strategy, precision, reason):
 def test_embedding_as_layer_without_pipeline_changes_nothing_and_is_emitted():
     plain = ds_config(make_plan(*LLAMA8, strategy=dict(zero_stage=1)))
     assert ds_config(make_plan(*LLAMA8, strategy=dict(zero_stage=1, embedding_as_layer=True))) == plain
+
+
+#: plans over ZeRO stages, gradient precisions and model parallel degrees (bf16: DeepSpeed's CPU
+#: accelerator refuses fp16 engines, so fp16 configs are checked by DeepSpeedConfig above)
+INITIALIZE_GRID = [
+    (dict(zero_stage=z, tp=tp, pp=pp, micro_batch_size=mbs), precision, grad)
+    for z in (0, 1, 2, 3) for tp, pp in ((1, 1), (4, 1), (2, 2)) for mbs in (1, 2)
+    for precision, grad in (("bf16", "fp32"), ("bf16", "bf16"))
+    if not (pp > 1 and z >= 2)
+]
+
+
+@pytest.mark.parametrize("strategy,precision,grad", INITIALIZE_GRID,
+                         ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()) if isinstance(v, dict) else v)
+def test_deepspeed_initialize_accepts_the_config(strategy, precision, grad):
+    """`deepspeed.initialize` (not only DeepSpeedConfig) builds an engine from every config emitted,
+    at the plan's data-parallel world size; the one mix it rejects is refused by the emitter."""
+    plan = make_plan(*LLAMA8, strategy=strategy, precision=precision, grad_precision=grad)
+    try:
+        config = ds_config(plan)
+    except NotExpressibleError as exc:
+        assert strategy["zero_stage"] == 0 and precision == "bf16" and grad == "fp32", exc
+        assert "zero_stage 0 with bf16 and grad_precision 'fp32'" in exc.reason
+        return
+    check_deepspeed_initialize(plan, config)
+
+
+@pytest.mark.slow
+def test_deepspeed_initialize_with_optimizer_offload():
+    """Offload: the engine takes DeepSpeedCPUAdam (its CPU op is built once, on first use)."""
+    plan = make_plan(*LLAMA8, strategy=dict(zero_stage=3, offload_optimizer=True))
+    engine = check_deepspeed_initialize(plan, ds_config(plan))
+    assert engine.zero_cpu_offload()
+
+
+def test_text_output_names_what_the_json_cannot_carry():
+    from planner.emit import omissions
+
+    assert omissions(make_plan(*LLAMA8, strategy=dict(zero_stage=1)), "deepspeed") == []
+    plan = make_plan(*LLAMA8, strategy=dict(tp=4, sequence_parallel=True, zero_stage=1))
+    (reason,) = omissions(plan, "deepspeed")
+    assert reason.startswith("tp (4), sequence_parallel (true): ds_config.json has no key for them")
+    assert omissions(plan, "megatron-deepspeed") == []

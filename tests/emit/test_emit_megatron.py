@@ -49,7 +49,29 @@ def edge_plan(name: str, **train):
 def test_published_plans_build_megatron_core_configs(name):
     plan = PUBLISHED[name]()
     check_megatron(plan, megatron_args(plan))
-    check_bridge(plan, emit_data(plan, "megatron-bridge")["overrides"])
+    if (plan.train.precision == "fp16") == (plan.train.grad_precision == "fp16"):
+        check_bridge(plan, emit_data(plan, "megatron-bridge")["overrides"])
+    else:  # the recipe's own gradient reduction precision would win over the plan's
+        with pytest.raises(NotExpressibleError, match="mixed-precision recipe sets ddp.grad_reduce_in_fp32"):
+            emit_data(plan, "megatron-bridge")
+
+
+@pytest.mark.parametrize("precision,grads,recipe", [
+    ("bf16", "fp32", "bf16_mixed"), ("fp8", "fp32", "bf16_with_fp8_delayed_scaling_mixed"),
+    ("fp16", "fp16", "fp16_mixed"), ("bf16", "bf16", None), ("fp16", "fp32", None)])
+def test_bridge_precision_recipe_keeps_the_planned_gradient_reduction(precision, grads, recipe):
+    plan = make_plan(*LLAMA, strategy=dict(tp=8, pp=2, zero_stage=1), precision=precision, grad_precision=grads)
+    if recipe is None:
+        with pytest.raises(NotExpressibleError, match=rf"grad_precision '{grads}' with precision '{precision}'"):
+            emit_data(plan, "megatron-bridge")
+    else:
+        assert f"mixed_precision={recipe}" in emit_data(plan, "megatron-bridge")["overrides"]
+
+
+def test_bridge_megatron_fsdp_uses_the_fsdp_checkpoint_format():
+    for zero, expected in ((1, False), (2, True), (3, True)):
+        lines = emit_data(make_plan(*LLAMA, strategy=dict(tp=8, zero_stage=zero)), "megatron-bridge")["overrides"]
+        assert ("checkpoint.ckpt_format=fsdp_dtensor" in lines) == expected
 
 
 @pytest.mark.parametrize("name", sorted(EDGE_CASES))

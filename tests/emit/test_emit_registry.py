@@ -57,13 +57,15 @@ def test_output_is_deterministic_serialisable_and_leaves_the_plan_alone(backend)
 def test_plan_helpers_match_the_emitters():
     plan = PUBLISHED["gpt3-175b-1024xA100-tp8pp8"]()
     assert plan.to_megatron_args() == emit_data(plan, "megatron")["args"]
-    assert plan.to_megatron_bridge_overrides() == emit_data(plan, "megatron-bridge")["overrides"]
+    with pytest.raises(NotExpressibleError, match="Megatron-Bridge: grad_precision 'fp32' with precision 'fp16'"):
+        plan.to_megatron_bridge_overrides()
     assert plan.to_deepspeed_config() == emit_data(plan, "deepspeed")["config"]
     assert plan.to_colossalai_plugin() == emit_data(plan, "colossalai")
     with pytest.raises(NotExpressibleError, match="torchtitan: precision 'fp16'"):
         plan.to_torchtitan_toml()
     llama = PUBLISHED["llama3-70b-64xH100-tp4pp4cp2vpp5"]()
     assert llama.to_torchtitan_toml() == emit(llama, "torchtitan")
+    assert llama.to_megatron_bridge_overrides() == emit_data(llama, "megatron-bridge")["overrides"]
 
 
 def test_plan_helpers_survive_a_json_round_trip():

@@ -100,3 +100,38 @@ def test_both_checkers_reject_an_unknown_key(real, tmp_path, monkeypatch):
     text = emit(plan, "torchtitan").replace("[parallelism]\n", "[parallelism]\nbogus_degree = 2\n")
     with pytest.raises((AssertionError, ValueError)):
         check_torchtitan(plan, text, tmp_path)
+
+
+#: full recompute of k layers per chunk over even and uneven pipeline splits
+RECOMPUTE_GRID = [
+    dict(recompute="full"),
+    dict(recompute="full", recompute_num_layers=8),
+    dict(pp=2, recompute="full", recompute_num_layers=4),
+    dict(pp=2, recompute="full", recompute_num_layers=16),
+    dict(pp=4, vpp=2, recompute="full", recompute_num_layers=2),
+    dict(pp=4, vpp=2, recompute="full"),
+    dict(pp=4, num_layers_in_first_stage=4, num_layers_in_last_stage=4, recompute="full"),
+    dict(pp=4, num_layers_in_first_stage=4, num_layers_in_last_stage=4, recompute="full", recompute_num_layers=2),
+    dict(pp=4, num_layers_in_first_stage=6, num_layers_in_last_stage=6, recompute="full", recompute_num_layers=2),
+    dict(pp=4, stage_layers=[7, 9, 10, 6], recompute="full", recompute_num_layers=1),
+    dict(pp=2, embedding_as_layer=True, loss_as_layer=True, recompute="full", recompute_num_layers=3),
+]
+
+
+@pytest.mark.parametrize("strategy", RECOMPUTE_GRID, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_torchtitan_recomputes_the_planned_layers(strategy):
+    """torchtitan's own apply_ac, applied rank by rank to each rank's chunks in order, wraps exactly the
+    layers the plan recomputes in every chunk; a split it cannot match is refused."""
+    if not import_torchtitan_config():
+        pytest.skip("torchtitan 0.2.x with tyro is not installed")
+    plan = make_plan(*LLAMA8, strategy=strategy)
+    try:
+        text = emit(plan, "torchtitan")
+    except NotExpressibleError as exc:
+        assert "recompute_num_layers" in exc.reason
+        chunks = emit_checks.facts(plan).layers_per_chunk()
+        assert len(set(chunks)) > 1 or chunks[0] % plan.strategy.recompute_num_layers
+        return
+    chunks = emit_checks.facts(plan).layers_per_chunk()
+    k = plan.strategy.recompute_num_layers
+    assert emit_checks.torchtitan_recomputed_layers(plan, text) == [n if k is None else k for n in chunks]

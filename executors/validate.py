@@ -221,7 +221,10 @@ def memory_refusals(items: list[dict[str, Any]], cluster: ClusterSpec, train: Tr
         key = model.model_dump_json()
         if key not in references:
             references[key] = reference_footprint(model, reference_chunk_estimate(model, cluster, train))
-        largest = max(references[key], run_footprint(item["label"], model, item["estimate"], num_gpus, st.tp, st.pp),
+        estimate = item["estimate"]
+        if st.zero_stage > 0:  # ZeRO does not shrink host memory (executors.footprint)
+            estimate, _ = predict(model, cluster, train, num_gpus, st.model_copy(update={"zero_stage": 0}))
+        largest = max(references[key], run_footprint(item["label"], model, estimate, num_gpus, st.tp, st.pp),
                       key=lambda f: f.total_bytes)
         out.append(refusal(largest, budget, rule) if largest.total_bytes > budget else None)
     return out

@@ -22,15 +22,19 @@ measured, a dp2 ZeRO-3 run of the 117M-parameter model below peaked at 6.4 GiB, 
 its dp2 ZeRO-0 prediction, not of its ZeRO-3 one (2.9 GiB).
 
 HOST_OVERHEAD_FACTOR covers what the prediction does not hold on a CPU host (glibc's cached
-free memory, the memory profiler's window, transient copies); it is fitted on the peak
-resident memory (anonymous pages summed over the process tree, file pages once, sampled
-every 50 ms) of real runs on the 2-core CI machine: a 4-layer model of hidden 1024, vocab
-32000 (117M parameters), batch 4 x 128, fp32, 2 ranks:
+free memory, transient copies). Both constants are fitted on the peak resident memory
+(anonymous pages summed over the process tree, file pages once, sampled every 50 ms) of real
+runs on the 2-core CI machine, fp32, 2 ranks: "mid", 4 layers, hidden 1024, vocab 32000
+(117M parameters), batch 4 x 128; "small", 4 layers, hidden 256, vocab 4096 (3.4M), batch 8 x 128:
 
-    run                 estimate (MiB)   measured peak (MiB)   error
-    reference           2182             1832                  +19 %
-    tp2                 3708             3360                  +10 %
-    dp2 ZeRO-3          6674             6556                  +2 %
+    run                     estimate (MiB)   measured peak (MiB)   error
+    mid reference           2392             1832                  +31 %
+    mid tp2                 4128             3360                  +23 %
+    mid dp2 ZeRO-3          7097             6556                  +8 %
+    small reference          573              459                  +25 %
+    small dp2               1337             1122                  +19 %
+
+The estimate errs on the safe side by 8-31 %.
 
 Without a prediction the training term is 18 B per parameter over tp·pp (fp32 weight, fp32
 gradient, Adam's two fp32 moments and a bf16 autocast copy) and no activations.
@@ -46,10 +50,12 @@ from pathlib import Path
 GIB = 2**30
 MIB = 2**20
 
-RANK_BASELINE_BYTES = 240 * MIB
-"""Resident memory of one rank before its model: measured on the 2-core CI machine (torch 2.13,
-Python 3.11) as VmRSS after `import torch`, `init_process_group("gloo")` and importing the
-executor: 231 MiB (152 MiB anonymous + 79 MiB file-backed), rounded up."""
+RANK_BASELINE_BYTES = 450 * MIB
+"""Resident memory of one rank besides its model, measured on the 2-core CI machine (torch 2.13,
+Python 3.11): 231 MiB (VmRSS: 152 MiB anonymous + 79 MiB file-backed) after `import torch`,
+`init_process_group("gloo")` and importing the executor; while training, a rank of the
+3.4M-parameter model below (under 30 MiB of model state) peaked at 450 MiB (autograd, gloo
+buffers, the memory profiler's window), which is the figure used."""
 
 LAUNCHER_BYTES = 230 * MIB
 """Resident memory of torchrun's agent process: measured the same way at 221 MiB (VmRSS)."""

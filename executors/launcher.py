@@ -280,6 +280,10 @@ def run_process(cmd: list[str], timeout_s: float, log_dir: Path, env: dict[str, 
     processes are gone). `on_progress` gets the run's progress file each time it changes."""
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    # torchrun's own log folders (torchelastic_*) and torch's caches go to the run's folder:
+    # a run killed before it cleans up leaves nothing in the system's temporary directory.
+    env = dict(env, TMPDIR=str(log_dir / "tmp"))
+    (log_dir / "tmp").mkdir(exist_ok=True)
     stderr_path = log_dir / "stderr.txt"
     start = time.perf_counter()
     with signals_raise(), open(log_dir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:

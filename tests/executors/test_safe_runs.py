@@ -131,7 +131,7 @@ def test_kill_run_stops_children_in_their_own_sessions():
 
 
 @pytest.mark.executor
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_signal_mid_run_leaves_no_process_and_no_temporary_folder(tmp_path, sig):
     pytest.importorskip("torch")
     proc = _cli([*_tiny_args(tmp_path), "--steps", "100000", "--timeout", "120"], tmp_path)

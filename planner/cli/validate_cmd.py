@@ -192,13 +192,18 @@ def validate_cmd(
             unique.append(st)
     if not unique:
         raise SpecError("nothing to validate: no plan fits and no --strategy was given")
+    from executors.launcher import Interrupted
+
     if prepare is not None:
-        for run_dir, cmd in prepare_runs(unique, spec_model, spec_cluster, train, num_gpus, options, prepare):
+        try:
+            prepared = prepare_runs(unique, spec_model, spec_cluster, train, num_gpus, options, prepare)
+        except Interrupted as exc:
+            raise ExitWith(exc.exit_code, f"{exc}: every process of the reference run stopped") from None
+        for run_dir, cmd in prepared:
             stdout.print(f"# {run_dir.name}", markup=False, highlight=False)
             stdout.print(" ".join(cmd), markup=False, highlight=False)
         return
 
-    from executors.launcher import Interrupted
     from planner.cli.progress import run_progress
 
     with run_progress() as shown:

@@ -2,10 +2,16 @@
 
 Each run is `python -m torch.distributed.run --standalone --nproc_per_node=N -m
 executors.worker --config run.json --out DIR`, started with list arguments in a
-new session. On timeout the launcher sends SIGTERM to torchrun's process group
-(torchrun then stops its workers), waits `KILL_GRACE_S`, and sends SIGKILL to
-that group and to every worker that recorded its pid in DIR (torchrun starts
-each worker in a session of its own, so killing torchrun alone can orphan them).
+new session, so a Ctrl-C in the terminal reaches only meshplan, which then ends
+the run itself. Stopping a run (`kill_run`: at its wall-clock limit, or on
+SIGINT / SIGTERM to meshplan while it waits) first lists every descendant of
+torchrun (/proc, by parent pid) and every worker that recorded its pid in DIR
+(torchrun starts each worker in a session of its own, so killing torchrun's
+group alone can orphan them), sends SIGTERM to all of those process groups and
+processes at once, waits at most the grace period for them to exit, sends
+SIGKILL to whatever is left and reaps torchrun. While a run is waited on,
+SIGINT and SIGTERM raise `Interrupted` in meshplan (`signals_raise`), after the
+run's processes are gone.
 
 Outcomes are decided from the per-rank JSON files first and the exit status
 second: ranks write their results before teardown, so a run whose processes
@@ -14,20 +20,30 @@ abort at shutdown after writing complete results is still `ok`.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 from executors.parity import grad_norm_error, parity_errors
 from executors.results import ParityCheck, ParityReference, RankResult, RunConfig, RunResult
 
 KILL_GRACE_S = 5.0
+"""Grace between SIGTERM and SIGKILL when a run reaches its wall-clock limit."""
+INTERRUPT_GRACE_S = 2.0
+"""Grace between SIGTERM and SIGKILL when the user interrupts (Ctrl-C, SIGTERM to meshplan)."""
+POLL_S = 0.5
+"""How often a waiting launcher reads the run's progress file."""
+PROGRESS_FILE = "progress.json"
 STDERR_TAIL_LINES = 30
 WORKER_MODULE = "executors.worker"
 
@@ -94,12 +110,91 @@ def root_cause(errors: list[RankResult]) -> RankResult | None:
     return (primary or [r for r in errors if r.error] or [None])[0]
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived while meshplan ran; the run's processes are already stopped."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number, as a shell reports a process ended by it."""
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM raise `Interrupted` (main thread only; elsewhere
+    the handlers stay as they are). The previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Interrupted(signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM are ignored while the block runs (cleanup must not be cut short)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
 def _is_our_worker(pid: int) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return False
     return WORKER_MODULE in cmdline
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of `pid` from /proc/<pid>/stat, or None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    return fields[0], int(fields[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process below `pid` (children, their children, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        st = _stat(int(entry.name))
+        if st is not None:
+            children.setdefault(st[1], []).append(int(entry.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo.extend(children.get(child, []))
+    return out
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    st = _stat(pid)
+    return st is not None and st[0] != "Z"
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -109,44 +204,120 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def kill_run(proc: subprocess.Popen, pid_dir: Path | None) -> None:
-    """Stop torchrun's process group and every worker that recorded its pid in `pid_dir`."""
-    _signal_group(proc.pid, signal.SIGTERM)
+def _signal_pid(pid: int, sig: int) -> None:
     try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
         pass
-    _signal_group(proc.pid, signal.SIGKILL)
+
+
+def run_processes(proc: subprocess.Popen, pid_dir: Path | None) -> list[int]:
+    """torchrun, its descendants, and the workers that recorded their pid in `pid_dir`."""
+    pids = [proc.pid, *descendants(proc.pid)]
     for pid_file in sorted(pid_dir.glob("rank*.pid")) if pid_dir else []:
         try:
             pid = int(pid_file.read_text().strip())
         except (OSError, ValueError):
             continue
-        if _is_our_worker(pid):
-            _signal_group(pid, signal.SIGKILL)  # each worker leads its own session and group
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if pid not in pids and _is_our_worker(pid):
+            pids.append(pid)
+    return pids
+
+
+def _send(proc: subprocess.Popen, pids: list[int], sig: int) -> None:
+    groups = {proc.pid}
+    for pid in pids:
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    groups.discard(os.getpgrp())  # never meshplan's own group
+    for pgid in groups:
+        _signal_group(pgid, sig)
+    for pid in pids:
+        if pid != os.getpid():
+            _signal_pid(pid, sig)
+
+
+def _wait_gone(proc: subprocess.Popen, pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
+        proc.poll()  # reaps torchrun once it has exited
+        if not any(alive(p) for p in pids):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def kill_run(proc: subprocess.Popen, pid_dir: Path | None, grace_s: float = KILL_GRACE_S) -> None:
+    """Stop torchrun and every process of its run: SIGTERM to all of their process groups and
+    to each process at once, at most `grace_s` to exit, then SIGKILL to what is left (listed
+    again, so a worker started meanwhile is not missed); torchrun is reaped before this returns,
+    and the workers (reparented and reaped by init) are waited for up to `grace_s` more."""
+    pids = run_processes(proc, pid_dir)
+    _send(proc, pids, signal.SIGTERM)
+    if not _wait_gone(proc, pids, grace_s):
+        pids = list(dict.fromkeys(pids + run_processes(proc, pid_dir)))
+        _send(proc, [p for p in pids if alive(p)], signal.SIGKILL)
     proc.wait()
+    _wait_gone(proc, pids, grace_s)
+
+
+def read_progress(log_dir: Path) -> dict | None:
+    """The run's progress file (written by rank 0 after every step), or None."""
+    try:
+        return json.loads((log_dir / PROGRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def run_process(cmd: list[str], timeout_s: float, log_dir: Path, env: dict[str, str],
-                pid_dir: Path | None = None) -> ProcessOutcome:
-    """Run `cmd` (no shell) with stdout/stderr in `log_dir`; kill its whole tree at `timeout_s`."""
+                pid_dir: Path | None = None,
+                on_progress: Callable[[dict], None] | None = None) -> ProcessOutcome:
+    """Run `cmd` (no shell, its own session) with stdout/stderr in `log_dir`; kill its whole
+    tree at `timeout_s`, or on SIGINT / SIGTERM (then `Interrupted` is raised once the run's
+    processes are gone). `on_progress` gets the run's progress file each time it changes."""
     log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    # torchrun's own log folders (torchelastic_*) and torch's caches go to the run's folder:
+    # a run killed before it cleans up leaves nothing in the system's temporary directory.
+    env = dict(env, TMPDIR=str(log_dir / "tmp"))
+    (log_dir / "tmp").mkdir(exist_ok=True)
     stderr_path = log_dir / "stderr.txt"
     start = time.perf_counter()
-    with open(log_dir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
-        timed_out = False
+    with signals_raise(), open(log_dir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
+        proc = None
         try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_run(proc, pid_dir)
-            rc = None
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
+            rc, timed_out = _wait(proc, start + timeout_s, log_dir, on_progress)
+            if timed_out:
+                with signals_held():
+                    kill_run(proc, pid_dir)
+        except Interrupted:
+            if proc is not None:
+                with signals_held():
+                    kill_run(proc, pid_dir or log_dir, INTERRUPT_GRACE_S)
+            raise
     return ProcessOutcome(rc, timed_out, time.perf_counter() - start, tail(stderr_path))
+
+
+def _wait(proc: subprocess.Popen, deadline: float, log_dir: Path,
+          on_progress: Callable[[dict], None] | None) -> tuple[int | None, bool]:
+    """(exit status, timed out) of `proc`, polling its progress file meanwhile."""
+    seen = None
+    while True:
+        try:
+            return proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.perf_counter()))), False
+        except subprocess.TimeoutExpired:
+            pass
+        if on_progress is not None:
+            progress = read_progress(log_dir)
+            if progress is not None and progress != seen:
+                seen = progress
+                on_progress(progress)
+        if time.perf_counter() >= deadline:
+            return None, True
 
 
 def read_ranks(out_dir: Path) -> list[RankResult]:
@@ -210,7 +381,8 @@ def fold(cfg: RunConfig, ranks: list[RankResult], proc: ProcessOutcome) -> RunRe
     return result
 
 
-def launch(cfg: RunConfig, run_dir: Path, command: list[str] | None = None) -> RunResult:
+def launch(cfg: RunConfig, run_dir: Path, command: list[str] | None = None,
+           on_progress: Callable[[dict], None] | None = None) -> RunResult:
     """Write `cfg` to run_dir/run.json, run it under torchrun, fold the results."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in list(run_dir.glob("rank*.json")) + list(run_dir.glob("rank*.pid")):
@@ -218,7 +390,8 @@ def launch(cfg: RunConfig, run_dir: Path, command: list[str] | None = None) -> R
     config_path = run_dir / "run.json"
     config_path.write_text(cfg.model_dump_json(indent=1))
     cmd = command or torchrun_command(cfg.num_gpus, config_path, run_dir)
-    proc = run_process(cmd, cfg.timeout_s, run_dir, worker_env(cfg.device), pid_dir=run_dir)
+    proc = run_process(cmd, cfg.timeout_s, run_dir, worker_env(cfg.device), pid_dir=run_dir,
+                       on_progress=on_progress)
     return fold(cfg, read_ranks(run_dir), proc)
 
 
@@ -230,7 +403,7 @@ def launch_reference(cfg: RunConfig, run_dir: Path) -> tuple[ParityReference | N
     # Megatron-core needs its parallel state even on one GPU: its reference runs under torchrun.
     cmd = (torchrun_command(1, config_path, run_dir, worker_args=["--reference"]) if cfg.engine == "megatron"
            else reference_command(config_path, run_dir))
-    proc = run_process(cmd, cfg.timeout_s, run_dir, worker_env(cfg.device))
+    proc = run_process(cmd, cfg.timeout_s, run_dir, worker_env(cfg.device), pid_dir=run_dir)
     try:
         return ParityReference.model_validate_json((run_dir / "reference.json").read_text()), ""
     except (OSError, ValueError):

@@ -51,6 +51,43 @@ def profile_command(nproc: int, out_dir: Path, device: str, quick: bool) -> list
     return cmd + (["--quick"] if quick else [])
 
 
+PROJECT_PACKAGES = ("planner", "profiles", "executors", "cost_models", "benchmarks")
+
+
+def _is_meshplan_checkout(path: Path) -> bool:
+    try:
+        text = (path / "pyproject.toml").read_text()
+    except OSError:
+        return False
+    return 'name = "meshplan"' in text
+
+
+def protected_dir(target: Path) -> Path | None:
+    """The installed meshplan package directory or meshplan checkout that `target` lies in, or None.
+    Profiles are the user's data: writing them there would overwrite the shipped files (or be
+    lost on the next install)."""
+    target = target.expanduser().resolve()
+    root = Path(__file__).resolve().parent.parent
+    for pkg in PROJECT_PACKAGES:
+        if (root / pkg).is_dir() and target.is_relative_to(root / pkg):
+            return root / pkg
+    for d in (target, *target.parents):
+        if _is_meshplan_checkout(d):
+            return d
+    return None
+
+
+def check_output_dir(target: Path) -> Path:
+    """`target`, resolved, or SpecError when it lies inside the package or a checkout."""
+    from planner.errors import SpecError
+
+    inside = protected_dir(target)
+    if inside is not None:
+        raise SpecError(f"--output ({target}) lies inside meshplan's own files ({inside}); profiles are written "
+                        f"to a directory of your own (default: the user profiles directory)")
+    return target.expanduser().resolve()
+
+
 def run_profile(nproc: int, out_dir: Path, device: str = "cpu", quick: bool = False,
                 timeout_s: float = 1200.0) -> dict[str, Any]:
     """Run the micro-benchmarks on `nproc` ranks; the raw measurements (see profile_worker)."""

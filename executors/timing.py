@@ -7,15 +7,19 @@ from typing import Callable
 
 
 def run_timed_steps(step: Callable[[int], object], first_index: int, warmup_steps: int, timed_steps: int,
-                    sync: Callable[[], None], after_warmup: Callable[[], None] | None = None) -> list[float]:
+                    sync: Callable[[], None], after_warmup: Callable[[], None] | None = None,
+                    on_step: Callable[[int], None] | None = None) -> list[float]:
     """Run `warmup_steps` untimed steps, then `timed_steps` steps each started after a
     barrier and bracketed by `sync` (device synchronisation); returns their wall times, seconds.
-    `step(i)` runs optimizer step i (the index picks the batch)."""
+    `step(i)` runs optimizer step i (the index picks the batch); `on_step(i)` is called after
+    step i, outside its timed interval."""
     import torch.distributed as dist
 
     index = first_index
     for _ in range(warmup_steps):
         step(index)
+        if on_step is not None:
+            on_step(index)
         index += 1
     if after_warmup is not None:
         after_warmup()
@@ -27,5 +31,7 @@ def run_timed_steps(step: Callable[[int], object], first_index: int, warmup_step
         step(index)
         sync()
         times.append(time.perf_counter() - t0)
+        if on_step is not None:
+            on_step(index)
         index += 1
     return times

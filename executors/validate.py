@@ -17,13 +17,15 @@ included) and the torchrun command to start it on every node
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from executors.compare import PlanComparison, ValidationReport, compare_one, rank_and_summarise
+from executors.footprint import Footprint, host_budget_bytes, reference_footprint, refusal, run_footprint
 from executors.launcher import ProcessOutcome, fold, launch, launch_reference, read_ranks
 from executors.results import Engine, ParityReference, RunConfig, RunResult
 from executors.support import executed_model, unsupported_reasons
@@ -89,7 +91,14 @@ class ValidateOptions(BaseModel):
     seed: int = Field(1234, description="Seed of weights and data.")
     learning_rate: float = Field(1e-3, gt=0, description="Learning rate of the plan's optimizer (the parity "
                                  "steps take plain SGD at the reference's step size).")
-    work_dir: Path | None = Field(None, description="Where run directories go; default: a temporary directory.")
+    work_dir: Path | None = Field(None, description="Where run directories go; default: a temporary directory, "
+                                  "removed at the end and on interruption unless keep_work_dir. A given "
+                                  "work_dir is never removed.")
+    keep_work_dir: bool = Field(False, description="Keep the temporary directory (its path is reported through "
+                                "the 'work_dir' event).")
+    max_host_memory_gib: float | None = Field(None, gt=0, description="Host memory a local cpu run may use, GiB "
+                                              "(default: executors.footprint.HOST_MEMORY_SHARE of MemAvailable); "
+                                              "plans whose estimate exceeds it are not started.")
 
 
 def resolve_device(device: str) -> str:
@@ -181,17 +190,63 @@ def make_config(label: str, model: ModelSpec, train: TrainSpec, st: Strategy, nu
                      timeout_s=options.timeout_s, notes=notes)
 
 
+EventCallback = Callable[[str, dict[str, Any]], None]
+"""on_event(kind, data) of `validate_strategies`: kind 'work_dir' (path, kept), 'reference'
+(label), 'launch' (index, total, label, steps), 'step' (index, step, total): the run's rank 0
+finished `step` of `total` steps."""
+
+
+def reference_chunk_estimate(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec) -> Estimate | None:
+    """The prediction of one process at the reference run's chunk of sequences (its activations)."""
+    rows = min(4, train.global_batch_size)
+    chunk = train.model_copy(update={"global_batch_size": rows})
+    est, _ = predict(model, cluster, chunk, 1, Strategy(dp=1, micro_batch_size=rows))
+    return est
+
+
+def memory_refusals(items: list[dict[str, Any]], cluster: ClusterSpec, train: TrainSpec, num_gpus: int,
+                    options: ValidateOptions, device: str) -> list[str | None]:
+    """Per item (a strategy about to run): None, or why it is not started (its run or its reference
+    run would exceed the host memory budget). Only local cpu runs are checked: on cuda the
+    training terms live on the GPUs."""
+    if device != "cpu":
+        return [None] * len(items)
+    budget, rule = host_budget_bytes(options.max_host_memory_gib)
+    if budget is None:
+        return [None] * len(items)
+    references: dict[str, Footprint] = {}
+    out: list[str | None] = []
+    for item in items:
+        model, st = item["model"], item["strategy"]
+        key = model.model_dump_json()
+        if key not in references:
+            references[key] = reference_footprint(model, reference_chunk_estimate(model, cluster, train))
+        estimate = item["estimate"]
+        if st.zero_stage > 0:  # ZeRO does not shrink host memory (executors.footprint)
+            estimate, _ = predict(model, cluster, train, num_gpus, st.model_copy(update={"zero_stage": 0}))
+        largest = max(references[key], run_footprint(item["label"], model, estimate, num_gpus, st.tp, st.pp),
+                      key=lambda f: f.total_bytes)
+        out.append(refusal(largest, budget, rule) if largest.total_bytes > budget else None)
+    return out
+
+
 def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
                         num_gpus: int, options: ValidateOptions | None = None,
                         progress: Callable[[int, int, RunResult], None] | None = None,
-                        labels: list[str] | None = None) -> ValidationReport:
-    """Run every strategy (in order) and compare each with its prediction."""
+                        labels: list[str] | None = None, on_event: EventCallback | None = None) -> ValidationReport:
+    """Run every strategy (in order) and compare each with its prediction.
+
+    Before anything starts, each local cpu run's host memory is estimated (executors.footprint);
+    a plan whose run would exceed the budget is reported as `unsupported` with the estimate, and
+    when no plan can start for that reason alone, SpecError says so (nothing is launched). SIGINT
+    and SIGTERM stop the running process tree and raise `executors.launcher.Interrupted`; the
+    temporary work directory is removed then too (unless `keep_work_dir`)."""
+    from executors.launcher import signals_raise
+
     options = options or ValidateOptions()
     device = resolve_device(options.device)
-    work = Path(options.work_dir or tempfile.mkdtemp(prefix="meshplan-validate-"))
-    references: dict[str, tuple[ParityReference | None, str]] = {}
-    comparisons: list[PlanComparison] = []
-    runs: list[RunResult] = []
+    event = on_event or (lambda kind, data: None)
+    items = []
     for i, st in enumerate(strategies):
         st = st.resolve(num_gpus)
         label = labels[i] if labels else run_label(st)
@@ -206,21 +261,51 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
             emitted, why_not = engine_config(options.engine, run_model, cluster, train, num_gpus, st, estimate)
             reasons += [why_not] if why_not else []
             cfg = cfg.model_copy(update={"engine_config": emitted})
-        if reasons:
-            run = RunResult(label=label, strategy=st, outcome="unsupported", reason="; ".join(reasons), notes=notes)
-        else:
-            key = run_model.model_dump_json()
-            if key not in references:
-                references[key] = launch_reference(cfg, work / f"reference-{len(references)}")
-            ref, ref_error = references[key]
-            if ref is None:
-                run = RunResult(label=label, strategy=st, outcome="crashed", reason=ref_error, notes=notes)
-            else:
-                run = launch(cfg.with_reference(ref), work / run_dir_name(i, label))
-        runs.append(run)
-        comparisons.append(compare_one(run, estimate))
-        if progress:
-            progress(i + 1, len(strategies), run)
+        items.append({"index": i, "strategy": st, "label": label, "model": run_model, "estimate": estimate,
+                      "notes": notes, "reasons": reasons, "cfg": cfg})
+    runnable = [it for it in items if not it["reasons"]]
+    for it, why in zip(runnable, memory_refusals(runnable, cluster, train, num_gpus, options, device)):
+        if why:
+            it["reasons"].append(why)
+    if runnable and all(it["reasons"] for it in runnable):
+        first = runnable[0]
+        more = len(runnable) - 1
+        raise SpecError("validate: " + first["reasons"][-1]
+                        + (f" (and {more} more plan{'s' if more > 1 else ''} likewise)" if more else ""))
+    own_dir = options.work_dir is None
+    work = Path(options.work_dir or tempfile.mkdtemp(prefix="meshplan-validate-"))
+    event("work_dir", {"path": str(work), "kept": not own_dir or options.keep_work_dir})
+    references: dict[str, tuple[ParityReference | None, str]] = {}
+    comparisons: list[PlanComparison] = []
+    runs: list[RunResult] = []
+    try:
+        with signals_raise():
+            for it in items:
+                i, st, label, cfg = it["index"], it["strategy"], it["label"], it["cfg"]
+                if it["reasons"]:
+                    run = RunResult(label=label, strategy=st, outcome="unsupported", reason="; ".join(it["reasons"]),
+                                    notes=it["notes"])
+                else:
+                    key = it["model"].model_dump_json()
+                    if key not in references:
+                        event("reference", {"label": label})
+                        references[key] = launch_reference(cfg, work / f"reference-{len(references)}")
+                    ref, ref_error = references[key]
+                    if ref is None:
+                        run = RunResult(label=label, strategy=st, outcome="crashed", reason=ref_error,
+                                        notes=it["notes"])
+                    else:
+                        steps = cfg.parity_steps + cfg.warmup_steps + cfg.timed_steps
+                        event("launch", {"index": i + 1, "total": len(items), "label": label, "steps": steps})
+                        run = launch(cfg.with_reference(ref), work / run_dir_name(i, label),
+                                     on_progress=lambda p, i=i: event("step", {"index": i + 1, **p}))
+                runs.append(run)
+                comparisons.append(compare_one(run, it["estimate"]))
+                if progress:
+                    progress(i + 1, len(items), run)
+    finally:
+        if own_dir and not options.keep_work_dir:
+            shutil.rmtree(work, ignore_errors=True)
     summary = rank_and_summarise(comparisons)
     base_model, _ = executed_model(model, Strategy(dp=1), options.num_layers)
     return ValidationReport(model=base_model, cluster=cluster.name, train=train, num_gpus=num_gpus, device=device,

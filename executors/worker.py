@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import sys
 import time
@@ -41,6 +42,18 @@ def write_json_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def progress_writer(out: Path, rank: int, total_steps: int):
+    """on_step(i) for rank 0: writes out/progress.json ({"step": i + 1, "total": total_steps}),
+    which the launcher reads to show progress; a no-op on the other ranks."""
+    from executors.launcher import PROGRESS_FILE
+
+    def on_step(index: int) -> None:
+        if rank == 0:
+            write_json_atomic(out / PROGRESS_FILE, json.dumps({"step": index + 1, "total": total_steps}))
+
+    return on_step
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -112,8 +125,10 @@ def run_rank(cfg: RunConfig, out: Path) -> int:
         result.num_params_local = runner.num_params_local
         gc.collect()
         meter.model_built()
+        on_step = progress_writer(out, rank, cfg.parity_steps + cfg.warmup_steps + cfg.timed_steps)
         for step in range(cfg.parity_steps):
             result.losses.append(runner.global_loss(runner.step(step)))
+            on_step(step)
         result.grad_sq_norms = runner.first_grad_sq_norms
         if cfg.reference_losses is not None:
             failure = parity_failure(cfg, result.losses, result.grad_sq_norms)
@@ -122,7 +137,7 @@ def run_rank(cfg: RunConfig, out: Path) -> int:
                 return 0
         _inject_fault(cfg, rank, world)
         result.step_times_s = run_timed_steps(runner.step, cfg.parity_steps, cfg.warmup_steps, cfg.timed_steps,
-                                              lambda: _sync(cfg), after_warmup=meter.stop)
+                                              lambda: _sync(cfg), after_warmup=meter.stop, on_step=on_step)
         result.peak_memory_bytes, result.reserved_memory_bytes = meter.peak()
     except Exception as exc:  # reported in the rank's JSON, then re-raised through the exit code
         result.status = "oom" if is_oom(exc) else "error"

@@ -7,7 +7,8 @@ the fit in benchmarks/calibration.py that wrote them; the A100 files hold
 gemm_efficiency, hbm_efficiency and backward_gemm_ratio fitted on Korthikanti
 et al. 2022 Table 4 alone, the newer GPUs' files that fit carried over). Extra directories with the same layout can be added
 with the environment variable `MESHPLAN_PROFILES` (os.pathsep-separated); they
-take precedence over the shipped files.
+take precedence over the user's own directory (`user_profiles_dir`, where `meshplan
+profile` writes), which takes precedence over the shipped files.
 
 YAML carries vendor units in key names (`memory_gib`, `peak_tflops`,
 `hbm_bw_gb_per_s`, `bw_gb_per_s`, `latency_us`); loading converts to SI.
@@ -42,9 +43,18 @@ TERA = 1e12
 MICRO = 1e-6
 
 
+def user_profiles_dir() -> Path:
+    """The user's own profiles root, where `meshplan profile` writes by default:
+    $XDG_DATA_HOME/meshplan/profiles, else ~/.local/share/meshplan/profiles."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "meshplan" / "profiles"
+
+
 def search_dirs() -> list[Path]:
+    """Profile roots, first match wins: MESHPLAN_PROFILES, the user's own (when it exists), the shipped files."""
     extra = [Path(p) for p in os.environ.get("MESHPLAN_PROFILES", "").split(os.pathsep) if p]
-    return [*extra, PROFILES_DIR]
+    user = user_profiles_dir()
+    return [*extra, *([user] if user.is_dir() else []), PROFILES_DIR]
 
 
 def _names(kind: str) -> dict[str, Path]:

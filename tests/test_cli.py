@@ -38,10 +38,10 @@ FROZEN = {
     "models": ["--format"],
     "clusters": ["--format"],
     "validate": ["--attention-kernel", "--cluster", "--collect", "--constraint", "--constraints", "--device", "--engine",
-                 "--format", "--global-batch-size", "--gpus", "--grad-precision", "--hsdp-replicate", "--model",
-                 "--num-layers", "--optimizer", "--parity-steps", "--plan", "--precision", "--prepare", "--seed",
+                 "--format", "--global-batch-size", "--gpus", "--grad-precision", "--hsdp-replicate", "--keep",
+                 "--max-host-memory", "--model", "--num-layers", "--optimizer", "--parity-steps", "--plan", "--precision", "--prepare", "--seed",
                  "--seq-len", "--steps", "--strategy", "--timeout", "--top", "--warmup", "--work-dir"],
-    "profile": ["--device", "--format", "--name", "--nproc", "--out-dir", "--quick", "--timeout"],
+    "profile": ["--device", "--format", "--keep", "--name", "--nproc", "--out-dir", "--output", "--quick", "--timeout"],
 }
 FROZEN["explain"] = FROZEN["evaluate"]
 

@@ -49,31 +49,57 @@ def profile_cmd(
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="Ranks to measure with (default: all CPU cores, at least 2; or all GPUs).")] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu (gloo) or cuda (NCCL).")] = "auto",
     name: Annotated[Optional[str], typer.Option("--name", help="Profile name (default: local-cpu, or local-<gpu> on CUDA).")] = None,
-    out_dir: Annotated[Path, typer.Option("--out-dir", help="Profiles root: writes <dir>/gpus/<name>.yaml and <dir>/clusters/<name>.yaml. Add the directory to MESHPLAN_PROFILES to load the profile by name, or pass the cluster YAML path.")] = Path("meshplan-profiles"),
+    out_dir: Annotated[Optional[Path], typer.Option("--output", "--out-dir", "-o", help="Profiles root: writes <dir>/gpus/<name>.yaml, <dir>/clusters/<name>.yaml and <dir>/kernels/. Default: ~/.local/share/meshplan/profiles ($XDG_DATA_HOME), searched by name; another directory needs MESHPLAN_PROFILES. Never inside meshplan's own files.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and message sizes (seconds instead of a minute).")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Wall-clock limit of the measurement, seconds.")] = 1200.0,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the temporary measurement directory (raw profile.json, logs) and print its path.")] = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Measure GEMM throughput, memory bandwidth and collective bandwidth/latency of this machine and
-    write a GPU and a cluster profile from them."""
+    write a GPU and a cluster profile from them (to your profiles directory, never into meshplan's)."""
     import re
+    import shutil
     import tempfile
 
-    from executors.profiler import run_profile, write_profiles
+    from executors.launcher import Interrupted
+    from executors.profiler import check_output_dir, run_profile, write_profiles
     from executors.validate import resolve_device
+    from planner.cli.common import ExitWith
+    from planner.cli.progress import status
     from planner.errors import SpecError
+    from profiles import PROFILES_DIR, search_dirs, user_profiles_dir
 
+    root = check_output_dir(out_dir if out_dir is not None else user_profiles_dir())
     dev = resolve_device(device)
     if dev not in ("cpu", "cuda"):
         raise SpecError(f"--device must be auto, cpu or cuda (got {device!r})")
     ranks = nproc or _default_nproc(dev)
     if ranks < 1:
         raise SpecError(f"--nproc must be >= 1 (got {ranks})")
-    stderr.print(f"measuring {ranks} ranks on {dev}{' (quick)' if quick else ''}...", markup=False, highlight=False)
-    raw = run_profile(ranks, Path(tempfile.mkdtemp(prefix="meshplan-profile-")), dev, quick, timeout)
+    work = Path(tempfile.mkdtemp(prefix="meshplan-profile-"))
+    try:
+        with status(f"measuring {ranks} ranks on {dev}{' (quick)' if quick else ''}..."):
+            raw = run_profile(ranks, work, dev, quick, timeout)
+    except Interrupted as exc:
+        where = f"measurement files kept in {work}" if keep else "temporary files removed"
+        raise ExitWith(exc.exit_code, f"{exc}: every process of the measurement stopped; {where}") from None
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if keep:
+        stderr.print(f"measurement files kept in {work}", markup=False, highlight=False)
     if name is None:
         name = "local-cpu" if dev == "cpu" else "local-" + re.sub(r"[^a-z0-9]+", "-", raw["description"].lower()).strip("-")
-    paths = write_profiles(raw, name, out_dir)
+    root.mkdir(parents=True, exist_ok=True)  # before writing: a root on the search path is referred to by name
+    paths = write_profiles(raw, name, root)
+    on_path = any(root == d.resolve() for d in search_dirs())
+    shadows = (PROFILES_DIR / "clusters" / f"{name}.yaml").exists()
+    if not on_path:
+        stderr.print(f"load it with --cluster {paths[1]}, or by name after export MESHPLAN_PROFILES={root}",
+                     markup=False, highlight=False)
+    else:
+        stderr.print(f"load it with --cluster {name}" + (" (it now hides the shipped preset of that name)"
+                                                          if shadows else ""), markup=False, highlight=False)
     if fmt is Format.json:
         emit_json({"profile": raw, "gpu_yaml": str(paths[0]), "cluster_yaml": str(paths[1])})
     else:

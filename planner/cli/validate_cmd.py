@@ -143,7 +143,9 @@ def validate_cmd(
     engine: Annotated[str, typer.Option("--engine", help="torch (PyTorch parallel APIs), megatron or deepspeed (CUDA only).")] = "torch",
     hsdp_replicate: Annotated[int, typer.Option("--hsdp-replicate", help="With ZeRO-2/3: HSDP replicas (2-D mesh); 1 = plain FSDP.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights and synthetic data.")] = 1234,
-    work_dir: Annotated[Optional[Path], typer.Option("--work-dir", help="Directory for run configs, per-rank results and logs (default: a temporary directory).")] = None,
+    work_dir: Annotated[Optional[Path], typer.Option("--work-dir", help="Directory for run configs, per-rank results and logs (default: a temporary directory, removed at the end and on Ctrl-C). A given directory is kept.")] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the temporary run directory and print its path.")] = False,
+    max_host_memory: Annotated[Optional[float], typer.Option("--max-host-memory", help="Host memory the local cpu runs may use, GiB (default: 80% of MemAvailable); plans estimated above it are not started.")] = None,
     prepare: Annotated[Optional[Path], typer.Option("--prepare", help="Multi-node: write run configs here and print the torchrun command of each run instead of launching.")] = None,
     collect: Annotated[Optional[Path], typer.Option("--collect", help="Multi-node: fold the results of runs prepared with --prepare (needs --cluster).")] = None,
     fmt: FormatOpt = Format.table,
@@ -155,7 +157,7 @@ def validate_cmd(
 
     options = ValidateOptions(warmup_steps=warmup, timed_steps=steps, parity_steps=parity_steps, timeout_s=timeout,
                               num_layers=num_layers, device=device, engine=engine, hsdp_replicate=hsdp_replicate,
-                              seed=seed, work_dir=work_dir)
+                              seed=seed, work_dir=work_dir, keep_work_dir=keep, max_host_memory_gib=max_host_memory)
     if collect is not None:
         if cluster is None:
             raise SpecError("--collect needs --cluster (the profile the predictions are made on)")
@@ -190,15 +192,28 @@ def validate_cmd(
             unique.append(st)
     if not unique:
         raise SpecError("nothing to validate: no plan fits and no --strategy was given")
+    from executors.launcher import Interrupted
+
     if prepare is not None:
-        for run_dir, cmd in prepare_runs(unique, spec_model, spec_cluster, train, num_gpus, options, prepare):
+        try:
+            prepared = prepare_runs(unique, spec_model, spec_cluster, train, num_gpus, options, prepare)
+        except Interrupted as exc:
+            raise ExitWith(exc.exit_code, f"{exc}: every process of the reference run stopped") from None
+        for run_dir, cmd in prepared:
             stdout.print(f"# {run_dir.name}", markup=False, highlight=False)
             stdout.print(" ".join(cmd), markup=False, highlight=False)
         return
 
-    def progress(i: int, n: int, run) -> None:
-        step = f"{run.step_time_s:.3f} s/step" if run.step_time_s is not None else run.reason[:120]
-        stderr.print(f"[{i}/{n}] {run.label}: {run.outcome} ({step})", markup=False, highlight=False)
+    from planner.cli.progress import run_progress
 
-    report = validate_strategies(unique, spec_model, spec_cluster, train, num_gpus, options, progress)
+    with run_progress() as shown:
+        try:
+            report = validate_strategies(unique, spec_model, spec_cluster, train, num_gpus, options, shown.done,
+                                         on_event=shown.event)
+        except Interrupted as exc:
+            where = (f"run files kept in {shown.work_dir}" if shown.kept and shown.work_dir
+                     else "temporary run files removed")
+            raise ExitWith(exc.exit_code, f"{exc}: every process of the run stopped; {where}") from None
+    if keep and work_dir is None and shown.work_dir:
+        stderr.print(f"run files kept in {shown.work_dir}", markup=False, highlight=False)
     emit_report(report, fmt)

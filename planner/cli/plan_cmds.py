@@ -18,6 +18,7 @@ from planner.cli.common import (
     ExitWith,
     Format,
     FormatOpt,
+    FrameworkOpt,
     GbsOpt,
     GpusOpt,
     GradPrecisionOpt,
@@ -67,13 +68,14 @@ def plan_cmd(
     zero3_impl: Zero3ImplOpt = "fsdp2",
     fp8_recipe: Fp8RecipeOpt = "delayed",
     cross_entropy_fusion: CeFusionOpt = True,
+    framework: FrameworkOpt = "megatron",
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank every valid strategy by predicted throughput; show the fastest that fit."""
     result = api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                       seq_len=seq_len, precision=precision.value, constraints=parse_constraints(constraint, constraints),
                       top_k=top, **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
-                                                 zero3_impl, fp8_recipe, cross_entropy_fusion))
+                                                 zero3_impl, fp8_recipe, cross_entropy_fusion, framework))
     if fmt is Format.json:
         emit_json(result.model_dump(mode="json"))
     elif fmt is Format.csv:
@@ -241,7 +243,7 @@ def _one_strategy_command(render):
         grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash",
         optimizer: OptimizerOpt = "adam", moe_load_imbalance: MoeImbalanceOpt = None,
         zero3_impl: Zero3ImplOpt = "fsdp2", fp8_recipe: Fp8RecipeOpt = "delayed",
-        cross_entropy_fusion: CeFusionOpt = True, fmt: FormatOpt = Format.table,
+        cross_entropy_fusion: CeFusionOpt = True, framework: FrameworkOpt = "megatron", fmt: FormatOpt = Format.table,
     ) -> None:
         strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
                              last_stage_layers, stage_layers, embedding_as_layer, loss_as_layer, overlap_grad_reduce,
@@ -249,7 +251,7 @@ def _one_strategy_command(render):
         est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                            seq_len=seq_len, precision=precision.value, strategy=strategy,
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
-                                           zero3_impl, fp8_recipe, cross_entropy_fusion))
+                                           zero3_impl, fp8_recipe, cross_entropy_fusion, framework))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)

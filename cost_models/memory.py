@@ -157,18 +157,47 @@ def selective_saving_bytes(layer, x: Micro, mask: np.ndarray) -> np.ndarray:
     return sum((np.where(on, parts[m], 0.0) for m, on in selected.items()), ZERO)
 
 
-def kind_activation_bytes(layer, x: Micro, recompute, modules=0) -> np.ndarray:
+def op_sac_activation_bytes(layer, x: Micro) -> np.ndarray | None:
+    """Activation bytes one dense layer keeps under torchtitan's op-level selective checkpointing
+    (`selective_ac_option = "op"`, profiles/frameworks/torchtitan.yaml), one micro-batch, one rank;
+    None for a layer the policy is not costed for (latent attention, MoE).
+
+    The checkpointed layer keeps its input and the outputs of the ops on the save list: every
+    other `aten.mm` of the layer in call order (wq, wv, w1 and, gated, w2; wk, wo, w3 or a plain
+    MLP's fc2 are recomputed), the attention kernel's output and softmax statistics, and with
+    tp > 1 the outputs of the two reduce-scatters. A row-parallel mm (w2) outputs the full hidden
+    width of partial sums before its reduce-scatter. Symbols as in the module docstring:
+    2sbh/t (input, sequence-sharded) + 2sbq/t (wq) + 2sbk/t (wv) + 2sbq/t + 4asb/t (attention) +
+    2sbf/t (w1) + 2sbh (w2, gated) + 2·2sbh/t (reduce-scatters, tp > 1)."""
+    att = layer.attention()
+    mlps = [b for b in layer.blocks if isinstance(b, DenseMLP)]
+    if isinstance(att, LatentAttention) or layer.is_moe or len(mlps) != 1:
+        return None
+    mlp, n, act, t = mlps[0], x.tokens, x.act, x.tp
+    stats = att.activations(x).scores / t  # flash: fp32 log-sum-exp; unfused: what its kernel keeps
+    kept = n * act * att.hidden / x.seq_split  # the checkpoint's input
+    kept = kept + n * act * (att.q_width + att.kv_width) / t + n * act * att.q_width / t + stats
+    kept = kept + n * act * mlp.ffn / t + (n * act * mlp.hidden if mlp.gated else 0.0)
+    return kept + np.where(np.asarray(t) > 1, 2 * n * act * att.hidden / t, 0.0)
+
+
+def kind_activation_bytes(layer, x: Micro, recompute, modules=0, policy: str = "megatron_modules") -> np.ndarray:
     """Activation bytes one layer of a kind stores for one micro-batch on one rank;
-    `recompute`: 0 none, 1 selective (the `modules` bit mask of RECOMPUTE_MODULES; 0 = the
-    attention core), 2 full (layer input only). Tokens routed to this rank's experts are
-    already per rank."""
+    `recompute`: 0 none, 1 selective, 2 full (layer input only). Selective follows the
+    framework's `policy` (cost_models.sharding.SELECTIVE_POLICIES): megatron_modules drops what
+    the `modules` bit mask of RECOMPUTE_MODULES frees (0 = the attention core), op_sac keeps
+    what torchtitan's op policy saves (`op_sac_activation_bytes`), none checkpoints nothing.
+    Tokens routed to this rank's experts are already per rank."""
     recompute = np.asarray(recompute)
     a = layer.activations(x)
     full = a.replicated / x.seq_split + (a.split + a.scores) / x.tp + a.routed
-    if np.any(recompute == 1):
-        selective = np.maximum(full - selective_saving_bytes(layer, x, modules), 0.0)
-    else:
+    op_sac = op_sac_activation_bytes(layer, x) if policy == "op_sac" else None
+    if not np.any(recompute == 1) or policy == "none":
         selective = full
+    elif op_sac is not None:
+        selective = np.minimum(op_sac, full)
+    else:
+        selective = np.maximum(full - selective_saving_bytes(layer, x, modules), 0.0)
     checkpoint = x.tokens * x.act * layer.attention().hidden / x.seq_split
     return np.where(recompute == 2, checkpoint, np.where(recompute == 1, selective, full))
 
@@ -196,7 +225,8 @@ def layer_activation_bytes(blocks: ModelBlocks, x: Micro, recompute) -> np.ndarr
 
 
 def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, lay: ParallelLayout,
-                           num_microbatches: np.ndarray, counts: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                           num_microbatches: np.ndarray, counts: np.ndarray | None = None,
+                           policy: str = "megatron_modules") -> dict[str, np.ndarray]:
     """Activations held at the peak by one rank of each stage row (S, N), bytes.
 
     The stage holds `inflight_chunks` (micro-batch, chunk) pairs of `chunk_layers`
@@ -208,7 +238,7 @@ def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, la
     rows, rc, n = lay.rows, st.recompute, len(st)
     counts = stage_kind_counts(blocks, lay) if counts is None else counts
     full_k = _stack([kind_activation_bytes(k, x, 0) for k in blocks.all_kinds], n)
-    stored_k = _stack([kind_activation_bytes(k, x, rc, st.recompute_modules) for k in blocks.all_kinds], n)
+    stored_k = _stack([kind_activation_bytes(k, x, rc, st.recompute_modules, policy) for k in blocks.all_kinds], n)
     if counts.shape[0] == 1:
         layers_row, full_layer, stored_layer = counts[0], full_k[0], stored_k[0]
     else:
@@ -220,6 +250,8 @@ def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, la
     per_chunk = np.where(rc == 2, n_rc * stored_layer + (chunk - n_rc) * full_layer, chunk * stored_layer)
     layers = lay.inflight_chunks(rows.rank, num_microbatches) * per_chunk
     working = np.where(rc == 2, full_k.max(axis=0), 0.0) * (layers_row > 0)
+    if policy == "op_sac":  # while one layer's backward recomputes, what the op policy dropped is live again
+        working = working + np.where(rc == 1, (full_k - stored_k).max(axis=0), 0.0) * (layers_row > 0)
     embed = rows.has_embedding * lay.inflight_microbatches(rows.rank, num_microbatches) * blocks.embedding.input_bytes(x)
     head_act = blocks.head.activations(x)
     logits = cross_entropy_bytes_per_logit(x.act) * x.tokens * padded_vocab(blocks.head.vocab, x.tp) / x.tp

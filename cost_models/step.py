@@ -26,13 +26,13 @@ from functools import cached_property
 import numpy as np
 
 from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays
-from cost_models.blocks import Micro, ModelBlocks, model_blocks, padded_vocab
+from cost_models.blocks import Attention, DenseMLP, Gemm, Micro, ModelBlocks, model_blocks, padded_vocab
 from cost_models.collectives import comm_model_for
 from cost_models.comm import CommModel
-from cost_models.compute import LayerTimes, head_times, layer_times, selective_recompute_s
+from cost_models.compute import LayerTimes, gemm_time, head_times, layer_times, selective_recompute_s
 from cost_models.elementwise import elementwise_model, fp8_weight_elements
 from cost_models.layout import ParallelLayout
-from cost_models.sharding import zero3_comm_s
+from cost_models.sharding import framework_of, zero3_comm_s, zero3_impl_of
 from cost_models.memory import (RUNTIME_TERMS, model_state_bytes, per_row, runtime_memory_bytes,
                                 stage_activation_bytes, stage_expert_params, stage_kind_counts, stage_params,
                                 zero3_working_bytes)
@@ -223,7 +223,8 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
         experts = model_state_bytes(s.expert_params, st.zero_stage, lay.expert_dp, st.offload_optimizer,
                                     train.precision, train.grad_precision, train.optimizer)
         mem = {k: mem[k] + experts[k] for k in mem}
-    mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, s.counts)
+    mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, s.counts,
+                                  framework_of(train).selective_recompute)
     # Pipeline send and receive buffers of one micro-batch's activations, forward and backward.
     p2p_buffers = np.where(lay.pp > 1, 2 * 2 * x.tokens * s.model.hidden_size * x.act / lay.tp, 0.0)
     mem["zero3_buffers"] = zero3_working_bytes(s.blocks, st, train.precision, train.grad_precision) * (lay.rows.layers > 0)
@@ -359,11 +360,61 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
                                                                 st.recompute_modules), (n,))
                           for k, layer in enumerate(blocks.all_kinds)])
     selective = selective + np.where(st.recompute_modules & moe_bit, ep_fwd, 0.0)
+    policy = framework_of(train).selective_recompute
+    if policy == "none":  # the framework checkpoints nothing for selective (see its profile)
+        selective = np.zeros_like(selective)
+    elif policy == "op_sac":
+        # torchtitan's op policy also repeats the forward's TP all-gathers (their outputs are not
+        # saved; the reduce-scatters' are): half of each exchange with sequence parallelism.
+        ag = np.where((st.tp > 1) & st.sequence_parallel, tp_fwd / 2, 0.0)
+        sac = [op_sac_recompute_s(layer, x, gpu) for layer in blocks.all_kinds]
+        selective = np.stack([np.broadcast_to(t + ag[k], (n,)) if t is not None else selective[k]
+                              for k, t in enumerate(sac)])
     recompute = np.where(rc == 2, lt.fwd_s + tp_fwd + cp_fwd + ep_fwd, np.where(rc == 1, selective, 0.0))
     head_f, head_b, _ = head_times(blocks.head, x, gpu)
     return PerLayerTimes(layer=lt, tp_all_reduce_s=tp_ar, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, tp_raw_s=tp_raw, cp_fwd_s=cp_fwd, cp_raw_s=cp_raw,
                          ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, ep_raw_s=2 * ep_one, recompute_s=recompute,
                          head_fwd_s=head_f, head_bwd_s=head_b)
+
+
+def op_sac_gemms(layer, x: Micro) -> list[Gemm] | None:
+    """The GEMMs torchtitan's op-level selective checkpointing repeats in one dense layer's backward
+    (profiles/frameworks/torchtitan.yaml): its policy saves the output of every odd-numbered
+    `aten.mm` of a layer and recomputes every even-numbered one. A torchtitan layer calls them as
+    wq, wk, wv, wo, then w1, w3, w2 (gated) or fc1, fc2 (plain): it repeats wk, wo and w3 (fc2).
+    None for a layer the policy is not costed for (latent attention, MoE)."""
+    att = layer.attention()
+    mlps = [b for b in layer.blocks if isinstance(b, DenseMLP)]
+    if not isinstance(att, Attention) or layer.is_moe or len(mlps) != 1:
+        return None
+    mlp, h, t, n = mlps[0], att.hidden, x.tp, x.tokens
+    wq = Gemm(2 * n * h * att.q_width / t, n, att.q_width / t, h)
+    wkv = Gemm(2 * n * h * att.kv_width / t, n, att.kv_width / t, h)
+    wo = att.gemms(x)[1]
+    up, down = mlp.gemms(x)
+    ffn = [Gemm(up.flop / 2, n, mlp.ffn / t, h)] * 2 + [down] if mlp.gated else [up, down]
+    return [wq, wkv, wkv, wo, *ffn][1::2]
+
+
+def op_sac_recompute_s(layer, x: Micro, gpu: GpuSpec) -> np.ndarray | None:
+    """Forward seconds torchtitan's op-level selective checkpointing repeats for one layer: the
+    GEMMs of `op_sac_gemms` and every element-wise op of the layer (norms, RoPE, activation, gate
+    product, residual adds: none is on its save list); the attention kernel is saved. The TP
+    all-gathers it repeats are the caller's to add."""
+    gemms = op_sac_gemms(layer, x)
+    if gemms is None:
+        return None
+    small, index = x.distinct
+    if index is not None:
+        return op_sac_recompute_s(layer, small, gpu)[..., index]
+    gemm_s = sum(gemm_time(g, gpu, x.precision) for g in gemms)
+    ew = layer.elementwise(x)
+    table = elementwise_model(gpu)
+    if table is not None:
+        ew_s = table.time_s(ew.bytes, ew.num_kernels)
+    else:
+        ew_s = ew.bytes / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency) + ew.num_kernels * gpu.kernel_overhead_s
+    return np.broadcast_to(gemm_s + ew_s, np.shape(x.tokens)) * 1.0
 
 
 def _recomputed_fraction(s: Setup) -> np.ndarray:
@@ -431,11 +482,19 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
         param_gather = param_gather + np.where(sharded, comm.gather_scatter_s(experts * weight_b * sharded, edp,
                                                                              edp_stride), 0.0)
     overlap = s.cluster.overlap_efficiency
-    exposed = np.where(st.overlap_grad_reduce, exposed_s(grad_reduce, bwd_mb, overlap), grad_reduce)
-    exposed = exposed + np.where(st.overlap_param_gather, exposed_s(param_gather, fwd_mb, overlap), param_gather)
+    # Whether the framework repeats the reduction (gather) every micro-batch (profiles/frameworks/):
+    # the last micro-batch's reduction hides behind its backward only, earlier ones also behind the
+    # next micro-batch's forward; a gather before every forward hides behind that forward.
+    framework, m = framework_of(train), s.num_microbatches
+    each_reduce = framework.reduces_each_microbatch(zero, lay.pp) & (zero != 3)
+    each_gather = framework.gathers_each_microbatch(zero, lay.pp) & sharded
+    last = np.where(st.overlap_grad_reduce, exposed_s(grad_reduce, bwd_mb, overlap), grad_reduce)
+    earlier = np.where(st.overlap_grad_reduce, exposed_s(grad_reduce, fwd_mb + bwd_mb, overlap), grad_reduce)
+    gather = np.where(st.overlap_param_gather, exposed_s(param_gather, fwd_mb, overlap), param_gather)
+    exposed = np.where(each_reduce, (m - 1) * earlier + last, last) + np.where(each_gather, m * gather, gather)
     # ZeRO-3 / FSDP: per-layer gathers and reduce-scatters, hidden layer by layer (cost_models/sharding.py).
     share = np.where(st.recompute == 2, _recomputed_fraction(s), np.where(st.recompute == 1, 1.0, 0.0))
-    z3, z3_raw = zero3_comm_s(s, pl, share, getattr(train, "zero3_impl", "fsdp2"))
+    z3, z3_raw = zero3_comm_s(s, pl, share, zero3_impl_of(train))
     opt_params = s.optimizer_params
     traffic = optimizer_step_traffic_bytes(train.optimizer, train.precision, train.grad_precision)
     table = elementwise_model(gpu)
@@ -449,7 +508,8 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     offload = offload_step_s(s, opt_params, bwd_mb)
     tail = {"dp_comm": np.where(zero == 3, z3, exposed),
             "optimizer": np.where(st.offload_optimizer, offload, optimizer) + weight_casts}
-    return tail, np.where(zero == 3, z3_raw, grad_reduce + param_gather)
+    raw = np.where(each_reduce, m, 1) * grad_reduce + np.where(each_gather, m, 1) * param_gather
+    return tail, np.where(zero == 3, z3_raw, raw)
 
 
 def fp8_weight_elements_per_kind(s: Setup) -> np.ndarray:
@@ -511,6 +571,11 @@ def step_flops(s: Setup) -> tuple[np.ndarray, np.ndarray]:
     L = blocks.num_layers
     model_flop = 3 * (L * layer_fwd + mtp_fwd + head_fwd)
     rc = s.st.recompute
+    policy = framework_of(train).selective_recompute
+    if policy == "none":
+        core_fwd = 0.0
+    elif policy == "op_sac":  # the GEMMs torchtitan's op policy repeats (the attention kernel is saved)
+        core_fwd = blocks.mean(lambda layer: sum(g.flop for g in op_sac_gemms(layer, whole) or ()))
     extra = np.where(rc == 2, _recomputed_fraction(s)[0] * (L * layer_fwd + mtp_fwd), np.where(rc == 1, L * core_fwd, 0.0))
     # (selective recompute of other modules repeats GEMMs too; hardware FLOPs count the attention core only)
     return model_flop, model_flop + extra

@@ -183,6 +183,26 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def _framework_failures(ctx: Context, st: StrategyArrays) -> list:
+    """The `cannot_run` rules of the framework the plan runs on (profiles/frameworks/<name>.yaml)."""
+    from cost_models.sharding import cannot_run_masks, framework_of
+
+    return cannot_run_masks(framework_of(ctx.train), ctx.model, ctx.train, st)
+
+
+def _framework_msg(ctx: Context, r: dict) -> str:
+    hits = [rule.reason for rule, hit in _framework_failures(ctx, StrategyArrays.from_strategies([SimpleNamespace(**r)]))
+            if hit[0]]
+    return f"not expressible in {getattr(ctx.train, 'framework', 'megatron')}: " + "; ".join(hits)
+
+
+FRAMEWORK_RULE = Rule("framework",
+                      lambda c, s: ~np.any([hit for _, hit in _framework_failures(c, s)] or [np.zeros(len(s), bool)],
+                                           axis=0),
+                      _framework_msg)
+RULES = RULES + (FRAMEWORK_RULE,)
+
+
 def check(ctx: Context, st: StrategyArrays) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(valid mask, per-rule failure masks). A candidate is valid when no rule fails."""
     failures = {rule.key: ~np.asarray(rule.ok(ctx, st), dtype=bool) for rule in RULES}

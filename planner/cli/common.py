@@ -75,6 +75,9 @@ Zero3ImplOpt = Annotated[str, typer.Option(
 
 Fp8RecipeOpt = Annotated[str, typer.Option("--fp8-recipe", help="FP8 scaling with --precision fp8: delayed, "
                                            "tensorwise, blockwise or mxfp8 (Blackwell only).")]
+FrameworkOpt = Annotated[str, typer.Option(
+    "--framework", help="Framework the plan runs on, costed as it runs (per-micro-batch gradient reductions, "
+    "selective recompute) and ranked only where it can run: megatron, torchtitan, deepspeed or colossalai.")]
 CeFusionOpt = Annotated[bool, typer.Option("--cross-entropy-fusion/--no-cross-entropy-fusion",
                                            help="Fused vocabulary-parallel cross-entropy (Megatron's --cross-entropy-loss-fusion).")]
 
@@ -82,9 +85,10 @@ CeFusionOpt = Annotated[bool, typer.Option("--cross-entropy-fusion/--no-cross-en
 
 def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
                   moe_load_imbalance: float | None = None, zero3_impl: str = "fsdp2", fp8_recipe: str = "delayed",
-                  cross_entropy_fusion: bool = True) -> dict[str, Any]:
+                  cross_entropy_fusion: bool = True, framework: str = "megatron") -> dict[str, Any]:
     out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer,
-           "zero3_impl": zero3_impl, "fp8_recipe": fp8_recipe, "cross_entropy_fusion": cross_entropy_fusion}
+           "zero3_impl": zero3_impl, "fp8_recipe": fp8_recipe, "cross_entropy_fusion": cross_entropy_fusion,
+           "framework": framework}
     if moe_load_imbalance is not None:
         out["moe_load_imbalance"] = moe_load_imbalance
     return out

@@ -18,6 +18,7 @@ from planner.cli.common import (
     ExitWith,
     Format,
     FormatOpt,
+    FrameworkOpt,
     GbsOpt,
     GpusOpt,
     GradPrecisionOpt,
@@ -73,6 +74,7 @@ def plan_cmd(
     zero3_impl: Zero3ImplOpt = "fsdp2",
     fp8_recipe: Fp8RecipeOpt = "delayed",
     cross_entropy_fusion: CeFusionOpt = True,
+    framework: FrameworkOpt = "megatron",
     headroom: HeadroomOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column (bands, tokens/s, TFLOP/s, headroom); the "
                                        "default table fits 100 columns.")] = False,
@@ -84,7 +86,7 @@ def plan_cmd(
                   precision=precision.value, constraints=parse_constraints(constraint, constraints), top_k=top,
                   headroom=parse_headroom(headroom), **train_options(grad_precision, attention_kernel, optimizer,
                                                                       moe_load_imbalance, zero3_impl, fp8_recipe,
-                                                                      cross_entropy_fusion))
+                                                                      cross_entropy_fusion, framework))
     with searching(f"searching strategies for {gpus:,} GPUs"):
         result = api_plan(**kwargs)
     if fmt is Format.json:
@@ -358,7 +360,8 @@ def _one_strategy_command(render):
         grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash",
         optimizer: OptimizerOpt = "adam", moe_load_imbalance: MoeImbalanceOpt = None,
         zero3_impl: Zero3ImplOpt = "fsdp2", fp8_recipe: Fp8RecipeOpt = "delayed",
-        cross_entropy_fusion: CeFusionOpt = True, plan_file: PlanFileOpt = None, rank: RankOpt = 1,
+        cross_entropy_fusion: CeFusionOpt = True, framework: FrameworkOpt = "megatron",
+        plan_file: PlanFileOpt = None, rank: RankOpt = 1,
         fmt: FormatOpt = Format.table,
     ) -> None:
         if plan_file is not None:  # the plan file holds the whole question and the strategy: nothing else may be given
@@ -384,7 +387,7 @@ def _one_strategy_command(render):
         est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                            seq_len=seq_len, precision=precision.value, strategy=strategy,
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
-                                           zero3_impl, fp8_recipe, cross_entropy_fusion))
+                                           zero3_impl, fp8_recipe, cross_entropy_fusion, framework))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)

@@ -39,6 +39,13 @@ class TrainSpec(BaseModel):
         "or deepspeed (DeepSpeed ZeRO-3, slower across nodes as measured; profiles/frameworks/zero3.yaml).",
     )
 
+    framework: Literal["megatron", "torchtitan", "deepspeed", "colossalai"] = Field(
+        "megatron",
+        description="Framework the plan runs on: its per-micro-batch gradient reductions, its selective "
+        "recompute policy and the strategies it can run are costed as it does them (profiles/frameworks/); "
+        "torchtitan and deepspeed cost zero_stage 3 with their own ZeRO-3 (zero3_impl applies to the others).",
+    )
+
     cross_entropy_fusion: bool = Field(
         True,
         description="Fused vocabulary-parallel cross-entropy (Megatron's --cross-entropy-loss-fusion; NeMo and "

@@ -285,9 +285,11 @@ def _names(model, train, st, lay) -> dict[str, object]:
             "local_attention": np.bool_(any(model.local_attention_mask()) if hasattr(model, "local_attention_mask")
                                         else False),
             "mtp": np.bool_(bool(getattr(model, "num_mtp_layers", 0))), "even_split": even,
-            "recompute_layers_divide_chunks": divides, "ep_divides_dp": st.dp % st.ep == 0,
+            "recompute_layers_divide_chunks": divides, "chunks_equal": chunk.max(axis=0) == chunk.min(axis=0),
+            "ep_divides_dp": st.dp % st.ep == 0,
             "moe_plugin": is_moe & ((st.ep > 1) | (st.tp > 1) | (st.pp > 1)),
-            "precision": train.precision, "attention_kernel": train.attention_kernel}
+            "precision": train.precision, "grad_precision": train.grad_precision,
+            "attention_kernel": train.attention_kernel}
     return out
 
 

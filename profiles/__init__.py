@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from planner.errors import SpecError, unknown_name_message
+from planner.errors import SpecError, SpecValidationError, format_validation_error, unknown_name_message
 from planner.specs import ClusterSpec, GpuSpec, HostSpec, LinkTier, ModelSpec
 from planner.specs.hardware import StepTimeResiduals
 
@@ -99,6 +99,8 @@ def _resolve(kind: str, ref: str) -> Path:
 def _validated(cls: type, data: dict[str, Any], what: str):
     try:
         return cls(**data)
+    except SpecValidationError as exc:
+        raise SpecError(f"invalid {what}: {exc.problems}") from None
     except ValidationError as exc:
         raise SpecError(f"invalid {what}: {format_validation_error(exc)}") from None
     except TypeError as exc:
@@ -121,19 +123,6 @@ def _pop_sources(data: dict[str, Any], fields, what: str) -> None:
         if not isinstance(data[key], str) or not data[key].strip():
             raise SpecError(f"{what}: {key} must be a non-empty text naming where the value comes from")
         del data[key]
-
-
-def format_validation_error(exc: ValidationError) -> str:
-    """One line per problem: `field: message (value)`."""
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "input"
-        msg = err.get("msg", "")
-        msg = msg.removeprefix("Value error, ")
-        value = err.get("input")
-        shown = f" (got {value!r})" if err.get("type") != "value_error" and not isinstance(value, dict) else ""
-        parts.append(f"{loc}: {msg}{shown}")
-    return "; ".join(parts)
 
 
 # ---- GPUs ------------------------------------------------------------------

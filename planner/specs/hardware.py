@@ -11,21 +11,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from planner.errors import SpecError
+from planner.specs.base import Spec
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32"]
 
 
-class StepTimeResiduals(BaseModel):
+class StepTimeResiduals(Spec):
     """How far the cost model's step times fell from published end-to-end runs on one GPU: the
     basis of every Estimate's error band (planner.error_band). Errors are signed relative errors
     of the step time, predicted / measured - 1 (< 0: the model predicts faster than measured).
     Written into `profiles/calibration/<gpu>.yaml` under `step_time_residuals:` by
     `python -m benchmarks.residuals --write`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     end_to_end: bool = Field(
         description="True: from this GPU's own published end-to-end runs that no fit used; False: no such run "
@@ -46,10 +45,8 @@ class StepTimeResiduals(BaseModel):
     basis: str = Field(description="One line: which rows, or which rule, the band comes from.")
 
 
-class GpuSpec(BaseModel):
+class GpuSpec(Spec):
     """One accelerator: capacity, peak rates and achievable fractions of them."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="GPU name, e.g. A100-SXM4-80GB.")
     memory_bytes: float = Field(gt=0, description="HBM capacity in bytes.")
@@ -110,10 +107,8 @@ class GpuSpec(BaseModel):
             ) from None
 
 
-class LinkTier(BaseModel):
+class LinkTier(Spec):
     """One tier of the network as seen by one GPU (alpha-beta model)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="Tier name, e.g. nvlink or infiniband.")
     bw_bytes_per_s: float = Field(gt=0, description="Per-GPU unidirectional link bandwidth, bytes/s.")
@@ -136,10 +131,8 @@ class LinkTier(BaseModel):
         return self.bw_bytes_per_s * (self.gather_scatter_efficiency or self.efficiency)
 
 
-class HostSpec(BaseModel):
+class HostSpec(Spec):
     """The CPU side of a server: what optimizer offload uses."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     memory_bytes: float = Field(gt=0, description="Host DRAM per server, bytes.")
     memory_bw_bytes_per_s: float = Field(gt=0, description="Peak host DRAM bandwidth per server (all sockets), bytes/s.")
@@ -148,10 +141,8 @@ class HostSpec(BaseModel):
     )
 
 
-class ClusterSpec(BaseModel):
+class ClusterSpec(Spec):
     """Identical GPUs grouped in NVLink domains joined by a scale-out network."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="Cluster preset name.")
     gpu: GpuSpec = Field(description="The GPU every rank runs on.")

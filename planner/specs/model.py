@@ -12,15 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from planner.errors import SpecError
+from planner.specs.base import Spec
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(Spec):
     """A decoder-only transformer. Counts are elements, not bytes."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field("custom", description="Preset or user name of the model.")
     num_layers: int = Field(gt=0, description="Number of transformer layers (L).")

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from planner.errors import SpecError
+from planner.specs.base import Spec
 
 Recompute = Literal["none", "selective", "full"]
 
 
-class Strategy(BaseModel):
+class Strategy(Spec):
     """Parallel degrees, ZeRO stage, micro-batch and recomputation of one training run."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     dp: int | Literal["auto"] = Field("auto", description="Data parallel degree; 'auto' = GPUs / (tp·cp·pp).")
     tp: int = Field(1, ge=1, description="Tensor (model) parallel degree.")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from planner.specs.base import Spec
 
 
-class TrainSpec(BaseModel):
+class TrainSpec(Spec):
     """Global batch, sequence length, precision and optimizer of the training run."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     global_batch_size: int = Field(gt=0, description="Sequences per optimizer step.")
     seq_len: int = Field(gt=0, description="Tokens per sequence.")

@@ -45,7 +45,12 @@ class NoFeasibleStrategyError(SpecError):
     """No candidate fits; the message says which came closest and by how much."""
 
 
-class InputWarning(UserWarning):
+class ConfigWarning(UserWarning):
+    """Input was accepted with an assumption or a doubt the user should see (the CLI prints each
+    such warning once on stderr as one `warning:` line)."""
+
+
+class InputWarning(ConfigWarning):
     """Input that is accepted but is probably not what was meant; the message names the field,
     the rule and the value, as a SpecError would."""
 

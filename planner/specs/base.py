@@ -18,6 +18,23 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from planner.errors import SpecValidationError, format_validation_error
 
+# ---- bounds on sizes: far beyond any real run, low enough that products of them stay exact in
+# float64 and int64 and that no enumeration over them can run for long ----
+#: Transformer layers of a model (the largest published dense models have under 200).
+MAX_LAYERS = 10_000
+#: Widths: hidden, MLP, head and low-rank sizes (the largest published hidden size is under 2^15).
+MAX_WIDTH = 2**22
+#: Attention heads, key/value heads, experts.
+MAX_HEADS = 2**16
+#: Vocabulary entries.
+MAX_VOCAB = 2**26
+#: Tokens: sequence length, context, attention window.
+MAX_TOKENS = 2**30
+#: Sequences per optimizer step.
+MAX_BATCH = 2**32
+#: GPUs in a job, and any parallel degree.
+MAX_GPUS = 2**32
+
 
 class Spec(BaseModel):
     """A validated input; construction errors are SpecValidationError (see the module docstring)."""

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from planner.errors import SpecError
-from planner.specs.base import Spec
+from planner.specs.base import MAX_GPUS, Spec
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32"]
 
@@ -96,6 +96,14 @@ class GpuSpec(Spec):
         None, description="Step-time errors on published end-to-end runs (or the widened rule where none exist), "
         "from the GPU's calibration file; the basis of every estimate's error band. None: none known.")
 
+    @model_validator(mode="after")
+    def _check_peaks(self) -> "GpuSpec":
+        bad = {k: v for k, v in self.peak_flop_per_s.items() if not v > 0}
+        if not self.peak_flop_per_s or bad:
+            raise SpecError(f"peak_flop_per_s must give a positive rate for at least one precision (got "
+                            f"{bad or self.peak_flop_per_s})")
+        return self
+
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s for `precision`; a clear error if the GPU has none."""
         try:
@@ -146,13 +154,13 @@ class ClusterSpec(Spec):
 
     name: str = Field(description="Cluster preset name.")
     gpu: GpuSpec = Field(description="The GPU every rank runs on.")
-    gpus_per_node: int = Field(gt=0, description="GPUs per server (torchrun --nproc-per-node).")
+    gpus_per_node: int = Field(gt=0, le=MAX_GPUS, description="GPUs per server (torchrun --nproc-per-node).")
     nvlink_domain_size: int | None = Field(
-        None, gt=0, description="GPUs sharing one NVLink/NVSwitch domain; default: gpus_per_node (72 for GB200 NVL72)."
+        None, gt=0, le=MAX_GPUS, description="GPUs sharing one NVLink/NVSwitch domain; default: gpus_per_node (72 for GB200 NVL72)."
     )
     intra_node: LinkTier = Field(description="The tier inside an NVLink domain.")
     inter_node: LinkTier = Field(description="The scale-out tier between domains, per GPU (one NIC per GPU).")
-    max_gpus: int | None = Field(None, gt=0, description="Largest GPU count this cluster has, if bounded.")
+    max_gpus: int | None = Field(None, gt=0, le=MAX_GPUS, description="Largest GPU count this cluster has, if bounded.")
     comm_overlap: float = Field(
         1.0, ge=0, le=1,
         description="Fraction of the communication a schedule overlaps with compute that really runs concurrently: "

@@ -6,14 +6,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from planner.specs.base import Spec
+from planner.specs.base import MAX_BATCH, MAX_TOKENS, Spec
 
 
 class TrainSpec(Spec):
     """Global batch, sequence length, precision and optimizer of the training run."""
 
-    global_batch_size: int = Field(gt=0, description="Sequences per optimizer step.")
-    seq_len: int = Field(gt=0, description="Tokens per sequence.")
+    global_batch_size: int = Field(gt=0, le=MAX_BATCH, description="Sequences per optimizer step.")
+    seq_len: int = Field(gt=0, le=MAX_TOKENS, description="Tokens per sequence.")
     precision: Literal["bf16", "fp16", "fp8", "fp32"] = Field(
         "bf16",
         description="Compute precision of the GEMMs (fp8: FP8 GEMMs with bf16 weights and activations; "

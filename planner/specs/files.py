@@ -87,9 +87,29 @@ def _measure(node: yaml.Node, what: str) -> None:
         stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)
 
 
+_OPEN = (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken, yaml.BlockSequenceStartToken,
+         yaml.BlockMappingStartToken)
+_CLOSE = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken, yaml.BlockEndToken)
+
+
+def _yaml_depth_ok(text: str, what: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH from the token stream, stopping at the first level too
+    deep: PyYAML's scanner and composer slow down with the depth (each token looks at every open
+    level) and recurse once per level, so a deep file is refused before they build anything."""
+    depth = 0
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
+        if isinstance(token, _OPEN):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise SpecError(f"{what} nests deeper than {MAX_DEPTH} levels")
+        elif isinstance(token, _CLOSE):
+            depth -= 1
+
+
 def parse_yaml(text: str, what: str) -> Any:
     """`yaml.safe_load` of `text` after the size and depth checks above."""
     try:
+        _yaml_depth_ok(text, what)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         raise SpecError(f"{what} is not valid YAML: {' '.join(str(exc).split())}") from None

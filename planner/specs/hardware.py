@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from planner.errors import SpecError
-from planner.specs.base import MAX_GPUS, Spec
+from planner.specs.base import MAX_GPUS, MAX_HEADS, Spec
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32"]
 
@@ -180,7 +180,7 @@ class ClusterSpec(Spec):
         "--tp-comm-overlap, which the Megatron emitter then sets); 0: TP communication is on the critical path.",
     )
     moe_load_imbalance: float = Field(
-        1.0, ge=1,
+        1.0, ge=1, le=MAX_HEADS,
         description="MoE: tokens the busiest expert rank receives over the mean (1 = perfect balance); the "
         "all-to-all and the experts wait for the busiest rank. A training run's own value overrides it.",
     )

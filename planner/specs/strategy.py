@@ -98,7 +98,7 @@ class Strategy(Spec):
         if any(v is not None for v in uneven) and self.pp == 1:
             raise SpecError("num_layers_in_first_stage/last_stage need pp > 1 (pp is 1)")
         if self.stage_layers is not None:
-            if len(self.stage_layers) != self.pp or any(n < 1 for n in self.stage_layers):
+            if len(self.stage_layers) != self.pp or any(not 1 <= n <= MAX_LAYERS for n in self.stage_layers):
                 raise SpecError(f"stage_layers {self.stage_layers} must list a positive layer count for each of the "
                                 f"pp ({self.pp}) stages")
             if any(v is not None for v in uneven) or self.embedding_as_layer or self.loss_as_layer:

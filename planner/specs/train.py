@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from planner.specs.base import MAX_BATCH, MAX_TOKENS, Spec
+from planner.specs.base import MAX_BATCH, MAX_HEADS, MAX_TOKENS, Spec
 
 
 class TrainSpec(Spec):
@@ -50,7 +50,7 @@ class TrainSpec(Spec):
         "tensorwise (current) per-tensor scales, blockwise 1x128/128x128 tiles, mxfp8 1x32 blocks (Blackwell only).",
     )
     moe_load_imbalance: float | None = Field(
-        None, ge=1,
+        None, ge=1, le=MAX_HEADS,
         description="MoE: tokens the busiest expert rank receives over the mean; None = the cluster profile's "
         "value. Aux-loss balanced routers run near 1.1; a skewed router or small batches more.",
     )

@@ -66,7 +66,7 @@ def _hand_built(ref: ModelRef, spec: ModelSpec) -> bool:
 
 
 #: The most plans one search returns (`top_k`): every one is built and scored in full.
-MAX_TOP_K = 1000
+MAX_TOP_K = 10_000
 
 
 def check_top_k(top_k: Any) -> int:

@@ -35,7 +35,7 @@ def make_inputs(
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster)
     if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or not 1 <= num_gpus <= MAX_GPUS:
-        raise SpecError(f"num_gpus must be an integer between 1 and {MAX_GPUS} (got {short_repr(num_gpus)})")
+        raise SpecError(f"num_gpus must be a positive integer, at most {MAX_GPUS} (got {short_repr(num_gpus)})")
     if cluster_spec.max_gpus is not None and num_gpus > cluster_spec.max_gpus:
         raise SpecError(f"num_gpus ({num_gpus}) exceeds cluster {cluster_spec.name}'s max_gpus ({cluster_spec.max_gpus})")
     if not isinstance(precision, str):

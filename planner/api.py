@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from planner.errors import SpecError
-from planner.rules import fp8_recipe_problem
+from planner.errors import InputWarning, SpecError, SpecValidationError, short_repr
+from planner.rules import batch_warning, context_warning, family_warning, fp8_recipe_problem, node_warning
+from planner.specs.base import MAX_GPUS
 from planner.specs import ClusterSpec, Estimate, ModelSpec, PlanResult, Strategy, TrainSpec
 
 ModelRef = str | Path | ModelSpec | dict
@@ -24,23 +24,55 @@ def make_inputs(
     precision: str = "bf16",
     **train_options: Any,
 ) -> tuple[ModelSpec, ClusterSpec, TrainSpec]:
-    """Load and validate the three inputs; every problem is a SpecError naming the field."""
-    from profiles import format_validation_error, load_cluster, load_model
+    """Load and validate the three inputs; every problem is a SpecError naming the field.
+
+    Input that is valid but probably not meant gives an `InputWarning` (Python's `warnings`;
+    the CLI prints one `warning:` line each): a global batch that leaves only dp = 1, a GPU
+    count that does not fill whole nodes, a sequence longer than the model's context, a
+    hand-built model of a preset's shape that disagrees with the preset."""
+    from profiles import load_cluster, load_model
 
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster)
-    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 1:
-        raise SpecError(f"num_gpus must be a positive integer (got {num_gpus!r})")
+    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or not 1 <= num_gpus <= MAX_GPUS:
+        raise SpecError(f"num_gpus must be a positive integer, at most {MAX_GPUS} (got {short_repr(num_gpus)})")
     if cluster_spec.max_gpus is not None and num_gpus > cluster_spec.max_gpus:
         raise SpecError(f"num_gpus ({num_gpus}) exceeds cluster {cluster_spec.name}'s max_gpus ({cluster_spec.max_gpus})")
+    if not isinstance(precision, str):
+        raise SpecError(f"precision must be one of bf16, fp16, fp8, fp32 (got {short_repr(precision)})")
     try:
         train = TrainSpec(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision, **train_options)
-    except ValidationError as exc:
-        raise SpecError(f"invalid training settings: {format_validation_error(exc)}") from None
+    except SpecValidationError as exc:
+        raise SpecError(f"invalid training settings: {exc.problems}") from None
     cluster_spec.gpu.peak(train.precision)  # the GPU must have a rate for this precision
     if (problem := fp8_recipe_problem(train, cluster_spec.gpu)) is not None:
         raise SpecError(problem)
+    checks = [batch_warning(train, num_gpus), node_warning(cluster_spec, num_gpus), context_warning(model_spec, train)]
+    if _hand_built(model, model_spec):
+        checks.append(family_warning(model_spec))
+    for message in filter(None, checks):
+        warnings.warn(message, InputWarning, stacklevel=3)
     return model_spec, cluster_spec, train
+
+
+def _hand_built(ref: ModelRef, spec: ModelSpec) -> bool:
+    """A model described by the user (ModelSpec, mapping or YAML file), not a preset name or a
+    Hugging Face config (whose fields are the model's own)."""
+    from profiles import list_presets
+
+    if spec.source.startswith("Hugging Face"):
+        return False
+    return not (isinstance(ref, str) and ref in list_presets("models"))
+
+
+#: The most plans one search returns (`top_k`): every one is built and scored in full.
+MAX_TOP_K = 10_000
+
+
+def check_top_k(top_k: Any) -> int:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise SpecError(f"top_k must be an integer between 1 and {MAX_TOP_K} (got {short_repr(top_k)})")
+    return top_k
 
 
 def plan(
@@ -79,8 +111,7 @@ def plan(
     from planner.search import search
     from planner.specs.results import DEFAULT_HEADROOM
 
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-        raise SpecError(f"top_k must be a positive integer (got {top_k!r})")
+    check_top_k(top_k)
     if headroom is None:
         headroom = DEFAULT_HEADROOM
     if (isinstance(headroom, bool) or not isinstance(headroom, (int, float))
@@ -106,19 +137,30 @@ def evaluate(
     **train_options: Any,
 ) -> Estimate:
     """Score one strategy. An invalid or non-fitting strategy still gets an
-    Estimate, with `fits=False` and its `reasons`; malformed input raises SpecError."""
+    Estimate, with `fits=False` and its `reasons` (a strategy whose degrees do not
+    multiply to the GPU count is scored at the nearest data-parallel degree, dp =
+    max(1, GPUs // (tp·cp·pp)), and the mismatch is its first reason);
+    malformed input raises SpecError."""
     from planner.search import evaluate_one
 
     model_spec, cluster_spec, train = make_inputs(
         model, cluster, num_gpus, global_batch_size, seq_len, precision, **train_options
     )
     strategy = coerce_strategy(strategy)
-    return evaluate_one(model_spec, cluster_spec, train, strategy.resolve(num_gpus))
+    try:
+        resolved = strategy.resolve(num_gpus)
+        mismatch = None
+    except SpecError as exc:
+        mp = strategy.model_parallel_size
+        dp = strategy.dp if strategy.dp != "auto" else max(1, num_gpus // mp)
+        resolved, mismatch = strategy.model_copy(update={"dp": dp}), str(exc)
+    est = evaluate_one(model_spec, cluster_spec, train, resolved)
+    if mismatch is None:
+        return est
+    return est.model_copy(update={"fits": False, "valid": False, "reasons": [mismatch, *est.reasons]})
 
 
 def coerce_strategy(strategy: Strategy | dict | None) -> Strategy:
-    from profiles import format_validation_error
-
     if strategy is None:
         return Strategy()
     if isinstance(strategy, Strategy):
@@ -126,6 +168,8 @@ def coerce_strategy(strategy: Strategy | dict | None) -> Strategy:
     if isinstance(strategy, dict):
         try:
             return Strategy(**strategy)
-        except ValidationError as exc:
-            raise SpecError(f"invalid strategy: {format_validation_error(exc)}") from None
+        except SpecValidationError as exc:
+            raise SpecError(f"invalid strategy: {exc.problems}") from None
+        except TypeError as exc:  # a key that is not text
+            raise SpecError(f"invalid strategy: {exc}") from None
     raise SpecError(f"strategy must be a Strategy or a mapping (got {type(strategy).__name__})")

@@ -8,6 +8,7 @@ lists every failing rule's message.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable
@@ -230,3 +231,77 @@ def messages(ctx: Context, st: StrategyArrays, i: int) -> list[str]:
     _, failures = check(ctx, st.take(slice(i, i + 1)))
     row = st.row(i)
     return [rule.message(ctx, row) for rule in RULES if failures[rule.key][0]]
+
+
+# ---- input warnings: accepted, but probably not what was meant -----------------------------
+def batch_warning(train, num_gpus: int) -> str | None:
+    """Megatron needs micro_batch_size·dp to divide global_batch_size, and dp divides the GPU
+    count: when the two share no factor only dp = 1 is possible, every GPU goes to tp·cp·pp."""
+    gbs = train.global_batch_size
+    if num_gpus > 1 and math.gcd(gbs, num_gpus) == 1:
+        return (f"global_batch_size ({gbs}) shares no factor with the number of GPUs ({num_gpus}): micro_batch_size·dp "
+                f"must divide global_batch_size and dp must divide the GPU count, so only dp=1 layouts are possible "
+                f"(all {num_gpus} GPUs in tp·cp·pp); a global batch that is a multiple of the data-parallel degree "
+                "you want allows more")
+    return None
+
+
+def node_warning(cluster, num_gpus: int) -> str | None:
+    """A job larger than one node that does not fill whole nodes: launchers (torchrun
+    --nproc-per-node, Slurm) start the same number of ranks on every node."""
+    per_node = cluster.gpus_per_node
+    if num_gpus > per_node and num_gpus % per_node:
+        return (f"num_gpus ({num_gpus}) is not a multiple of gpus_per_node ({per_node}) on cluster {cluster.name}: "
+                f"{num_gpus // per_node} full node(s) and {num_gpus % per_node} GPU(s) of another; launchers start "
+                "the same number of ranks on every node, and the cost model places ranks on full nodes first")
+    return None
+
+
+def context_warning(model, train) -> str | None:
+    """A sequence longer than the context the model was trained for (its max_position_embeddings,
+    when given; a learned position table has no rows beyond it)."""
+    limit = model.max_position_embeddings
+    given = "max_position_embeddings" in model.model_fields_set or model.position_embedding == "learned"
+    if not given or train.seq_len <= limit:
+        return None
+    how = ("its learned position table has only that many rows" if model.position_embedding == "learned"
+           else "longer sequences need a context extension (rope scaling) the plan does not model")
+    return (f"seq_len ({train.seq_len}) exceeds model {model.name}'s context (max_position_embeddings "
+            f"{limit}): {how}")
+
+
+#: Fields that make a model of a known shape a different architecture; compared with the preset of the same
+#: shape by `family_warning` (effective values: kv_heads and head_size fill in their defaults).
+FAMILY_FIELDS = ("kv_heads", "head_size", "gated_mlp", "tie_embeddings", "position_embedding", "norm",
+                 "linear_bias", "qkv_bias", "num_experts", "moe_top_k", "expert_ffn", "num_shared_experts",
+                 "moe_first_k_dense", "kv_lora_rank", "q_lora_rank", "sliding_window")
+#: What identifies a model's shape.
+SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size")
+
+
+def _shape(model) -> tuple:
+    return tuple(getattr(model, f) for f in SHAPE_FIELDS)
+
+
+def _preset_shapes() -> dict[tuple, object]:
+    from profiles import list_presets, load_model
+
+    return {_shape(m): m for m in (load_model(name) for name in list_presets("models"))}
+
+
+def family_warning(model, presets: dict[tuple, object] | None = None) -> str | None:
+    """A hand-built model with the exact shape (layers, widths, heads, vocabulary) of a preset that
+    disagrees with it in architecture fields: ModelSpec's defaults (plain MLP, tied embeddings, MHA)
+    silently describe a different model; a Llama 3 8B shape with those defaults counts 28% fewer
+    parameters."""
+    preset = (presets if presets is not None else _preset_shapes()).get(_shape(model))
+    if preset is None:
+        return None
+    differ = [f for f in FAMILY_FIELDS if getattr(model, f) != getattr(preset, f)]
+    if not differ:
+        return None
+    mine, theirs = model.num_params(), preset.num_params()
+    shown = ", ".join(f"{f} ({getattr(model, f)}; the preset: {getattr(preset, f)})" for f in differ)
+    return (f"model {model.name} has the shape of preset {preset.name} ({', '.join(SHAPE_FIELDS)} equal) but differs "
+            f"in {shown}: {mine / 1e9:.2f}B parameters against the preset's {theirs / 1e9:.2f}B "
+            f"({100 * (mine / theirs - 1):+.0f}%); use the preset, or set these fields if the difference is meant")

@@ -53,6 +53,7 @@ from cost_models.arrays import RECOMPUTE_CODE, RECOMPUTE_MODULES, StrategyArrays
 from cost_models.layout import ParallelLayout
 from planner.errors import SpecError
 from planner.specs import Strategy
+from planner.specs.base import MAX_GPUS, MAX_LAYERS
 
 #: A context-parallel rank below this many tokens leaves GEMMs too thin to be worth scoring by default.
 MIN_CP_TOKENS = 512
@@ -61,8 +62,31 @@ STRATEGY_FIELDS = tuple(Strategy.model_fields)
 
 
 def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    """The divisors of n, ascending (from n's prime factors: fast for any n the specs allow)."""
+    return list(_divisors(int(n)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    if n < 1:
+        return ()
+    out = [1]
+    rest, p = n, 2
+    while p * p <= rest:
+        k = 0
+        while rest % p == 0:
+            rest //= p
+            k += 1
+        if k:
+            out = [d * p**e for d in out for e in range(k + 1)]
+        p += 1 if p == 2 else 2
+    if rest > 1:
+        out += [d * rest for d in out]
+    return tuple(sorted(out))
+
+
+#: The most values one constraint may list (after duplicates are dropped).
+MAX_CONSTRAINT_VALUES = 256
 
 
 INT_FIELDS = {"dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "zero_stage"}
@@ -78,8 +102,9 @@ def _check_value(key: str, v: Any) -> Any:
         if v is None and key in OPTIONAL_INT_FIELDS:
             return v
         low = 0 if key == "zero_stage" else 1
-        if isinstance(v, bool) or not isinstance(v, int) or v < low or (key == "zero_stage" and v > 3):
-            rule = "an integer 0..3" if key == "zero_stage" else "a positive integer"
+        high = 3 if key == "zero_stage" else MAX_GPUS
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            rule = "an integer 0..3" if key == "zero_stage" else f"an integer between 1 and {MAX_GPUS}"
             raise SpecError(f"constraint {key}={v!r} must be {rule}")
         return v
     if key in BOOL_FIELDS:
@@ -89,18 +114,19 @@ def _check_value(key: str, v: Any) -> Any:
     if key == "stage_layers":
         if v is None:
             return v
-        if (not isinstance(v, (list, tuple)) or not v
-                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in v)):
+        if (not isinstance(v, (list, tuple)) or not v or len(v) > MAX_LAYERS
+                or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LAYERS for n in v)):
             raise SpecError(f"constraint stage_layers={v!r} must be a list of positive layer counts, one per stage")
         return tuple(v)
     if key == "recompute_modules":  # one list of Megatron module names -> its bit mask (0: not set)
         if v is None:
             return 0
-        if (not isinstance(v, (list, tuple)) or not v or any(m not in RECOMPUTE_MODULES for m in v)):
+        if (not isinstance(v, (list, tuple)) or not v
+                or any(not isinstance(m, str) or m not in RECOMPUTE_MODULES for m in v)):
             raise SpecError(f"constraint recompute_modules={v!r} must be a list of {', '.join(RECOMPUTE_MODULES)}")
         return modules_mask(list(v))
     if key == "recompute":
-        if v not in RECOMPUTE_CODE:
+        if not isinstance(v, str) or v not in RECOMPUTE_CODE:
             raise SpecError(f"constraint recompute={v!r} must be one of {', '.join(RECOMPUTE_CODE)}")
         return v
     raise SpecError(f"constraint field {key!r} cannot be constrained")
@@ -122,7 +148,10 @@ def normalise_constraints(constraints: dict[str, Any]) -> dict[str, list[Any]]:
             values = list(value) if isinstance(value, (list, tuple, set)) else [value]
         if not values:
             raise SpecError(f"constraint {key!r} allows no value (empty list)")
-        out[key] = [_check_value(key, v) for v in values]
+        checked = list(dict.fromkeys(_check_value(key, v) for v in values))  # duplicates once, order kept
+        if len(checked) > MAX_CONSTRAINT_VALUES:
+            raise SpecError(f"constraint {key!r} lists {len(checked)} values; at most {MAX_CONSTRAINT_VALUES}")
+        out[key] = checked
     if any(out.get("recompute_modules", [])) and "recompute" not in out:
         out["recompute"] = ["selective"]  # modules are what selective recompute repeats
     return out
@@ -230,6 +259,8 @@ def enumerate_heads(model, train, num_gpus: int, cons: dict[str, list[Any]], clu
     tps = _allowed(cons, "tp", [d for d in divs if head_groups % d == 0 and d <= max_tp])
     cps = _allowed(cons, "cp", [d for d in divs if d == 1 or (s % (2 * d) == 0 and s // d >= MIN_CP_TOKENS)])
     pps = _allowed(cons, "pp", [d for d in divs if d <= L])
+    # only degrees dividing the GPU count can combine to it (the loop below skips the rest)
+    tps, cps, pps = ([d for d in ds if num_gpus % d == 0] for ds in (tps, cps, pps))
     dps = cons.get("dp")
     zeros = tuple(_allowed(cons, "zero_stage", [0, 1, 2, 3]))
     offloads = tuple(_allowed(cons, "offload_optimizer", [False, True]))

@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
-from planner.errors import SpecError, unknown_name_message
+from planner.errors import SpecError, SpecValidationError, format_validation_error, short_repr, unknown_name_message
 from planner.specs import ClusterSpec, GpuSpec, HostSpec, LinkTier, ModelSpec
+from planner.specs.files import load_path
 from planner.specs.hardware import StepTimeResiduals
 
 PROFILES_DIR = Path(__file__).resolve().parent
@@ -71,24 +72,23 @@ def list_presets(kind: str) -> list[str]:
 
 
 def read_yaml(path: Path, what: str) -> dict[str, Any]:
-    """Read a YAML mapping with safe_load; errors name the file and the problem. A file is
-    parsed once per (path, modification time, size); callers get their own copy."""
+    """Read a YAML mapping with safe_load; errors name the file and the problem (a missing,
+    oversized, non-regular, non-UTF-8, too deeply nested or alias-bombed file is refused:
+    `planner.specs.files`). A file is parsed once per (path, modification time, size);
+    callers get their own copy."""
     try:
         stat = Path(path).stat()
     except FileNotFoundError:
         raise SpecError(f"{what} file {str(path)!r} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"{what} file {str(path)!r} cannot be read: {exc}") from None
     data = _parsed_yaml(str(path), stat.st_mtime_ns, stat.st_size, what)
     return copy.deepcopy(data)
 
 
 @functools.lru_cache(maxsize=256)
 def _parsed_yaml(path: str, mtime_ns: int, size: int, what: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{what} file {path!r} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{what} file {path!r} is not valid YAML: {exc}") from None
+    data = load_path(path, what, "json" if path.endswith(".json") else "yaml")
     if not isinstance(data, dict):
         raise SpecError(f"{what} file {path!r} must hold a mapping, not {type(data).__name__}")
     return data
@@ -109,6 +109,8 @@ def _resolve(kind: str, ref: str) -> Path:
 def _validated(cls: type, data: dict[str, Any], what: str):
     try:
         return cls(**data)
+    except SpecValidationError as exc:
+        raise SpecError(f"invalid {what}: {exc.problems}") from None
     except ValidationError as exc:
         raise SpecError(f"invalid {what}: {format_validation_error(exc)}") from None
     except TypeError as exc:
@@ -133,17 +135,17 @@ def _pop_sources(data: dict[str, Any], fields, what: str) -> None:
         del data[key]
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """One line per problem: `field: message (value)`."""
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "input"
-        msg = err.get("msg", "")
-        msg = msg.removeprefix("Value error, ")
-        value = err.get("input")
-        shown = f" (got {value!r})" if err.get("type") != "value_error" and not isinstance(value, dict) else ""
-        parts.append(f"{loc}: {msg}{shown}")
-    return "; ".join(parts)
+def _num(value: Any, key: str, what: str) -> float:
+    """A finite number from a profile file: not a boolean, a text or NaN/infinity (YAML's `.inf`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SpecError(f"{what}: {key} must be a finite number (got {short_repr(value)})")
+    return float(value)
+
+
+def _mapping(value: Any, key: str, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or not value:
+        raise SpecError(f"{what}: {key} must be a non-empty mapping (got {short_repr(value)})")
+    return value
 
 
 # ---- GPUs ------------------------------------------------------------------
@@ -159,24 +161,25 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
     try:
         fields: dict[str, Any] = {
             "name": data.pop("name"),
-            "memory_bytes": float(data.pop("memory_gib")) * GIB,
-            "peak_flop_per_s": {k: float(v) * TERA for k, v in dict(data.pop("peak_tflops")).items()},
-            "hbm_bw_bytes_per_s": float(data.pop("hbm_bw_gb_per_s")) * GB,
+            "memory_bytes": _num(data.pop("memory_gib"), "memory_gib", what) * GIB,
+            "peak_flop_per_s": {str(k): _num(v, f"peak_tflops.{k}", what) * TERA
+                                for k, v in _mapping(data.pop("peak_tflops"), "peak_tflops", what).items()},
+            "hbm_bw_bytes_per_s": _num(data.pop("hbm_bw_gb_per_s"), "hbm_bw_gb_per_s", what) * GB,
         }
     except KeyError as exc:
         raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{what} has a non-numeric value: {exc}") from None
     _pop_sources(data, GPU_YAML_FIELDS, what)
-    fields["framework_reserve_bytes"] = float(data.pop("framework_reserve_gib", 0.0)) * GIB
+    fields["framework_reserve_bytes"] = _num(data.pop("framework_reserve_gib", 0.0), "framework_reserve_gib", what) * GIB
     calib = data.pop("calibration", None)
     for key, conv in (("gemm_efficiency", 1.0), ("hbm_efficiency", 1.0), ("backward_gemm_ratio", 1.0),
                       ("kernel_overhead_us", MICRO), ("grouped_gemm_efficiency", 1.0),
                       ("sustained_compute_fraction", 1.0)):
         if key in data:
-            fields[key.replace("_us", "_s")] = float(data.pop(key)) * conv
+            fields[key.replace("_us", "_s")] = _num(data.pop(key), key, what) * conv
     if "host_link_gb_per_s" in data:
-        fields["host_link_bw_bytes_per_s"] = float(data.pop("host_link_gb_per_s")) * GB
+        fields["host_link_bw_bytes_per_s"] = _num(data.pop("host_link_gb_per_s"), "host_link_gb_per_s", what) * GB
     if data.get("kernel_tables") is not None:
         fields["kernel_tables"] = str(data.pop("kernel_tables"))
     data.pop("kernel_tables", None)
@@ -258,8 +261,8 @@ def _host(data: Any, what: str) -> HostSpec:
     data = dict(data)
     _pop_sources(data, HOST_YAML_FIELDS, what)
     try:
-        fields: dict[str, Any] = {"memory_bytes": float(data.pop("memory_gib")) * GIB,
-                                  "memory_bw_bytes_per_s": float(data.pop("memory_bw_gb_per_s")) * GB}
+        fields: dict[str, Any] = {"memory_bytes": _num(data.pop("memory_gib"), "memory_gib", what) * GIB,
+                                  "memory_bw_bytes_per_s": _num(data.pop("memory_bw_gb_per_s"), "memory_bw_gb_per_s", what) * GB}
     except KeyError as exc:
         raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
@@ -279,8 +282,8 @@ def _tier(data: Any, what: str) -> LinkTier:
     try:
         fields = {
             "name": data.pop("name"),
-            "bw_bytes_per_s": float(data.pop("bw_gb_per_s")) * GB,
-            "latency_s": float(data.pop("latency_us")) * MICRO,
+            "bw_bytes_per_s": _num(data.pop("bw_gb_per_s"), "bw_gb_per_s", what) * GB,
+            "latency_s": _num(data.pop("latency_us"), "latency_us", what) * MICRO,
         }
     except KeyError as exc:
         raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None

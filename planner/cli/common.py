@@ -209,7 +209,18 @@ def _print_config_warnings_once() -> None:
 
 def _run(command, argv: list[str], format_validation_error) -> int:
     try:
-        command.main(args=argv, prog_name="meshplan", standalone_mode=True)
+        code = command.main(args=argv, prog_name="meshplan", standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except typer.TyperException as exc:  # a bad option or value: one line, as for SpecError
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `meshplan`: the help text
+            exc.show()
+            return exc.exit_code
+        where = f" (see '{exc.ctx.command_path} --help')" if getattr(exc, "ctx", None) is not None else ""
+        text = ' '.join(exc.format_message().replace('Value error, ', '').split())
+        stderr.print(f"error: {text}{where}", markup=False, highlight=False)
+        return getattr(exc, "exit_code", 2)
+    except typer.Abort:
+        return 130
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)

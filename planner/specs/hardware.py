@@ -11,21 +11,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from planner.errors import SpecError
+from planner.specs.base import MAX_GPUS, MAX_HEADS, Spec
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32"]
 
 
-class StepTimeResiduals(BaseModel):
+class StepTimeResiduals(Spec):
     """How far the cost model's step times fell from published end-to-end runs on one GPU: the
     basis of every Estimate's error band (planner.error_band). Errors are signed relative errors
     of the step time, predicted / measured - 1 (< 0: the model predicts faster than measured).
     Written into `profiles/calibration/<gpu>.yaml` under `step_time_residuals:` by
     `python -m benchmarks.residuals --write`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     end_to_end: bool = Field(
         description="True: from this GPU's own published end-to-end runs that no fit used; False: no such run "
@@ -52,10 +51,8 @@ class StepTimeResiduals(BaseModel):
         "when there are enough of them); plans of MoE models use it.")
 
 
-class GpuSpec(BaseModel):
+class GpuSpec(Spec):
     """One accelerator: capacity, peak rates and achievable fractions of them."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="GPU name, e.g. A100-SXM4-80GB.")
     memory_bytes: float = Field(gt=0, description="HBM capacity in bytes.")
@@ -107,6 +104,14 @@ class GpuSpec(BaseModel):
         None, description="Step-time errors on published end-to-end runs (or the widened rule where none exist), "
         "from the GPU's calibration file; the basis of every estimate's error band. None: none known.")
 
+    @model_validator(mode="after")
+    def _check_peaks(self) -> "GpuSpec":
+        bad = {k: v for k, v in self.peak_flop_per_s.items() if not v > 0}
+        if not self.peak_flop_per_s or bad:
+            raise SpecError(f"peak_flop_per_s must give a positive rate for at least one precision (got "
+                            f"{bad or self.peak_flop_per_s})")
+        return self
+
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s for `precision`; a clear error if the GPU has none."""
         try:
@@ -118,10 +123,8 @@ class GpuSpec(BaseModel):
             ) from None
 
 
-class LinkTier(BaseModel):
+class LinkTier(Spec):
     """One tier of the network as seen by one GPU (alpha-beta model)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="Tier name, e.g. nvlink or infiniband.")
     bw_bytes_per_s: float = Field(gt=0, description="Per-GPU unidirectional link bandwidth, bytes/s.")
@@ -144,10 +147,8 @@ class LinkTier(BaseModel):
         return self.bw_bytes_per_s * (self.gather_scatter_efficiency or self.efficiency)
 
 
-class HostSpec(BaseModel):
+class HostSpec(Spec):
     """The CPU side of a server: what optimizer offload uses."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     memory_bytes: float = Field(gt=0, description="Host DRAM per server, bytes.")
     memory_bw_bytes_per_s: float = Field(gt=0, description="Peak host DRAM bandwidth per server (all sockets), bytes/s.")
@@ -156,20 +157,18 @@ class HostSpec(BaseModel):
     )
 
 
-class ClusterSpec(BaseModel):
+class ClusterSpec(Spec):
     """Identical GPUs grouped in NVLink domains joined by a scale-out network."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="Cluster preset name.")
     gpu: GpuSpec = Field(description="The GPU every rank runs on.")
-    gpus_per_node: int = Field(gt=0, description="GPUs per server (torchrun --nproc-per-node).")
+    gpus_per_node: int = Field(gt=0, le=MAX_GPUS, description="GPUs per server (torchrun --nproc-per-node).")
     nvlink_domain_size: int | None = Field(
-        None, gt=0, description="GPUs sharing one NVLink/NVSwitch domain; default: gpus_per_node (72 for GB200 NVL72)."
+        None, gt=0, le=MAX_GPUS, description="GPUs sharing one NVLink/NVSwitch domain; default: gpus_per_node (72 for GB200 NVL72)."
     )
     intra_node: LinkTier = Field(description="The tier inside an NVLink domain.")
     inter_node: LinkTier = Field(description="The scale-out tier between domains, per GPU (one NIC per GPU).")
-    max_gpus: int | None = Field(None, gt=0, description="Largest GPU count this cluster has, if bounded.")
+    max_gpus: int | None = Field(None, gt=0, le=MAX_GPUS, description="Largest GPU count this cluster has, if bounded.")
     comm_overlap: float = Field(
         1.0, ge=0, le=1,
         description="Fraction of the communication a schedule overlaps with compute that really runs concurrently: "
@@ -189,7 +188,7 @@ class ClusterSpec(BaseModel):
         "--tp-comm-overlap, which the Megatron emitter then sets); 0: TP communication is on the critical path.",
     )
     moe_load_imbalance: float = Field(
-        1.0, ge=1,
+        1.0, ge=1, le=MAX_HEADS,
         description="MoE: tokens the busiest expert rank receives over the mean (1 = perfect balance); the "
         "all-to-all and the experts wait for the busiest rank. A training run's own value overrides it.",
     )

@@ -27,20 +27,14 @@ projection bias of a Llama config with attention_bias (h per layer).
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import ValidationError
-
-from planner.errors import SpecError
+from planner.errors import ConfigWarning, SpecError, SpecValidationError
+from planner.specs.files import check_tree, load_path
 from planner.specs.model import ModelSpec
-
-
-class ConfigWarning(UserWarning):
-    """A Hugging Face config was read with an assumption the user should see."""
 
 
 def read_hf_config(config: str | Path | dict[str, Any], name: str | None = None) -> ModelSpec:
@@ -54,25 +48,19 @@ def read_hf_config(config: str | Path | dict[str, Any], name: str | None = None)
     folder = None
     if not isinstance(config, dict):
         path = Path(config)
-        try:
-            config = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise SpecError(f"model config file {str(path)!r} does not exist") from None
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"model config file {str(path)!r} is not valid JSON: {exc}") from None
+        config = load_path(path, "model config", "json")
         folder = path.stem if path.stem != "config" else (path.resolve().parent.name or path.stem)
     if not isinstance(config, dict):
         raise SpecError("a Hugging Face config must be a JSON object")
+    check_tree(config, "Hugging Face config")
     fields = _hf_fields(config)
     own = config.get("_name_or_path")
     fields["name"] = name or (own.strip() if isinstance(own, str) and own.strip() else None) or folder \
         or fields["name"]
     try:
         return ModelSpec(**fields)
-    except ValidationError as exc:
-        problems = "; ".join((f"{'.'.join(map(str, e['loc']))}: " if e["loc"] else "")
-                             + e["msg"].removeprefix("Value error, ") for e in exc.errors())
-        raise SpecError(f"Hugging Face config {fields['name']!r} read as an invalid model: {problems}") from None
+    except SpecValidationError as exc:
+        raise SpecError(f"Hugging Face config {fields['name']!r} read as an invalid model: {exc.problems}") from None
 
 
 # ---- defaults of the transformers configuration classes -------------------------
@@ -192,8 +180,8 @@ class _Cfg:
         out = False
         for key in keys:
             value = self.raw(key, 0.0) or 0.0
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise SpecError(f"{self._where()}: {key} must be a probability >= 0 (got {value!r})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise SpecError(f"{self._where()}: {key} must be a probability between 0 and 1 (got {value!r})")
             out = out or value > 0
         return out
 

@@ -12,63 +12,64 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from planner.errors import SpecError
+from planner.specs.base import MAX_HEADS, MAX_LAYERS, MAX_TOKENS, MAX_VOCAB, MAX_WIDTH, Spec
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(Spec):
     """A decoder-only transformer. Counts are elements, not bytes."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     name: str = Field("custom", description="Preset or user name of the model.")
-    num_layers: int = Field(gt=0, description="Number of transformer layers (L).")
-    hidden_size: int = Field(gt=0, description="Model width h.")
-    num_attention_heads: int = Field(gt=0, description="Number of query heads a.")
+    num_layers: int = Field(gt=0, le=MAX_LAYERS, description="Number of transformer layers (L).")
+    hidden_size: int = Field(gt=0, le=MAX_WIDTH, description="Model width h.")
+    num_attention_heads: int = Field(gt=0, le=MAX_HEADS, description="Number of query heads a.")
     num_kv_heads: int | None = Field(
-        None, gt=0, description="Number of key/value heads (GQA groups); default: num_attention_heads (MHA)."
+        None, gt=0, le=MAX_HEADS, description="Number of key/value heads (GQA groups); default: num_attention_heads (MHA)."
     )
-    head_dim: int | None = Field(None, gt=0, description="Width of one head; default: hidden_size / num_attention_heads.")
-    ffn_hidden_size: int = Field(gt=0, description="MLP inner width f (per branch for gated MLPs).")
+    head_dim: int | None = Field(None, gt=0, le=MAX_WIDTH, description="Width of one head; default: hidden_size / num_attention_heads.")
+    ffn_hidden_size: int = Field(gt=0, le=MAX_WIDTH, description="MLP inner width f (per branch for gated MLPs).")
     gated_mlp: bool = Field(False, description="SwiGLU-style gated MLP (three matrices) instead of a plain two-matrix MLP.")
-    vocab_size: int = Field(gt=0, description="Vocabulary size V (unpadded).")
+    vocab_size: int = Field(gt=0, le=MAX_VOCAB, description="Vocabulary size V (unpadded).")
     tie_embeddings: bool = Field(True, description="Input embedding and output projection share weights.")
     position_embedding: Literal["learned", "rope", "none"] = Field(
         "rope", description="learned absolute (GPT-2/3), rotary (Llama) or none."
     )
-    max_position_embeddings: int = Field(2048, gt=0, description="Rows of the learned position table; unused for rope.")
+    max_position_embeddings: int = Field(2048, gt=0, le=MAX_TOKENS, description="The context the model was trained for, in tokens (Hugging Face "
+        "max_position_embeddings); with learned position embeddings also the rows of the position table. A "
+        "sequence longer than this is planned with a warning.")
     norm: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="Normalisation: LayerNorm (weight+bias) or RMSNorm (weight).")
     linear_bias: bool = Field(False, description="Biases on all linear layers (GPT-2/3, NeoX).")
     qkv_bias: bool = Field(False, description="Biases on the QKV projection only (Qwen2); implied by linear_bias.")
     dropout: bool = Field(False, description="Hidden/attention dropout is active (stores 1-byte masks; GPT-3 style).")
     # ---- mixture of experts (Megatron-core's MoE layer; HF Mixtral / Qwen-MoE / DeepSeek / gpt-oss) ----
-    num_experts: int = Field(0, ge=0, description="Routed experts per MoE layer; 0 = a dense model.")
-    moe_top_k: int = Field(0, ge=0, description="Routed experts each token is sent to (top-k); needs num_experts.")
+    num_experts: int = Field(0, ge=0, le=MAX_HEADS, description="Routed experts per MoE layer; 0 = a dense model.")
+    moe_top_k: int = Field(0, ge=0, le=MAX_HEADS, description="Routed experts each token is sent to (top-k); needs num_experts.")
     moe_ffn_hidden_size: int | None = Field(
-        None, gt=0, description="Inner width of one routed expert (per branch when gated); default ffn_hidden_size.")
-    num_shared_experts: int = Field(0, ge=0, description="Always-active shared experts per MoE layer (DeepSeek, Qwen2-MoE).")
+        None, gt=0, le=MAX_WIDTH, description="Inner width of one routed expert (per branch when gated); default ffn_hidden_size.")
+    num_shared_experts: int = Field(0, ge=0, le=MAX_HEADS, description="Always-active shared experts per MoE layer (DeepSeek, Qwen2-MoE).")
     shared_expert_ffn_hidden_size: int | None = Field(
-        None, gt=0, description="Inner width of one shared expert; default moe_ffn_hidden_size.")
-    moe_first_k_dense: int = Field(0, ge=0, description="The first k layers are dense (DeepSeek's first_k_dense_replace).")
-    moe_layer_freq: int = Field(1, ge=1, description="Every n-th layer (after the dense ones) is MoE; the others dense.")
+        None, gt=0, le=MAX_WIDTH, description="Inner width of one shared expert; default moe_ffn_hidden_size.")
+    moe_first_k_dense: int = Field(0, ge=0, le=MAX_LAYERS, description="The first k layers are dense (DeepSeek's first_k_dense_replace).")
+    moe_layer_freq: int = Field(1, ge=1, le=MAX_LAYERS, description="Every n-th layer (after the dense ones) is MoE; the others dense.")
     moe_dense_layers: list[int] | None = Field(
         None, description="Explicit 0-based indices of the dense layers (overrides first_k_dense and layer_freq).")
     moe_router_bias: bool = Field(False, description="The router has a bias (gpt-oss).")
     moe_expert_bias: bool = Field(False, description="Expert linear layers have biases (gpt-oss).")
     num_mtp_layers: int = Field(
-        0, ge=0, description="Multi-token-prediction modules after the last layer (DeepSeek-V3: 1), each a "
+        0, ge=0, le=MAX_LAYERS, description="Multi-token-prediction modules after the last layer (DeepSeek-V3: 1), each a "
         "projection, two norms and one transformer layer of the model's last kind, sharing the output head.")
     # ---- multi-head latent attention (DeepSeek-V2/V3) ----
-    q_lora_rank: int | None = Field(None, gt=0, description="MLA query low-rank width; None = a full query projection.")
-    kv_lora_rank: int | None = Field(None, gt=0, description="MLA key/value latent width; set = the model uses MLA.")
-    qk_nope_head_dim: int | None = Field(None, gt=0, description="MLA query/key head width without rotary.")
-    qk_rope_head_dim: int | None = Field(None, gt=0, description="MLA query/key rotary head width (the key's is shared).")
-    v_head_dim: int | None = Field(None, gt=0, description="MLA value head width.")
+    q_lora_rank: int | None = Field(None, gt=0, le=MAX_WIDTH, description="MLA query low-rank width; None = a full query projection.")
+    kv_lora_rank: int | None = Field(None, gt=0, le=MAX_WIDTH, description="MLA key/value latent width; set = the model uses MLA.")
+    qk_nope_head_dim: int | None = Field(None, gt=0, le=MAX_WIDTH, description="MLA query/key head width without rotary.")
+    qk_rope_head_dim: int | None = Field(None, gt=0, le=MAX_WIDTH, description="MLA query/key rotary head width (the key's is shared).")
+    v_head_dim: int | None = Field(None, gt=0, le=MAX_WIDTH, description="MLA value head width.")
     # ---- windowed attention (Mistral, Gemma 2/3, gpt-oss) ----
-    sliding_window: int | None = Field(None, gt=0, description="Local attention window (tokens); None = all layers global.")
+    sliding_window: int | None = Field(None, gt=0, le=MAX_TOKENS, description="Local attention window (tokens); None = all layers global.")
     global_attention_every: int = Field(
-        0, ge=0, description="With sliding_window: layer i is global when (i + 1) is a multiple of this (Gemma 2 and "
+        0, ge=0, le=MAX_LAYERS, description="With sliding_window: layer i is global when (i + 1) is a multiple of this (Gemma 2 and "
         "gpt-oss: 2, Gemma 3: 6); 0 = every layer local (Mistral).")
     global_attention_layers: list[int] | None = Field(
         None, description="Explicit 0-based indices of the global-attention layers (overrides global_attention_every).")

@@ -10,36 +10,35 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from planner.errors import SpecError
+from planner.specs.base import MAX_BATCH, MAX_GPUS, MAX_LAYERS, Spec
 
 Recompute = Literal["none", "selective", "full"]
 
 
-class Strategy(BaseModel):
+class Strategy(Spec):
     """Parallel degrees, ZeRO stage, micro-batch and recomputation of one training run."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     dp: int | Literal["auto"] = Field("auto", description="Data parallel degree; 'auto' = GPUs / (tp·cp·pp).")
-    tp: int = Field(1, ge=1, description="Tensor (model) parallel degree.")
-    pp: int = Field(1, ge=1, description="Pipeline parallel degree (stages).")
-    cp: int = Field(1, ge=1, description="Context parallel degree (sequence split across ranks in attention).")
-    ep: int = Field(1, ge=1, description="Expert parallel degree (MoE layers only; 1 for dense models).")
-    etp: int = Field(1, ge=1, description="Tensor parallel degree inside experts (MoE layers only).")
-    vpp: int = Field(1, ge=1, description="Virtual pipeline chunks per stage (interleaved 1F1B); 1 = plain 1F1B.")
+    tp: int = Field(1, ge=1, le=MAX_GPUS, description="Tensor (model) parallel degree.")
+    pp: int = Field(1, ge=1, le=MAX_GPUS, description="Pipeline parallel degree (stages).")
+    cp: int = Field(1, ge=1, le=MAX_GPUS, description="Context parallel degree (sequence split across ranks in attention).")
+    ep: int = Field(1, ge=1, le=MAX_GPUS, description="Expert parallel degree (MoE layers only; 1 for dense models).")
+    etp: int = Field(1, ge=1, le=MAX_GPUS, description="Tensor parallel degree inside experts (MoE layers only).")
+    vpp: int = Field(1, ge=1, le=MAX_GPUS, description="Virtual pipeline chunks per stage (interleaved 1F1B); 1 = plain 1F1B.")
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism inside the TP group (needs tp > 1).")
     zero_stage: int = Field(
         0, ge=0, le=3,
         description="0: replicated optimizer; 1: optimizer states sharded over dp (Megatron distributed optimizer); "
         "2: + gradients sharded; 3: + parameters sharded (FSDP full shard).",
     )
-    micro_batch_size: int = Field(1, ge=1, description="Sequences per micro-batch per data parallel replica.")
+    micro_batch_size: int = Field(1, ge=1, le=MAX_BATCH, description="Sequences per micro-batch per data parallel replica.")
     recompute: Recompute = Field("none", description="Activation recomputation: none, selective (the attention core, or "
                                  "the modules in recompute_modules) or full (whole layer).")
     recompute_num_layers: int | None = Field(
-        None, ge=1,
+        None, ge=1, le=MAX_LAYERS,
         description="With full recompute, how many layers per pipeline chunk are recomputed (Megatron's block "
         "method); None = all of them.",
     )
@@ -51,10 +50,10 @@ class Strategy(BaseModel):
     )
     offload_optimizer: bool = Field(False, description="Optimizer states and step on the CPU (ZeRO-Offload).")
     num_layers_in_first_stage: int | None = Field(
-        None, ge=1, description="Layers on the first pipeline stage when the split is uneven; None = even split."
+        None, ge=1, le=MAX_LAYERS, description="Layers on the first pipeline stage when the split is uneven; None = even split."
     )
     num_layers_in_last_stage: int | None = Field(
-        None, ge=1, description="Layers on the last pipeline stage when the split is uneven; None = even split."
+        None, ge=1, le=MAX_LAYERS, description="Layers on the last pipeline stage when the split is uneven; None = even split."
     )
     stage_layers: list[int] | None = Field(
         None,
@@ -78,8 +77,8 @@ class Strategy(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "Strategy":
-        if isinstance(self.dp, int) and self.dp < 1:
-            raise SpecError(f"dp ({self.dp}) must be >= 1 or 'auto'")
+        if isinstance(self.dp, int) and not 1 <= self.dp <= MAX_GPUS:
+            raise SpecError(f"dp ({self.dp}) must be 'auto' or an integer between 1 and {MAX_GPUS}")
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("sequence_parallel requires tp > 1 (tp is 1)")
         if self.vpp > 1 and self.pp == 1:
@@ -99,7 +98,7 @@ class Strategy(BaseModel):
         if any(v is not None for v in uneven) and self.pp == 1:
             raise SpecError("num_layers_in_first_stage/last_stage need pp > 1 (pp is 1)")
         if self.stage_layers is not None:
-            if len(self.stage_layers) != self.pp or any(n < 1 for n in self.stage_layers):
+            if len(self.stage_layers) != self.pp or any(not 1 <= n <= MAX_LAYERS for n in self.stage_layers):
                 raise SpecError(f"stage_layers {self.stage_layers} must list a positive layer count for each of the "
                                 f"pp ({self.pp}) stages")
             if any(v is not None for v in uneven) or self.embedding_as_layer or self.loss_as_layer:

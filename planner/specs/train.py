@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from planner.specs.base import MAX_BATCH, MAX_HEADS, MAX_TOKENS, Spec
 
 
-class TrainSpec(BaseModel):
+class TrainSpec(Spec):
     """Global batch, sequence length, precision and optimizer of the training run."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    global_batch_size: int = Field(gt=0, description="Sequences per optimizer step.")
-    seq_len: int = Field(gt=0, description="Tokens per sequence.")
+    global_batch_size: int = Field(gt=0, le=MAX_BATCH, description="Sequences per optimizer step.")
+    seq_len: int = Field(gt=0, le=MAX_TOKENS, description="Tokens per sequence.")
     precision: Literal["bf16", "fp16", "fp8", "fp32"] = Field(
         "bf16",
         description="Compute precision of the GEMMs (fp8: FP8 GEMMs with bf16 weights and activations; "
@@ -57,7 +57,7 @@ class TrainSpec(BaseModel):
         "tensorwise (current) per-tensor scales, blockwise 1x128/128x128 tiles, mxfp8 1x32 blocks (Blackwell only).",
     )
     moe_load_imbalance: float | None = Field(
-        None, ge=1,
+        None, ge=1, le=MAX_HEADS,
         description="MoE: tokens the busiest expert rank receives over the mean; None = the cluster profile's "
         "value. Aux-loss balanced routers run near 1.1; a skewed router or small batches more.",
     )

@@ -32,7 +32,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from planner.errors import ConfigWarning, SpecError, SpecValidationError
+from planner.errors import ConfigWarning, SpecError, SpecValidationError, short_repr
 from planner.specs.files import check_tree, load_path
 from planner.specs.model import ModelSpec
 
@@ -495,7 +495,11 @@ def _hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
                           "(the vision encoder in vision_config is not counted)", ConfigWarning, stacklevel=3)
     c = _Cfg(data, model_type, outer)
     kinds = data.get("layer_types")
-    odd = sorted({str(t) for t in kinds if t not in _ATTENTION_KINDS}) if isinstance(kinds, list) else []
+    if kinds is not None and not isinstance(kinds, list):
+        raise SpecError(f"Hugging Face config (model_type={model_type or '?'}): layer_types must be a list of "
+                        f"layer kinds (got {short_repr(kinds)})")
+    odd = sorted({t if isinstance(t, str) else short_repr(t) for t in kinds or []
+                  if not isinstance(t, str) or t not in _ATTENTION_KINDS})
     if odd:
         raise SpecError(f"Hugging Face config (model_type={model_type or '?'}): layer_types has {', '.join(odd)} "
                         f"layers; only {' and '.join(sorted(_ATTENTION_KINDS))} are modelled")

@@ -27,6 +27,8 @@ projection bias of a Llama config with attention_bias (h per layer).
 
 from __future__ import annotations
 
+import math
+
 import re
 import warnings
 from pathlib import Path
@@ -161,6 +163,15 @@ class _Cfg:
             raise SpecError(f"{self._where()}: {key} must be an integer >= {minimum} (got {value!r})")
         return value
 
+    def rope_theta(self, default: float) -> float:
+        """The rotary base: a positive finite number (Hugging Face's own default where the key is absent)."""
+        params = self.raw("rope_parameters")  # transformers 5 moves the base into rope_parameters
+        nested = params.get("rope_theta") if isinstance(params, dict) else None
+        value = self.raw("rope_theta", default if nested is None else nested)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise SpecError(f"{self._where()}: rope_theta must be a positive number (got {short_repr(value)})")
+        return float(value)
+
     def opt_int(self, key: str, minimum: int = 1) -> int | None:
         return None if self.raw(key) is None else self.int(key, minimum=minimum)
 
@@ -215,6 +226,7 @@ def _decoder(c: _Cfg, **overrides: Any) -> dict[str, Any]:
         vocab_size=c.int("vocab_size"), tie_embeddings=c.tie(), position_embedding="rope",
         max_position_embeddings=c.int("max_position_embeddings", 4096), norm="rmsnorm",
         linear_bias=False, qkv_bias=False, dropout=c.dropout("attention_dropout"),
+        rope_theta=c.rope_theta(10000.0),  # transformers' LlamaConfig default
     )
     attention_bias, mlp_bias = c.bool("attention_bias"), c.bool("mlp_bias")
     if mlp_bias:  # ModelSpec has one switch for all linear biases (attention biases too: q+2k+h per layer)

@@ -39,6 +39,9 @@ class ModelSpec(Spec):
     max_position_embeddings: int = Field(2048, gt=0, le=MAX_TOKENS, description="The context the model was trained for, in tokens (Hugging Face "
         "max_position_embeddings); with learned position embeddings also the rows of the position table. A "
         "sequence longer than this is planned with a warning.")
+    rope_theta: float | None = Field(None, gt=0, le=1e12, description="Base of the rotary position embedding "
+        "(Hugging Face rope_theta; Llama 3: 500000); None where the model has no rotary embedding or the spec does "
+        "not say. Not used by the cost model; the Megatron-LM emitter writes it as --rotary-base.")
     norm: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="Normalisation: LayerNorm (weight+bias) or RMSNorm (weight).")
     linear_bias: bool = Field(False, description="Biases on all linear layers (GPT-2/3, NeoX).")
     qkv_bias: bool = Field(False, description="Biases on the QKV projection only (Qwen2); implied by linear_bias.")

@@ -34,6 +34,7 @@ MEGATRON_ARGS=(
   --normalization RMSNorm
   --position-embedding-type rope
   --max-position-embeddings 8192
+  --rotary-base 500000
   --untie-embeddings-and-output-weights
   --disable-bias-linear
   --attention-dropout 0.0

@@ -19,8 +19,9 @@ loop over the ranks asked for):
    row; `Plan.folded` keeps the range (ZeRO stages, recomputed layer counts). The row's strategy
    stays one concrete, reproducible member: the one rule 2 picked.
 
-`SIMPLICITY_KEY`, simplest first (lexicographic): fewer pipeline stages (`pp`); no or less context
-parallelism (`cp`); fewer virtual stages (`vpp`); larger micro-batches; an even layer split;
+`SIMPLICITY_KEY`, simplest first (lexicographic): no context parallelism that leaves a rank fewer
+than `CP_MIN_TOKENS_PER_RANK` tokens of the sequence (cp on a short sequence); fewer pipeline stages
+(`pp`); no or less context parallelism (`cp`); fewer virtual stages (`vpp`); larger micro-batches; an even layer split;
 smaller `tp`; less recomputation (none < selective < full, then fewer recomputed layers); no
 optimizer offload; lower ZeRO stage.
 """
@@ -46,8 +47,13 @@ TIE_FRACTION = 0.03
 #: near-tie tolerance, as the model cannot order them either.
 FOLD_FRACTION = TIE_FRACTION
 
+#: Context parallelism is for long sequences: below this many tokens per cp rank it ranks as the least
+#: simple choice. Megatron-Bridge's Llama 3 8B recipes keep at least 4,096 per rank (8K and 16K
+#: sequences at cp 2, 64K at cp 4 to 8, 128K at cp 8: recipes/llama/llama3.py, megatron-bridge 0.3.1).
+CP_MIN_TOKENS_PER_RANK = 4096
+
 #: The simplicity key's parts, most significant first (see the module docstring).
-SIMPLICITY_KEY = ("pp", "cp", "vpp", "-micro_batch_size", "uneven_split", "tp", "recompute", "recompute_num_layers",
+SIMPLICITY_KEY = ("short_sequence_cp", "pp", "cp", "vpp", "-micro_batch_size", "uneven_split", "tp", "recompute", "recompute_num_layers",
                   "offload_optimizer", "zero_stage")
 
 @dataclass(frozen=True)
@@ -63,12 +69,15 @@ def headroom_limit(capacity_bytes: float, headroom: float) -> float:
     return capacity_bytes * (1.0 - headroom)
 
 
-def simplicity_columns(st: StrategyArrays) -> list[np.ndarray]:
-    """The SIMPLICITY_KEY's columns over candidates, most significant first (smaller = simpler)."""
+def simplicity_columns(st: StrategyArrays, seq_len: int | None = None) -> list[np.ndarray]:
+    """The SIMPLICITY_KEY's columns over candidates, most significant first (smaller = simpler);
+    without `seq_len` no cp counts as a short-sequence cp."""
     uneven = ((st.num_layers_in_first_stage > 0) | (st.num_layers_in_last_stage > 0) | st.embedding_as_layer
               | st.loss_as_layer | (st.stage_layers > 0).any(axis=1))
     layers = np.where(st.recompute_num_layers > 0, st.recompute_num_layers, np.iinfo(np.int32).max)  # 0 = all
-    return [st.pp, st.cp, st.vpp, -st.micro_batch_size, uneven.astype(np.int64), st.tp, st.recompute, layers,
+    short_cp = (np.ones_like(st.cp) if seq_len is None
+                else np.where(seq_len / st.cp < CP_MIN_TOKENS_PER_RANK, st.cp, 1))
+    return [short_cp, st.pp, st.cp, st.vpp, -st.micro_batch_size, uneven.astype(np.int64), st.tp, st.recompute, layers,
             st.offload_optimizer.astype(np.int64), st.zero_stage]
 
 
@@ -81,15 +90,16 @@ def layout_matrix(st: StrategyArrays) -> np.ndarray:
 
 
 def rank_rows(st: StrategyArrays, step_time_s: np.ndarray, step_time_s_high: np.ndarray, feasible: np.ndarray,
-              top_k: int) -> list[Row]:
-    """Rules 2 and 3 over the `feasible` candidate indices: at most `top_k` rows, best first."""
+              top_k: int, seq_len: int | None = None) -> list[Row]:
+    """Rules 2 and 3 over the `feasible` candidate indices: at most `top_k` rows, best first
+    (`seq_len`: the training sequence, for the short-sequence cp part of the key)."""
     if not len(feasible) or top_k < 1:
         return []
     sub = st.take(feasible)
     t = step_time_s[feasible]
     order = np.argsort(t, kind="stable")
     t, high = t[order], step_time_s_high[feasible][order]
-    cols = [np.asarray(c)[order] for c in simplicity_columns(sub)]
+    cols = [np.asarray(c)[order] for c in simplicity_columns(sub, seq_len)]
     simple = np.empty(len(order), dtype=np.int64)
     simple[np.lexsort([t] + cols[::-1])] = np.arange(len(order))  # position by (key, time)
     fold = layout_matrix(sub)[order]

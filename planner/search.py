@@ -77,7 +77,7 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
                                      costs.peak_memory_bytes[feasible], costs.step_time_s[feasible]))][:top_k]
         rows = [Row(int(i), np.array([i])) for i in order]
     else:
-        rows = rank_rows(candidates, costs.step_time_s, high, feasible, top_k)
+        rows = rank_rows(candidates, costs.step_time_s, high, feasible, top_k, train.seq_len)
     closest: list[Row] = []
     if len(feasible) == 0:
         host_cap = costs.host_capacity_bytes

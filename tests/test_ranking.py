@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cost_models.arrays import StrategyArrays
-from planner import SpecError, evaluate, plan
+from planner import SpecError, Strategy, evaluate, plan
 from planner.ranking import FOLD_FRACTION, TIE_FRACTION, rank_rows, simplicity_columns
 
 Q = dict(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096)
@@ -15,9 +15,9 @@ Q = dict(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=6
 Q405 = dict(model="llama3.1-405b", cluster="dgx-h100", num_gpus=16384, global_batch_size=2048, seq_len=8192)
 
 
-def _key(s) -> tuple:
+def _key(s, seq_len: int | None = None) -> tuple:
     st = StrategyArrays.from_strategies([s])
-    return tuple(int(c[0]) for c in simplicity_columns(st))
+    return tuple(int(c[0]) for c in simplicity_columns(st, seq_len))
 
 
 def test_default_headroom_keeps_five_percent_free():
@@ -53,7 +53,26 @@ def test_405b_on_16k_h100_ranks_a_simple_layout_first():
     # no simpler plan lies within the tolerance of the fastest
     for p in result.plans:
         if p.estimate.step_time_s <= min(fastest * (1 + TIE_FRACTION), result.plans[0].estimate.step_time_s_high):
-            assert _key(p.strategy) >= _key(best.strategy)
+            assert _key(p.strategy, Q405["seq_len"]) >= _key(best.strategy, Q405["seq_len"])
+
+
+def test_context_parallelism_on_a_short_sequence_is_the_least_simple_choice():
+    """GPT-3 175B at 2,048 tokens: cp 2 leaves 1,024 tokens per rank, so a plan without cp within the tie
+    tolerance ranks above it whatever its pipeline depth; at 8K tokens cp 2 (4,096 per rank) is ordinary."""
+    from planner.ranking import CP_MIN_TOKENS_PER_RANK
+
+    q = dict(model="gpt3-175b", cluster="dgx-a100-80gb", num_gpus=1024, global_batch_size=1536, seq_len=2048)
+    result = plan(**q, top_k=20)
+    best = result.plans[0]
+    fastest_no_cp = min(p.estimate.step_time_s for p in result.plans if p.strategy.cp == 1)
+    fastest = min(p.estimate.step_time_s for p in result.plans)
+    if fastest_no_cp <= min(fastest * (1 + TIE_FRACTION), result.plans[0].estimate.step_time_s_high):
+        assert best.strategy.cp == 1, best.strategy.short()
+    short = Strategy(dp=64, tp=4, pp=2, cp=2, sequence_parallel=True)
+    deep = Strategy(dp=64, tp=4, pp=4, sequence_parallel=True)
+    assert 2048 / 2 < CP_MIN_TOKENS_PER_RANK <= 8192 / 2
+    assert _key(short, 2048) > _key(deep, 2048)  # cp on a short sequence: less simple than more stages
+    assert _key(short, 8192) < _key(deep, 8192)  # a long one: fewer stages first
 
 
 def test_a_complex_layout_ranks_first_only_when_clearly_faster():

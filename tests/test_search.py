@@ -106,7 +106,7 @@ def test_precision_without_peak_is_refused():
 
 @pytest.mark.parametrize("constraints,match", [
     ({"tensor_parallel": 2}, "unknown constraint field 'tensor_parallel'"),
-    ({"tp": 0}, "tp=0 must be a positive integer"),
+    ({"tp": 0}, "constraint tp=0 must be an integer between 1 and"),
     ({"zero_stage": 4}, "zero_stage=4 must be an integer 0..3"),
     ({"recompute": "some"}, "recompute='some' must be one of"),
     ({"tp": []}, "allows no value"),

@@ -16,5 +16,15 @@ DS_BUILD_OPS=0 "${PIP[@]}" "deepspeed==0.19.8"
 # its config manager needs only tyro, so it goes in without its training dependencies.
 "${PIP[@]}" --no-deps "torchtitan==0.2.2"
 "${PIP[@]}" "tyro>=0.9"
+# Megatron-Bridge needs transformers >= 4.52 while Colossal-AI needs < 4.52: its check runs in a
+# separate virtual environment on top of this one (torch, megatron-core), named to the tests by
+# MESHPLAN_BRIDGE_PYTHON. megatron-bridge and triton (megatron-core's Mamba specs import it) go in
+# without their GPU dependencies.
+BRIDGE_VENV=${MESHPLAN_BRIDGE_VENV:-build/bridge-venv}
+[ -x "$BRIDGE_VENV/bin/python" ] || "$PY" -m venv --system-site-packages "$BRIDGE_VENV"
+BPIP=("$BRIDGE_VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c constraints.txt)
+"${BPIP[@]}" -r requirements/megatron-bridge.txt
+"${BPIP[@]}" --no-deps "megatron-bridge==0.3.1" "triton==3.9.0"
+export MESHPLAN_BRIDGE_PYTHON="$(cd "$BRIDGE_VENV" && pwd)/bin/python"
 
 "$PY" -m pytest -q "$@"

@@ -54,6 +54,13 @@ _DDP_FIELDS = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_para
                "use_megatron_fsdp", "data_parallel_sharding_strategy")
 _OPTIMIZER_FIELDS = ("optimizer", "use_distributed_optimizer", "optimizer_cpu_offload", "optimizer_offload_fraction",
                      "use_precision_aware_optimizer")
+#: fields megatron-core's settings leave out at their default, written anyway: every recipe sets its own
+#: value (e.g. full recompute, cp 2, account_for_*), which an override list that omits them keeps
+_ALWAYS_MODEL = {"virtual_pipeline_model_parallel_size": None, "num_layers_in_first_pipeline_stage": None,
+                 "num_layers_in_last_pipeline_stage": None, "pipeline_model_parallel_layout": None,
+                 "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
+                 "context_parallel_size": 1, "expert_model_parallel_size": 1, "sequence_parallel": False,
+                 "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
 #: TrainSpec.precision -> Megatron-Bridge mixed-precision recipe (bridge.training.mixed_precision)
 #: strings Hydra's override grammar takes unquoted
 _BARE = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -74,6 +81,9 @@ def overrides(plan: Plan) -> dict[str, Any]:
     tf, ddp, opt, gpt, training = core["transformer"], core["ddp"], core["optimizer"], core["gpt"], core["training"]
     if tf.get("activation_func") not in (None, "silu"):
         raise NotExpressibleError(FRAMEWORK, f"activation {tf['activation_func']!r}")
+    tf = _ALWAYS_MODEL | tf
+    if tf.get("recompute_granularity") != "selective":
+        tf.setdefault("recompute_modules", None)
     out: dict[str, Any] = {f"model.{k}": tf[k] for k in _MODEL_FIELDS if k in tf}
     out["model.seq_length"] = training["seq_length"]
     out["model.position_embedding_type"] = gpt["position_embedding_type"]
@@ -93,6 +103,10 @@ def overrides(plan: Plan) -> dict[str, Any]:
             f"{recipe} mixed-precision recipe sets ddp.grad_reduce_in_fp32={RECIPE_GRAD_REDUCE_IN_FP32[recipe]} when "
             "the config is validated, over any override")
     out["mixed_precision"] = recipe
+    # a recipe's CommOverlapConfig rewrites the model's and DDP's overlap settings when the config is
+    # set up (tp_comm_overlap, overlap_moe_expert_parallel_comm, p2p overlap); the plan's own settings
+    # above stand only without it
+    out["comm_overlap"] = None
     return out
 
 

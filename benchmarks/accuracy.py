@@ -18,7 +18,7 @@ every other row is not fitted. Exit code 0 when every target is met.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -80,22 +80,10 @@ def step_rows(cases) -> list[RowError]:
 
 #: The framework each set's rows ran on (TrainSpec.framework: its per-micro-batch reductions and
 #: recompute policy); sets not named here ran on Megatron-LM / NeMo / DeepSpeed-Megatron as costed by default.
-FRAMEWORK_BY_SET = {"torchtitan_h100": "torchtitan", "torchtitan_h200": "torchtitan", "torchtitan FSDP2": "torchtitan"}
-
-
-def on_framework(cases, name: str) -> list:
-    """`cases` with the framework of set (or table) `name` in their training options."""
-    framework = FRAMEWORK_BY_SET.get(name)
-    if framework is None:
-        return list(cases)
-    return [replace(c, train_options=c.train_options | {"framework": framework}) for c in cases]
-
-
 def public_rows(name: str, skip: frozenset[str] = frozenset()) -> list[RowError]:
     """A published-run set's rows: the predicted cases, then the rows refused on loading (kept, with the
     reason); rows labelled in `skip` (a generation fit's own rows) are left out."""
     runs = public_runs(name)
-    runs = replace(runs, cases=on_framework(runs.cases, name))
     refused = [RunError(r.label, r.measured_step_s, None, "-", f"refused: {r.reason}", generation(r.cluster))
                for r in runs.refused]
     return step_rows([c for c in runs.cases if c.label not in skip]) + refused
@@ -107,7 +95,7 @@ def generation_fit_rows() -> list[RowError]:
     out = []
     for name in PUBLIC_SETS:
         labels = {label for s, label in fitted if s == name}
-        out += step_rows(on_framework([c for c in public_runs(name).cases if c.label in labels], name))
+        out += step_rows([c for c in public_runs(name).cases if c.label in labels])
     return out
 
 
@@ -153,10 +141,7 @@ def tables(fit_key: str) -> list[tuple[str, str, list[RowError]]]:
     spec = FITS.get(fit_key)
     out = []
     for t in A100_TABLES:
-        if t.name in FRAMEWORK_BY_SET:  # predicted as table_errors does, on the table's framework
-            rows = step_rows(on_framework(t.rows(), t.name))
-        else:
-            rows = table_errors(t, {})
+        rows = table_errors(t, {})
         out.append((t.name, role(spec, t) if spec else "unknown fit", rows))
     out.append(("SC'21 Table 2 ZeRO-3", "held out", step_rows(sc21_zero3())))
     fitted = calibration_rows()

@@ -30,7 +30,7 @@ import yaml
 from benchmarks.calibration import A100_TABLES, FITS
 from benchmarks.generations import calibration_rows
 from benchmarks.validation import PUBLIC_SETS, nemo_h100_fp8, predict, public_runs
-from planner.error_band import by_kind, summarise, widened
+from planner.error_band import MIN_KIND_ROWS, by_kind, summarise, widened
 from planner.specs.hardware import StepTimeResiduals
 from profiles import PROFILES_DIR, load_cluster, load_gpu, load_model
 
@@ -121,6 +121,8 @@ def residuals_by_gpu(rows: list[Row], gpus: list[str]) -> dict[str, StepTimeResi
     for r in rows:
         if r.error is not None:
             own.setdefault(r.gpu, []).append(r)
+    # a GPU with fewer rows than a band needs (MIN_KIND_ROWS) is banded as one without runs of its own
+    own = {gpu: rs for gpu, rs in own.items() if len(rs) >= MIN_KIND_ROWS}
     out = {gpu: _with_kinds(_summary(rs), rs) for gpu, rs in own.items()}
     for gpu, twin in SAME_SILICON.items():  # the twin's own runs, widened (no run on this GPU itself)
         if gpu in gpus and gpu not in out and twin in own:

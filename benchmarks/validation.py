@@ -160,8 +160,8 @@ def torchtitan_fsdp2() -> list[StepCase]:
     """torchtitan's FSDP2 runs on 64 A100-80GB (benchmarks/data/torchtitan_fsdp2_a100.json).
 
     'selective layer' checkpointing (every second layer) is full recompute of half
-    the layers; 'selective op' is torchtitan's own op-level policy, which meshplan
-    does not model, so those rows are left out.
+    the layers; 'selective op' is torchtitan's own op-level policy, meshplan's
+    selective recompute under framework torchtitan (every row runs on it).
     """
     data = json.loads((ROOT / "benchmarks" / "data" / "torchtitan_fsdp2_a100.json").read_text())
     from profiles import load_model
@@ -169,16 +169,16 @@ def torchtitan_fsdp2() -> list[StepCase]:
     cases = []
     for r in data["rows"]:
         ac = r["activation_checkpointing"]
-        if ac == "selective op":
-            continue
         model = load_model(r["model"])
         n, b, s = 64, r["local_batch_size"], r["seq_len"]
         recompute = {"no": {"recompute": "none"}, "full": {"recompute": "full", "recompute_num_layers": None},
-                     "selective layer": {"recompute": "full", "recompute_num_layers": model.num_layers // 2}}[ac]
+                     "selective layer": {"recompute": "full", "recompute_num_layers": model.num_layers // 2},
+                     "selective op": {"recompute": "selective"}}[ac]
         cases.append(StepCase(
             label=f"{r['model']} mbs{b} AC {ac}", table="torchtitan FSDP2", model=model, num_gpus=n,
             global_batch_size=b * n, seq_len=s, measured_step_s=b * s / r["tokens_per_s_per_gpu"],
-            train_options={"precision": "bf16", "grad_precision": "fp32", "attention_kernel": "flash"},
+            train_options={"precision": "bf16", "grad_precision": "fp32", "attention_kernel": "flash",
+                           "framework": "torchtitan"},
             constraints={"dp": n, "tp": 1, "pp": 1, "cp": 1, "zero_stage": 3, "micro_batch_size": b,
                          "sequence_parallel": False} | recompute,
         ))
@@ -192,8 +192,9 @@ PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     "mbridge_25_11": ("Megatron-Bridge 25.11", {}),
     "mbridge_26_02": ("Megatron-Bridge 26.02", {}),
     # torchtitan computes the loss with PyTorch's cross_entropy over fp32 logits: not Megatron's fused kernel
-    "torchtitan_h100": ("torchtitan H100 (2024-12)", {"cross_entropy_fusion": False}),
-    "torchtitan_h200": ("torchtitan H200 (2025-06)", {"cross_entropy_fusion": False}),
+    # and runs on torchtitan's own schedule, reductions and op-level selective recompute (framework)
+    "torchtitan_h100": ("torchtitan H100 (2024-12)", {"cross_entropy_fusion": False, "framework": "torchtitan"}),
+    "torchtitan_h200": ("torchtitan H200 (2025-06)", {"cross_entropy_fusion": False, "framework": "torchtitan"}),
 }
 OTHER_DATA_FILES = {"published_layouts", "torchtitan_fsdp2_a100", "zero3_runs", "peak_memory"}
 
@@ -202,7 +203,9 @@ GENERATIONS = {"a100-40gb": "A100", "a100-80gb": "A100", "h100-sxm": "H100-H200"
                "b200": "B200", "gb200": "GB200", "gb300": "GB300"}
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 ACTIVATION_CHECKPOINTING = {"no": {"recompute": "none"},
-                            "full": {"recompute": "full", "recompute_num_layers": None}}
+                            "full": {"recompute": "full", "recompute_num_layers": None},
+                            # torchtitan's op-level policy: its selective recompute (framework torchtitan)
+                            "selective op": {"recompute": "selective"}}
 
 
 def generation(cluster: str) -> str:
@@ -312,7 +315,9 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
         return refuse(f"precision {r['precision']!r} has no meshplan setting")
     ac = r.get("activation_checkpointing")
     if ac is not None and ac not in ACTIVATION_CHECKPOINTING:
-        return refuse(f"activation checkpointing {ac!r} (torchtitan's op-level policy) is not modelled")
+        return refuse(f"activation checkpointing {ac!r} is not modelled")
+    if ac == "selective op" and r.get("framework") != "torchtitan":
+        return refuse("activation checkpointing 'selective op' is torchtitan's policy: the row needs framework torchtitan")
 
     model = load_model(r["model"])
     if r.get("model_overrides"):
@@ -338,6 +343,8 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
         train["fp8_recipe"] = FP8_RECIPES[r["fp8_recipe"]]
     if "cross_entropy_fusion" in r:
         train["cross_entropy_fusion"] = bool(r["cross_entropy_fusion"])
+    if "framework" in r:
+        train["framework"] = r["framework"]
     if moe_load_imbalance is not None and model.num_experts > 0:
         train["moe_load_imbalance"] = moe_load_imbalance
     return StepCase(label=label, table=table, model=model, num_gpus=n, global_batch_size=B, seq_len=s,

@@ -43,7 +43,8 @@ WIDEN_FACTOR = 2.0
 #: Least half-width of a widened band, either way. Estimate: the same carried-over check's bias was
 #: -12.1 % with errors up to -24.5 %; a GPU the model has never been checked on can be off by 20 %.
 WIDEN_FLOOR = 0.20
-#: Fewest rows of one model kind (dense or MoE) on a GPU that get a band of their own. Estimate: with
+#: Fewest rows of one model kind (dense or MoE) on a GPU that get a band of their own, and fewest
+#: rows of any kind for a GPU's own band (with fewer it is banded as a GPU without runs). Estimate: with
 #: five rows the order-statistic interval is the full range at a nominal coverage of 4 in 6; fewer
 #: rows say too little, and the GPU's band of all rows is used.
 MIN_KIND_ROWS = 5

@@ -101,10 +101,17 @@ def test_row_fields_become_constraints():
 
 @pytest.mark.parametrize("change,reason", [({"ga": 2}, "GA"), ({"tp": 3}, "divide"), ({"fsdp": 4}, "fsdp"),
                                            ({"precision": "nvfp4"}, "precision"),
-                                           ({"activation_checkpointing": "selective op"}, "op-level")])
+                                           ({"activation_checkpointing": "selective op"}, "framework torchtitan"),
+                                           ({"activation_checkpointing": "selective layer"}, "not modelled")])
 def test_inconsistent_or_unmodelled_rows_are_refused_with_the_reason(change, reason):
     out = _public_case(ROW | change, "t", None, legacy=False)
     assert reason in out.reason and out.measured_step_s > 0
+
+
+def test_torchtitans_op_level_policy_is_its_selective_recompute():
+    case = _public_case(ROW | {"activation_checkpointing": "selective op", "framework": "torchtitan"}, "t", None,
+                        legacy=False)
+    assert case.constraints["recompute"] == "selective" and case.train_options["framework"] == "torchtitan"
 
 
 def test_published_ga_mismatch_is_reported():

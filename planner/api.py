@@ -44,6 +44,7 @@ def make_inputs(
         train = TrainSpec(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision, **train_options)
     except SpecValidationError as exc:
         raise SpecError(f"invalid training settings: {exc.problems}") from None
+    train = _framework_zero3(train)
     cluster_spec.gpu.peak(train.precision)  # the GPU must have a rate for this precision
     if (problem := fp8_recipe_problem(train, cluster_spec.gpu)) is not None:
         raise SpecError(problem)
@@ -73,6 +74,21 @@ def check_top_k(top_k: Any) -> int:
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
         raise SpecError(f"top_k must be an integer between 1 and {MAX_TOP_K} (got {short_repr(top_k)})")
     return top_k
+
+
+def _framework_zero3(train: TrainSpec) -> TrainSpec:
+    """A framework with a ZeRO-3 of its own (torchtitan: FSDP2, DeepSpeed: its stage 3) sets zero3_impl;
+    a zero3_impl given that contradicts it is refused rather than silently overridden."""
+    from cost_models.sharding import framework_profile
+
+    own = framework_profile(train.framework).zero3_impl
+    if own is None or own == train.zero3_impl:
+        return train
+    if "zero3_impl" in train.model_fields_set:
+        raise SpecError(f"zero3_impl {train.zero3_impl!r} contradicts framework {train.framework!r}, whose "
+                        f"zero_stage 3 is {own!r} (profiles/frameworks/{train.framework}.yaml); drop zero3_impl "
+                        "or choose framework 'megatron' or 'colossalai'")
+    return train.model_copy(update={"zero3_impl": own})
 
 
 def plan(

@@ -170,3 +170,16 @@ def test_cannot_run_rules_agree_with_the_emitters():
             assert refused == raised, (fw, p.strategy.short())
             checked += 1
     assert checked == 3 * len(plans)
+
+
+def test_a_framework_with_its_own_zero3_fixes_zero3_impl_and_refuses_a_contradiction():
+    from planner import SpecError, plan
+
+    q = dict(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096, top_k=1)
+    assert plan(**q, framework="deepspeed").plans[0].train.zero3_impl == "deepspeed"
+    assert plan(**q, framework="torchtitan").plans[0].train.zero3_impl == "fsdp2"
+    assert plan(**q, framework="megatron", zero3_impl="deepspeed").plans[0].train.zero3_impl == "deepspeed"
+    with pytest.raises(SpecError, match="contradicts framework 'torchtitan'"):
+        plan(**q, framework="torchtitan", zero3_impl="deepspeed")
+    with pytest.raises(SpecError, match="contradicts framework 'deepspeed'"):
+        plan(**q, framework="deepspeed", zero3_impl="fsdp2")

@@ -69,9 +69,9 @@ MoeImbalanceOpt = Annotated[Optional[float], typer.Option(
     "cluster profile's value).")]
 
 
-Zero3ImplOpt = Annotated[str, typer.Option(
-    "--zero3-impl", help="Which ZeRO-3 implementation runs zero_stage=3 plans: fsdp2 (PyTorch FSDP2, torchtitan) "
-    "or deepspeed (DeepSpeed ZeRO-3).")]
+Zero3ImplOpt = Annotated[Optional[str], typer.Option(
+    "--zero3-impl", help="Which ZeRO-3 implementation runs zero_stage=3 plans: fsdp2 (PyTorch FSDP2, torchtitan; "
+    "the default) or deepspeed (DeepSpeed ZeRO-3); --framework torchtitan or deepspeed fixes it.")]
 
 Fp8RecipeOpt = Annotated[str, typer.Option("--fp8-recipe", help="FP8 scaling with --precision fp8: delayed, "
                                            "tensorwise, blockwise or mxfp8 (Blackwell only).")]
@@ -84,11 +84,13 @@ CeFusionOpt = Annotated[bool, typer.Option("--cross-entropy-fusion/--no-cross-en
 
 
 def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
-                  moe_load_imbalance: float | None = None, zero3_impl: str = "fsdp2", fp8_recipe: str = "delayed",
+                  moe_load_imbalance: float | None = None, zero3_impl: str | None = None, fp8_recipe: str = "delayed",
                   cross_entropy_fusion: bool = True, framework: str = "megatron") -> dict[str, Any]:
+    """TrainSpec options from the CLI; --zero3-impl only when given (a framework may fix it)."""
     out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer,
-           "zero3_impl": zero3_impl, "fp8_recipe": fp8_recipe, "cross_entropy_fusion": cross_entropy_fusion,
-           "framework": framework}
+           "fp8_recipe": fp8_recipe, "cross_entropy_fusion": cross_entropy_fusion, "framework": framework}
+    if zero3_impl is not None:
+        out["zero3_impl"] = zero3_impl
     if moe_load_imbalance is not None:
         out["moe_load_imbalance"] = moe_load_imbalance
     return out

@@ -43,7 +43,8 @@ class TrainSpec(Spec):
         "megatron",
         description="Framework the plan runs on: its per-micro-batch gradient reductions, its selective "
         "recompute policy and the strategies it can run are costed as it does them (profiles/frameworks/); "
-        "torchtitan and deepspeed cost zero_stage 3 with their own ZeRO-3 (zero3_impl applies to the others).",
+        "torchtitan and deepspeed cost zero_stage 3 with their own ZeRO-3 and set zero3_impl to it (a zero3_impl "
+        "given that contradicts it is refused); zero3_impl applies to the others.",
     )
 
     cross_entropy_fusion: bool = Field(

@@ -198,6 +198,15 @@ DESCRIPTIONS = {
     "Megatron-Bridge 25.11": "Megatron-Bridge 25.11 on DGX-H100 / DGX-B200 / GB200 / GB300 (Llama 3, DeepSeek-V3, GPT-OSS, "
                              "Qwen3; BF16, FP8, MXFP8; `benchmarks/data/`)",
     "Megatron-Bridge 26.02": "Megatron-Bridge 26.02 on DGX-H100 / DGX-B200 / GB200 / GB300 (same families; `benchmarks/data/`)",
+    "Megatron-Bridge 25.09": "Megatron-Bridge 25.09 on DGX-H100 / DGX-B200 / GB200 (Llama 3, DeepSeek-V3, Qwen3; FP8, FP8-MX; "
+                             "token-drop MoE rows; `benchmarks/data/`)",
+    "Megatron-Bridge 26.02.01": "Megatron-Bridge 26.02.01 on DGX-H100 / DGX-B200 / GB200 / GB300 (same families; `benchmarks/data/`)",
+    "Megatron-Bridge 26.04": "Megatron-Bridge 26.04 on DGX-H100 / DGX-B200 / GB200 / GB300 (same families; `benchmarks/data/`)",
+    "Megatron-Bridge 26.04.01": "Megatron-Bridge 26.04.01 on DGX-H100 / DGX-B200 / GB200 / GB300 (same families; `benchmarks/data/`)",
+    "Megatron-Bridge 26.06": "Megatron-Bridge 26.06 on DGX-H100 / GB200 / GB300 (Llama 3.1 405B, DeepSeek-V3, GPT-OSS, Qwen3; "
+                             "`benchmarks/data/`)",
+    "Megatron-Bridge 26.06.01": "Megatron-Bridge 26.06.01 on GB200 / GB300 (DeepSeek-V3, GPT-OSS MXFP8 in a release with a known "
+                                "GPT-OSS regression, Qwen3; `benchmarks/data/`)",
     "torchtitan H100 (2024-12)": "torchtitan on 8-512 H100s (Llama 3.1 8B-405B, FSDP / CP / TP / PP, Float8; "
                                  "`benchmarks/data/`)",
     "torchtitan H200 (2025-06)": "torchtitan FSDP2 on 32-64 H200s (Llama 3.1 8B; `benchmarks/data/`)",

@@ -189,8 +189,14 @@ def torchtitan_fsdp2() -> list[StepCase]:
 #: fields the file's rows leave out). Every other JSON file there has a schema of its own (`OTHER_DATA_FILES`).
 PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     "nemo_h100_fp8": ("NeMo DGX-H100 FP8", {"cluster": "dgx-h100", "precision": "fp8"}),
+    "mbridge_25_09": ("Megatron-Bridge 25.09", {}),
     "mbridge_25_11": ("Megatron-Bridge 25.11", {}),
     "mbridge_26_02": ("Megatron-Bridge 26.02", {}),
+    "mbridge_26_02_01": ("Megatron-Bridge 26.02.01", {}),
+    "mbridge_26_04": ("Megatron-Bridge 26.04", {}),
+    "mbridge_26_04_01": ("Megatron-Bridge 26.04.01", {}),
+    "mbridge_26_06": ("Megatron-Bridge 26.06", {}),
+    "mbridge_26_06_01": ("Megatron-Bridge 26.06.01", {}),
     # torchtitan computes the loss with PyTorch's cross_entropy over fp32 logits: not Megatron's fused kernel
     # and runs on torchtitan's own schedule, reductions and op-level selective recompute (framework)
     "torchtitan_h100": ("torchtitan H100 (2024-12)", {"cross_entropy_fusion": False, "framework": "torchtitan"}),

@@ -237,11 +237,11 @@ def test_dense_and_moe_plans_take_their_own_kinds_band():
 
 
 def test_a_kind_with_too_few_rows_takes_the_band_of_all_rows():
-    gpu = load_gpu("b200")  # two dense rows of its own: fewer than MIN_KIND_ROWS
-    doc = _stored("b200")
-    assert sum(r["kind"] == "dense" for r in doc["rows"]) < MIN_KIND_ROWS
-    assert gpu.step_time_residuals.dense is None
-    assert errors_of(gpu, False)[:2] == errors_of(gpu)[:2]
+    gpu = load_gpu("a100-80gb")  # no MoE row of its own: fewer than MIN_KIND_ROWS
+    doc = _stored("a100-80gb")
+    assert sum(r["kind"] == "moe" for r in doc["rows"]) < MIN_KIND_ROWS
+    assert gpu.step_time_residuals.moe is None
+    assert errors_of(gpu, True)[:2] == errors_of(gpu)[:2]
 
 
 # ---- CLI -----------------------------------------------------------------------------------------

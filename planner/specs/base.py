@@ -12,6 +12,7 @@ one error type.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -36,29 +37,32 @@ MAX_BATCH = 2**32
 MAX_GPUS = 2**32
 
 
+@contextmanager
+def _as_spec_error(name: str):
+    """pydantic's ValidationError (and a nesting too deep to validate) as one SpecValidationError."""
+    try:
+        yield
+    except ValidationError as exc:
+        raise SpecValidationError(name, format_validation_error(exc)) from None
+    except RecursionError:
+        raise SpecValidationError(name, "input nested too deeply") from None
+
+
 class Spec(BaseModel):
     """A validated input; construction errors are SpecValidationError (see the module docstring)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     def __init__(self, /, **data: Any) -> None:
-        try:
+        with _as_spec_error(type(self).__name__):
             super().__init__(**data)
-        except ValidationError as exc:
-            raise SpecValidationError(type(self).__name__, format_validation_error(exc)) from None
-        except RecursionError:
-            raise SpecValidationError(type(self).__name__, "input nested too deeply") from None
 
     @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any):  # type: ignore[override]
-        try:
+        with _as_spec_error(cls.__name__):
             return super().model_validate(obj, **kwargs)
-        except ValidationError as exc:
-            raise SpecValidationError(cls.__name__, format_validation_error(exc)) from None
 
     @classmethod
     def model_validate_json(cls, json_data: Any, **kwargs: Any):  # type: ignore[override]
-        try:
+        with _as_spec_error(cls.__name__):
             return super().model_validate_json(json_data, **kwargs)
-        except ValidationError as exc:
-            raise SpecValidationError(cls.__name__, format_validation_error(exc)) from None

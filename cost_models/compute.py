@@ -92,15 +92,15 @@ def gemm_time(g: Gemm, gpu: GpuSpec, precision: str) -> np.ndarray:
 
 
 def _has_table(gpu: GpuSpec, precision: str) -> bool:
+    """Whether `gpu` has a measured GEMM table for `precision` (cost_models.gemm_tables)."""
     table = gemm_table(gpu.kernel_tables)
     return table is not None and table.has(precision)
 
 
 def gemm_efficiency(m, n, k, gpu: GpuSpec, precision: str):
     """Achieved fraction of `precision`'s dense peak for an (m, n, k) GEMM on `gpu`."""
-    table = gemm_table(gpu.kernel_tables)
-    if table is not None and table.has(precision):
-        return table.efficiency(m, n, k, precision) * gpu.sustained_compute_fraction
+    if _has_table(gpu, precision):
+        return gemm_table(gpu.kernel_tables).efficiency(m, n, k, precision) * gpu.sustained_compute_fraction
     return gpu.gemm_efficiency
 
 
@@ -109,8 +109,7 @@ def gemm_backward_time(g: Gemm, gpu: GpuSpec, precision: str) -> np.ndarray:
     each as many FLOPs as the forward, timed at their own shapes on a GPU with a GEMM table; on
     one without, `backward_gemm_ratio` times the forward (the calibrated ratio)."""
     prec = precision if g.quantised else UNQUANTISED[precision]
-    table = gemm_table(gpu.kernel_tables)
-    if table is None or not table.has(prec):
+    if not _has_table(gpu, prec):
         return gpu.backward_gemm_ratio * gemm_time(g, gpu, precision)
     dgrad = Gemm(g.flop, g.m, g.k, g.n, g.quantised, g.count, g.grouped)
     wgrad = Gemm(g.flop, g.k, g.n, g.m, g.quantised, g.count, g.grouped)
@@ -144,12 +143,11 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
         ew_fwd, ew_bwd, ew_kernels = table.layer_s(ew, gemms, x, BACKWARD_ELEMENTWISE_FACTOR)
     fwd = gemm_s + core_s + softmax_s + ew_fwd
     bwd = gemm_bwd_s + core_bwd_s + BACKWARD_ELEMENTWISE_FACTOR * softmax_s + ew_bwd
+    moe = layer.moe()
     if table is not None:  # the host issues every kernel: a layer is never faster than that
         tp_exchanges = sum(c.tp_exchanges for c in layer.comms(x))
-        moe = layer.moe()
         local_experts = moe.num_experts / x.ep if moe else 0
         fwd, bwd = table.host_floor(fwd, bwd, ew_kernels + layer_kernels(gemms, core, x, tp_exchanges), local_experts)
-    moe = layer.moe()
     shared_s = sum((gemm_time(g, gpu, prec) for g in moe.shared_gemms(x)), ZERO_S) if moe else ZERO_S
     return LayerTimes(fwd_s=fwd, bwd_s=bwd, attn_core_fwd_s=core_s + softmax_s,
                       fwd_flop=sum(g.flop for g in gemms) + core.flop, attn_core_flop=core.flop,

@@ -30,7 +30,7 @@ import yaml
 from benchmarks.calibration import A100_TABLES, FITS
 from benchmarks.generations import calibration_rows
 from benchmarks.validation import PUBLIC_SETS, nemo_h100_fp8, predict, public_runs
-from planner.error_band import MIN_KIND_ROWS, by_kind, summarise, widened
+from planner.error_band import MIN_KIND_ROWS, summarise, widened
 from planner.specs.hardware import StepTimeResiduals
 from profiles import PROFILES_DIR, load_cluster, load_gpu, load_model
 
@@ -141,18 +141,22 @@ def residuals_by_gpu(rows: list[Row], gpus: list[str]) -> dict[str, StepTimeResi
 
 
 def _with_kinds(res: StepTimeResiduals, rows: list[Row]) -> StepTimeResiduals:
-    """`res` with the dense and MoE sub-bands of `rows` where a kind has enough rows."""
-    kinds = by_kind([r.error for r in rows], [r.moe for r in rows], [[r.table] for r in rows],
-                    "end-to-end runs no fit used")
+    """`res` with a `dense` and a `moe` sub-band, each from `rows` of that kind where the kind has
+    at least MIN_KIND_ROWS of them (planner.error_band: a kind with fewer takes the band of all)."""
+    kinds = {}
+    for kind, moe in (("dense", False), ("moe", True)):
+        picked = [r for r in rows if r.moe == moe]
+        if len(picked) >= MIN_KIND_ROWS:
+            kinds[kind] = _summary(picked, f", {kind} models only")
     return res.model_copy(update=kinds)
 
 
-def _summary(rows: list[Row]) -> StepTimeResiduals:
+def _summary(rows: list[Row], which: str = "") -> StepTimeResiduals:
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.table] = counts.get(r.table, 0) + 1
     tables = [f"{name} ({n})" for name, n in counts.items()]
-    basis = "end-to-end runs no fit used: " + ", ".join(tables)
+    basis = "end-to-end runs no fit used" + which + ": " + ", ".join(tables)
     return summarise([r.error for r in rows], tables, basis)
 
 

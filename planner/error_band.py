@@ -12,7 +12,7 @@ Throughput and MFU are proportional to 1 / step time, so their low edge comes fr
 time. The band contains the point estimate by construction (error_low <= 0 <= error_high).
 
 A GPU whose rows include enough of both kinds also carries a `dense` and a `moe` sub-band, each
-from its own rows of that kind (`by_kind`): a plan takes the sub-band of its model's kind (the
+from its own rows of that kind (`python -m benchmarks.residuals`): a plan takes the sub-band of its model's kind (the
 model errs differently on mixture-of-experts runs), else the GPU's band of all rows.
 
 The interval from n rows is a distribution-free prediction interval from order statistics
@@ -106,28 +106,6 @@ def widened(reference: StepTimeResiduals, reference_name: str, factor: float = W
              f"at least +-{WIDEN_FLOOR:.0%}")
     return StepTimeResiduals(end_to_end=False, n=reference.n, tables=list(reference.tables),
                              error_low=round(low, 4), error_high=round(high, 4), basis=basis)
-
-
-def by_kind(errors: list[float], is_moe: list[bool], tables: list[list[str]], basis: str) -> dict[str, StepTimeResiduals]:
-    """The `dense` and `moe` sub-bands of one GPU's rows: a kind with at least MIN_KIND_ROWS rows
-    gets its own interval (`tables[i]` names the set of row i); a kind with fewer has none and
-    its plans take the GPU's band of all rows.
-
-    >>> sub = by_kind([-0.05, -0.02, 0.01, 0.03, -0.04, -0.6, -0.4], [False] * 5 + [True] * 2, [["s"]] * 7, "rows")
-    >>> sorted(sub), sub["dense"].error_low, sub["dense"].n
-    (['dense'], -0.05, 5)
-    """
-    out = {}
-    for kind, flag in (("dense", False), ("moe", True)):
-        picked = [i for i, m in enumerate(is_moe) if m == flag]
-        if len(picked) >= MIN_KIND_ROWS:
-            counts: dict[str, int] = {}
-            for i in picked:
-                for t in tables[i]:
-                    counts[t] = counts.get(t, 0) + 1
-            names = [f"{name} ({n})" for name, n in counts.items()]
-            out[kind] = summarise([errors[i] for i in picked], names, f"{basis}, {kind} models only")
-    return out
 
 
 def errors_of(gpu: GpuSpec, moe: bool | None = None) -> tuple[float, float, str]:

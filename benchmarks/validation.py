@@ -171,9 +171,8 @@ def torchtitan_fsdp2() -> list[StepCase]:
         ac = r["activation_checkpointing"]
         model = load_model(r["model"])
         n, b, s = 64, r["local_batch_size"], r["seq_len"]
-        recompute = {"no": {"recompute": "none"}, "full": {"recompute": "full", "recompute_num_layers": None},
-                     "selective layer": {"recompute": "full", "recompute_num_layers": model.num_layers // 2},
-                     "selective op": {"recompute": "selective"}}[ac]
+        recompute = (ACTIVATION_CHECKPOINTING
+                     | {"selective layer": {"recompute": "full", "recompute_num_layers": model.num_layers // 2}})[ac]
         cases.append(StepCase(
             label=f"{r['model']} mbs{b} AC {ac}", table="torchtitan FSDP2", model=model, num_gpus=n,
             global_batch_size=b * n, seq_len=s, measured_step_s=b * s / r["tokens_per_s_per_gpu"],

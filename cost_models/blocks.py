@@ -29,7 +29,7 @@ Sources per block below; activation terms are Korthikanti et al. 2022 Sec. 4 / T
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
@@ -104,9 +104,7 @@ class Micro:
             return self, None
         picked = {f: np.asarray(getattr(self, f)) for f in self.SHAPE_FIELDS}
         picked = {f: (np.broadcast_to(v, (n,))[first] if v.ndim else v) for f, v in picked.items()}
-        small = Micro(self.seq_len, picked["micro_batch_size"], picked["tp"], picked["cp"],
-                      picked["sequence_parallel"], self.precision, self.attention_kernel, picked["ep"],
-                      picked["etp"], self.moe_load_imbalance)
+        small = replace(self, **picked)  # every other field (precision, FP8 recipe, ...) carries over
         return small, inverse.ravel()
 
     def keys(self, window: int) -> np.ndarray | int:

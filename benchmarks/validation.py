@@ -257,7 +257,8 @@ def public_runs(name: str) -> PublicSet:
     parallel ranks; 0: DDP with or without the distributed optimizer, searched),
     `ga` (gradient accumulation steps, checked against GBS / (MBS·DP)),
     `local_batch_size` (torchtitan: sequences per data parallel rank),
-    `activation_checkpointing`, `pp_schedule`, `model_overrides` and `variant`.
+    `activation_checkpointing`, `pp_schedule`, `model_overrides`, `variant`, `moe_dispatcher`
+    (alltoall, deepep, hybridep) and `overlap_moe_comm` (Megatron's --overlap-moe-expert-parallel-comm).
     The file's top-level `moe_load_imbalance` applies to rows of MoE models.
     Fields a row does not state are searched (recomputation, etp, ZeRO 0/1, and
     micro-batch size where no row field fixes it); optimizer offload is off. A
@@ -350,6 +351,10 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
         train["cross_entropy_fusion"] = bool(r["cross_entropy_fusion"])
     if "framework" in r:
         train["framework"] = r["framework"]
+    if "moe_dispatcher" in r:
+        train["moe_dispatcher"] = r["moe_dispatcher"]
+    if r.get("overlap_moe_comm"):
+        cons["overlap_moe_comm"] = True
     if moe_load_imbalance is not None and model.num_experts > 0:
         train["moe_load_imbalance"] = moe_load_imbalance
     return StepCase(label=label, table=table, model=model, num_gpus=n, global_batch_size=B, seq_len=s,
@@ -414,4 +419,6 @@ def predict(case: StepCase, cluster=None) -> Prediction:
     if result.closest:
         near = result.closest[0]
         return Prediction(case, None, near.strategy.short(), note="; ".join(near.estimate.reasons))
-    return Prediction(case, None, "-", note="no valid strategy under the paper's constraints")
+    rules = ", ".join(f"{r.rule} ({r.count})" for r in result.rejections[:3])
+    return Prediction(case, None, "-", note="no valid strategy under the paper's constraints"
+                      + (f"; rejected by {rules}" if rules else ""))

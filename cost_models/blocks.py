@@ -61,6 +61,7 @@ class Micro:
     moe_load_imbalance: float = 1.0  # busiest expert rank's tokens over the mean (MoE layers)
     cross_entropy_fusion: bool = True  # Megatron's --cross-entropy-loss-fusion (see Head.loss_bytes)
     fp8_recipe: str = "delayed"  # Megatron's --fp8-recipe (cost_models.elementwise)
+    moe_dispatcher: str = "alltoall"  # MoE token dispatcher (cost_models.dispatch)
 
     @cached_property
     def tokens(self) -> np.ndarray:
@@ -471,6 +472,8 @@ class MoE:
     shared_ffn: int
     expert_bias: bool
     router_bias: bool
+    router_groups: int = 0  # group-limited routing: expert groups (0: none) ...
+    router_group_topk: int = 0  # ... and the groups each token may use
 
     def _expert_params(self) -> int:
         h, f = self.hidden, self.ffn
@@ -777,7 +780,8 @@ def _mlp(model: ModelSpec, moe: bool) -> DenseMLP | MoE:
     if not moe:
         return DenseMLP(model.hidden_size, model.ffn_hidden_size, model.gated_mlp, model.linear_bias)
     return MoE(model.hidden_size, model.num_experts, model.moe_top_k, model.expert_ffn, model.gated_mlp,
-               model.num_shared_experts, model.shared_expert_ffn, model.moe_expert_bias, model.moe_router_bias)
+               model.num_shared_experts, model.shared_expert_ffn, model.moe_expert_bias, model.moe_router_bias,
+               model.moe_router_num_groups, model.moe_router_group_topk)
 
 
 def decoder_layer(model: ModelSpec, moe: bool = False, local: bool = False) -> Layer:

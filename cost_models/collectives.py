@@ -243,18 +243,22 @@ class CurveCommModel(TierCommModel):
         n = np.asarray(size, dtype=float)
         return self._collective_s(("gather_scatter",), nbytes, n, stride, n - 1)
 
-    def all_to_all_s(self, nbytes, size, stride) -> np.ndarray:
+    def all_to_all_s(self, nbytes, size, stride, intra_scale=1.0, inter_scale=1.0) -> np.ndarray:
         """Inside a domain the measured curve; across domains TierCommModel's rule (the slower of
-        the NVLink share and the NIC share) with the NVLink share at the curve's bandwidth."""
+        the NVLink share and the NIC share) with the NVLink share at the curve's bandwidth. The
+        scales multiply each tier's bytes (a deduplicating dispatcher, `cost_models.dispatch`)."""
         shape, nbytes, n, local, inside, span = self._groups(nbytes, size, stride)
+        intra_scale = np.broadcast_to(np.asarray(intra_scale, dtype=float), shape).ravel()
+        inter_scale = np.broadcast_to(np.asarray(inter_scale, dtype=float), shape).ravel()
         curve = self.nvlink["all_to_all"]
         out = np.zeros(n.shape)
         if inside.any():
-            out[inside] = curve.time_s("all_to_all", nbytes[inside], n[inside])
+            out[inside] = curve.time_s("all_to_all", nbytes[inside] * intra_scale[inside], n[inside])
         if span.any():
             b, k, m = nbytes[span], local[span], n[span]
-            intra_s = b * (k - 1) / m / curve.busbw(b, np.maximum(k, 2))
-            inter_s = b * (m - k) / m / self.inter_bw
+            bi = b * intra_scale[span]
+            intra_s = bi * (k - 1) / m / curve.busbw(bi, np.maximum(k, 2))
+            inter_s = inter_scale[span] * b * (m - k) / m / self.inter_bw
             out[span] = np.maximum(intra_s, inter_s) + np.ceil(np.log2(m)) * self.inter_lat
         return out.reshape(shape)
 

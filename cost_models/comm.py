@@ -43,9 +43,14 @@ class CommModel(Protocol):
         spanning `span` consecutive ranks."""
         ...
 
-    def all_to_all_s(self, nbytes, size, stride) -> np.ndarray:
+    def all_to_all_s(self, nbytes, size, stride, intra_scale=1.0, inter_scale=1.0) -> np.ndarray:
         """One all-to-all in which every rank sends `nbytes` in total, an equal share to
-        each member (its own share stays local)."""
+        each member (its own share stays local); the scales multiply the bytes that stay in the
+        NVLink domain and those that leave it."""
+        ...
+
+    def domain_members(self, size, stride) -> np.ndarray:
+        """Members of a group that share one NVLink domain."""
         ...
 
 
@@ -106,11 +111,17 @@ class TierCommModel:
         lat = np.where(inside, self.intra_lat, self.inter_lat)
         return nbytes / link_bw + lat
 
-    def all_to_all_s(self, nbytes, size, stride) -> np.ndarray:
+    def domain_members(self, size, stride) -> np.ndarray:
+        """Members of a group of `size` ranks `stride` apart that share one NVLink domain."""
+        return np.clip(self.domain // np.maximum(np.asarray(stride, dtype=float), 1), 1, np.asarray(size, dtype=float))
+
+    def all_to_all_s(self, nbytes, size, stride, intra_scale=1.0, inter_scale=1.0) -> np.ndarray:
         """All-to-all (MoE token dispatch): each rank sends (n-1)/n of `nbytes` to the other
         members at once; those inside its NVLink domain over NVLink, the others over its NIC,
         so the slower of the two shares sets the time. Latency: ⌈log2 n⌉ hops of the tier
-        (an estimate of NCCL's concurrent sends; DeepEP-style kernels are not modelled).
+        (an estimate of NCCL's concurrent sends). `intra_scale` and `inter_scale` scale each
+        tier's bytes: a deduplicating dispatcher's copies against the all-to-all's
+        (`cost_models.dispatch.tier_scales`).
 
         64 ranks, 8 per domain, 1 MB each at 400 GB/s NVLink and 45 GB/s NIC: the 56/64 MB
         that leave the node take 19.4 µs, plus 6 hops of 6 µs:
@@ -126,8 +137,8 @@ class TierCommModel:
         stride = np.asarray(stride, dtype=float)
         inside = n * stride <= self.domain
         local = np.clip(self.domain // np.maximum(stride, 1), 1, n)
-        intra_s = nbytes * (local - 1) / n / self.intra_bw
-        inter_s = nbytes * (n - local) / n / self.inter_bw
+        intra_s = intra_scale * nbytes * (local - 1) / n / self.intra_bw
+        inter_s = inter_scale * nbytes * (n - local) / n / self.inter_bw
         lat = np.where(inside, self.intra_lat, self.inter_lat)
         t = np.maximum(intra_s, inter_s) + np.ceil(np.log2(np.maximum(n, 1))) * lat
         return np.where(n > 1, t, 0.0)

@@ -289,7 +289,8 @@ def _names(model, train, st, lay) -> dict[str, object]:
             "ep_divides_dp": st.dp % st.ep == 0,
             "moe_plugin": is_moe & ((st.ep > 1) | (st.tp > 1) | (st.pp > 1)),
             "precision": train.precision, "grad_precision": train.grad_precision,
-            "attention_kernel": train.attention_kernel}
+            "attention_kernel": train.attention_kernel,
+            "moe_dispatcher": getattr(train, "moe_dispatcher", "alltoall")}
     return out
 
 

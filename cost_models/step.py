@@ -29,6 +29,7 @@ from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays
 from cost_models.blocks import Attention, DenseMLP, Gemm, Micro, ModelBlocks, model_blocks, padded_vocab
 from cost_models.collectives import comm_model_for
 from cost_models.comm import CommModel
+from cost_models.dispatch import tier_scales
 from cost_models.compute import LayerTimes, gemm_time, head_times, layer_times, selective_recompute_s
 from cost_models.elementwise import elementwise_model, fp8_weight_elements
 from cost_models.layout import ParallelLayout
@@ -161,7 +162,8 @@ def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None =
     imbalance = getattr(train, "moe_load_imbalance", None) or getattr(cluster, "moe_load_imbalance", 1.0)
     return Micro(train.seq_len, st.micro_batch_size, st.tp, st.cp, st.sequence_parallel, train.precision,
                  train.attention_kernel, st.ep, st.etp, float(imbalance),
-                 getattr(train, "cross_entropy_fusion", True), getattr(train, "fp8_recipe", "delayed"))
+                 getattr(train, "cross_entropy_fusion", True), getattr(train, "fp8_recipe", "delayed"),
+                 getattr(train, "moe_dispatcher", "alltoall"))
 
 
 def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> Setup:
@@ -281,10 +283,13 @@ def _moe_exchange_s(layer, x: Micro, comm: CommModel, lay: ParallelLayout) -> np
     the experts and the reduce-scatter after, over etp."""
     ep_size, ep_stride = lay.expert_group("ep")
     etp_size, etp_stride = lay.expert_group("etp")
+    moe = layer.moe()
+    intra, inter = tier_scales(x.moe_dispatcher, moe.num_experts, moe.top_k, ep_size,
+                               comm.domain_members(ep_size, ep_stride), moe.router_groups, moe.router_group_topk)
     total = 0.0
     for c in layer.comms(x):
         if np.any(c.ep_a2a_bytes):
-            total = total + 2 * comm.all_to_all_s(c.ep_a2a_bytes, ep_size, ep_stride)
+            total = total + 2 * comm.all_to_all_s(c.ep_a2a_bytes, ep_size, ep_stride, intra, inter)
             total = total + 2 * comm.gather_scatter_s(c.etp_bytes, etp_size, etp_stride)
     return np.broadcast_to(total, (len(lay),))
 
@@ -343,7 +348,9 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     cp_fwd = np.where(st.cp > 1, exposed_s(cp_raw, lt.attn_core_fwd_s, comm_overlap), 0.0)
     ep_one = np.stack([_moe_exchange_s(layer, x, comm, lay) if layer.is_moe else np.zeros(n)
                        for layer in blocks.all_kinds])
-    shared = lt.shared_expert_fwd_s
+    # the shared experts hide the dispatch with the all-to-all dispatcher only (megatron-core refuses
+    # --moe-shared-expert-overlap with the flex dispatcher)
+    shared = lt.shared_expert_fwd_s * (x.moe_dispatcher == "alltoall")
     ep_fwd = exposed_s(ep_one, shared, comm_overlap)
     ep_bwd = exposed_s(ep_one, gpu.backward_gemm_ratio * shared, comm_overlap)
     # Megatron's --overlap-moe-expert-parallel-comm runs one micro-batch's forward beside another's

@@ -24,11 +24,11 @@ PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "-
 FROZEN = {
     "plan": ["--attention-kernel", "--cluster", "--constraint", "--constraints", "--cross-entropy-fusion",
              "--format", "--fp8-recipe", "--framework", "--global-batch-size",
-             "--gpus", "--grad-precision", "--headroom", "--model", "--moe-load-imbalance", "--optimizer", "--precision",
+             "--gpus", "--grad-precision", "--headroom", "--model", "--moe-dispatcher", "--moe-load-imbalance", "--optimizer", "--precision",
              "--seq-len", "--top", "--wide", "--zero3-impl"],
     "evaluate": ["--attention-kernel", "--cluster", "--cp", "--cross-entropy-fusion", "--dp", "--embedding-as-layer",
                  "--ep", "--etp", "--first-stage-layers", "--format", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",
-                 "--grad-precision", "--last-stage-layers", "--loss-as-layer", "--mbs", "--model", "--moe-load-imbalance",
+                 "--grad-precision", "--last-stage-layers", "--loss-as-layer", "--mbs", "--model", "--moe-dispatcher", "--moe-load-imbalance",
                  "--offload-optimizer", "--optimizer", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--plan", "--pp", "--precision", "--rank", "--recompute",
                  "--recompute-num-layers", "--seq-len", "--sp", "--stage-layers", "--tp", "--vpp", "--zero", "--zero-stage", "--zero3-impl"],

@@ -81,14 +81,19 @@ FrameworkOpt = Annotated[str, typer.Option(
 CeFusionOpt = Annotated[bool, typer.Option("--cross-entropy-fusion/--no-cross-entropy-fusion",
                                            help="Fused vocabulary-parallel cross-entropy (Megatron's --cross-entropy-loss-fusion).")]
 
+MoeDispatcherOpt = Annotated[str, typer.Option(
+    "--moe-dispatcher", help="MoE token dispatcher: alltoall (a copy per routed expert), or the flex dispatcher's "
+    "deepep or hybridep backend (a copy per destination GPU, one per node across nodes).")]
 
 
 def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
                   moe_load_imbalance: float | None = None, zero3_impl: str | None = None, fp8_recipe: str = "delayed",
-                  cross_entropy_fusion: bool = True, framework: str = "megatron") -> dict[str, Any]:
+                  cross_entropy_fusion: bool = True, framework: str = "megatron",
+                  moe_dispatcher: str = "alltoall") -> dict[str, Any]:
     """TrainSpec options from the CLI; --zero3-impl only when given (a framework may fix it)."""
     out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer,
-           "fp8_recipe": fp8_recipe, "cross_entropy_fusion": cross_entropy_fusion, "framework": framework}
+           "fp8_recipe": fp8_recipe, "cross_entropy_fusion": cross_entropy_fusion, "framework": framework,
+           "moe_dispatcher": moe_dispatcher}
     if zero3_impl is not None:
         out["zero3_impl"] = zero3_impl
     if moe_load_imbalance is not None:

@@ -27,6 +27,7 @@ from planner.cli.common import (
     RankOpt,
     ModelOpt,
     MoeImbalanceOpt,
+    MoeDispatcherOpt,
     Zero3ImplOpt,
     Fp8RecipeOpt,
     CeFusionOpt,
@@ -75,6 +76,7 @@ def plan_cmd(
     fp8_recipe: Fp8RecipeOpt = "delayed",
     cross_entropy_fusion: CeFusionOpt = True,
     framework: FrameworkOpt = "megatron",
+    moe_dispatcher: MoeDispatcherOpt = "alltoall",
     headroom: HeadroomOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column (bands, tokens/s, TFLOP/s, headroom); the "
                                        "default table fits 100 columns.")] = False,
@@ -86,7 +88,7 @@ def plan_cmd(
                   precision=precision.value, constraints=parse_constraints(constraint, constraints), top_k=top,
                   headroom=parse_headroom(headroom), **train_options(grad_precision, attention_kernel, optimizer,
                                                                       moe_load_imbalance, zero3_impl, fp8_recipe,
-                                                                      cross_entropy_fusion, framework))
+                                                                      cross_entropy_fusion, framework, moe_dispatcher))
     with searching(f"searching strategies for {gpus:,} GPUs"):
         result = api_plan(**kwargs)
     if fmt is Format.json:
@@ -361,6 +363,7 @@ def _one_strategy_command(render):
         optimizer: OptimizerOpt = "adam", moe_load_imbalance: MoeImbalanceOpt = None,
         zero3_impl: Zero3ImplOpt = None, fp8_recipe: Fp8RecipeOpt = "delayed",
         cross_entropy_fusion: CeFusionOpt = True, framework: FrameworkOpt = "megatron",
+        moe_dispatcher: MoeDispatcherOpt = "alltoall",
         plan_file: PlanFileOpt = None, rank: RankOpt = 1,
         fmt: FormatOpt = Format.table,
     ) -> None:
@@ -387,7 +390,8 @@ def _one_strategy_command(render):
         est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                            seq_len=seq_len, precision=precision.value, strategy=strategy,
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
-                                           zero3_impl, fp8_recipe, cross_entropy_fusion, framework))
+                                           zero3_impl, fp8_recipe, cross_entropy_fusion, framework,
+                                           moe_dispatcher))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)

@@ -117,6 +117,8 @@ def _refuse_unsupported(f: PlanFacts) -> None:
     def refuse(reason: str) -> None:
         raise NotExpressibleError(FRAMEWORK, reason)
 
+    if f.model.is_moe and t.moe_dispatcher != "alltoall":
+        refuse(f"moe_dispatcher {t.moe_dispatcher}; Colossal-AI's MoE plugin dispatches tokens with its own all-to-all")
     if s.pp > 1 and s.zero_stage == 2:
         refuse(f"zero_stage 2 with pp ({s.pp}) > 1; HybridParallelPlugin allows ZeRO stage 0 or 1 with pipelines")
     if s.zero_stage == 3 and (s.pp > 1 or s.cp > 1):

@@ -66,6 +66,8 @@ def _refuse_unsupported(f: PlanFacts) -> None:
     def refuse(reason: str) -> None:
         raise NotExpressibleError(FRAMEWORK, reason)
 
+    if f.model.is_moe and t.moe_dispatcher != "alltoall":
+        refuse(f"moe_dispatcher {t.moe_dispatcher}; DeepSpeed-MoE dispatches tokens with its own all-to-all")
     if s.pp > 1 and s.zero_stage >= 2:
         refuse(f"zero_stage {s.zero_stage} with pp ({s.pp}) > 1; DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only")
     if s.vpp > 1:

@@ -159,6 +159,9 @@ FLAGS: dict[str, Flag] = {
     "overlap_moe_expert_parallel_comm": Flag("--overlap-moe-expert-parallel-comm", "switch"),
     "moe_grouped_gemm": Flag("--moe-grouped-gemm", "switch"),
     "moe_token_dispatcher_type": Flag("--moe-token-dispatcher-type", "str"),
+    "moe_flex_dispatcher_backend": Flag("--moe-flex-dispatcher-backend", "str"),
+    "moe_router_num_groups": Flag("--moe-router-num-groups", "int"),
+    "moe_router_group_topk": Flag("--moe-router-group-topk", "int"),
     "moe_router_load_balancing_type": Flag("--moe-router-load-balancing-type", "str"),
     "moe_router_pre_softmax": Flag("--moe-router-pre-softmax", "switch"),
     "mtp_num_layers": Flag("--mtp-num-layers", "int"),
@@ -180,7 +183,8 @@ FLAGS: dict[str, Flag] = {
 #: the others above are written out in megatron/training/arguments.py (core_v0.16.1).
 TRANSFORMER_CONFIG_FLAGS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                             "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "moe_grouped_gemm",
-                            "moe_token_dispatcher_type",
+                            "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_router_num_groups",
+                            "moe_router_group_topk",
                             "moe_router_pre_softmax", "mtp_num_layers", "multi_latent_attention", "softmax_type")
 
 # planner vocabulary -> Megatron values
@@ -388,11 +392,17 @@ def _moe(f: PlanFacts) -> dict[str, Any]:
     if m.num_shared_experts:
         # the total width of the shared experts, run beside the all-to-all (the cost model hides them there),
         # unless the all-to-all overlaps another micro-batch (megatron-core allows one overlap or the other)
+        # megatron-core overlaps the shared experts with the all-to-all dispatcher only (transformer_config.py:
+        # "moe_shared_expert_overlap only works with alltoall token dispatcher")
         out |= {"moe_shared_expert_intermediate_size": m.num_shared_experts * m.shared_expert_ffn,
-                "moe_shared_expert_overlap": not s.overlap_moe_comm}
+                "moe_shared_expert_overlap": not s.overlap_moe_comm and f.train.moe_dispatcher == "alltoall"}
     if s.overlap_moe_comm:
         out["overlap_moe_expert_parallel_comm"] = True
     out |= MOE_SETTINGS
+    if f.train.moe_dispatcher != "alltoall":  # the flex dispatcher and its backend (cost_models.dispatch)
+        out |= {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": f.train.moe_dispatcher}
+    if m.moe_router_num_groups:
+        out |= {"moe_router_num_groups": m.moe_router_num_groups, "moe_router_group_topk": m.moe_router_group_topk}
     if m.moe_top_k == 1:  # megatron-core: softmax over one selected expert has no gradient
         out["moe_router_pre_softmax"] = True
     if m.num_mtp_layers:
@@ -573,7 +583,8 @@ _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_atte
                        "account_for_loss_in_pipeline_split",
                        "moe_layer_freq", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                        "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "moe_grouped_gemm",
-                       "moe_token_dispatcher_type",
+                       "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_router_num_groups",
+                       "moe_router_group_topk",
                        "moe_router_load_balancing_type", "moe_router_pre_softmax", "mtp_num_layers",
                        "window_size", "window_attn_skip_freq", "softmax_type", "multi_latent_attention")
 #: MLATransformerConfig fields, with Megatron-LM's argument defaults (arguments.py `_add_mla_args`)

@@ -47,7 +47,8 @@ _MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "
                  "num_moe_experts", "moe_layer_freq", "moe_router_topk", "moe_ffn_hidden_size",
                  "moe_shared_expert_intermediate_size", "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm",
                  "moe_grouped_gemm",
-                 "moe_token_dispatcher_type", "moe_router_load_balancing_type", "moe_router_pre_softmax",
+                 "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_router_num_groups",
+                 "moe_router_group_topk", "moe_router_load_balancing_type", "moe_router_pre_softmax",
                  "mtp_num_layers", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
                  "qk_pos_emb_head_dim", "v_head_dim", "window_size", "window_attn_skip_freq", "softmax_type")
 _DDP_FIELDS = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32",

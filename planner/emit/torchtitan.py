@@ -106,6 +106,9 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     sections["activation_checkpoint"] = _recompute(f, refuse)
     if f.strategy.overlap_moe_comm:
         refuse("overlap_moe_comm; torchtitan does not overlap the expert all-to-all with another micro-batch")
+    if f.model.is_moe and t.moe_dispatcher != "alltoall":
+        refuse(f"moe_dispatcher {t.moe_dispatcher}; the emitted job dispatches MoE tokens with torchtitan's "
+               "all-to-all, which the plan does not cost as the flex dispatcher")
     return sections, notes
 
 

@@ -92,12 +92,13 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
                     "moe_layer_freq": 1, "n_shared_experts": None, "n_routed_experts": None,
                     "num_experts_per_tok": None, "q_lora_rank": 1536, "kv_lora_rank": 512,
                     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-                    "moe_intermediate_size": 1407},
+                    "moe_intermediate_size": 1407, "topk_method": "greedy", "n_group": None, "topk_group": None},
     "deepseek_v3": {"tie_word_embeddings": False, "attention_bias": False, "first_k_dense_replace": 3,
                     "moe_layer_freq": 1, "n_shared_experts": 1, "n_routed_experts": 256,
                     "num_experts_per_tok": 8, "q_lora_rank": 1536, "kv_lora_rank": 512,
                     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-                    "moe_intermediate_size": 2048, "num_nextn_predict_layers": 0},
+                    "moe_intermediate_size": 2048, "num_nextn_predict_layers": 0,
+                    "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4},
     "gpt_oss": {"tie_word_embeddings": False, "attention_bias": True, "sliding_window": 128,
                 "num_local_experts": 128, "num_experts_per_tok": 4, "head_dim": 64},
     "gemma": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False},
@@ -370,6 +371,10 @@ def _deepseek(c: _Cfg) -> dict[str, Any]:
     shared = c.int("n_shared_experts", 0, minimum=0)
     if shared:
         out.update(num_shared_experts=shared, shared_expert_ffn_hidden_size=out["moe_ffn_hidden_size"])
+    # group-limited routing: topk_method "group_limited_greedy" (V2) or "noaux_tc" (V3) picks the top-k experts
+    # inside topk_group of n_group groups; "greedy" (V2-Lite) ignores the groups
+    if c.raw("topk_method", "greedy") != "greedy" and (c.raw("n_group") or 1) > 1:
+        out.update(moe_router_num_groups=c.int("n_group"), moe_router_group_topk=c.int("topk_group"))
     return out
 
 
@@ -438,7 +443,8 @@ def _gpt_neox(c: _Cfg) -> dict[str, Any]:
 
 #: model_type → (reader, the MoE-looking keys it maps).
 _DEEPSEEK_KEYS = frozenset({"n_routed_experts", "n_shared_experts", "moe_intermediate_size", "moe_layer_freq",
-                            "num_experts_per_tok", "routed_scaling_factor", "first_k_dense_replace"})
+                            "num_experts_per_tok", "routed_scaling_factor", "first_k_dense_replace",
+                            "n_group", "topk_group", "topk_method"})
 _QWEN_MOE_KEYS = frozenset({"num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
                             "mlp_only_layers"})
 FAMILIES: dict[str, tuple[Callable[[_Cfg], dict[str, Any]], frozenset[str]]] = {

@@ -59,6 +59,13 @@ class ModelSpec(Spec):
     moe_dense_layers: list[int] | None = Field(
         None, description="Explicit 0-based indices of the dense layers (overrides first_k_dense and layer_freq).")
     moe_router_bias: bool = Field(False, description="The router has a bias (gpt-oss).")
+    moe_router_num_groups: int = Field(
+        0, ge=0, le=MAX_HEADS, description="Group-limited routing (DeepSeek-V3 n_group; Megatron --moe-router-num-groups): the "
+        "experts form this many equal groups, and each token picks its top-k experts inside moe_router_group_topk of "
+        "them; 0 = no group limit.")
+    moe_router_group_topk: int = Field(
+        0, ge=0, le=MAX_HEADS, description="Groups each token may use (DeepSeek-V3 topk_group: 4 of 8 groups; Megatron "
+        "--moe-router-group-topk); needs moe_router_num_groups.")
     moe_expert_bias: bool = Field(False, description="Expert linear layers have biases (gpt-oss).")
     num_mtp_layers: int = Field(
         0, ge=0, le=MAX_LAYERS, description="Multi-token-prediction modules after the last layer (DeepSeek-V3: 1), each a "
@@ -99,7 +106,8 @@ class ModelSpec(Spec):
     def _check_moe(self) -> None:
         L = self.num_layers
         if not self.num_experts:
-            extras = {k: getattr(self, k) for k in ("moe_top_k", "num_shared_experts", "moe_first_k_dense")
+            extras = {k: getattr(self, k) for k in ("moe_top_k", "num_shared_experts", "moe_first_k_dense",
+                                                     "moe_router_num_groups", "moe_router_group_topk")
                       if getattr(self, k)} | {k: getattr(self, k) for k in ("moe_ffn_hidden_size", "moe_dense_layers")
                                                if getattr(self, k) is not None}
             if extras:
@@ -112,9 +120,25 @@ class ModelSpec(Spec):
             bad = [i for i in self.moe_dense_layers if not 0 <= i < L]
             if bad:
                 raise SpecError(f"moe_dense_layers {bad} must be layer indices 0..{L - 1}")
+        self._check_router_groups()
         if not any(self.moe_layer_mask()):
             raise SpecError(f"num_experts ({self.num_experts}) is set but no layer is MoE (moe_first_k_dense="
                             f"{self.moe_first_k_dense}, moe_layer_freq={self.moe_layer_freq}, num_layers={L})")
+
+    def _check_router_groups(self) -> None:
+        g, gk = self.moe_router_num_groups, self.moe_router_group_topk
+        if not g and not gk:
+            return
+        if not g or not gk:
+            raise SpecError(f"moe_router_num_groups ({g}) and moe_router_group_topk ({gk}) go together: set both "
+                            "or neither")
+        if self.num_experts % g:
+            raise SpecError(f"moe_router_num_groups ({g}) must divide num_experts ({self.num_experts}) into equal groups")
+        if not 1 <= gk <= g:
+            raise SpecError(f"moe_router_group_topk ({gk}) must be between 1 and moe_router_num_groups ({g})")
+        if self.moe_top_k % gk or self.moe_top_k // gk > self.num_experts // g:
+            raise SpecError(f"moe_top_k ({self.moe_top_k}) must be a multiple of moe_router_group_topk ({gk}) with at "
+                            f"most {self.num_experts // g} experts per group (megatron-core's group-limited top-k)")
 
     def _check_mla(self) -> None:
         mla = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")

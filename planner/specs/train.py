@@ -57,6 +57,13 @@ class TrainSpec(Spec):
         description="FP8 scaling with precision fp8 (Megatron's --fp8-recipe, Transformer Engine): delayed or "
         "tensorwise (current) per-tensor scales, blockwise 1x128/128x128 tiles, mxfp8 1x32 blocks (Blackwell only).",
     )
+    moe_dispatcher: Literal["alltoall", "deepep", "hybridep"] = Field(
+        "alltoall",
+        description="MoE token dispatcher (Megatron's --moe-token-dispatcher-type, --moe-flex-dispatcher-backend): "
+        "alltoall sends a token once per routed expert (NCCL all-to-all); deepep and hybridep (the flex dispatcher) "
+        "send it once per destination GPU, and across nodes once per destination node, forwarding inside the node "
+        "over NVLink (cost_models.dispatch).",
+    )
     moe_load_imbalance: float | None = Field(
         None, ge=1, le=MAX_HEADS,
         description="MoE: tokens the busiest expert rank receives over the mean; None = the cluster profile's "

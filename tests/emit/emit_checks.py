@@ -130,8 +130,13 @@ def check_megatron_moe_and_attention(plan: Plan, tc) -> None:
         assert tuple(built) == m.moe_layer_mask()
         shared = m.num_shared_experts * m.shared_expert_ffn if m.num_shared_experts else None
         assert tc.moe_shared_expert_intermediate_size == shared
-        assert tc.moe_shared_expert_overlap == bool(m.num_shared_experts)
-        assert tc.moe_token_dispatcher_type == "alltoall" and tc.moe_grouped_gemm
+        alltoall = plan.train.moe_dispatcher == "alltoall"
+        assert tc.moe_shared_expert_overlap == (bool(m.num_shared_experts) and alltoall and not s.overlap_moe_comm)
+        assert tc.moe_token_dispatcher_type == ("alltoall" if alltoall else "flex") and tc.moe_grouped_gemm
+        if not alltoall:
+            assert tc.moe_flex_dispatcher_backend == plan.train.moe_dispatcher
+        assert (tc.moe_router_num_groups or 0, tc.moe_router_group_topk or 0) == (m.moe_router_num_groups,
+                                                                                  m.moe_router_group_topk)
         if s.tp > 1:
             assert tc.sequence_parallel  # megatron-core's MoELayer.forward raises without it
     else:

@@ -1,0 +1,130 @@
+"""The MoE token dispatchers (cost_models.dispatch): copies per token by tier, group-limited routing,
+the TrainSpec / ModelSpec fields, the CLI option and what each emitter writes or refuses."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cost_models.dispatch import distinct_units, expected_distinct, tier_scales
+from planner import evaluate
+from planner.errors import SpecError
+from planner.specs import ModelSpec, TrainSpec
+from profiles import load_model
+
+sys.path.insert(0, str(Path(__file__).parent / "emit"))
+
+DSV3 = dict(model="deepseek-v3", cluster="dgx-b200", num_gpus=256, global_batch_size=4096, seq_len=4096,
+            precision="fp8", fp8_recipe="mxfp8")
+DSV3_EP32 = dict(pp=8, ep=32, zero_stage=1, num_layers_in_first_stage=6, num_layers_in_last_stage=7)
+
+
+def test_expected_distinct_matches_a_sampled_routing():
+    rng = np.random.default_rng(0)
+    picks = np.array([rng.choice(256, 8, replace=False) for _ in range(20000)])
+    for units in (4, 8, 32):
+        sampled = np.mean([len(set(row // (256 // units))) for row in picks])
+        assert expected_distinct(units, 256 // units, 8) == pytest.approx(sampled, rel=0.01)
+
+
+def test_group_limit_never_adds_destinations_and_caps_them():
+    for units in (2, 4, 8, 16, 32, 64):
+        limited, free = distinct_units(256, 8, units, 8, 4), distinct_units(256, 8, units)
+        assert limited <= free + 1e-12
+    assert distinct_units(256, 8, 8, 8, 4) <= 4  # one group per node: at most topk_group nodes
+
+
+def test_alltoall_is_the_unit_and_flex_never_sends_more_over_the_network():
+    ep, local = np.array([8, 16, 32, 64, 128]), np.array([8, 8, 8, 8, 8])
+    intra, inter = tier_scales("alltoall", 256, 8, ep, local, 8, 4)
+    assert np.all(intra == 1) and np.all(inter == 1)
+    for disp in ("deepep", "hybridep"):
+        intra, inter = tier_scales(disp, 256, 8, ep, local)
+        assert np.all(inter <= 1) and intra[0] <= 1  # inside one node: one copy per destination GPU
+        assert np.all(np.diff(inter) >= 0)  # more nodes, more of them reached
+
+
+def test_deepep_cuts_the_cross_node_dispatch_of_deepseek_v3():
+    a2a = evaluate(**DSV3, strategy=DSV3_EP32)
+    flex = evaluate(**DSV3, strategy=DSV3_EP32, moe_dispatcher="deepep")
+    assert flex.time_s["ep_comm"] < 0.5 * a2a.time_s["ep_comm"]
+    assert flex.time_s["compute"] == pytest.approx(a2a.time_s["compute"])
+
+
+def test_router_groups_are_validated_and_read_from_hugging_face():
+    base = load_model("deepseek-v3").model_dump()
+    assert (base["moe_router_num_groups"], base["moe_router_group_topk"]) == (8, 4)
+    for bad, match in (({"moe_router_num_groups": 8, "moe_router_group_topk": 0}, "go together"),
+                       ({"moe_router_num_groups": 7}, "divide num_experts"),
+                       ({"moe_router_group_topk": 9}, "between 1 and"),
+                       ({"moe_router_group_topk": 3}, "multiple of")):
+        with pytest.raises(SpecError, match=match):
+            ModelSpec(**(base | bad))
+    with pytest.raises(SpecError, match="needs num_experts"):
+        ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, vocab_size=100,
+                  moe_router_num_groups=2, moe_router_group_topk=1)
+    fixtures = Path(__file__).parent / "fixtures" / "hf"
+    assert load_model(str(fixtures / "deepseek-v3.json")).moe_router_num_groups == 8
+    assert load_model(str(fixtures / "deepseek-v2-lite.json")).moe_router_num_groups == 0  # topk_method greedy
+    greedy = json.loads((fixtures / "deepseek-v3.json").read_text()) | {"topk_method": "greedy"}
+    assert ModelSpec.model_validate(load_model(str(fixtures / "deepseek-v3.json")).model_dump())  # round trip
+    assert greedy["n_group"] == 8
+
+
+def test_train_spec_refuses_an_unknown_dispatcher():
+    with pytest.raises(SpecError, match="moe_dispatcher"):
+        TrainSpec(global_batch_size=8, seq_len=128, moe_dispatcher="nccl")
+
+
+def test_cli_option_reaches_the_estimate(capsys):
+    from planner.cli import main
+
+    args = ["evaluate", "-m", "deepseek-v3", "-c", "dgx-b200", "-n", "256", "-b", "4096", "-s", "4096",
+            "--precision", "fp8", "--fp8-recipe", "mxfp8", "--pp", "8", "--ep", "32", "--zero", "1",
+            "--first-stage-layers", "6", "--last-stage-layers", "7", "-f", "json"]
+    ep_comm = []
+    for extra in ([], ["--moe-dispatcher", "hybridep"]):
+        main(args + extra)
+        ep_comm.append(json.loads(capsys.readouterr().out)["time_s"]["ep_comm"])
+    assert ep_comm[1] < ep_comm[0]
+    assert main(args + ["--moe-dispatcher", "nccl"]) == 2
+    assert "moe_dispatcher" in capsys.readouterr().err
+
+
+def test_megatron_writes_the_flex_dispatcher_and_router_groups():
+    pytest.importorskip("megatron.core")
+    from emit_checks import check_megatron, megatron_configs
+    from emit_plans import make_plan
+
+    from planner.emit.megatron import megatron_args
+
+    # bf16: megatron-core checks MoE with FP8 against the installed Transformer Engine (none on CPU)
+    plan = make_plan("deepseek-v3", "dgx-b200", 256, 4096, 4096, strategy=DSV3_EP32, moe_dispatcher="hybridep")
+    argv = megatron_args(plan)
+    pairs = dict(zip(argv, argv[1:]))
+    assert (pairs["--moe-token-dispatcher-type"], pairs["--moe-flex-dispatcher-backend"]) == ("flex", "hybridep")
+    assert (pairs["--moe-router-num-groups"], pairs["--moe-router-group-topk"]) == ("8", "4")
+    check_megatron(plan, argv)
+    tc = megatron_configs(argv)["transformer"]
+    assert (tc.moe_token_dispatcher_type, tc.moe_flex_dispatcher_backend) == ("flex", "hybridep")
+    assert (tc.moe_router_num_groups, tc.moe_router_group_topk) == (8, 4)
+    assert not tc.moe_shared_expert_overlap  # megatron-core overlaps shared experts with alltoall only
+
+
+@pytest.mark.parametrize("backend", ["torchtitan", "deepspeed", "colossalai"])
+def test_other_frameworks_refuse_the_flex_dispatcher(backend):
+    from emit_plans import MIXTRAL_LIKE, make_plan
+
+    from planner.emit import NotExpressibleError, emit
+
+    plan = make_plan(MIXTRAL_LIKE, "dgx-h100", 64, 256, 4096, strategy=dict(ep=8, zero_stage=1),
+                     moe_dispatcher="deepep")
+    with pytest.raises(NotExpressibleError, match="moe_dispatcher"):
+        emit(plan, backend)
+    framework_run = evaluate(MIXTRAL_LIKE, "dgx-h100", 64, 256, 4096, strategy=dict(ep=8, zero_stage=1),
+                             moe_dispatcher="deepep", framework=backend)
+    assert not framework_run.valid and any("moe_dispatcher" in r for r in framework_run.reasons)

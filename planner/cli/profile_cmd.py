@@ -107,7 +107,7 @@ def profile_cmd(
         name = "local-cpu" if dev == "cpu" else "local-" + re.sub(r"[^a-z0-9]+", "-", raw["description"].lower()).strip("-")
     root.mkdir(parents=True, exist_ok=True)  # before writing: a root on the search path is referred to by name
     paths = write_profiles(raw, name, root)
-    tables = {t: root / "kernels" / t / f"{name}.yaml" for t in TOPICS if (root / "kernels" / t / f"{name}.yaml").exists()}
+    tables = {t: path for t in TOPICS if (path := root / "kernels" / t / f"{name}.yaml").exists()}
     on_path = any(root == d.resolve() for d in search_dirs())
     shadows = (PROFILES_DIR / "clusters" / f"{name}.yaml").exists()
     if not on_path:

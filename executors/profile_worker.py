@@ -11,10 +11,20 @@ training job (on a CPU the ranks share the memory bus and the cores).
 - Memory bandwidth: copy of a large tensor; bytes/s = (read + write) / time.
 - Element-wise kernels: layer norm, GELU, softmax and add on transformer-shaped
   tensors; bytes/s of the mix (its ratio to the copy rate is hbm_efficiency).
-- Attention: causal SDPA forward, FLOP/s (recorded; the cost model has no
-  separate attention efficiency).
+- Attention: torch's scaled_dot_product_attention, forward and backward, with
+  and without the causal mask, over a grid of sequence lengths and head dims at a
+  fixed number of tokens and hidden size per call (ATTENTION_GRID); FLOP in the
+  FlashAttention benchmark convention the attention tables declare: forward
+  4·b·s²·heads·d, halved with the causal mask; backward 2.5 x the forward.
 - Per-op overhead: a tiny element-wise op whose input requires grad (dispatch,
-  allocation and autograd recording).
+  allocation and autograd recording): the host's cost of issuing one op.
+- Small kernel: a tiny element-wise op without autograd; on CUDA a chain of them
+  replayed as one CUDA graph, so the time is the GPU's own per-kernel time, not
+  the host's issue cost.
+- Optimizer: one step of torch's Adam (fused on CUDA, foreach on CPU) over a few
+  fp32 tensors.
+- CUDA context: device memory in use outside PyTorch's allocator after the compute
+  kernels are loaded and before the process group (NCCL) starts.
 - Collectives on the world group and on groups of consecutive ranks of every
   power-of-two size: all-reduce, all-gather, reduce-scatter, all-to-all, and
   send/recv between ranks 0 and 1, over message sizes 4 B to 64 MiB. Bus
@@ -39,6 +49,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from cost_models.attention_kernels import BACKWARD_FLOP_RATIO  # the tables' backward FLOP convention
 
 CPU_GEMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CUDA_GEMM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
@@ -147,16 +159,81 @@ def bench_elementwise(device: torch.device, quick: bool) -> dict:
     return {"ops": rows, "bytes_per_s": total_bytes / total_s}
 
 
-def bench_attention(device: torch.device) -> dict:
-    """Causal scaled-dot-product attention forward, FLOP/s counted as 4·b·a·s²·d (no causal credit)."""
+#: (seq_lens, head_dims, tokens per call, hidden = heads x head_dim) of the attention grid, per device kind,
+#: full and quick. CUDA measures as the public tables were measured (16k tokens, hidden 2048 per call:
+#: FlashAttention-3 paper Sec. 4.1); a CPU takes fewer tokens so that the grid runs in seconds.
+ATTENTION_GRID = {("cuda", False): ((512, 1024, 2048, 4096, 8192, 16384), (64, 128, 256), 16384, 2048),
+                  ("cuda", True): ((512, 2048), (64, 128), 16384, 2048),
+                  ("cpu", False): ((128, 256, 512), (64, 128), 1024, 512),
+                  ("cpu", True): ((64, 128), (64, 128), 256, 256)}
+
+def attention_flop(batch: int, seq_len: int, heads: int, head_dim: int, causal: bool, direction: str) -> float:
+    """FLOP of one attention call in the tables' convention: 4·b·s²·heads·d forward, halved with the
+    causal mask; the backward 2.5 x that."""
+    fwd = 4 * batch * seq_len**2 * heads * head_dim / (2 if causal else 1)
+    return fwd * (BACKWARD_FLOP_RATIO if direction == "bwd" else 1.0)
+
+
+def _runs_everywhere(fn, device: torch.device) -> str | None:
+    """Call `fn` once on every rank; None when it ran on all of them, else why not (then no rank times
+    it, so every rank still makes the same collective calls)."""
+    try:
+        fn()
+        error = None
+    except (RuntimeError, NotImplementedError) as exc:  # an unsupported shape or out of memory
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    failed = _max_over_ranks(1.0 if error else 0.0, device)
+    return error or ("failed on another rank" if failed else None)
+
+
+def _attention_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
+    """(forward, backward) closures of one attention call; the backward differentiates a forward graph
+    kept from its first call (autograd.grad with retain_graph), so it times the backward alone."""
     import torch.nn.functional as F
 
+    def forward():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    kept: dict[str, torch.Tensor] = {}
+
+    def backward():
+        if not kept:
+            kept["out"] = forward()
+            kept["grad"] = torch.randn_like(kept["out"])
+        return torch.autograd.grad(kept["out"], (q, k, v), kept["grad"], retain_graph=True)
+
+    return forward, backward
+
+
+def bench_attention(device: torch.device, quick: bool) -> dict:
+    """scaled_dot_product_attention forward and backward, unmasked and causal, over ATTENTION_GRID:
+    per call `tokens` tokens (batch = tokens / seq_len) and hidden / head_dim heads. A case the device
+    cannot run is listed in `skipped` with the reason."""
+    seq_lens, head_dims, tokens, hidden = ATTENTION_GRID[("cuda" if device.type == "cuda" else "cpu", quick)]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    b, a, s, d = 4, 8, 256, 64
-    q = torch.randn(b, a, s, d, device=device, dtype=dtype)
-    dist.barrier()
-    t = timed(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), device, min_time_s=0.1)
-    return {"shape_b_a_s_d": [b, a, s, d], "time_s": t, "flop_per_s": 4 * b * a * s * s * d / t}
+    rows, skipped = [], []
+    for d in head_dims:
+        heads = max(1, hidden // d)
+        for s in seq_lens:
+            b = max(1, tokens // s)
+            qkv = [torch.randn(b, heads, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3)]
+            for causal in (False, True):
+                for direction, fn in zip(("fwd", "bwd"), _attention_calls(*qkv, causal)):
+                    case = {"direction": direction, "causal": causal, "head_dim": d, "seq_len": s, "batch": b,
+                            "heads": heads}
+                    why = _runs_everywhere(fn, device)
+                    if why:
+                        skipped.append(dict(case, reason=why))
+                        continue
+                    dist.barrier()
+                    t = timed(fn, device, min_time_s=0.02 if quick else 0.1, max_iters=10 if quick else MAX_ITERS)
+                    flop = attention_flop(b, s, heads, d, causal, direction)
+                    rows.append(dict(case, time_s=t, flop=flop, flop_per_s=flop / t))
+    return {"dtype": str(dtype).removeprefix("torch."), "tokens": tokens, "hidden": hidden,
+            "seq_lens": list(seq_lens), "head_dims": list(head_dims), "rows": rows, "skipped": skipped,
+            "kernel": "torch.nn.functional.scaled_dot_product_attention, the backend torch selects by default"}
 
 
 def bench_op_overhead(device: torch.device) -> dict:
@@ -172,6 +249,70 @@ def bench_op_overhead(device: torch.device) -> dict:
     dist.barrier()
     t = timed(chain, device)
     return {"time_per_op_s": t / reps}
+
+
+def bench_small_kernel(device: torch.device) -> dict:
+    """Device time of one tiny element-wise kernel in a dependent chain: on CUDA the chain replayed as
+    one CUDA graph (the host issues nothing per kernel, so this is the GPU-side launch, ramp-up and
+    tail); on a CPU the op without autograd, where the host runs the kernel itself."""
+    x = torch.ones(16, device=device)
+    reps = 200
+
+    def chain():
+        y = x
+        for _ in range(reps):
+            y = y * 1.0001
+        return y
+
+    fn, method = chain, f"{reps} dependent 16-element multiplies without autograd, wall clock"
+    if device.type == "cuda":
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                chain()  # warm-up outside the capture, as torch.cuda.graph requires
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the process group's watchdog thread may query CUDA events during the capture
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                chain()
+            fn, method = graph.replay, f"CUDA graph replay of {reps} dependent 16-element multiplies"
+        except RuntimeError as exc:  # graphs unavailable: stream launches, which include the host's issue cost
+            method += f" (CUDA graph capture failed: {str(exc).splitlines()[0] if str(exc) else 'RuntimeError'})"
+    dist.barrier()
+    return {"time_per_kernel_s": timed(fn, device) / reps, "method": method}
+
+
+def bench_optimizer(device: torch.device, quick: bool) -> dict:
+    """One step of torch.optim.Adam over `tensors` fp32 tensors of `numel` elements with gradients set
+    (fused=True on CUDA, the single multi-tensor kernel Megatron's fused Adam also is; foreach on a CPU)."""
+    tensors, numel = (8, 2**24 if not quick else 2**22) if device.type == "cuda" else (4, 2**20 if not quick else 2**18)
+    params = [torch.nn.Parameter(torch.randn(numel, device=device)) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    flags = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    opt = torch.optim.Adam(params, lr=1e-3, **flags)
+    dist.barrier()
+    t = timed(opt.step, device, min_time_s=0.05 if quick else MIN_TIME_S)
+    flag = ", ".join(f"{k}={v}" for k, v in flags.items())
+    return {"tensors": tensors, "params": tensors * numel, "time_s": t, "dtype": "fp32",
+            "implementation": f"torch.optim.Adam({flag})"}
+
+
+def cuda_context_bytes(device: torch.device) -> float:
+    """Device memory in use outside PyTorch's caching allocator once the GEMM, attention and element-wise
+    kernels are loaded (lazy module loading), before NCCL starts: total - free - reserved. Assumes no
+    other process uses the device."""
+    import torch.nn.functional as F
+
+    a = torch.randn(256, 256, device=device, dtype=torch.bfloat16, requires_grad=True)
+    q = torch.randn(1, 2, 128, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    loss = (a @ a).sum() + F.scaled_dot_product_attention(q, q, q, is_causal=True).float().sum()
+    loss = loss + F.layer_norm(a.float(), (256,)).sum()
+    loss.backward()
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return float(total - free - torch.cuda.memory_reserved(device))
 
 
 BUS_FACTORS = {
@@ -324,9 +465,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    context = None
     if args.device == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
+        context = cuda_context_bytes(device)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
@@ -342,8 +485,11 @@ def main(argv: list[str] | None = None) -> int:
         "runtime_baseline_bytes": _max_over_ranks(baseline, device),
         "memory_total_bytes": _memory_total(device),
         "gemm": bench_gemm(device, args.quick), "memory": bench_memory(device, args.quick),
-        "elementwise": bench_elementwise(device, args.quick), "attention": bench_attention(device),
-        "op_overhead": bench_op_overhead(device), "collectives": bench_collectives(device, args.quick),
+        "capability": list(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None,
+        "cuda_context_bytes": None if context is None else _max_over_ranks(context, device),
+        "elementwise": bench_elementwise(device, args.quick), "attention": bench_attention(device, args.quick),
+        "op_overhead": bench_op_overhead(device), "small_kernel": bench_small_kernel(device),
+        "optimizer": bench_optimizer(device, args.quick), "collectives": bench_collectives(device, args.quick),
         "overlap": bench_overlap(device, args.quick),
     }
     result["duration_s"] = (datetime.now(timezone.utc) - started).total_seconds()

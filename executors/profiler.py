@@ -22,6 +22,10 @@ clusters/<name>.yaml
                           (the cost model's all-reduce latency term); efficiency 1.0
                           (the bandwidth is measured bus bandwidth)
     inter_node            a copy of intra_node: one machine has no second tier
+kernels/<topic>/<name>.yaml   (kind: measured; the GPU profile's kernel_tables names them)
+    gemm                  the (m, n, k) grid of the GEMM sweep, per dtype
+    collectives           bus bandwidth by message size and group size
+    attention, elementwise, memory   see executors.profile_tables
 The full measurement tables are kept as comments in the files.
 """
 
@@ -250,8 +254,19 @@ def measurement_comments(raw: dict[str, Any]) -> list[str]:
         lines.append(f"element-wise {name}: {r['bytes_per_s'] / 1e9:.2f} GB/s")
     lines.append(f"element-wise mix: {raw['elementwise']['bytes_per_s'] / 1e9:.2f} GB/s")
     att = raw["attention"]
-    lines.append(f"causal SDPA forward {att['shape_b_a_s_d']}: {att['flop_per_s'] / 1e12:.4f} TFLOP/s")
+    lines.append(f"SDPA ({att['dtype']}, {att['tokens']} tokens per call, hidden {att['hidden']})  direction  mask  "
+                 f"head dim  seq_len  TFLOP/s")
+    for r in att["rows"]:
+        lines.append(f"  {r['direction']} {'causal' if r['causal'] else 'none  '} {r['head_dim']:4d} {r['seq_len']:6d} "
+                     f"{r['flop_per_s'] / 1e12:.4g}")
+    for r in att["skipped"]:
+        lines.append(f"  not run: {r['direction']} causal={r['causal']} d={r['head_dim']} s={r['seq_len']}: {r['reason']}")
     lines.append(f"per-op overhead: {raw['op_overhead']['time_per_op_s'] * 1e6:.2f} us")
+    lines.append(f"small kernel: {raw['small_kernel']['time_per_kernel_s'] * 1e6:.2f} us ({raw['small_kernel']['method']})")
+    opt = raw["optimizer"]
+    lines.append(f"{opt['implementation']} step, {opt['params']} fp32 parameters: {opt['time_s'] * 1e3:.3f} ms")
+    if raw.get("cuda_context_bytes") is not None:
+        lines.append(f"CUDA context: {raw['cuda_context_bytes'] / MIB:.0f} MiB")
     if "overlap" in raw:
         ov = raw["overlap"]
         lines.append(f"overlap: GEMMs {ov['gemm_s'] * 1e3:.1f} ms, all-reduce {ov['comm_s'] * 1e3:.1f} ms, both at once "
@@ -268,18 +283,38 @@ def _dump(data: dict[str, Any], comments: list[str]) -> str:
     return head + yaml.safe_dump(data, sort_keys=False, width=120)
 
 
+def _written_by_profile(path: Path) -> bool:
+    """Whether `path` is a kernel table `meshplan profile` wrote (kind: measured, its source line)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == "measured" and str(data.get("source", "")).startswith(
+        "measured by `meshplan profile`")
+
+
 def write_profiles(raw: dict[str, Any], name: str, root: Path) -> tuple[Path, Path]:
-    """Write root/gpus/<name>.yaml and root/clusters/<name>.yaml; the cluster names its GPU
-    preset when `root` is on the profile search path, and embeds it otherwise."""
+    """Write root/gpus/<name>.yaml, root/clusters/<name>.yaml and the measured kernel tables
+    root/kernels/<topic>/<name>.yaml; the cluster names its GPU preset when `root` is on the profile
+    search path, and embeds it otherwise. A measured table of an earlier run that this run cannot
+    write (e.g. no full GEMM grid) is removed, so that the set holds this run's numbers only."""
+    from executors.profile_tables import attention_table_profile, elementwise_table_profile, memory_table_profile
     from profiles import search_dirs
+    from profiles.tables import TOPICS
 
     gpu = gpu_profile(raw, name)
-    tables = {topic: t for topic, t in (("gemm", gemm_table_profile(raw, name)),
-                                         ("collectives", collectives_table_profile(raw, name))) if t is not None}
+    source = _source(raw)
+    tables = {topic: t for topic, t in (
+        ("gemm", gemm_table_profile(raw, name)),
+        ("attention", attention_table_profile(raw, source)),
+        ("elementwise", elementwise_table_profile(raw, gpu["hbm_bw_gb_per_s"] * 1e9, source)),
+        ("collectives", collectives_table_profile(raw, name)),
+        ("memory", memory_table_profile(raw, source))) if t is not None}
     if tables:
         gpu["kernel_tables"] = name
         gpu["kernel_tables_source"] = (", ".join(f"kernels/{topic}/{name}.yaml" for topic in tables)
-                                       + " beside this file, measured by the same run")
+                                       + " beside this file, measured by the same run (fields it does not measure "
+                                       "say where they are carried from)")
     on_path = any(root.resolve() == d.resolve() for d in search_dirs())
     cluster = cluster_profile(raw, name, name if on_path else gpu)
     comments = [f"Written by `meshplan profile` on {datetime.now().date().isoformat()}; re-run it to refresh.",
@@ -292,5 +327,9 @@ def write_profiles(raw: dict[str, Any], name: str, root: Path) -> tuple[Path, Pa
         table_path = root / "kernels" / topic / f"{name}.yaml"
         table_path.parent.mkdir(parents=True, exist_ok=True)
         table_path.write_text(_dump(table, comments))
+    for topic in set(TOPICS) - set(tables):
+        stale = root / "kernels" / topic / f"{name}.yaml"
+        if stale.exists() and _written_by_profile(stale):
+            stale.unlink()
     cluster_path.write_text(_dump(cluster, comments))
     return gpu_path, cluster_path

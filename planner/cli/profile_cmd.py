@@ -21,7 +21,8 @@ def _default_nproc(device: str) -> int:
     return max(2, os.cpu_count() or 1)
 
 
-def print_summary(raw: dict, paths: tuple[Path, Path]) -> None:
+def print_summary(raw: dict, paths: list[Path]) -> None:
+    from executors.profile_tables import ADAM_FP32_BYTES
     from executors.profiler import collective_summary, gemm_summary
 
     table = Table(title=f"{raw['description']}: {raw['world_size']} ranks, {raw['backend']}")
@@ -32,6 +33,17 @@ def print_summary(raw: dict, paths: tuple[Path, Path]) -> None:
         table.add_row(f"GEMM median / peak {dtype}", f"{g['median_fraction']:.2f}")
     table.add_row("copy bandwidth per rank (GB/s)", f"{raw['memory']['bytes_per_s'] / 1e9:.2f}")
     table.add_row("per-op overhead (us)", f"{raw['op_overhead']['time_per_op_s'] * 1e6:.2f}")
+    table.add_row("small-kernel time (us)", f"{raw['small_kernel']['time_per_kernel_s'] * 1e6:.2f}")
+    opt = raw["optimizer"]
+    table.add_row(f"Adam step (GB/s, fp32, {ADAM_FP32_BYTES} B per parameter)",
+                  f"{opt['params'] * ADAM_FP32_BYTES / opt['time_s'] / 1e9:.2f}")
+    att = raw["attention"]["rows"]
+    for direction in ("fwd", "bwd"):
+        rates = [r["flop_per_s"] for r in att if r["direction"] == direction]
+        if rates:
+            table.add_row(f"attention {direction} best (TFLOP/s)", f"{max(rates) / 1e12:.4g}")
+    if raw.get("cuda_context_bytes") is not None:
+        table.add_row("CUDA context (MiB)", f"{raw['cuda_context_bytes'] / 2**20:.0f}")
     sizes = sorted({r["group_size"] for r in raw["collectives"]})
     for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"):
         for n in sizes if op != "send_recv" else [2]:
@@ -41,7 +53,7 @@ def print_summary(raw: dict, paths: tuple[Path, Path]) -> None:
             table.add_row(f"{op} x{n}: busbw (GB/s) / small-message time (us)",
                           f"{s['busbw_bytes_per_s'] / 1e9:.3f} / {s['small_message_s'] * 1e6:.0f}")
     stdout.print(table)
-    stdout.print(f"wrote {paths[0]}\nwrote {paths[1]}", markup=False, highlight=False)
+    stdout.print("\n".join(f"wrote {p}" for p in paths), markup=False, highlight=False)
 
 
 @app.command("profile")
@@ -55,8 +67,10 @@ def profile_cmd(
     keep: Annotated[bool, typer.Option("--keep", help="Keep the temporary measurement directory (raw profile.json, logs) and print its path.")] = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
-    """Measure GEMM throughput, memory bandwidth and collective bandwidth/latency of this machine and
-    write a GPU and a cluster profile from them (to your profiles directory, never into meshplan's)."""
+    """Measure GEMM and attention throughput, memory bandwidth, kernel and host overheads, the optimizer
+    step and collective bandwidth/latency of this machine, and write a GPU and a cluster profile and
+    the kernel tables (kernels/<topic>/<name>.yaml) from them (to your profiles directory, never into
+    meshplan's)."""
     import re
     import shutil
     import tempfile
@@ -68,6 +82,7 @@ def profile_cmd(
     from planner.cli.progress import status
     from planner.errors import SpecError
     from profiles import PROFILES_DIR, search_dirs, user_profiles_dir
+    from profiles.tables import TOPICS
 
     root = check_output_dir(out_dir if out_dir is not None else user_profiles_dir())
     dev = resolve_device(device)
@@ -92,6 +107,7 @@ def profile_cmd(
         name = "local-cpu" if dev == "cpu" else "local-" + re.sub(r"[^a-z0-9]+", "-", raw["description"].lower()).strip("-")
     root.mkdir(parents=True, exist_ok=True)  # before writing: a root on the search path is referred to by name
     paths = write_profiles(raw, name, root)
+    tables = {t: path for t in TOPICS if (path := root / "kernels" / t / f"{name}.yaml").exists()}
     on_path = any(root == d.resolve() for d in search_dirs())
     shadows = (PROFILES_DIR / "clusters" / f"{name}.yaml").exists()
     if not on_path:
@@ -101,6 +117,7 @@ def profile_cmd(
         stderr.print(f"load it with --cluster {name}" + (" (it now hides the shipped preset of that name)"
                                                           if shadows else ""), markup=False, highlight=False)
     if fmt is Format.json:
-        emit_json({"profile": raw, "gpu_yaml": str(paths[0]), "cluster_yaml": str(paths[1])})
+        emit_json({"profile": raw, "gpu_yaml": str(paths[0]), "cluster_yaml": str(paths[1]),
+                   "kernel_tables": {t: str(p) for t, p in tables.items()}})
     else:
-        print_summary(raw, paths)
+        print_summary(raw, [*paths, *tables.values()])

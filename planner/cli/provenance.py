@@ -4,6 +4,7 @@ calibrated constants, and for the error band. Nothing carried over from another 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from planner.error_band import errors_of
@@ -15,10 +16,17 @@ MEASURED = "measured by `meshplan profile`"
 
 def kernel_provenance(gpu: GpuSpec) -> dict[str, str]:
     """Per kernel-table topic: 'measured (<gpu>)', 'public (<gpu>)' (the GPU the table was measured
-    on), or 'none' (the cost model then uses the calibrated constants for that part)."""
-    from profiles.tables import provenance
+    on), or 'none' (the cost model then uses the calibrated constants for that part). A measured
+    table some of whose fields `meshplan profile` carries from a shipped one (its `carried_from:`)
+    says so: 'measured (<gpu>; some fields carried from <set>)'."""
+    from profiles.tables import kernel_table, provenance
 
-    return provenance(gpu.kernel_tables)
+    out = provenance(gpu.kernel_tables)
+    for topic, where in out.items():
+        carried = (kernel_table(topic, gpu.kernel_tables) or {}).get("carried_from") if where != "none" else None
+        if carried:
+            out[topic] = f"{where[:-1]}; some fields carried from {Path(carried).stem})"
+    return out
 
 
 def constants_provenance(gpu: GpuSpec) -> str:

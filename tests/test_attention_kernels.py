@@ -54,14 +54,17 @@ def test_h200_reuses_the_h100_measurements():
 
 @pytest.mark.parametrize("name", SETS)
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
-def test_causal_time_is_about_half_and_never_below_half_at_long_sequences(name: str, direction: str):
-    """A causal kernel skips the masked half of the scores: at 16k its time is 50-60 % of the unmasked kernel's
-    (the rest is the diagonal blocks' and the scheduling's cost), never less than half."""
+def test_causal_is_credited_half_its_flops_at_long_sequences(name: str, direction: str):
+    """The tables credit a causal call half the FLOPs (the FA convention): a causal kernel skips the masked half of
+    the scores, so at 16k its time is about half the unmasked kernel's. H100 (FA3 paper): 50-60 % (the rest is the
+    diagonal blocks and the scheduling). Blackwell (NVIDIA's cuDNN 9.22 rows): 48-54 %, the unmasked latent-attention
+    backward being a few percent slower per FLOP than the causal one (GB200: 1088 against 1134 TFLOP/s). A table whose
+    causal rates counted the full score matrix would give about 25 %."""
     table = attention_table(name)
     for d in table.head_dims[(direction, True)]:
         causal_s = 0.5 / table.rate(direction, True, d, 16384)
         full_s = 1.0 / table.rate(direction, False, d, 16384)
-        assert 0.5 <= causal_s / full_s <= 0.6, (d, causal_s / full_s)
+        assert 0.45 <= causal_s / full_s <= 0.6, (d, causal_s / full_s)
 
 
 @pytest.mark.parametrize("name", SETS)
@@ -102,6 +105,34 @@ def test_llama3_8b_core_on_h100():
     np.testing.assert_allclose(bwd, BACKWARD_FLOP_RATIO * flop / 2 / (518e12 * 529 / 600) + 2 * gpu.kernel_overhead_s,
                                rtol=1e-9)
     assert round(float(fwd[0]) * 1e3, 3) == 1.049 and round(float(bwd[0]) * 1e3, 3) == 3.019
+
+
+def test_gb200_reproduces_nvidias_cudnn_kernel_times():
+    """NVIDIA's cuDNN 9.22 rows on GB200 (cudnn-frontend benchmark/sdpa_benchmark_training, llama3.1_20260424_100750.csv):
+    batch 2, 64 query / 8 KV heads of 128, 16k tokens, causal: forward 5.150 ms, backward 16.554 ms (non-deterministic).
+    The table gives them back from the model's FLOPs (4·2·16384²·8192, half credited) plus two kernel overheads."""
+    gpu = load_gpu("gb200")
+    att = Attention(8192, 64, 8192, 1024, 0, True, False)
+    one = np.ones(1, dtype=int)
+    x = Micro(16384, 2 * one, one, one, np.zeros(1, dtype=bool), "bf16", "flash")
+    fwd, bwd = flash_core_times(att, x, gpu)
+    overhead = 2 * gpu.kernel_overhead_s
+    np.testing.assert_allclose(fwd - overhead, 5.150e-3, rtol=1e-3)
+    np.testing.assert_allclose(bwd - overhead, 16.554e-3, rtol=1e-3)
+
+
+def test_b200_is_gb200_at_b200s_dense_peak_and_near_its_own_measurements():
+    """No complete B200 measurement exists: the B200 table is GB200's times the dense BF16 peak ratio (2250 / 2500).
+    It stays within 15 % of the B200 cuDNN 9.13.1 rows NVIDIA published (causal, head dim 128, 16k and 32k)."""
+    b200, gb200 = attention_table("b200"), attention_table("gb200")
+    ratio = load_gpu("b200").peak("bf16") / load_gpu("gb200").peak("bf16")
+    assert ratio == pytest.approx(0.9)
+    for key, grid in b200.rates_flop_per_s.items():
+        np.testing.assert_array_equal(b200.head_dims[key], gb200.head_dims[key])
+        np.testing.assert_allclose(grid, ratio * gb200.rates_flop_per_s[key], atol=0.5e12)
+    measured = {"fwd": [1332e12, 1419e12], "bwd": [1075e12, 1109e12]}  # sdpa_bf16_benchmark_results_NVIDIA_B200.csv
+    for direction, rates in measured.items():
+        np.testing.assert_allclose(rates, b200.rate(direction, True, 128, np.array([16384, 32768])), rtol=0.15)
 
 
 def test_context_parallel_mixes_one_causal_call_with_unmasked_ones():

@@ -24,6 +24,11 @@ Sources
   attention stores no scores, only fp32 softmax statistics (4asb). A gated MLP
   is assumed to store its fused [gate, up] output (4sbf) and the down-projection
   input (2sbf), as Megatron's fused SwiGLU does.
+- FP8 training (`fp8_weight_memory`): Transformer Engine's FP8 copies of the quantised GEMMs' weights,
+  cached across micro-batches, a transposed or column-wise second copy where the GPU or the recipe
+  needs one, and with Megatron's --fp8-param-gather FP8 parameters in place of the 16-bit ones
+  (Transformer Engine 2.10 module/linear.py and tensor/; megatron-core 0.16.1 fp8_utils.py and
+  distributed/; TransformerEngine#1261, #1880, #647).
 - The loss: `cross_entropy_bytes_per_logit` (PyTorch's cross entropy over fp32 logits).
 - Memory outside the model's tensors (`runtime_memory_bytes`): the CUDA context,
   NCCL's own buffers and the caching allocator's slack, from the GPU's memory table
@@ -40,8 +45,9 @@ import numpy as np
 
 from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays, selected_modules
 from cost_models.blocks import ZERO, DenseMLP, LatentAttention, Micro, ModelBlocks, MoE, padded_vocab
+from cost_models.elementwise import SCALE_BYTES
 from cost_models.layout import ParallelLayout
-from cost_models.units import DTYPE_BYTES, FP32, WEIGHT_BYTES, optimizer_state_bytes
+from cost_models.units import BF16, DTYPE_BYTES, FP8, FP32, WEIGHT_BYTES, optimizer_state_bytes
 
 MIB = 2**20
 
@@ -265,6 +271,137 @@ def zero3_working_bytes(blocks: ModelBlocks, st: StrategyArrays, precision: str,
     per_layer = (kind_params_per_rank(blocks, st.tp) + kind_expert_params_per_rank(blocks, st.ep, st.etp)).max(axis=0)
     gathered = (2 * WEIGHT_BYTES[precision] + DTYPE_BYTES[grad_precision]) * per_layer
     return np.where(st.zero_stage >= 3, gathered, 0.0)
+
+
+# ---- FP8 copies of the weights ------------------------------------------------------------------
+#: Elements per scale of a quantised weight under the block-scaled recipes: blockwise scales 128x128
+#: tiles (Transformer Engine 2.10 tensor/float8_blockwise_tensor.py, block_len 128, block_scaling_dim 2
+#: for weights; DeepSeek-V3 Sec. 3.3.2), mxfp8 1x32 blocks (constants.py MXFP8_BLOCK_SCALING_SIZE = 32),
+#: with the scale sizes of `cost_models.elementwise.SCALE_BYTES` (fp32; E8M0, one byte). Per-tensor recipes
+#: keep one fp32 scale per tensor: nothing per element.
+WEIGHT_BLOCK_ELEMENTS = {"blockwise": 128 * 128, "mxfp8": 32}
+
+
+def fp8_weight_bytes_per_element(recipe: str, transpose: bool) -> float:
+    """Bytes of all the FP8 copies of one weight element that a quantised GEMM needs, scales included.
+
+    The forward GEMM reads the row-wise copy. The backward's input-gradient GEMM reads the weight
+    the other way round: on Hopper (`transpose`, the GPU's element-wise table: FP8 tensor cores take
+    the TN layout only) a per-tensor-scaled weight needs a transposed copy (Float8Tensor `_data` and
+    `_transpose`, TE tensor/storage/float8_tensor_storage.py; TransformerEngine#1261); a block-scaled
+    weight always needs a second, column-wise quantised copy with its own scales, since the scales
+    run along one dimension (MXFP8Tensor `_rowwise_data` / `_columnwise_data` and their
+    `_*_scale_inv`, mxfp8_tensor_storage.py; Float8BlockwiseQTensor's column-wise data;
+    TransformerEngine#1880: "MXFP8 requires 2 bytes/param"). Blackwell runs per-tensor FP8 GEMMs in
+    any layout: one copy.
+
+    >>> [fp8_weight_bytes_per_element(r, True) for r in ("delayed", "tensorwise")]  # Hopper
+    [2, 2]
+    >>> fp8_weight_bytes_per_element("delayed", False), fp8_weight_bytes_per_element("mxfp8", False)  # Blackwell
+    (1, 2.0625)
+    """
+    block = WEIGHT_BLOCK_ELEMENTS.get(recipe)
+    copies = 2 if (transpose or block) else 1
+    return copies * (FP8 + SCALE_BYTES[recipe] / block) if block else copies * FP8
+
+
+def fp8_param_bytes_per_element(recipe: str, transpose: bool) -> float:
+    """Bytes per element the FP8 parameter itself holds with `fp8_param_gather` (what the optimizer
+    writes and ZeRO shards and gathers): the row-wise copy, and for mxfp8 the column-wise one too
+    (MXFP8 scales cannot be derived from the row-wise copy, so megatron-core keeps both: Megatron-FSDP
+    gathers a second, "transpose" buffer for MXFP8Tensor, fsdp/src/megatron_fsdp/mixed_precision.py
+    fp8_need_transpose_data). The other copies are derived after each all-gather
+    (`fp8_weight_bytes_per_element` less this).
+
+    >>> fp8_param_bytes_per_element("delayed", True), fp8_param_bytes_per_element("mxfp8", False)
+    (1, 2.0625)
+    """
+    if recipe == "mxfp8":
+        return fp8_weight_bytes_per_element(recipe, transpose)
+    block = WEIGHT_BLOCK_ELEMENTS.get(recipe)
+    return FP8 + SCALE_BYTES[recipe] / block if block else FP8
+
+
+def fp8_gather_bytes_per_element(recipe: str) -> int:
+    """Bytes a ZeRO parameter all-gather moves per element of an FP8 parameter (`fp8_param_gather`):
+    one, the row-wise FP8 data (megatron-core 0.16 distributed_data_parallel.py gives FP8 parameters a
+    torch.uint8 buffer; TE's post_all_gather_processing then derives the transposed or column-wise copy,
+    tensor/utils.py), except for mxfp8, whose two quantised copies cannot be derived from one another:
+    the distributed optimizer gathers bf16 values through the gradient buffer and requantises them
+    (param_and_grad_buffer.py shared_buffer, distrib_optimizer.py _copy_main_params_to_param_buffer;
+    Megatron-LM#4987), Megatron-FSDP gathers both FP8 copies: two bytes either way.
+
+    >>> fp8_gather_bytes_per_element("delayed"), fp8_gather_bytes_per_element("mxfp8")
+    (1, 2)
+    """
+    return BF16 if recipe == "mxfp8" else FP8
+
+
+def param_gather_saving_per_element(train) -> float:
+    """Bytes fewer than the 16-bit weight that a ZeRO all-gather moves per quantised weight element:
+    0 unless FP8 training keeps FP8 parameters (`fp8_param_gather`)."""
+    if train.precision != "fp8" or not getattr(train, "fp8_param_gather", False):
+        return 0.0
+    return WEIGHT_BYTES[train.precision] - fp8_gather_bytes_per_element(train.fp8_recipe)
+
+
+def kind_quantised_weights(blocks: ModelBlocks, x: Micro) -> tuple[np.ndarray, np.ndarray]:
+    """((K, N), (K, N)) weight elements of the FP8 GEMMs of one layer of each kind on one rank:
+    outside the routed experts, and of the routed experts (the grouped GEMMs: E/ep experts of 1/etp
+    width). The same GEMMs as `Gemm.quantised` and `cost_models.elementwise.fp8_weight_elements`: the
+    transformer layers' linears and the experts, not the router, the embedding or the output layer."""
+    n = len(np.atleast_1d(x.tp))
+    dense, experts = [], []
+    for layer in blocks.all_kinds:
+        gemms = [g for g in layer.gemms(x) if g.quantised]
+        dense.append(sum((g.count * g.k * g.n for g in gemms if not g.grouped), ZERO))
+        experts.append(sum((g.count * g.k * g.n for g in gemms if g.grouped), ZERO))
+    return _stack(dense, n), _stack(experts, n)
+
+
+def fp8_weight_memory(dense: np.ndarray, experts: np.ndarray, zero_stage: np.ndarray, shard: np.ndarray,
+                      expert_shard: np.ndarray, recipe: str, transpose: bool, param_gather: bool, cached: bool,
+                      weight_bytes: int) -> dict[str, np.ndarray]:
+    """The FP8 weight copies of one rank, bytes: {"fp8_weights": the copies' own term, "params": the
+    change to the params term}. `dense`, `experts`: quantised weight elements the rank holds
+    (`kind_quantised_weights` over its layers); `shard`, `expert_shard`: their ZeRO sharding degrees.
+
+    Without `param_gather` the 16-bit parameters stay, and a framework that caches (`cached`:
+    Transformer Engine under Megatron, profiles/frameworks/) keeps every FP8 copy of every quantised
+    weight of the rank's layers from the step's first micro-batch to its last, ZeRO stage or not (the
+    cache holds the gathered weight; a framework that casts in every GEMM keeps none past it):
+
+        fp8_weights = (dense + experts) · fp8_weight_bytes_per_element
+
+    With `param_gather` (Megatron's --fp8-param-gather: the model is built under TE's fp8_model_init,
+    megatron-core's TransformerConfig.fp8_param) the FP8 tensor is the parameter: no 16-bit copy of those
+    weights and no workspace beside it (TransformerEngine#647; TE get_weight_workspace returns a quantised
+    weight as it is). The params term holds the parameter's own bytes instead of the 16-bit ones (ZeRO-3
+    shards them), and the copies derived after the all-gather stay with ZeRO 1-2 (transpose or column-wise,
+    kept until the next gather) and are dropped with each layer under ZeRO-3 (Megatron-FSDP discards them
+    after use unless keep_fp8_transpose_cache; the gathered layer is `zero3_buffers`):
+
+        params      += (own - weight_bytes) · (dense / shard₃ + experts / expert_shard₃)
+        fp8_weights  = (every - own) · (dense + experts), 0 with ZeRO-3
+
+    The fp32 master weights and the gradient buffer do not change (megatron-core keeps main_grad in
+    grad_dtype; mxfp8 reuses it for the all-gather, --reuse-grad-buf-for-mxfp8-param-ag).
+
+    >>> q, one = np.array([1e9]), np.array([1])
+    >>> m = lambda **kw: {k: float(v[0] if np.ndim(v) else v) / 1e9 for k, v in fp8_weight_memory(
+    ...     q, 0 * q, one, 8 * one, one, kw.pop("recipe", "delayed"), kw.pop("transpose", True), cached=True,
+    ...     weight_bytes=2, **kw).items()}
+    >>> m(param_gather=False), m(param_gather=True)  # Hopper, delayed: GB
+    ({'fp8_weights': 2.0, 'params': 0.0}, {'fp8_weights': 1.0, 'params': -1.0})
+    """
+    every = fp8_weight_bytes_per_element(recipe, transpose)
+    if not param_gather:
+        copies = (dense + experts) * every if cached else np.zeros_like(dense + experts)
+        return {"fp8_weights": copies, "params": np.zeros_like(copies)}
+    own = fp8_param_bytes_per_element(recipe, transpose)
+    z3 = np.asarray(zero_stage) >= 3
+    held = dense / np.where(z3, shard, 1) + experts / np.where(z3, expert_shard, 1)
+    return {"fp8_weights": np.where(z3, 0.0, (every - own) * (dense + experts)), "params": (own - weight_bytes) * held}
 
 
 # ---- the loss ----------------------------------------------------------------------------------

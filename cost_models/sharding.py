@@ -113,7 +113,7 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     (a longer window for the backward's traffic). Exposed includes FSDP2's copy-out, which is
     compute-stream work caused by the sharding; raw is the traffic before any overlap.
     """
-    from cost_models.memory import kind_expert_params_per_rank, kind_params_per_rank
+    from cost_models.memory import kind_expert_params_per_rank, kind_params_per_rank, param_gather_saving_per_element
     from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES
 
     impl = zero3_impls()[impl_name]
@@ -123,14 +123,18 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     grad_b, weight_b = DTYPE_BYTES[train.grad_precision], WEIGHT_BYTES[train.precision]
     z3 = st.zero_stage == 3  # only those candidates' traffic is used: the others' bytes are zero
     dense_k = kind_params_per_rank(s.blocks, lay.tp) * z3
+    fp8_saving = param_gather_saving_per_element(train)  # FP8 parameters (fp8_param_gather) gather fewer bytes
     gathered = dense_k * weight_b  # one layer's weights, bytes, (K, N)
+    if fp8_saving:
+        gathered = gathered - fp8_saving * s.quantised_kinds[0] * z3
     gather = collective_s(s, impl, gathered, shard, shard_stride)
     reduce = collective_s(s, impl, dense_k * grad_b, shard, shard_stride)
     if s.has_experts:
         edp, edp_stride = lay.expert_group("edp")
         expert_k = kind_expert_params_per_rank(s.blocks, lay.ep, lay.etp) * z3
-        gathered = gathered + expert_k * weight_b
-        gather = gather + np.where(expert_k > 0, collective_s(s, impl, expert_k * weight_b, edp, edp_stride), 0.0)
+        expert_gathered = expert_k * weight_b - (fp8_saving * s.quantised_kinds[1] * z3 if fp8_saving else 0.0)
+        gathered = gathered + expert_gathered
+        gather = gather + np.where(expert_k > 0, collective_s(s, impl, expert_gathered, edp, edp_stride), 0.0)
         reduce = reduce + np.where(expert_k > 0, collective_s(s, impl, expert_k * grad_b, edp, edp_stride), 0.0)
     sharded = shard > 1  # a shard group of one rank gathers nothing, and copies nothing out
     copy_out = np.where(impl.copy_out & sharded,
@@ -193,6 +197,7 @@ class Framework:
     param_gather_each_microbatch: dict[int, str]  # zero_stage 1-2 -> EACH_MICROBATCH
     selective_recompute: str  # SELECTIVE_POLICIES
     cannot_run: tuple[CannotRun, ...]
+    fp8_weight_cache: bool  # FP8 copies of the weights kept across micro-batches (cost_models.memory)
 
     def _each(self, table: dict[int, str], zero_stage, pp) -> np.ndarray:
         zero_stage, pp = np.asarray(zero_stage), np.asarray(pp)
@@ -240,7 +245,7 @@ def framework_profile(name: str) -> Framework:
     if impl is not None and impl not in ZERO3_IMPLS:
         raise ValueError(f"{path}: zero3_impl {impl!r} is not one of {', '.join(ZERO3_IMPLS)}")
     return Framework(name, impl, each["grad_reduce_each_microbatch"], each["param_gather_each_microbatch"],
-                     doc["selective_recompute"], rules)
+                     doc["selective_recompute"], rules, bool(doc["fp8_weight_cache"]))
 
 
 def framework_of(train) -> Framework:
@@ -289,7 +294,8 @@ def _names(model, train, st, lay) -> dict[str, object]:
             "ep_divides_dp": st.dp % st.ep == 0,
             "moe_plugin": is_moe & ((st.ep > 1) | (st.tp > 1) | (st.pp > 1)),
             "precision": train.precision, "grad_precision": train.grad_precision,
-            "attention_kernel": train.attention_kernel,
+            "attention_kernel": train.attention_kernel, "fp8_recipe": getattr(train, "fp8_recipe", "delayed"),
+            "fp8_param_gather": np.bool_(bool(getattr(train, "fp8_param_gather", False))),
             "moe_dispatcher": getattr(train, "moe_dispatcher", "alltoall")}
     return out
 

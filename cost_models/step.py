@@ -34,7 +34,8 @@ from cost_models.compute import LayerTimes, gemm_time, head_times, layer_times, 
 from cost_models.elementwise import elementwise_model, fp8_weight_elements
 from cost_models.layout import ParallelLayout
 from cost_models.sharding import framework_of, zero3_comm_s, zero3_impl_of
-from cost_models.memory import (RUNTIME_TERMS, model_state_bytes, per_row, runtime_memory_bytes,
+from cost_models.memory import (RUNTIME_TERMS, fp8_weight_memory, kind_quantised_weights, model_state_bytes,
+                                param_gather_saving_per_element, per_row, runtime_memory_bytes,
                                 stage_activation_bytes, stage_expert_params, stage_kind_counts, stage_params,
                                 zero3_working_bytes)
 from cost_models.units import FP32, DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes, optimizer_step_traffic_bytes
@@ -42,8 +43,8 @@ from cost_models.units import FP32, DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_b
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
     from planner.specs import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
 
-MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "recompute_working", "embedding_activations",
-                "logits", "zero3_buffers", "comm_buffers") + RUNTIME_TERMS
+MEMORY_TERMS = ("params", "grads", "optimizer", "fp8_weights", "activations", "recompute_working",
+                "embedding_activations", "logits", "zero3_buffers", "comm_buffers") + RUNTIME_TERMS
 TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer")
 COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
 
@@ -150,6 +151,12 @@ class Setup:
         """A per-layer quantity of each kind (K, N) summed over each stage row's layers: (S, N)."""
         return per_row(self.counts, per_kind)
 
+    @cached_property
+    def quantised_kinds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Weight elements of the FP8 GEMMs of one layer of each kind on one rank, outside the routed
+        experts and of them: ((K, N), (K, N)) (`cost_models.memory.kind_quantised_weights`)."""
+        return kind_quantised_weights(self.blocks, self.x)
+
 
 def _pick(stacked: np.ndarray, index: np.ndarray) -> np.ndarray:
     """Row `index[j]` of column j of an (S, N) array."""
@@ -225,6 +232,7 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
         experts = model_state_bytes(s.expert_params, st.zero_stage, lay.expert_dp, st.offload_optimizer,
                                     train.precision, train.grad_precision, train.optimizer)
         mem = {k: mem[k] + experts[k] for k in mem}
+    mem |= stage_fp8_weight_bytes(s, mem["params"])
     mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, s.counts,
                                   framework_of(train).selective_recompute)
     # Pipeline send and receive buffers of one micro-batch's activations, forward and backward.
@@ -234,6 +242,22 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     tensors = sum(np.broadcast_to(v, params.shape) for v in mem.values())
     mem |= runtime_memory_bytes(tensors, st, s.gpu, s.cluster.domain_size)
     return {k: np.broadcast_to(mem[k], params.shape) for k in MEMORY_TERMS}
+
+
+def stage_fp8_weight_bytes(s: Setup, params: np.ndarray) -> dict[str, np.ndarray]:
+    """The FP8 weight copies of one rank of each stage row and its params term with them (S, N), bytes
+    (`cost_models.memory.fp8_weight_memory`); none without FP8 training. A GPU without an element-wise
+    table is assumed to need the transposed copy (Hopper's rule, the larger)."""
+    train = s.train
+    if train.precision != "fp8":
+        return {"params": params, "fp8_weights": np.zeros_like(params)}
+    table = elementwise_model(s.gpu)
+    dense_k, expert_k = s.quantised_kinds
+    fp8 = fp8_weight_memory(s.per_row(dense_k), s.per_row(expert_k), s.st.zero_stage, s.lay.shard, s.lay.expert_dp,
+                            train.fp8_recipe, table.fp8_transpose if table is not None else True,
+                            bool(getattr(train, "fp8_param_gather", False)), framework_of(train).fp8_weight_cache,
+                            WEIGHT_BYTES[train.precision])
+    return {"params": params + fp8["params"], "fp8_weights": fp8["fp8_weights"]}
 
 
 @dataclass
@@ -483,10 +507,14 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     bwd_mb = s.per_row(lt.bwd_s) + rows.has_head * s.blocks.head_passes * pl.head_bwd_s
     grad_reduce = reduce_s(params * grad_b, shard, shard_stride)
     sharded = (zero == 1) | (zero == 2)
-    param_gather = np.where(sharded, comm.gather_scatter_s(params * weight_b * sharded, shard, shard_stride), 0.0)
+    # FP8 parameters (fp8_param_gather) are gathered in fewer bytes than the 16-bit ones
+    fp8_saving = param_gather_saving_per_element(train)
+    dense_gather = params * weight_b - (fp8_saving * s.per_row(s.quantised_kinds[0]) if fp8_saving else 0.0)
+    param_gather = np.where(sharded, comm.gather_scatter_s(dense_gather * sharded, shard, shard_stride), 0.0)
     if s.has_experts:
         grad_reduce = grad_reduce + reduce_s(experts * grad_b, edp, edp_stride)
-        param_gather = param_gather + np.where(sharded, comm.gather_scatter_s(experts * weight_b * sharded, edp,
+        expert_gather = experts * weight_b - (fp8_saving * s.per_row(s.quantised_kinds[1]) if fp8_saving else 0.0)
+        param_gather = param_gather + np.where(sharded, comm.gather_scatter_s(expert_gather * sharded, edp,
                                                                              edp_stride), 0.0)
     overlap = s.cluster.overlap_efficiency
     # Whether the framework repeats the reduction (gather) every micro-batch (profiles/frameworks/):

@@ -75,6 +75,9 @@ Zero3ImplOpt = Annotated[Optional[str], typer.Option(
 
 Fp8RecipeOpt = Annotated[str, typer.Option("--fp8-recipe", help="FP8 scaling with --precision fp8: delayed, "
                                            "tensorwise, blockwise or mxfp8 (Blackwell only).")]
+Fp8ParamGatherOpt = Annotated[bool, typer.Option(
+    "--fp8-param-gather", help="With --precision fp8: keep the FP8 GEMMs' weights in FP8 only and all-gather them in "
+    "FP8 under ZeRO (Megatron's --fp8-param-gather; needs zero_stage >= 1).")]
 FrameworkOpt = Annotated[str, typer.Option(
     "--framework", help="Framework the plan runs on, costed as it runs (per-micro-batch gradient reductions, "
     "selective recompute) and ranked only where it can run: megatron, torchtitan, deepspeed or colossalai.")]
@@ -89,11 +92,11 @@ MoeDispatcherOpt = Annotated[str, typer.Option(
 def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
                   moe_load_imbalance: float | None = None, zero3_impl: str | None = None, fp8_recipe: str = "delayed",
                   cross_entropy_fusion: bool = True, framework: str = "megatron",
-                  moe_dispatcher: str = "alltoall") -> dict[str, Any]:
+                  moe_dispatcher: str = "alltoall", fp8_param_gather: bool = False) -> dict[str, Any]:
     """TrainSpec options from the CLI; --zero3-impl only when given (a framework may fix it)."""
     out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer,
            "fp8_recipe": fp8_recipe, "cross_entropy_fusion": cross_entropy_fusion, "framework": framework,
-           "moe_dispatcher": moe_dispatcher}
+           "moe_dispatcher": moe_dispatcher, "fp8_param_gather": fp8_param_gather}
     if zero3_impl is not None:
         out["zero3_impl"] = zero3_impl
     if moe_load_imbalance is not None:

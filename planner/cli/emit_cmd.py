@@ -19,6 +19,7 @@ from planner.cli.common import (
     AttentionOpt,
     ClusterOpt,
     ExitWith,
+    Fp8ParamGatherOpt,
     GbsOpt,
     GpusOpt,
     GradPrecisionOpt,
@@ -74,6 +75,7 @@ def emit_cmd(
     grad_precision: GradPrecisionOpt = "fp32",
     attention_kernel: AttentionOpt = "flash",
     optimizer: OptimizerOpt = "adam",
+    fp8_param_gather: Fp8ParamGatherOpt = False,
     launch_for: Annotated[LaunchFor, typer.Option("--launch-for", help="Framework the torchrun/slurm scripts start.")] = LaunchFor.megatron,
     script: Annotated[Optional[str], typer.Option("--script", help="Training entry point the torchrun/slurm scripts run (default depends on --launch-for).")] = None,
     master_port: Annotated[int, typer.Option("--master-port", help="Rendezvous TCP port on the first node.")] = 29500,
@@ -96,7 +98,7 @@ def emit_cmd(
     search = {"--model": model, "--cluster": cluster, "--gpus": gpus, "--global-batch-size": global_batch_size,
               "--seq-len": seq_len}
     if plan_json is not None:
-        given = [k for k, v in search.items() if v is not None]
+        given = [k for k, v in search.items() if v is not None] + ["--fp8-param-gather"] * fp8_param_gather
         if given:
             raise SpecError(f"give either PLAN_JSON or plan options, not both (got PLAN_JSON and {', '.join(given)})")
         result, single = plan_result_from_json(read_text_arg(plan_json), plan_json)
@@ -113,7 +115,8 @@ def emit_cmd(
         top_k = max(rank, SEARCH_DEPTH) if best_expressible else rank
         result, source = _search(model, cluster, gpus, global_batch_size, seq_len, precision.value, top_k,
                                  parse_constraints(constraint, constraints),
-                                 train_options(grad_precision, attention_kernel, optimizer)), "the search"
+                                 train_options(grad_precision, attention_kernel, optimizer,
+                                               fp8_param_gather=fp8_param_gather)), "the search"
     try:
         options = EmitOptions(launch_for=launch_for.value, script=script, master_port=master_port, job_name=job_name)
     except ValidationError as exc:

@@ -29,6 +29,7 @@ from planner.cli.common import (
     MoeImbalanceOpt,
     MoeDispatcherOpt,
     Zero3ImplOpt,
+    Fp8ParamGatherOpt,
     Fp8RecipeOpt,
     CeFusionOpt,
     OptimizerOpt,
@@ -74,6 +75,7 @@ def plan_cmd(
     moe_load_imbalance: MoeImbalanceOpt = None,
     zero3_impl: Zero3ImplOpt = None,
     fp8_recipe: Fp8RecipeOpt = "delayed",
+    fp8_param_gather: Fp8ParamGatherOpt = False,
     cross_entropy_fusion: CeFusionOpt = True,
     framework: FrameworkOpt = "megatron",
     moe_dispatcher: MoeDispatcherOpt = "alltoall",
@@ -88,7 +90,8 @@ def plan_cmd(
                   precision=precision.value, constraints=parse_constraints(constraint, constraints), top_k=top,
                   headroom=parse_headroom(headroom), **train_options(grad_precision, attention_kernel, optimizer,
                                                                       moe_load_imbalance, zero3_impl, fp8_recipe,
-                                                                      cross_entropy_fusion, framework, moe_dispatcher))
+                                                                      cross_entropy_fusion, framework, moe_dispatcher,
+                                                                      fp8_param_gather))
     with searching(f"searching strategies for {gpus:,} GPUs"):
         result = api_plan(**kwargs)
     if fmt is Format.json:
@@ -362,6 +365,7 @@ def _one_strategy_command(render):
         grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash",
         optimizer: OptimizerOpt = "adam", moe_load_imbalance: MoeImbalanceOpt = None,
         zero3_impl: Zero3ImplOpt = None, fp8_recipe: Fp8RecipeOpt = "delayed",
+        fp8_param_gather: Fp8ParamGatherOpt = False,
         cross_entropy_fusion: CeFusionOpt = True, framework: FrameworkOpt = "megatron",
         moe_dispatcher: MoeDispatcherOpt = "alltoall",
         plan_file: PlanFileOpt = None, rank: RankOpt = 1,
@@ -391,7 +395,7 @@ def _one_strategy_command(render):
                            seq_len=seq_len, precision=precision.value, strategy=strategy,
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
                                            zero3_impl, fp8_recipe, cross_entropy_fusion, framework,
-                                           moe_dispatcher))
+                                           moe_dispatcher, fp8_param_gather))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)

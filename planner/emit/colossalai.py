@@ -133,6 +133,8 @@ def _refuse_unsupported(f: PlanFacts) -> None:
     if s.recompute == "full" and s.recompute_num_layers is not None and s.pp == 1:
         refuse(f"recompute_num_layers ({s.recompute_num_layers}) without pipeline parallelism; Colossal-AI "
                "checkpoints all layers or, with pp > 1, a count per stage")
+    if t.fp8_param_gather:
+        refuse("fp8_param_gather; it is Megatron's --fp8-param-gather, and Colossal-AI's use_fp8 keeps bf16 weights")
     if s.overlap_moe_comm:
         refuse("overlap_moe_comm; Colossal-AI does not overlap the expert all-to-all with another micro-batch")
     if s.recompute_modules and s.recompute_modules != ["core_attn"]:

@@ -24,6 +24,12 @@ Choices an experienced Megatron user would make, and why:
   `--num-virtual-stages-per-pipeline-rank` is left out (Megatron-LM allows only one of them).
 - fp8 is Transformer Engine delayed scaling, hybrid format (E4M3 forward,
   E5M2 backward), amax history 1024 with the max algorithm, on top of bf16.
+  fp8_param_gather is `--fp8-param-gather` (FP8 parameters, gathered in FP8), which
+  Megatron-LM allows with the distributed optimizer or Megatron-FSDP only (zero_stage
+  >= 1) and, with the CPU-offloaded optimizer, with the delayed recipe only; mxfp8 adds
+  `--reuse-grad-buf-for-mxfp8-param-ag` on the distributed optimizer (megatron-core's
+  OptimizerConfig warns of "significant" extra memory without it; Megatron-LM turns it
+  off under Megatron-FSDP).
 - rope models get `--max-position-embeddings max(table, seq_len)`; Megatron
   requires it to be at least the sequence length. `--rotary-base` is the model's
   `rope_theta` where its spec holds one (Llama 3: 500000); where it does not,
@@ -129,6 +135,8 @@ FLAGS: dict[str, Flag] = {
     "fp8_recipe": Flag("--fp8-recipe", "str"),
     "fp8_amax_history_len": Flag("--fp8-amax-history-len", "int"),
     "fp8_amax_compute_algo": Flag("--fp8-amax-compute-algo", "str"),
+    "fp8_param_gather": Flag("--fp8-param-gather", "switch"),
+    "reuse_grad_buf_for_mxfp8_param_ag": Flag("--reuse-grad-buf-for-mxfp8-param-ag", "switch"),
     "cross_entropy_loss_fusion": Flag("--cross-entropy-loss-fusion", "switch"),
     # model shape
     "num_layers": Flag("--num-layers", "int"),
@@ -327,8 +335,27 @@ def _precision(f: PlanFacts) -> dict[str, Any]:
         recipe = f.train.fp8_recipe
         out |= {k: v for k, v in FP8_SETTINGS.items() if recipe == "delayed" or not k.startswith("fp8_amax")}
         out["fp8_recipe"] = recipe
+        out |= _fp8_param_gather(f)
     if f.train.cross_entropy_fusion:
         out["cross_entropy_loss_fusion"] = True
+    return out
+
+
+def _fp8_param_gather(f: PlanFacts) -> dict[str, Any]:
+    """`--fp8-param-gather` and what it needs (Megatron-LM core_v0.16.1 arguments.py validate_args)."""
+    s, t = f.strategy, f.train
+    if not t.fp8_param_gather:
+        return {}
+    if s.zero_stage < 1:
+        raise NotExpressibleError(FRAMEWORK, "fp8_param_gather with zero_stage 0; --fp8-param-gather needs the "
+                                             "distributed optimizer or Megatron-FSDP (zero_stage >= 1)")
+    if s.offload_optimizer and t.fp8_recipe != "delayed":
+        raise NotExpressibleError(FRAMEWORK, f"fp8_param_gather with offload_optimizer and fp8_recipe {t.fp8_recipe!r}; "
+                                             "Megatron-LM allows the CPU-offloaded optimizer with FP8 parameters "
+                                             "of the delayed recipe only")
+    out: dict[str, Any] = {"fp8_param_gather": True}
+    if t.fp8_recipe == "mxfp8" and s.zero_stage == 1:
+        out["reuse_grad_buf_for_mxfp8_param_ag"] = True
     return out
 
 
@@ -618,6 +645,8 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     transformer = dict(parallel)
     transformer |= {k: args[k] for k in _TRANSFORMER_FIELDS if k in args}
     transformer |= {new: args[old] for old, new in _RENAMED.items() if old in args}
+    if args.get("fp8_param_gather"):  # Megatron-LM: kw_args['fp8_param'] = args.fp8_param_gather
+        transformer["fp8_param"] = True
     if args.get("add_bias_linear", True):
         transformer["add_qkv_bias"] = True  # Megatron keeps the two bias switches in sync
     transformer["num_query_groups"] = args["num_query_groups"] if args.get("group_query_attention") else None
@@ -636,6 +665,8 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "grad_reduce_in_fp32": grads_fp32,
         "use_megatron_fsdp": bool(args.get("use_megatron_fsdp")),
         "data_parallel_sharding_strategy": args.get("data_parallel_sharding_strategy", "no_shard"),
+        "fp8_param_gather": bool(args.get("fp8_param_gather")),
+        "reuse_grad_buf_for_mxfp8_param_ag": bool(args.get("reuse_grad_buf_for_mxfp8_param_ag")),
     }
     optimizer = {
         "optimizer": args.get("optimizer", "adam"), "bf16": bf16, "fp16": fp16, "params_dtype": dtype,
@@ -643,6 +674,7 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "optimizer_cpu_offload": bool(args.get("optimizer_cpu_offload")),
         "optimizer_offload_fraction": args.get("optimizer_offload_fraction", 1.0),
         "use_precision_aware_optimizer": bool(args.get("use_precision_aware_optimizer")),
+        "reuse_grad_buf_for_mxfp8_param_ag": ddp["reuse_grad_buf_for_mxfp8_param_ag"],
     }
     gpt = {
         "position_embedding_type": args.get("position_embedding_type", "learned_absolute"),

@@ -19,6 +19,12 @@ format `ConfigContainer.validate()` accepts with it. The mixed-precision recipe
 writes its own gradient reduction precision into the DDP config at validation
 (bf16 recipes fp32, fp16 recipes fp16), after the overrides, so a plan whose
 grad_precision differs from the recipe's is refused rather than silently changed.
+The FP8 recipes likewise write their scaling and `fp8_param_gather` into the model and
+DDP configs (MixedPrecisionConfig.setup, Megatron-Bridge 0.3.1 training/mixed_precision.py):
+a plan is emitted with the recipe of its fp8_recipe, and refused where that recipe's
+fp8_param_gather is not the plan's (the delayed and mxfp8 recipes set it, blockwise's
+does not) or where no recipe matches the plan (tensorwise's keeps the first and last
+layer in bf16, which the plan does not cost).
 """
 
 from __future__ import annotations
@@ -62,13 +68,20 @@ _ALWAYS_MODEL = {"virtual_pipeline_model_parallel_size": None, "num_layers_in_fi
                  "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
                  "context_parallel_size": 1, "expert_model_parallel_size": 1, "sequence_parallel": False,
                  "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
-#: TrainSpec.precision -> Megatron-Bridge mixed-precision recipe (bridge.training.mixed_precision)
 #: strings Hydra's override grammar takes unquoted
 _BARE = re.compile(r"[A-Za-z0-9_.\-]+")
-MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
+#: TrainSpec.precision -> Megatron-Bridge mixed-precision recipe (bridge.training.mixed_precision); fp8 below
+MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed"}
+#: TrainSpec.fp8_recipe -> the bf16-based Megatron-Bridge FP8 recipe of that scaling, and the fp8_param_gather it
+#: sets (mixed_precision.py: bf16_with_fp8_delayed_scaling_mixed, bf16_with_fp8_subchannel_scaling_mixed
+#: = 128x128 / 1x128 blocks, bf16_with_mxfp8_mixed); tensorwise has none the plan can use
+FP8_MIXED_PRECISION = {"delayed": ("bf16_with_fp8_delayed_scaling_mixed", True),
+                       "blockwise": ("bf16_with_fp8_subchannel_scaling_mixed", False),
+                       "mxfp8": ("bf16_with_mxfp8_mixed", True)}
 #: the gradient reduction precision each recipe writes into `ddp.grad_reduce_in_fp32` when the config is
 #: validated (MixedPrecisionConfig.setup), over whatever the overrides set
-RECIPE_GRAD_REDUCE_IN_FP32 = {"bf16_mixed": True, "fp16_mixed": False, "bf16_with_fp8_delayed_scaling_mixed": True}
+RECIPE_GRAD_REDUCE_IN_FP32 = {"bf16_mixed": True, "fp16_mixed": False, "bf16_with_fp8_delayed_scaling_mixed": True,
+                              "bf16_with_fp8_subchannel_scaling_mixed": True, "bf16_with_mxfp8_mixed": True}
 #: the only checkpoint format ConfigContainer.validate() accepts with Megatron-FSDP
 FSDP_CKPT_FORMAT = "fsdp_dtensor"
 
@@ -97,7 +110,7 @@ def overrides(plan: Plan) -> dict[str, Any]:
             if k != "optimizer_offload_fraction" or opt["optimizer_cpu_offload"]}
     if ddp["use_megatron_fsdp"]:
         out["checkpoint.ckpt_format"] = FSDP_CKPT_FORMAT
-    recipe = MIXED_PRECISION[plan.train.precision]
+    recipe = _mixed_precision_recipe(plan.train)
     if RECIPE_GRAD_REDUCE_IN_FP32[recipe] != ddp["grad_reduce_in_fp32"]:
         raise NotExpressibleError(
             FRAMEWORK, f"grad_precision {plan.train.grad_precision!r} with precision {plan.train.precision!r}; the "
@@ -109,6 +122,23 @@ def overrides(plan: Plan) -> dict[str, Any]:
     # above stand only without it
     out["comm_overlap"] = None
     return out
+
+
+def _mixed_precision_recipe(train) -> str:
+    """The Megatron-Bridge mixed-precision recipe of the plan's precision (and FP8 scaling), refused where the
+    recipe would set an FP8 parameter handling other than the plan's."""
+    if train.precision != "fp8":
+        return MIXED_PRECISION[train.precision]
+    if train.fp8_recipe not in FP8_MIXED_PRECISION:
+        raise NotExpressibleError(FRAMEWORK, f"fp8_recipe {train.fp8_recipe!r}; Megatron-Bridge's current-scaling "
+                                             "recipe keeps the first and last layer in bf16, which the plan does not cost")
+    recipe, param_gather = FP8_MIXED_PRECISION[train.fp8_recipe]
+    if train.fp8_param_gather != param_gather:
+        raise NotExpressibleError(
+            FRAMEWORK, f"fp8_param_gather {train.fp8_param_gather} with fp8_recipe {train.fp8_recipe!r}; the {recipe} "
+            f"mixed-precision recipe sets fp8_param_gather={param_gather} when the config is validated, over any "
+            "override")
+    return recipe
 
 
 def format_value(value: Any) -> str:

@@ -86,6 +86,9 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     if m.is_moe and s.ep == 1 and s.etp != s.tp:
         refuse(f"etp ({s.etp}) with ep 1 must equal tp ({s.tp}); without expert parallelism torchtitan shards "
                "experts over the tensor-parallel mesh")
+    if t.fp8_param_gather:
+        refuse("fp8_param_gather; it is Megatron's --fp8-param-gather, and the emitted torchtitan job keeps bf16 "
+               "weights (torchao's FSDP2 float8 all-gather is neither emitted nor costed)")
     if t.grad_precision not in ("fp32",):
         notes.append(f"grad_precision {t.grad_precision}: torchtitan reduces gradients in float32 "
                      "(training.mixed_precision_reduce allows only float32)")

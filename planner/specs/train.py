@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from planner.errors import SpecError
 from planner.specs.base import MAX_BATCH, MAX_HEADS, MAX_TOKENS, Spec
 
 
@@ -64,11 +65,25 @@ class TrainSpec(Spec):
         "send it once per destination GPU, and across nodes once per destination node, forwarding inside the node "
         "over NVLink (cost_models.dispatch).",
     )
+    fp8_param_gather: bool = Field(
+        False,
+        description="With precision fp8: keep the weights of the FP8 GEMMs in FP8 only (no bf16 copy; the fp32 "
+        "master weights stay in the optimizer) and all-gather them in FP8 under ZeRO (Megatron's --fp8-param-gather, "
+        "which Megatron-Bridge's FP8 recipes set; it needs zero_stage >= 1, the distributed optimizer or "
+        "Megatron-FSDP). mxfp8 still all-gathers bf16 values (megatron-core requantises them on arrival).",
+    )
     moe_load_imbalance: float | None = Field(
         None, ge=1, le=MAX_HEADS,
         description="MoE: tokens the busiest expert rank receives over the mean; None = the cluster profile's "
         "value. Aux-loss balanced routers run near 1.1; a skewed router or small batches more.",
     )
+
+    @model_validator(mode="after")
+    def _check_fp8_param_gather(self) -> "TrainSpec":
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise SpecError(f"fp8_param_gather needs precision 'fp8' (precision is {self.precision!r}): only "
+                            "FP8 training has FP8 weights to keep and gather")
+        return self
 
     @property
     def tokens_per_step(self) -> int:

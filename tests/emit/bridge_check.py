@@ -121,7 +121,7 @@ READ_BACK = {
               "params_dtype", "pipeline_dtype", "tp_comm_overlap", "overlap_moe_expert_parallel_comm",
               "moe_shared_expert_overlap", "moe_token_dispatcher_type", "moe_grouped_gemm"),
     "ddp": ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32",
-            "use_megatron_fsdp", "data_parallel_sharding_strategy"),
+            "use_megatron_fsdp", "data_parallel_sharding_strategy", "fp8_param_gather"),
     "optimizer": ("optimizer", "use_distributed_optimizer", "optimizer_cpu_offload", "optimizer_offload_fraction",
                   "use_precision_aware_optimizer", "bf16", "fp16"),
     "train": ("micro_batch_size", "global_batch_size"),

@@ -92,6 +92,9 @@ def check_megatron(plan: Plan, argv: list[str]) -> None:
                                    s.recompute_num_layers or 1)}[s.recompute]
     assert (tc.recompute_granularity, tc.recompute_method, tc.recompute_num_layers) == expected_recompute
     assert tc.fp8 == ("hybrid" if t.precision == "fp8" else None)
+    assert tc.fp8_param == ddp.fp8_param_gather == t.fp8_param_gather  # FP8 parameters, gathered in FP8
+    assert ddp.reuse_grad_buf_for_mxfp8_param_ag == (t.fp8_param_gather and t.fp8_recipe == "mxfp8"
+                                                      and s.zero_stage == 1)
     assert ddp.use_distributed_optimizer == (s.zero_stage >= 1)
     assert ddp.use_megatron_fsdp == (s.zero_stage >= 2)
     assert ddp.data_parallel_sharding_strategy == {0: "no_shard", 1: "no_shard", 2: "optim_grads",
@@ -185,6 +188,9 @@ def megatron_lm_argument_rules(plan: Plan, args: dict[str, Any]) -> None:
         assert args.get("use_distributed_optimizer") and args.get("overlap_grad_reduce")
     if args.get("optimizer_cpu_offload"):
         assert args.get("use_precision_aware_optimizer") and args.get("use_distributed_optimizer")
+        assert not args.get("fp8_param_gather") or args.get("fp8_recipe") == "delayed"
+    if args.get("fp8_param_gather"):  # "only supported with distributed optimizer, torch fsdp2, megatron fsdp, ..."
+        assert args.get("use_distributed_optimizer") or args.get("use_megatron_fsdp")
     if args.get("use_megatron_fsdp"):
         assert args.get("ckpt_format") == "fsdp_dtensor" and args.get("use_distributed_optimizer")
     if args.get("decoder_first_pipeline_num_layers") or args.get("decoder_last_pipeline_num_layers"):

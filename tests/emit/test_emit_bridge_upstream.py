@@ -87,8 +87,9 @@ def run_bridge(python: str, hf_home: Path, cases: list[dict]) -> list[dict]:
 def grid_plans():
     plans = []
     for key, num_gpus, gbs, seq, precision, strategy in GRID:
+        fp8 = {"fp8_param_gather": True} if precision == "fp8" else {}  # what the delayed FP8 recipe sets
         plans.append((key, make_plan(RECIPES[key][3], "dgx-h100", num_gpus, gbs, seq, precision=precision,
-                                     strategy=strategy)))
+                                     strategy=strategy, **fp8)))
     return plans
 
 
@@ -129,6 +130,7 @@ def expected(plan) -> dict:
         "model.recompute_granularity": {"none": None, "selective": "selective", "full": "full"}[s.recompute],
         "model.bf16": t.precision in ("bf16", "fp8"), "model.fp16": t.precision == "fp16",
         "ddp.grad_reduce_in_fp32": t.grad_precision == "fp32",
+        "ddp.fp8_param_gather": t.fp8_param_gather,
         "ddp.use_distributed_optimizer": s.zero_stage >= 1,
         "ddp.use_megatron_fsdp": s.zero_stage >= 2,
         "ddp.data_parallel_sharding_strategy": {0: "no_shard", 1: "no_shard", 2: "optim_grads",

@@ -18,7 +18,7 @@ PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "-
              "--seq-len", "4096"]
 # Frozen `emit` surface: extend it, never rename (users' scripts depend on it).
 FROZEN_EMIT = ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints", "--format",
-               "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for", "--master-port",
+               "--fp8-param-gather", "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for", "--master-port",
                "--model", "--optimizer", "--plan", "--precision", "--rank", "--script", "--seq-len"]
 
 

@@ -27,7 +27,10 @@ pytest.importorskip("colossalai.booster.plugin")
 #: the only refusals each framework may give for a strategy the search returns
 ALLOWED_REFUSALS = {
     "megatron": [],
-    "megatron-bridge": [r"grad_precision '\w+' with precision '\w+'; the \w+ mixed-precision recipe"],
+    "megatron-bridge": [r"grad_precision '\w+' with precision '\w+'; the \w+ mixed-precision recipe",
+                        # the FP8 recipes set fp8_param_gather (and its scaling) over any override
+                        r"fp8_param_gather (True|False) with fp8_recipe '\w+'; the \w+ mixed-precision recipe",
+                        r"fp8_recipe 'tensorwise'; Megatron-Bridge's current-scaling recipe"],
     "deepspeed": [r"zero_stage 0 with bf16 and grad_precision 'fp32'", r"zero_stage [23] with pp", r"vpp \(\d+\) > 1", r"uneven pipeline stages", r"cp \(\d+\) > 1",
                   r"recompute_num_layers \(\d+\) with pp", r"precision 'fp8'",
                   r"(stage_layers \[[\d, ]+\]|embedding_as_layer|loss_as_layer)[\w ]* with pp \(\d+\) > 1",

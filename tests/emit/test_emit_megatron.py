@@ -60,7 +60,9 @@ def test_published_plans_build_megatron_core_configs(name):
     ("bf16", "fp32", "bf16_mixed"), ("fp8", "fp32", "bf16_with_fp8_delayed_scaling_mixed"),
     ("fp16", "fp16", "fp16_mixed"), ("bf16", "bf16", None), ("fp16", "fp32", None)])
 def test_bridge_precision_recipe_keeps_the_planned_gradient_reduction(precision, grads, recipe):
-    plan = make_plan(*LLAMA, strategy=dict(tp=8, pp=2, zero_stage=1), precision=precision, grad_precision=grads)
+    fp8 = {"fp8_param_gather": True} if precision == "fp8" else {}  # what the FP8 recipe sets (below)
+    plan = make_plan(*LLAMA, strategy=dict(tp=8, pp=2, zero_stage=1), precision=precision, grad_precision=grads,
+                     **fp8)
     if recipe is None:
         with pytest.raises(NotExpressibleError, match=rf"grad_precision '{grads}' with precision '{precision}'"):
             emit_data(plan, "megatron-bridge")
@@ -89,6 +91,53 @@ def test_precision_flags(precision, grads):
     if precision == "fp8":
         assert argv[argv.index("--fp8-format") + 1] == "hybrid" and "--bf16" in argv
         assert megatron_configs(argv)["transformer"].fp8_recipe == "delayed"
+
+
+def test_fp8_param_gather_is_written_and_megatron_core_builds_it():
+    plan = make_plan(*LLAMA, strategy=dict(tp=8, pp=2, zero_stage=1), precision="fp8", fp8_param_gather=True)
+    argv = megatron_args(plan)
+    assert "--fp8-param-gather" in argv and "--reuse-grad-buf-for-mxfp8-param-ag" not in argv
+    check_megatron(plan, argv)  # TransformerConfig(fp8_param=True), DistributedDataParallelConfig(fp8_param_gather=True)
+    assert "--fp8-param-gather" not in megatron_args(make_plan(*LLAMA, strategy=dict(tp=8, pp=2, zero_stage=1),
+                                                                 precision="fp8"))
+
+
+@pytest.mark.parametrize("zero,reuse", [(1, True), (2, False), (3, False)])
+def test_mxfp8_parameters_reuse_the_gradient_buffer_on_the_distributed_optimizer(zero, reuse):
+    """megatron-core's OptimizerConfig warns of "significant" extra memory for mxfp8 without the flag;
+    Megatron-LM turns it off under Megatron-FSDP."""
+    plan = make_plan("llama3-70b", "dgx-b200", 64, 128, 8192, strategy=dict(tp=8, zero_stage=zero,
+                                                                             sequence_parallel=True),
+                     precision="fp8", fp8_recipe="mxfp8", fp8_param_gather=True)
+    argv = megatron_args(plan)
+    assert ("--reuse-grad-buf-for-mxfp8-param-ag" in argv) == reuse
+    check_megatron(plan, argv)
+
+
+@pytest.mark.parametrize("strategy,fp8_recipe,reason", [
+    (dict(tp=8, zero_stage=0), "delayed", "fp8_param_gather with zero_stage 0"),
+    (dict(tp=8, zero_stage=1, offload_optimizer=True), "tensorwise", "fp8_param_gather with offload_optimizer")])
+def test_fp8_param_gather_without_what_megatron_lm_needs_is_refused(strategy, fp8_recipe, reason):
+    plan = make_plan(*LLAMA, strategy=strategy, precision="fp8", fp8_recipe=fp8_recipe, fp8_param_gather=True)
+    with pytest.raises(NotExpressibleError, match=rf"^not expressible in Megatron-LM: {reason}"):
+        megatron_args(plan)
+
+
+@pytest.mark.parametrize("fp8_recipe,param_gather,recipe", [
+    ("delayed", True, "bf16_with_fp8_delayed_scaling_mixed"), ("delayed", False, None),
+    ("blockwise", False, "bf16_with_fp8_subchannel_scaling_mixed"), ("blockwise", True, None),
+    ("tensorwise", True, None)])
+def test_bridge_fp8_recipe_carries_the_planned_fp8_parameters(fp8_recipe, param_gather, recipe):
+    """Megatron-Bridge's FP8 recipes set fp8_param_gather over any override (mixed_precision.py)."""
+    plan = make_plan(*LLAMA, strategy=dict(tp=8, pp=2, zero_stage=1), precision="fp8", fp8_recipe=fp8_recipe,
+                     fp8_param_gather=param_gather)
+    if recipe is None:
+        with pytest.raises(NotExpressibleError, match=rf"fp8_(param_gather {param_gather}|recipe 'tensorwise')"):
+            emit_data(plan, "megatron-bridge")
+    else:
+        lines = emit_data(plan, "megatron-bridge")["overrides"]
+        assert f"mixed_precision={recipe}" in lines
+        check_bridge(plan, lines)
 
 
 def test_unrepresentable_grad_precision_is_refused():

@@ -186,16 +186,21 @@ def torchtitan_fsdp2() -> list[StepCase]:
 
 #: The published-run files in benchmarks/data/ read by `public_runs`: file stem -> (table name, defaults for
 #: fields the file's rows leave out). Every other JSON file there has a schema of its own (`OTHER_DATA_FILES`).
+#: Megatron-Bridge's FP8 mixed-precision recipes (delayed, current/tensorwise and MXFP8 scaling) set
+#: fp8_param_gather = True (megatron-bridge 0.3.1, megatron/bridge/training/mixed_precision.py:
+#: bf16_with_fp8_delayed_scaling_mixed, bf16_with_fp8_current_scaling_mixed, bf16_with_mxfp8_mixed); the
+#: block-scaled (subchannel) recipe sets it False. Applied to the fp8 rows of the Bridge tables.
+BRIDGE = {"fp8_param_gather": True}
 PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     "nemo_h100_fp8": ("NeMo DGX-H100 FP8", {"cluster": "dgx-h100", "precision": "fp8"}),
-    "mbridge_25_09": ("Megatron-Bridge 25.09", {}),
-    "mbridge_25_11": ("Megatron-Bridge 25.11", {}),
-    "mbridge_26_02": ("Megatron-Bridge 26.02", {}),
-    "mbridge_26_02_01": ("Megatron-Bridge 26.02.01", {}),
-    "mbridge_26_04": ("Megatron-Bridge 26.04", {}),
-    "mbridge_26_04_01": ("Megatron-Bridge 26.04.01", {}),
-    "mbridge_26_06": ("Megatron-Bridge 26.06", {}),
-    "mbridge_26_06_01": ("Megatron-Bridge 26.06.01", {}),
+    "mbridge_25_09": ("Megatron-Bridge 25.09", BRIDGE),
+    "mbridge_25_11": ("Megatron-Bridge 25.11", BRIDGE),
+    "mbridge_26_02": ("Megatron-Bridge 26.02", BRIDGE),
+    "mbridge_26_02_01": ("Megatron-Bridge 26.02.01", BRIDGE),
+    "mbridge_26_04": ("Megatron-Bridge 26.04", BRIDGE),
+    "mbridge_26_04_01": ("Megatron-Bridge 26.04.01", BRIDGE),
+    "mbridge_26_06": ("Megatron-Bridge 26.06", BRIDGE),
+    "mbridge_26_06_01": ("Megatron-Bridge 26.06.01", BRIDGE),
     # torchtitan computes the loss with PyTorch's cross_entropy over fp32 logits: not Megatron's fused kernel
     # and runs on torchtitan's own schedule, reductions and op-level selective recompute (framework)
     "torchtitan_h100": ("torchtitan H100 (2024-12)", {"cross_entropy_fusion": False, "framework": "torchtitan"}),
@@ -351,6 +356,8 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
         train["cross_entropy_fusion"] = bool(r["cross_entropy_fusion"])
     if "framework" in r:
         train["framework"] = r["framework"]
+    if r.get("fp8_param_gather") and r["precision"] == "fp8" and train.get("fp8_recipe") != "blockwise":
+        train["fp8_param_gather"] = True
     if "moe_dispatcher" in r:
         train["moe_dispatcher"] = r["moe_dispatcher"]
     if r.get("overlap_moe_comm"):
@@ -410,12 +417,21 @@ def predict(case: StepCase, cluster=None) -> Prediction:
     """
     from planner.api import plan
 
-    result = plan(model=case.model, cluster=cluster or case.cluster, num_gpus=case.num_gpus,
-                  global_batch_size=case.global_batch_size, seq_len=case.seq_len, constraints=case.constraints,
-                  top_k=1, headroom=0.0, ranking="fastest", **case.train_options)
+    def run(constraints):
+        return plan(model=case.model, cluster=cluster or case.cluster, num_gpus=case.num_gpus,
+                    global_batch_size=case.global_batch_size, seq_len=case.seq_len, constraints=constraints,
+                    top_k=1, headroom=0.0, ranking="fastest", **case.train_options)
+
+    result, tag = run(case.constraints), ""
+    vp = case.constraints.get("vpp")
+    if not result.plans and not result.closest and isinstance(vp, int) and vp > 1 \
+            and any(r.rule == "layers" for r in result.rejections):
+        # The published interleaving splits the layers in a way meshplan's stage vocabulary cannot (a custom
+        # --pipeline-model-parallel-layout): predicted without interleaving, and the label says so.
+        result, tag = run(case.constraints | {"vpp": 1}), f" [published vp{vp} not expressible: vpp 1]"
     if result.plans:
         best = result.plans[0]
-        return Prediction(case, best.estimate.step_time_s, best.strategy.short())
+        return Prediction(case, best.estimate.step_time_s, best.strategy.short() + tag)
     if result.closest:
         near = result.closest[0]
         return Prediction(case, None, near.strategy.short(), note="; ".join(near.estimate.reasons))

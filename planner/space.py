@@ -19,7 +19,8 @@ Default choices per field (constraints replace them):
     61 layers) and the lighter first/last rank when it does (the first rank keeps the most
     micro-batches in flight, the last carries the output layer and the loss).
   - when none of those exists, today's fallback: middle ranks ⌈L/pp⌉, the first and last share
-    the rest (vpp 1), and failing that the plain even split, which the rules reject and count.
+    the rest (vpp 1, only where vpp 1 is allowed), and failing that the plain even split, which
+    the rules reject and count.
   Splits that give the same layers per chunk are kept once (even, then shaved, then
   embedding/loss: with vpp 1 embedding+loss is the same split as shaving one layer per end).
 - stage_layers: only as constrained. num_layers_in_first/last_stage, embedding_as_layer,
@@ -421,8 +422,9 @@ def _pipeline_splits(L: int, pp: int, key: tuple) -> tuple[Split, ...]:
         for emb, loss in itertools.product(embs, losses):
             if emb or loss:
                 add(v, 0, 0, emb, loss)
-    if plain and not any(x[4:6] == (False, False) for x in out):
-        # A deficit beyond MAX_SHAVE: middle ranks ⌈L/pp⌉, the first and last share the rest.
+    if plain and (not vpps or 1 in vpps) and not any(x[4:6] == (False, False) for x in out):
+        # A deficit beyond MAX_SHAVE: middle ranks ⌈L/pp⌉, the first and last share the rest (vpp 1: never
+        # where the constraints exclude it, which would answer a vpp the user did not allow).
         middle = -(-L // pp)
         rest = L - middle * (pp - 2)
         if rest >= 2:

@@ -38,6 +38,7 @@ def test_preset_yaml_is_package_data():
 
 
 DOCTEST_MODULES = ["cost_models.memory", "cost_models.units", "cost_models.compute", "cost_models.comm",
+                   "cost_models.dispatch",
                    "cost_models.attention_kernels",
                    "cost_models.layout", "cost_models.blocks", "planner.specs.strategy", "planner.specs.model",
                    "planner.emit.megatron", "cost_models.gemm_tables", "cost_models.sharding",

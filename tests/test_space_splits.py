@@ -163,3 +163,18 @@ def test_tp_stays_in_the_nvlink_domain_unless_constrained():
     assert st.tp.max() == cluster.domain_size == 8
     st = enumerate_space(model, train, 64, {"tp": 16}, cluster)
     assert set(np.unique(st.tp)) == {16}
+
+
+def test_constrained_vpp_without_a_split_is_refused_not_answered_with_vpp_1():
+    """DeepSeek-V3's 61 layers have no split for pp 4 x vpp 4: `-C vpp=4` gets no plan and the rule that
+    refused it, not plans with vpp 1 (the uneven vpp-1 fallback serves only where vpp 1 is allowed)."""
+    from planner.api import plan
+
+    args = dict(model="deepseek-v3", cluster="gb200-nvl72", num_gpus=256, global_batch_size=4096, seq_len=4096,
+                top_k=3, headroom=0.0)
+    cons = {"tp": 1, "pp": 4, "ep": 64, "micro_batch_size": 1, "zero_stage": 1}
+    refused = plan(**args, constraints=cons | {"vpp": 4})
+    assert not refused.plans and not refused.closest
+    assert any(r.rule == "layers" for r in refused.rejections)
+    free = plan(**args, constraints=cons)
+    assert free.plans and all(p.strategy.vpp == 1 for p in free.plans)  # the fallback where vpp is free

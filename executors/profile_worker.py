@@ -236,16 +236,19 @@ def bench_attention(device: torch.device, quick: bool) -> dict:
             "kernel": "torch.nn.functional.scaled_dot_product_attention, the backend torch selects by default"}
 
 
-def bench_op_overhead(device: torch.device) -> dict:
-    x = torch.ones(16, device=device, requires_grad=True)
-    reps = 200
-
+def _multiply_chain(x: torch.Tensor, reps: int):
+    """A callable running `reps` dependent element-wise multiplies of `x`."""
     def chain():
         y = x
         for _ in range(reps):
             y = y * 1.0001
         return y
+    return chain
 
+
+def bench_op_overhead(device: torch.device) -> dict:
+    reps = 200
+    chain = _multiply_chain(torch.ones(16, device=device, requires_grad=True), reps)
     dist.barrier()
     t = timed(chain, device)
     return {"time_per_op_s": t / reps}
@@ -257,13 +260,7 @@ def bench_small_kernel(device: torch.device) -> dict:
     tail); on a CPU the op without autograd, where the host runs the kernel itself."""
     x = torch.ones(16, device=device)
     reps = 200
-
-    def chain():
-        y = x
-        for _ in range(reps):
-            y = y * 1.0001
-        return y
-
+    chain = _multiply_chain(x, reps)
     fn, method = chain, f"{reps} dependent 16-element multiplies without autograd, wall clock"
     if device.type == "cuda":
         try:

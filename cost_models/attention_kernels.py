@@ -17,7 +17,10 @@ FLOP conventions (two, kept apart):
 Time of a call = credited FLOP ÷ table rate, where the credited FLOP is the model's FLOP times the fraction a
 causal kernel computes: 1/2 for global causal attention (exactly the FA convention), 1 − w/(2s) for a causal
 sliding window of w < s keys (only the first w queries see fewer than w keys). The kernel time therefore carries
-the causal saving while the model FLOPs (and MFU) do not.
+the causal saving while the model FLOPs (and MFU) do not. For a window the two counts agree: the model's
+`Attention.core` counts x.keys(w) = w keys for every query (2·2·n·w·q/t), NVIDIA's cudnn-frontend benchmark
+(`benchmark_single_sdpa.py` `flops()`, commit fb682ce761a2) counts the band w(w+1)/2 + (s − w)·w per head, i.e.
+s·w·(1 − (w − 1)/(2s)): the credited FLOP up to w/2 elements of s·w, 1/(2s) relative (0.02 % at s = 2k).
 
 Lookup (`AttentionTable.rate`): linear in log2(seq_len), linear in head dim between the measured head dims; outside
 the measured range both are clamped to the nearest measured value (e.g. 32k tokens take the 16k throughput, head
@@ -29,10 +32,28 @@ dim 96 lies between 64 and 128, head dim 48 takes 64's). Which point a layer loo
 - sequence length: the length of one kernel call. Context parallelism (Megatron's load-balanced ring: each rank
   holds chunks i and 2c−1−i) runs c calls of s/c tokens: one causal call on the diagonal and c−1 unmasked calls,
   together half the rank's s/c × s scores. A layer with c > 1 is timed as 1/c of its credited work at the causal
-  rate and (c−1)/c at the unmasked rate, both at s/c. A windowed layer runs one banded call: unmasked rate at the
-  window length.
+  rate and (c−1)/c at the unmasked rate, both at s/c. A windowed layer runs one banded call of s/c tokens (below).
 - per-rank heads after tp and the micro-batch do not enter: the tables were measured at 16k tokens per call with
   hidden 2048 (a full GPU of thread blocks); fewer heads·tokens than that would run slower than the table says.
+
+Sliding windows (`AttentionTable.window_rate`): a banded kernel with a short window runs far below the dense rate,
+because each block of queries meets only w/tile + 1 key blocks, so its fixed work (loading Q, the softmax rescale,
+writing O and the statistics) is shared by few matrix products. NVIDIA's cuDNN 9.22 on GB200 runs gpt-oss's window
+of 128 at 153-167 TFLOP/s forward where a dense call of 2k tokens runs at ~900-1400. A table's optional
+`window_curves` hold such measurements: per (direction, head dim, window) the achieved TFLOP/s (FLOPs of the band,
+as above) by the call's sequence length, each with its source; only causal windows (the band of w keys ending at
+the query) are modelled. The rate of a windowed call of L = s/c tokens with window w and head dim d is
+
+    window_rate = E(w, L) × dense unmasked rate (d, seq_len = w)       (the dense term: the rule before the curves)
+
+with E the band efficiency, read from the window curves of the measured head dim nearest d: at a measured window
+w_i, E = that curve's rate at L ÷ the dense unmasked rate at (its head dim, w_i), so a measured point is returned
+exactly; between measured windows linear in log2 w; below the smallest the smallest's E; from the largest measured
+window to the table's first dense sequence length above it (GB200: 1024 → 2048), E rises linearly in log2 w to 1,
+and from there on E = 1, the dense rate at the window length (Mistral's and Gemma 2's 4096 are unchanged). A head
+dim other than the measured one keeps the measured E and takes its own dense rate. A table without window curves
+(an older or a profiled one) has E = 1 everywhere: the dense rule, which is fast for short windows. Global layers
+never read the window curves.
 
 Derived, not measured: a table that has the unmasked backward but not the causal backward gets the causal one as
 unmasked-backward × (causal-forward ÷ unmasked-forward) at the same (head dim, seq_len), i.e. the causal mask is
@@ -43,7 +64,7 @@ fwd/bwd microseconds for noop and causal masks) measured 0.90, so the derived ca
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -63,14 +84,26 @@ SIXTEEN_BIT_CORE = ("bf16", "fp16", "fp8")
 
 
 @dataclass(frozen=True)
+class WindowCurve:
+    """One measured causal sliding-window curve: FLOP/s of the band (w keys per query) by log2 sequence length."""
+
+    head_dim: float
+    window: float
+    log2_seq: np.ndarray
+    rates_flop_per_s: np.ndarray
+
+
+@dataclass(frozen=True)
 class AttentionTable:
     """One GPU's fused-attention throughput: per (direction, causal) a (head dims) × (seq_lens) grid of FLOP/s in
-    the FlashAttention convention (causal FLOPs halved), with `log2_seq` the grid's log2 sequence lengths."""
+    the FlashAttention convention (causal FLOPs halved), with `log2_seq` the grid's log2 sequence lengths; per
+    direction the sliding-window curves (none in a table without `window_curves`)."""
 
     name: str
     log2_seq: np.ndarray
     head_dims: dict[tuple[str, bool], np.ndarray]
     rates_flop_per_s: dict[tuple[str, bool], np.ndarray]
+    window_curves: dict[str, tuple[WindowCurve, ...]] = field(default_factory=dict)
 
     def rate(self, direction: str, causal: bool, head_dim: float, seq_len) -> np.ndarray:
         """Achieved FLOP/s (table convention) at `head_dim` and `seq_len` (array over candidates): linear in log2
@@ -89,6 +122,45 @@ class AttentionTable:
         w = 0.0 if dims[hi] == dims[lo] else (d - dims[lo]) / (dims[hi] - dims[lo])
         at = np.interp(x, self.log2_seq, grid[lo])  # np.interp clamps outside the grid
         return at if w == 0.0 else (1 - w) * at + w * np.interp(x, self.log2_seq, grid[hi])
+
+    def band_efficiency(self, direction: str, head_dim: float, window: float, seq_len) -> np.ndarray:
+        """E: a causal window-`window` call's rate over the dense unmasked rate at seq_len = window (module
+        docstring), by `seq_len` (array over candidates); 1 where the table has no window curve for `direction`.
+
+        >>> dense = {("fwd", False): np.array([64.0])}
+        >>> curve = WindowCurve(64.0, 128.0, np.log2([2048.0]), np.array([150e12]))
+        >>> t = AttentionTable("x", np.log2([512.0, 2048.0]), dense, {("fwd", False): np.array([[300e12, 400e12]])},
+        ...                    {"fwd": (curve,)})
+        >>> [round(float(t.band_efficiency("fwd", 64, w, 4096)), 3) for w in (64, 128, 256, 512, 4096)]
+        [0.5, 0.5, 0.75, 1.0, 1.0]
+        """
+        x = np.log2(np.asarray(seq_len, dtype=float))
+        curves = self.window_curves.get(direction, ())
+        if not curves:
+            return np.ones(np.shape(x))
+        near = min({c.head_dim for c in curves}, key=lambda d: (abs(d - head_dim), d))
+        own = sorted((c for c in curves if c.head_dim == near), key=lambda c: c.window)
+        knots = [np.log2(c.window) for c in own]
+        eff = [np.interp(x, c.log2_seq, c.rates_flop_per_s) / self.rate(direction, False, near, c.window)
+               for c in own]
+        above = self.log2_seq[self.log2_seq > knots[-1]]
+        if len(above):  # the dense rule takes over at the first dense length above the largest measured window
+            knots.append(float(above[0]))
+            eff.append(np.ones(np.shape(x)))
+        lw = float(np.log2(window))
+        if lw <= knots[0]:
+            return eff[0]
+        if lw >= knots[-1]:
+            return eff[-1]
+        hi = int(np.searchsorted(knots, lw))
+        f = (lw - knots[hi - 1]) / (knots[hi] - knots[hi - 1])
+        return (1 - f) * eff[hi - 1] + f * eff[hi]
+
+    def window_rate(self, direction: str, head_dim: float, window: float, seq_len) -> np.ndarray:
+        """Achieved FLOP/s (band FLOPs) of a causal sliding-window call: E × the dense unmasked rate at the window
+        length (module docstring), by the call's `seq_len` (array over candidates)."""
+        dense = self.rate(direction, False, head_dim, np.full(np.shape(seq_len), float(window)))
+        return self.band_efficiency(direction, head_dim, window, seq_len) * dense
 
 
 def _body(name: str) -> tuple[dict, str]:
@@ -138,7 +210,53 @@ def attention_table(name: str | None) -> AttentionTable | None:
                                if d in fwd_c and d in fwd_n}
     dims = {k: np.array(sorted(v)) for k, v in rows.items()}
     grids = {k: np.stack([rows[k][d] for d in dims[k]]) for k in rows}
-    return AttentionTable(name, np.log2(seq), dims, grids)
+    return AttentionTable(name, np.log2(seq), dims, grids, _window_curves(data, label, seq))
+
+
+def _window_curves(data: dict, label: str, seq: np.ndarray) -> dict[str, tuple[WindowCurve, ...]]:
+    """The optional `window_curves:` list, per direction; every entry is checked and a bad one is refused naming
+    the field. An entry's `seq_lens` defaults to the table's."""
+    from planner.errors import SpecError
+
+    raw = data.get("window_curves")
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise SpecError(f"attention table {label}: window_curves must be a list of curves, got {raw!r}")
+    out: dict[str, list[WindowCurve]] = {}
+    seen = set()
+    for i, c in enumerate(raw):
+        where = f"attention table {label} window_curves[{i}]"
+        if not isinstance(c, dict):
+            raise SpecError(f"{where}: must be a mapping, got {c!r}")
+        if c.get("direction") not in DIRECTIONS:
+            raise SpecError(f"{where}: direction must be fwd or bwd, got {c.get('direction')!r}")
+        if c.get("causal") is not True:
+            raise SpecError(f"{where}: causal must be true (only causal sliding windows are modelled), "
+                            f"got {c.get('causal')!r}")
+        if not str(c.get("source", "")).strip():
+            raise SpecError(f"{where}: every curve names its source")
+        head_dim = c.get("head_dim")
+        if isinstance(head_dim, bool) or not isinstance(head_dim, (int, float)) or head_dim <= 0:
+            raise SpecError(f"{where}: head_dim must be a positive number, got {head_dim!r}")
+        lens = np.asarray(c.get("seq_lens", seq), dtype=float)
+        if lens.ndim != 1 or len(lens) < 1 or np.any(lens <= 0) or np.any(np.diff(lens) <= 0):
+            raise SpecError(f"{where}: seq_lens must be increasing positive lengths, got {c.get('seq_lens')!r}")
+        window = c.get("window")
+        if isinstance(window, bool) or not isinstance(window, int) or not 0 < window < lens[0]:
+            raise SpecError(f"{where}: window must be a whole number of tokens, positive and shorter than the "
+                            f"shortest seq_len ({lens[0]:g}), got {window!r}")
+        tflops = np.asarray(c.get("tflops", []), dtype=float)
+        if tflops.shape != lens.shape or np.any(tflops <= 0):
+            raise SpecError(f"{where}: tflops must be {len(lens)} positive numbers (one per seq_len), "
+                            f"got {c.get('tflops')!r}")
+        key = (c["direction"], float(head_dim), window)
+        if key in seen:
+            raise SpecError(f"{where}: a second curve for direction {key[0]}, head_dim {head_dim}, window {window}")
+        seen.add(key)
+        out.setdefault(c["direction"], []).append(WindowCurve(float(head_dim), float(window), np.log2(lens),
+                                                              tflops * TERA))
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def _head_dim(att: Attention | LatentAttention) -> float:
@@ -165,10 +283,10 @@ def flash_core_times(att: Attention | LatentAttention, x: Micro, gpu: GpuSpec) -
     d = _head_dim(att)
     hbm = gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency
     overhead = core.num_kernels * gpu.kernel_overhead_s
-    if keys < s:  # causal sliding window: one banded, unmasked-rate call per window
-        credited = core.flop * (1 - keys / (2 * s))
-        fwd = credited / table.rate("fwd", False, d, np.full(np.shape(cp), float(keys)))
-        bwd = BACKWARD_FLOP_RATIO * credited / table.rate("bwd", False, d, np.full(np.shape(cp), float(keys)))
+    if keys < s:  # causal sliding window: one banded call of s/cp tokens at the window rate
+        credited, call = core.flop * (1 - keys / (2 * s)), s / cp
+        fwd = credited / table.window_rate("fwd", d, keys, call)
+        bwd = BACKWARD_FLOP_RATIO * credited / table.window_rate("bwd", d, keys, call)
     else:  # global causal: 1/cp of the work in the diagonal causal call, the rest unmasked, calls of s/cp tokens
         credited, call = core.flop / 2, s / cp
 

@@ -145,6 +145,8 @@ def test_context_parallel_mixes_one_causal_call_with_unmasked_ones():
 
 
 def test_windowed_layer_runs_at_the_window_length():
+    """A window of 4096 lies past the measured windows (128, 1024) and the dense length after them (2048): the band
+    runs at the dense unmasked rate of a 4096-token call, as it did before the tables had window curves."""
     gpu, table = load_gpu("h100-sxm"), attention_table("h100-sxm")
     att = Attention(4096, 32, 4096, 1024, 0, True, False, window=4096)
     x = micro(seq_len=32768)
@@ -235,5 +237,164 @@ def test_a_bad_table_is_refused_naming_the_rule(tmp_path, monkeypatch, change, m
     try:
         with pytest.raises(SpecError, match=message):
             attention_table("broken")
+    finally:
+        attention_table.cache_clear()
+
+
+# ---- sliding windows (window_curves) ----
+
+def gpt_oss_window() -> Attention:
+    """gpt-oss-120b's windowed layer: 64 query and 8 KV heads of 64, window 128."""
+    att = model_blocks(load_model("gpt-oss-120b")).kinds[0].attention()
+    assert att.window == 128 and att.q_width // att.num_heads == 64
+    return att
+
+
+def test_gb200_reproduces_nvidias_window_128_kernel_times():
+    """NVIDIA's cuDNN 9.22 gpt-oss rows on GB200 (cudnn-frontend fb682ce761a2, results/gpt_oss/gb200/
+    gpt_oss_20260424_100011.csv): batch 2, 128 query and 128 KV heads of 64, 8k tokens, causal window 128: forward
+    0.414 ms, backward 0.911 ms (non-deterministic). The model's FLOPs (w keys for every query) times 1 - w/(2s) is
+    NVIDIA's band; at the measured 165 and 187 TFLOP/s the table gives the kernel times back (the TFLOP/s are
+    published rounded to 1, hence 0.5 %)."""
+    gpu = load_gpu("gb200")
+    att = Attention(8192, 128, 8192, 8192, 0, True, False, window=128)
+    one = np.ones(1, dtype=int)
+    x = Micro(8192, 2 * one, one, one, np.zeros(1, dtype=bool), "bf16", "flash")
+    band = 2 * 128 * (128 * 129 // 2 + (8192 - 128) * 128)  # NVIDIA's flops(): score elements of the band
+    np.testing.assert_allclose(att.core(x).flop * (1 - 128 / (2 * 8192)), 4 * 64 * band, rtol=1e-3)
+    fwd, bwd = flash_core_times(att, x, gpu)
+    overhead = 2 * gpu.kernel_overhead_s
+    np.testing.assert_allclose(fwd - overhead, 0.414e-3, rtol=5e-3)
+    np.testing.assert_allclose(bwd - overhead, 0.911e-3, rtol=5e-3)
+
+
+@pytest.mark.parametrize("name,seq_len,fwd_tflops,bwd_tflops", [
+    ("gb200", 4096, 161, 182), ("gb200", 16384, 167, 188), ("gb300", 8192, 172, 198),
+    ("b200", 8192, 148, 168),  # GB200's x 0.9, derived
+    ("h200", 8192, 95, 87),  # derived from H200's window 1024 and GB200's window ratio
+])
+def test_gpt_oss_window_layer_is_timed_at_the_window_curve(name, seq_len, fwd_tflops, bwd_tflops):
+    """gpt-oss's window-128 layer runs at the table's window-128 rate at its sequence length, about an eighth of the
+    dense unmasked rate the window length looked up before (GB200: 917 forward, the 2k rate); a global layer of the
+    same model keeps its dense causal rate."""
+    gpu, att, table = load_gpu(name), gpt_oss_window(), attention_table(name)
+    x = micro(seq_len=seq_len)
+    credited = att.core(x).flop * (1 - 128 / (2 * seq_len))
+    fwd, bwd = flash_core_times(att, x, gpu)
+    overhead = 2 * gpu.kernel_overhead_s
+    np.testing.assert_allclose(fwd - overhead, credited / (fwd_tflops * 1e12), rtol=1e-9)
+    np.testing.assert_allclose(bwd - overhead, BACKWARD_FLOP_RATIO * credited / (bwd_tflops * 1e12), rtol=1e-9)
+    dense = table.rate("fwd", False, 64, 128)
+    assert fwd_tflops * 1e12 < dense / 2  # the window costs more time per FLOP than the dense rule said
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_window_rates_are_positive_and_below_the_dense_peak(name: str):
+    table, peak = attention_table(name), load_gpu(name).peak("bf16")
+    seq = np.geomspace(512, 131072, 9)
+    for direction in ("fwd", "bwd"):
+        for d in (32, 64, 96, 128, 160, 256):
+            for w in (16, 64, 128, 200, 512, 1024, 1500, 2048, 4096, 8192, 65536):
+                rates = table.window_rate(direction, d, w, seq)
+                assert np.all(rates > 0) and np.all(rates < peak), (direction, d, w)
+
+
+@pytest.mark.parametrize("name", ["gb200", "gb300", "h100-sxm"])
+def test_window_axis_runs_from_the_measured_windows_to_the_dense_rule(name: str):
+    """Between window 128 and 1024 the rate lies between the two curves and never falls as the window widens; from the
+    first dense length past 1024 (2048) on, the band runs at the dense unmasked rate of a call of w tokens."""
+    table = attention_table(name)
+    for direction in ("fwd", "bwd"):
+        at = [float(table.window_rate(direction, 64, w, 8192)) for w in (128, 181, 256, 512, 1024, 1448, 2048)]
+        assert all(b >= a for a, b in zip(at, at[1:])), (direction, at)
+        for w in (2048, 4096, 8192):
+            np.testing.assert_allclose(table.window_rate(direction, 64, w, 8192), table.rate(direction, False, 64, w))
+        # another head dim keeps the measured band efficiency and takes its own dense rate
+        np.testing.assert_allclose(table.window_rate(direction, 128, 1024, 8192) / table.rate(direction, False, 128, 1024),
+                                   table.band_efficiency(direction, 64, 1024, 8192))
+
+
+def test_h200_window_1024_is_nvidias_h200_measurement():
+    """cudnn-frontend results/h200_919_only_cudnn/gpt_oss_20260227_034819.csv (cuDNN 9.19.1, gpt-oss's 64/8 heads of 64,
+    window 1024): forward 349 and backward 300 TFLOP/s at 8k."""
+    table = attention_table("h200")
+    np.testing.assert_allclose(table.window_rate("fwd", 64, 1024, 8192), 349e12)
+    np.testing.assert_allclose(table.window_rate("bwd", 64, 1024, 8192), 300e12)
+
+
+def _table_set(root: Path, name: str, body: dict, monkeypatch) -> None:
+    folder = root / "kernels" / "attention"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump(body))
+    monkeypatch.setenv("MESHPLAN_PROFILES", str(root))
+    attention_table.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["gb200", "h100-sxm"])
+def test_a_table_without_window_curves_loads_and_keeps_the_dense_rule(name, tmp_path, monkeypatch):
+    """The format before window curves: the same table without the key loads, a windowed layer then runs at the dense
+    unmasked rate of the window length, and a global layer is timed exactly as with the window curves."""
+    body = yaml.safe_load((PROFILES_DIR / "kernels" / "attention" / f"{name}.yaml").read_text())
+    assert body.pop("window_curves")
+    shipped = attention_table(name)
+    gpu = load_gpu(name)
+    blocks = model_blocks(load_model("gpt-oss-120b"))
+    local, glob = (k.attention() for k in blocks.kinds)
+    x = micro(seq_len=4096, cp=2, tp=2, n=3)
+    with_curves = [flash_core_times(att, x, gpu) for att in (local, glob)]
+    try:
+        _table_set(tmp_path, "old", body, monkeypatch)
+        old = attention_table("old")
+        assert old.window_curves == {}
+        for key, grid in shipped.rates_flop_per_s.items():
+            np.testing.assert_array_equal(old.rates_flop_per_s[key], grid)
+        np.testing.assert_array_equal(old.band_efficiency("fwd", 64, 128, np.array([2048, 8192])), [1.0, 1.0])
+        gpu_old = gpu.model_copy(update={"kernel_tables": "old"})
+        for direction in (0, 1):  # global: unchanged to the last bit
+            np.testing.assert_array_equal(flash_core_times(glob, x, gpu_old)[direction], with_curves[1][direction])
+        fwd = flash_core_times(local, x, gpu_old)[0]
+        core = local.core(x)
+        floor = core.bytes / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)  # the HBM floor may bind here
+        expect = np.maximum(core.flop * (1 - 128 / (2 * 4096)) / old.rate("fwd", False, 64, 128), floor)
+        np.testing.assert_allclose(fwd, expect + 2 * gpu.kernel_overhead_s, rtol=1e-12)
+        assert np.all(fwd < with_curves[0][0])  # the dense rule was the fast one
+    finally:
+        attention_table.cache_clear()
+
+
+GOOD_WINDOW = {"direction": "fwd", "causal": True, "head_dim": 64, "window": 128, "tflops": [100, 110], "source": "x"}
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"window": 0}, r"window_curves\[0\]: window must be a whole number"),
+    ({"window": 128.5}, r"window_curves\[0\]: window must be a whole number"),
+    ({"window": 512}, r"window_curves\[0\]: window must be .* shorter than the shortest seq_len \(512\)"),
+    ({"causal": False}, r"window_curves\[0\]: causal must be true"),
+    ({"direction": "both"}, r"window_curves\[0\]: direction must be fwd or bwd"),
+    ({"head_dim": -64}, r"window_curves\[0\]: head_dim must be a positive number"),
+    ({"tflops": [100]}, r"window_curves\[0\]: tflops must be 2 positive numbers"),
+    ({"tflops": [100, 0]}, r"window_curves\[0\]: tflops must be 2 positive numbers"),
+    ({"seq_lens": [4096, 2048]}, r"window_curves\[0\]: seq_lens must be increasing"),
+    ({"source": " "}, r"window_curves\[0\]: every curve names its source"),
+    (None, r"window_curves\[1\]: a second curve for direction fwd, head_dim 64, window 128"),
+    ("not a list", "window_curves must be a list"),
+])
+def test_a_bad_window_curve_is_refused_naming_the_field(tmp_path, monkeypatch, change, message):
+    dense = [{"direction": d, "causal": c, "head_dim": 64, "tflops": [300, 400], "source": "x"}
+             for d, c in (("fwd", False), ("fwd", True), ("bwd", False))]
+    if change is None:
+        windows = [GOOD_WINDOW, GOOD_WINDOW]
+    elif isinstance(change, str):
+        windows = change
+    else:
+        windows = [GOOD_WINDOW | change]
+    body = {"kind": "public", "gpu": "x", "source": "test", "seq_lens": [512, 1024], "curves": dense,
+            "window_curves": windows}
+    try:
+        _table_set(tmp_path, "broken", body, monkeypatch)
+        with pytest.raises(SpecError, match=message):
+            attention_table("broken")
+        _table_set(tmp_path, "fine", body | {"window_curves": [GOOD_WINDOW]}, monkeypatch)
+        assert attention_table("fine").window_curves["fwd"][0].window == 128
     finally:
         attention_table.cache_clear()

@@ -63,6 +63,9 @@ LEFT_OUT = {
     "torchtitan H100 (2024-12)": "measured on Grand Teton H100s (500 W, 96 GB HBM2e), not the 700 W DGX H100 the "
                                  "dgx-h100 preset describes: its errors are another machine's, not this GPU's band "
                                  "(the accuracy report still shows them, with and without)",
+    "LLM Foundry H100 (MPT)": "Composer on PyTorch FSDP1 with 2023-24 kernels (Triton FlashAttention, torch 2.0/2.1), "
+                              "costed as framework torchtitan, the closest meshplan has: its errors are an approximated "
+                              "framework's, not this GPU's band (the accuracy report shows them)",
 }
 
 END_TO_END = tuple(e for e in tuple(EndToEnd(t.name, t.rows) for t in A100_TABLES if t.kind == "step") + (

@@ -205,6 +205,11 @@ PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     # and runs on torchtitan's own schedule, reductions and op-level selective recompute (framework)
     "torchtitan_h100": ("torchtitan H100 (2024-12)", {"cross_entropy_fusion": False, "framework": "torchtitan"}),
     "torchtitan_h200": ("torchtitan H200 (2025-06)", {"cross_entropy_fusion": False, "framework": "torchtitan"}),
+    # LLM Foundry trains with Composer on PyTorch FSDP1 (FULL_SHARD / SHARD_GRAD_OP), which meshplan has no framework
+    # for: costed as torchtitan (PyTorch FSDP2), the closest, whose per-micro-batch reduce-scatter and re-gather
+    # Composer shares; FSDP1's flat-parameter copies and rate limiting are not modelled. Its loss is flash-attn's
+    # fused cross-entropy (MPT's default loss_fn 'fused_crossentropy'): the file's source block says where from.
+    "llmfoundry_h100": ("LLM Foundry H100 (MPT)", {"cross_entropy_fusion": True, "framework": "torchtitan"}),
 }
 OTHER_DATA_FILES = {"published_layouts", "torchtitan_fsdp2_a100", "zero3_runs", "peak_memory"}
 
@@ -260,7 +265,8 @@ def public_runs(name: str) -> PublicSet:
     batch, sequence length, the degrees (tp, pp, cp, vp, ep), precision and the
     measured tokens/s/GPU, and optionally `fsdp` (> 0: ZeRO-3 over the data
     parallel ranks; 0: DDP with or without the distributed optimizer, searched),
-    `ga` (gradient accumulation steps, checked against GBS / (MBS·DP)),
+    `ga` (gradient accumulation steps, checked against GBS / (MBS·DP)), `zero_stage` (2: PyTorch FSDP's
+    SHARD_GRAD_OP; it may not contradict `fsdp`),
     `local_batch_size` (torchtitan: sequences per data parallel rank),
     `activation_checkpointing`, `pp_schedule`, `model_overrides`, `variant`, `moe_dispatcher`
     (alltoall, deepep, hybridep) and `overlap_moe_comm` (Megatron's --overlap-moe-expert-parallel-comm).
@@ -290,6 +296,7 @@ def _public_label(r: dict[str, Any], legacy: bool) -> str:
     recipe = r.get("fp8_recipe", "")
     prec = recipe if r["precision"] == "fp8" and 0 < len(recipe) <= 8 else r["precision"]
     extra = "".join(f" {k}{r[k]}" for k in ("ep", "fsdp") if r.get(k, 0) > 1)
+    extra += f" zero{r['zero_stage']}" if "zero_stage" in r else ""
     ac = f" AC {r['activation_checkpointing']}" if "activation_checkpointing" in r else ""
     sched = " interleaved" if r.get("pp_schedule", "").startswith("Interleaved") else ""
     asynctp = " asyncTP" if r.get("async_tp") else ""
@@ -300,7 +307,9 @@ def _public_label(r: dict[str, Any], legacy: bool) -> str:
 
 #: The published FP8 recipe names -> TrainSpec.fp8_recipe; a recipe not stated keeps the default (delayed).
 FP8_RECIPES = {"FP8-CS": "tensorwise", "FP8-MX": "mxfp8", "MXFP8": "mxfp8",
-               "torchao float8 tensorwise dynamic": "tensorwise"}
+               "torchao float8 tensorwise dynamic": "tensorwise",
+               # Composer's amp_fp8: Transformer Engine's DelayedScaling (HYBRID, amax history 16, max)
+               "TE DelayedScaling HYBRID": "delayed"}
 
 
 def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None, legacy: bool):
@@ -322,6 +331,8 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
         return refuse(f"global batch ({B}) is not local batch ({r['local_batch_size']}) x dp ({dp})")
     if r.get("fsdp", 0) not in (0, dp):
         return refuse(f"fsdp ({r['fsdp']}) is neither 0 nor the data parallel degree ({dp})")
+    if "zero_stage" in r and (r["zero_stage"] not in (0, 1, 2, 3) or (r.get("fsdp", 0) > 0) != (r["zero_stage"] == 3)):
+        return refuse(f"zero_stage ({r['zero_stage']}) must be 0-3 and is 3 exactly when fsdp ({r.get('fsdp', 0)}) > 0")
     if r["precision"] not in PRECISIONS:
         return refuse(f"precision {r['precision']!r} has no meshplan setting")
     ac = r.get("activation_checkpointing")
@@ -343,7 +354,7 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
     elif "local_batch_size" in r and pp == 1:
         cons["micro_batch_size"] = r["local_batch_size"]  # no pipeline: the local batch is one micro-batch
     cons["sequence_parallel"] = tp > 1
-    cons["zero_stage"] = 3 if r.get("fsdp", 0) > 0 else [0, 1]
+    cons["zero_stage"] = r.get("zero_stage", 3 if r.get("fsdp", 0) > 0 else [0, 1])
     cons["offload_optimizer"] = False  # no published row offloads the optimizer
     if "ep" in r:
         cons["ep"] = r["ep"]

@@ -102,10 +102,26 @@ def test_row_fields_become_constraints():
 @pytest.mark.parametrize("change,reason", [({"ga": 2}, "GA"), ({"tp": 3}, "divide"), ({"fsdp": 4}, "fsdp"),
                                            ({"precision": "nvfp4"}, "precision"),
                                            ({"activation_checkpointing": "selective op"}, "framework torchtitan"),
-                                           ({"activation_checkpointing": "selective layer"}, "not modelled")])
+                                           ({"activation_checkpointing": "selective layer"}, "not modelled"),
+                                           ({"zero_stage": 2}, "zero_stage"), ({"fsdp": 0, "zero_stage": 3}, "zero_stage")])
 def test_inconsistent_or_unmodelled_rows_are_refused_with_the_reason(change, reason):
     out = _public_case(ROW | change, "t", None, legacy=False)
     assert reason in out.reason and out.measured_step_s > 0
+
+
+def test_shard_grad_op_rows_are_zero_stage_2():
+    case = _public_case({k: v for k, v in ROW.items() if k != "fsdp"} | {"zero_stage": 2}, "t", None, legacy=False)
+    assert case.constraints["zero_stage"] == 2 and " zero2" in case.label
+
+
+def test_llmfoundry_presets_reproduce_the_published_parameter_counts():
+    # LLM Foundry's NumParams column grows with SeqLen: MPT as its pretrain yamls build it has a learned
+    # position table of max_seq_len rows (no ALiBi), which each row's model_overrides sets to SeqLen.
+    rows = json.loads(public_set_path("llmfoundry_h100").read_text())["rows"]
+    cases = public_runs("llmfoundry_h100").cases
+    assert len(cases) == len(rows)
+    assert [c.model.num_params() for c in cases] == [r["num_params"] for r in rows]
+    assert {r["model"] for r in rows} == {f"mpt-{s}" for s in ("760m", "1b", "3b", "7b", "13b", "30b", "70b")}
 
 
 def test_torchtitans_op_level_policy_is_its_selective_recompute():

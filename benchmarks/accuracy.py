@@ -210,6 +210,8 @@ DESCRIPTIONS = {
     "torchtitan H100 (2024-12)": "torchtitan on 8-512 H100s (Llama 3.1 8B-405B, FSDP / CP / TP / PP, Float8; "
                                  "`benchmarks/data/`)",
     "torchtitan H200 (2025-06)": "torchtitan FSDP2 on 32-64 H200s (Llama 3.1 8B; `benchmarks/data/`)",
+    "LLM Foundry H100 (MPT)": "LLM Foundry (Composer FSDP, 2023) on 8-512 H100s (MPT 760M-70B, BF16 and FP8, "
+                              "512-65k tokens; costed as framework torchtitan; `benchmarks/data/`)",
     GENERATION_FIT_TABLE: "Megatron-Bridge 25.11, the largest dense models per GPU generation: the rows "
                           "`sustained_compute_fraction` is fitted on (`python -m benchmarks.generations`)",
 }

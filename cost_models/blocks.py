@@ -62,6 +62,7 @@ class Micro:
     cross_entropy_fusion: bool = True  # Megatron's --cross-entropy-loss-fusion (see Head.loss_bytes)
     fp8_recipe: str = "delayed"  # Megatron's --fp8-recipe (cost_models.elementwise)
     moe_dispatcher: str = "alltoall"  # MoE token dispatcher (cost_models.dispatch)
+    framework: str = "megatron"  # the training framework whose code runs the layers (its host operations)
 
     @cached_property
     def tokens(self) -> np.ndarray:

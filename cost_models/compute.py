@@ -147,7 +147,13 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     if table is not None:  # the host issues every kernel: a layer is never faster than that
         tp_exchanges = sum(c.tp_exchanges for c in layer.comms(x))
         local_experts = moe.num_experts / x.ep if moe else 0
-        fwd, bwd = table.host_floor(fwd, bwd, ew_kernels + layer_kernels(gemms, core, x, tp_exchanges), local_experts)
+        kernels = ew_kernels + layer_kernels(gemms, core, x, tp_exchanges)
+        if moe and x.framework == "megatron":  # Megatron-core's MoELayer: a host wait in its dispatcher,
+            experts_s = sum(gemm_time(g, gpu, prec) for g in gemms if g.grouped)  # counted ops for alltoall
+            fwd, bwd = table.moe_host_floor(fwd, bwd, kernels, local_experts, experts_s,
+                                            counted=x.moe_dispatcher == "alltoall")
+        else:
+            fwd, bwd = table.host_floor(fwd, bwd, kernels, local_experts)
     shared_s = sum((gemm_time(g, gpu, prec) for g in moe.shared_gemms(x)), ZERO_S) if moe else ZERO_S
     return LayerTimes(fwd_s=fwd, bwd_s=bwd, attn_core_fwd_s=core_s + softmax_s,
                       fwd_flop=sum(g.flop for g in gemms) + core.flop, attn_core_flop=core.flop,

@@ -17,6 +17,12 @@ t0 = `kernel_fixed_us`, h = `host_per_kernel_us`, n = kernels of a layer's forwa
   adds `host_per_expert_forward_us` (backward: `host_per_expert_backward_us`) of host set-up per
   local expert (buffers, pointers and quantizers per expert), which is what makes fine-grained MoE
   layers with many local experts host-bound;
+- Megatron-core's MoE layer (`moe_host_floor`, the megatron framework): with the alltoall dispatcher
+  its router and token dispatcher issue the operations `benchmarks/host_ops.py` counts on the
+  installed code (`moe_host_ops`: before the host's wait on the token counts, after it, backward),
+  in place of the four idealised kernels the layer's count gives them (`ROUTING_KERNELS`); and every
+  dropless dispatcher (alltoall, DeepEP, HybridEP) waits on the host for the token counts once per
+  forward, so the two parts of the forward each take their own max (`synced_forward_s`);
 - FP8 (Transformer Engine recipes, Megatron-LM `--fp8-recipe`): the input of every quantised GEMM is
   cast in the forward and its output gradient in the backward (`fp8_cast_bytes_per_element`); the
   weights are cast once per step (Transformer Engine caches them across micro-batches,
@@ -58,8 +64,64 @@ SCALE_BYTES = {"blockwise": FP32, "mxfp8": E8M0}
 GRAD_BUFFER_PASSES = 2
 
 _FIELDS = ("hbm_fraction", "kernel_fixed_us", "host_per_kernel_us", "backward_kernels_per_forward",
-           "host_per_expert_forward_us", "host_per_expert_backward_us",
+           "host_per_expert_forward_us", "host_per_expert_backward_us", "moe_host_ops",
            "optimizer_hbm_fraction", "fp8_recipes", "fp8_transpose")
+
+#: The keys of a table's `moe_host_ops` (operations of one MoE layer's router and token dispatcher).
+MOE_HOST_OPS_KEYS = ("forward_before_sync", "forward_after_sync", "backward")
+
+#: Kernels of a MoE layer's idealised count (`layer_kernels` + the element-wise ones) that stand for its
+#: router and token dispatcher: the router GEMM (`blocks.MoE.gemms`) and the router, permute and
+#: unpermute kernels of `blocks.MoE.elementwise` (its fourth, the experts' activation, stays).
+ROUTING_KERNELS = 4
+#: Kernels of the routed experts in the idealised count, all issued after the host's wait: the two
+#: grouped GEMMs (one launch each, `layer_kernels`) and the activation.
+EXPERT_KERNELS = 3
+
+
+@dataclass(frozen=True)
+class MoeHostOps:
+    """Host-issued operations of one Megatron-core MoE layer's router and alltoall token dispatcher
+    (not its experts) per micro-batch, as counted by `benchmarks/host_ops.py`: the forward's before
+    the dispatcher's wait on the token counts (router, permutation, the copies to the host), after it
+    (all-to-alls, sorting by local expert, unpermutation), and the backward's. They do not grow with
+    the local experts (the count shows it); only views, which issue no kernel, do."""
+
+    forward_before_sync: float
+    forward_after_sync: float
+    backward: float
+
+
+def synced_forward_s(gpu_before_s, gpu_after_s, host_before_s, host_after_s) -> np.ndarray:
+    """Forward seconds of a layer in which the host waits once for the GPU.
+
+    Without a wait the host runs ahead of the GPU (CUDA launches are asynchronous) and a layer takes
+    max(GPU, host) over the whole layer: GPU-heavy parts lend the host the time it needs in
+    host-heavy ones. Megatron-core's alltoall dispatcher copies the token counts per expert to the
+    host (`_maybe_dtoh_and_synchronize`: non-blocking copies at "before_permutation_1", then
+    `d2h_event.synchronize()` at the start of `token_dispatch` with ep > 1, as the all-to-all needs
+    its split sizes on the host; at ep = 1 before the experts, which need `tokens_per_expert` as a
+    list). At that wait the GPU's queue runs empty: the host can issue nothing of the rest of the
+    layer before the GPU has finished the part before it, and what the host queued before the wait
+    cannot cover the host time after it. The DeepEP and HybridEP dispatchers wait too
+    (megatron/core/transformer/moe/fused_a2a.py): DeepEP's dispatch returns the tokens received per
+    expert as a host list (`FusedDispatch.forward`), and HybridEP's blocks on its pinned-memory
+    counts unless the permuted token count is known in advance, which it is only when dropping and
+    padding (`HybridEPDispatch.forward`: `non_blocking = num_permuted_tokens is not None`). So each
+    part takes its own max, and the host time of the part after the wait adds to the GPU time of the
+    part before it:
+
+        max(GPU before, host before) + max(GPU after, host after)  >=  max(GPU, host).
+
+    (Within a part the host still runs ahead; the launch latency of the first kernel after the wait
+    is left out.)
+
+    >>> float(synced_forward_s(3.0, 1.0, 1.0, 2.0))  # layer-wise max(4, 3) = 4
+    5.0
+    >>> float(synced_forward_s(3.0, 1.0, 1.0, 0.5))  # GPU-bound in both parts: no change
+    4.0
+    """
+    return np.maximum(gpu_before_s, host_before_s) + np.maximum(gpu_after_s, host_after_s)
 
 
 def fp8_cast_bytes_per_element(recipe: str, transpose: bool) -> float:
@@ -98,6 +160,7 @@ class ElementwiseModel:
     fp8_transpose: bool
     host_per_expert_fwd_s: float = 0.0  # e_f: host set-up of one local expert in a grouped MLP's forward
     host_per_expert_bwd_s: float = 0.0  # e_b: the same in its backward
+    moe_host_ops: MoeHostOps | None = None  # Megatron-core's router and dispatcher, counted
 
     def time_s(self, nbytes, num_kernels) -> np.ndarray:
         """GPU seconds of `num_kernels` memory-bound kernels moving `nbytes` in all.
@@ -160,6 +223,35 @@ class ElementwiseModel:
         return (np.maximum(fwd_s, host_fwd + experts * self.host_per_expert_fwd_s),
                 np.maximum(bwd_s, self.backward_kernels_per_forward * host_fwd + experts * self.host_per_expert_bwd_s))
 
+    def moe_host_floor(self, fwd_s: np.ndarray, bwd_s: np.ndarray, fwd_kernels: np.ndarray, local_experts,
+                       experts_fwd_s: np.ndarray, counted: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """`host_floor` for a Megatron-core MoE layer: with `counted` (the alltoall dispatcher) the
+        router and dispatcher issue the counted `moe_host_ops` in place of the `ROUTING_KERNELS` of the
+        idealised count (without it, for the DeepEP and HybridEP dispatchers, whose operations were not
+        counted, those kernels stay, all before the wait); the forward is `synced_forward_s` of its
+        part before the dispatcher's wait and the part after (GPU: the routed experts' GEMMs,
+        `experts_fwd_s`; host: the operations after the wait, the experts' kernels and their
+        per-expert set-up). The backward has no wait (the all-to-alls reuse the split sizes already
+        on the host): max(GPU, host) as in `host_floor`.
+
+        >>> ops = MoeHostOps(41, 9, 24)
+        >>> m = ElementwiseModel("x", 3e12, 3e-6, 6.5e-6, 2.0, 2.4e12, ("delayed",), True, 18.8e-6, 32.8e-6, ops)
+        >>> fwd, bwd = m.moe_host_floor(np.array(800e-6), np.array(1600e-6), np.array(40), 16, np.array(200e-6))
+        >>> round(float(fwd) * 1e6), round(float(bwd) * 1e6)  # us: 0.6 ms of GPU, then 0.38 ms of host time
+        (979, 1600)
+        >>> round(float(m.host_floor(np.array(800e-6), np.array(1600e-6), np.array(40), 16)[0]) * 1e6)  # layer-wise
+        800
+        """
+        h, r = self.host_per_kernel_s, self.backward_kernels_per_forward
+        ops = self.moe_host_ops if counted else MoeHostOps(ROUTING_KERNELS, 0, r * ROUTING_KERNELS)
+        experts = np.asarray(local_experts)
+        kernels = fwd_kernels - ROUTING_KERNELS
+        host_after = (ops.forward_after_sync + EXPERT_KERNELS) * h + experts * self.host_per_expert_fwd_s
+        host_before = (kernels - EXPERT_KERNELS + ops.forward_before_sync) * h
+        fwd = synced_forward_s(fwd_s - experts_fwd_s, experts_fwd_s, host_before, host_after)
+        host_bwd = (r * kernels + ops.backward) * h + experts * self.host_per_expert_bwd_s
+        return fwd, np.maximum(bwd_s, host_bwd)
+
     def optimizer_step_s(self, params: np.ndarray, traffic_bytes_per_param: float, grad_bytes: int) -> np.ndarray:
         """Seconds of one optimizer step over `params` parameters (fused multi-tensor kernels)."""
         per_param = traffic_bytes_per_param + GRAD_BUFFER_PASSES * grad_bytes
@@ -204,6 +296,11 @@ def _load(name: str, hbm_bw_bytes_per_s: float, gpu_name: str) -> ElementwiseMod
                   "host_per_expert_forward_us", "host_per_expert_backward_us"):
         if float(table[field]) < 0:
             raise SpecError(f"{where}: {field} must be >= 0, got {table[field]!r}")
+    ops = table["moe_host_ops"]
+    if not isinstance(ops, dict) or sorted(ops) != sorted(MOE_HOST_OPS_KEYS) or any(
+            not isinstance(ops[k], (int, float)) or ops[k] < 0 for k in MOE_HOST_OPS_KEYS):
+        raise SpecError(f"{where}: moe_host_ops must map {', '.join(MOE_HOST_OPS_KEYS)} to counts >= 0, "
+                        f"got {ops!r}")
     recipes = tuple(table["fp8_recipes"] or ())
     unknown = [r for r in recipes if r not in FP8_RECIPES]
     if unknown:
@@ -219,4 +316,5 @@ def _load(name: str, hbm_bw_bytes_per_s: float, gpu_name: str) -> ElementwiseMod
         fp8_transpose=bool(table["fp8_transpose"]),
         host_per_expert_fwd_s=float(table["host_per_expert_forward_us"]) * MICRO,
         host_per_expert_bwd_s=float(table["host_per_expert_backward_us"]) * MICRO,
+        moe_host_ops=MoeHostOps(**{k: float(ops[k]) for k in MOE_HOST_OPS_KEYS}),
     )

@@ -16,7 +16,7 @@ elementwise     hbm_fraction          large-copy rate / the GPU profile's hbm_bw
                 host_per_kernel_us    host time to issue one op with autograd recording
                 optimizer_hbm_fraction  Adam step bytes (cost_models.units, fp32) / time / hbm_bw
                 fp8_recipes, fp8_transpose  from the device's compute capability
-                backward_kernels_per_forward, host_per_expert_*: carried
+                backward_kernels_per_forward, host_per_expert_*, moe_host_ops: carried
 memory          cuda_context_mib      CUDA: device memory outside the allocator before NCCL;
                                       CPU: the rank's measured resident baseline
                 nccl_connection_mib, nccl_channels: CUDA carried, CPU 0 (gloo)
@@ -150,6 +150,9 @@ def elementwise_table_profile(raw: dict[str, Any], hbm_bw_bytes_per_s: float, so
         "host_per_expert_backward_us": carried["host_per_expert_backward_us"],
         "host_per_expert_source": f"{carry} (host set-up per local expert of Transformer Engine's grouped MLP, "
                                   f"which the profile does not run)",
+        "moe_host_ops": carried["moe_host_ops"],
+        "moe_host_ops_source": f"{carry} (operations Megatron-core's MoE router and token dispatcher issue, "
+                               f"counted by benchmarks/host_ops.py: a property of the code, not of the GPU)",
         "backward_kernels_per_forward": carried["backward_kernels_per_forward"],
         "backward_kernels_per_forward_source": f"{carry} (backward kernels per forward kernel are a property "
                                                f"of the framework's autograd graph, not of a micro-benchmark)",

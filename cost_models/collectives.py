@@ -190,13 +190,6 @@ class CurveCommModel(TierCommModel):
         self.nvlink = dict(nvlink)
         self.nvlink["gather_scatter"] = _mean_curve(nvlink["all_gather"], nvlink["reduce_scatter"])
 
-    def _span(self, size, stride):
-        """(inside one domain, members per domain) of each group."""
-        size, stride = np.asarray(size, dtype=float), np.asarray(stride, dtype=float)
-        inside = size * stride <= self.domain
-        local = np.clip(self.domain // np.maximum(stride, 1), 1, size)
-        return inside, local
-
     def _groups(self, nbytes, size, stride):
         """Flattened (bytes, n, stride, members per domain) of every query, and the masks of the
         groups inside one domain and of those spanning domains (groups of one rank take no time and

@@ -75,8 +75,7 @@ class TierCommModel:
     def _tier(self, size, stride, intra_bw, inter_bw):
         size, stride = np.asarray(size, dtype=float), np.asarray(stride, dtype=float)
         inside = size * stride <= self.domain
-        members_per_domain = np.clip(self.domain // np.maximum(stride, 1), 1, size)
-        bw = np.where(inside, intra_bw, np.minimum(intra_bw, inter_bw * members_per_domain))
+        bw = np.where(inside, intra_bw, np.minimum(intra_bw, inter_bw * self.domain_members(size, stride)))
         lat = np.where(inside, self.intra_lat, self.inter_lat)
         return bw, lat
 
@@ -136,7 +135,7 @@ class TierCommModel:
         n = np.asarray(size, dtype=float)
         stride = np.asarray(stride, dtype=float)
         inside = n * stride <= self.domain
-        local = np.clip(self.domain // np.maximum(stride, 1), 1, n)
+        local = self.domain_members(n, stride)
         intra_s = intra_scale * nbytes * (local - 1) / n / self.intra_bw
         inter_s = inter_scale * nbytes * (n - local) / n / self.inter_bw
         lat = np.where(inside, self.intra_lat, self.inter_lat)

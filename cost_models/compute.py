@@ -120,7 +120,8 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     prec = x.precision
     hbm = gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency
     gemms = layer.gemms(x)
-    gemm_s = sum(gemm_time(g, gpu, prec) for g in gemms)
+    gemm_ts = [gemm_time(g, gpu, prec) for g in gemms]
+    gemm_s = sum(gemm_ts)
     gemm_bwd_s = sum(gemm_backward_time(g, gpu, prec) for g in gemms)
     core = layer.attention().core(x)
     flash = flash_core_times(layer.attention(), x, gpu)  # measured fused-attention throughput, if the GPU has a table
@@ -149,7 +150,7 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
         local_experts = moe.num_experts / x.ep if moe else 0
         kernels = ew_kernels + layer_kernels(gemms, core, x, tp_exchanges)
         if moe and x.framework == "megatron":  # Megatron-core's MoELayer: a host wait in its dispatcher,
-            experts_s = sum(gemm_time(g, gpu, prec) for g in gemms if g.grouped)  # counted ops for alltoall
+            experts_s = sum(t for g, t in zip(gemms, gemm_ts) if g.grouped)  # counted ops for alltoall
             fwd, bwd = table.moe_host_floor(fwd, bwd, kernels, local_experts, experts_s,
                                             counted=x.moe_dispatcher == "alltoall")
         else:

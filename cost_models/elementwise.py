@@ -124,6 +124,12 @@ def synced_forward_s(gpu_before_s, gpu_after_s, host_before_s, host_after_s) -> 
     return np.maximum(gpu_before_s, host_before_s) + np.maximum(gpu_after_s, host_after_s)
 
 
+def fp8_copies(recipe: str, transpose: bool) -> int:
+    """FP8 copies of one tensor a recipe keeps: a second (transposed, or column-wise quantised) one where
+    the GEMMs need it (Hopper's TN-only FP8 GEMMs; block scales, which run along one dimension)."""
+    return 2 if (transpose or recipe in BLOCK_ELEMENTS) else 1
+
+
 def fp8_cast_bytes_per_element(recipe: str, transpose: bool) -> float:
     """HBM bytes one quantise kernel moves per element of a 16-bit tensor cast to FP8: read the
     bf16 tensor (twice with current scaling: the amax pass, then the cast), write one FP8 copy, a
@@ -135,7 +141,7 @@ def fp8_cast_bytes_per_element(recipe: str, transpose: bool) -> float:
     (3, 4.0625)
     """
     block = BLOCK_ELEMENTS.get(recipe)
-    copies = 2 if (transpose or block) else 1
+    copies = fp8_copies(recipe, transpose)
     amax_pass = BF16 if recipe == "tensorwise" else 0
     scales = copies * SCALE_BYTES[recipe] / block if block else 0
     return BF16 + amax_pass + copies * FP8 + scales

@@ -45,7 +45,7 @@ import numpy as np
 
 from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays, selected_modules
 from cost_models.blocks import ZERO, DenseMLP, LatentAttention, Micro, ModelBlocks, MoE, padded_vocab
-from cost_models.elementwise import SCALE_BYTES
+from cost_models.elementwise import SCALE_BYTES, fp8_copies
 from cost_models.layout import ParallelLayout
 from cost_models.units import BF16, DTYPE_BYTES, FP8, FP32, WEIGHT_BYTES, optimizer_state_bytes
 
@@ -301,7 +301,7 @@ def fp8_weight_bytes_per_element(recipe: str, transpose: bool) -> float:
     (1, 2.0625)
     """
     block = WEIGHT_BLOCK_ELEMENTS.get(recipe)
-    copies = 2 if (transpose or block) else 1
+    copies = fp8_copies(recipe, transpose)
     return copies * (FP8 + SCALE_BYTES[recipe] / block) if block else copies * FP8
 
 

@@ -203,13 +203,22 @@ PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     "mbridge_26_06_01": ("Megatron-Bridge 26.06.01", BRIDGE),
     # torchtitan computes the loss with PyTorch's cross_entropy over fp32 logits: not Megatron's fused kernel
     # and runs on torchtitan's own schedule, reductions and op-level selective recompute (framework)
-    "torchtitan_h100": ("torchtitan H100 (2024-12)", {"cross_entropy_fusion": False, "framework": "torchtitan"}),
-    "torchtitan_h200": ("torchtitan H200 (2025-06)", {"cross_entropy_fusion": False, "framework": "torchtitan"}),
+    # Its attention is PyTorch's SDPA, whose backend list had FlashAttention-2 first on Hopper then: cuDNN was made
+    # opt-in after torch 2.5 (pytorch/pytorch#138522; #142132 measured the default at 329 TFLOP/s against cuDNN's 631 on
+    # torch 2.6.0.dev20241204) and torchtitan put cuDNN first on sm100 only (pytorch/torchtitan#1196, 2025-05).
+    "torchtitan_h100": ("torchtitan H100 (2024-12)", {"cross_entropy_fusion": False, "framework": "torchtitan",
+                                                      "attention_kernel": "flash2"}),
+    "torchtitan_h200": ("torchtitan H200 (2025-06)", {"cross_entropy_fusion": False, "framework": "torchtitan",
+                                                      "attention_kernel": "flash2"}),
     # LLM Foundry trains with Composer on PyTorch FSDP1 (FULL_SHARD / SHARD_GRAD_OP), which meshplan has no framework
     # for: costed as torchtitan (PyTorch FSDP2), the closest, whose per-micro-batch reduce-scatter and re-gather
     # Composer shares; FSDP1's flat-parameter copies and rate limiting are not modelled. Its loss is flash-attn's
-    # fused cross-entropy (MPT's default loss_fn 'fused_crossentropy'): the file's source block says where from.
-    "llmfoundry_h100": ("LLM Foundry H100 (MPT)", {"cross_entropy_fusion": True, "framework": "torchtitan"}),
+    # fused cross-entropy (MPT's default loss_fn 'fused_crossentropy'): the file's source block says where from. Its
+    # attention is flash-attn 2 (attn_impl 'flash') or a Triton FlashAttention kernel (attn_impl 'triton'), timed as
+    # FlashAttention-2, the nearest measured kernel (the FA3 paper's Figure 5 has the Triton tutorial kernel within
+    # 10 % of FlashAttention-2 at head dim 128, MPT's).
+    "llmfoundry_h100": ("LLM Foundry H100 (MPT)", {"cross_entropy_fusion": True, "framework": "torchtitan",
+                                                    "attention_kernel": "flash2"}),
 }
 OTHER_DATA_FILES = {"published_layouts", "torchtitan_fsdp2_a100", "zero3_runs", "peak_memory"}
 
@@ -269,7 +278,8 @@ def public_runs(name: str) -> PublicSet:
     SHARD_GRAD_OP; it may not contradict `fsdp`),
     `local_batch_size` (torchtitan: sequences per data parallel rank),
     `activation_checkpointing`, `pp_schedule`, `model_overrides`, `variant`, `moe_dispatcher`
-    (alltoall, deepep, hybridep) and `overlap_moe_comm` (Megatron's --overlap-moe-expert-parallel-comm).
+    (alltoall, deepep, hybridep), `overlap_moe_comm` (Megatron's --overlap-moe-expert-parallel-comm) and
+    `attention_kernel` (flash, flash2; default flash).
     The file's top-level `moe_load_imbalance` applies to rows of MoE models.
     Fields a row does not state are searched (recomputation, etp, ZeRO 0/1, and
     micro-batch size where no row field fixes it); optimizer offload is off. A
@@ -360,7 +370,8 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
         cons["ep"] = r["ep"]
     if ac is not None:
         cons |= ACTIVATION_CHECKPOINTING[ac]
-    train: dict[str, Any] = {"precision": r["precision"], "grad_precision": "fp32", "attention_kernel": "flash"}
+    train: dict[str, Any] = {"precision": r["precision"], "grad_precision": "fp32",
+                             "attention_kernel": r.get("attention_kernel", "flash")}
     if r["precision"] == "fp8" and r.get("fp8_recipe") in FP8_RECIPES:
         train["fp8_recipe"] = FP8_RECIPES[r["fp8_recipe"]]
     if "cross_entropy_fusion" in r:

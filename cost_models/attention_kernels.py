@@ -175,15 +175,27 @@ def _body(name: str) -> tuple[dict, str]:
 
 
 @lru_cache(maxsize=None)
-def attention_table(name: str | None) -> AttentionTable | None:
-    """The parsed attention table of table set `name` (cached: one parse per set), or None when it has none."""
-    from planner.errors import SpecError
-
+def attention_table(name: str | None, kernel: str = "flash") -> AttentionTable | None:
+    """The parsed attention table of table set `name` for `kernel` (cached: one parse per set and kernel), or None
+    when the set has none. `flash` is the table itself (the fused kernel the GPU's fastest stack runs: cuDNN on Hopper
+    and Blackwell); another kernel is the table's section of that name (`flash2:` FlashAttention-2), None without one."""
     if not name:
         return None
     data, label = _body(name)
     if not data:
         return None
+    if kernel != "flash":
+        data, label = data.get(kernel) or {}, f"{label} {kernel}"
+        if not data:
+            return None
+    return _parse(name, data, label)
+
+
+def _parse(name: str, data: dict, label: str) -> AttentionTable:
+    from planner.errors import SpecError
+
+    if not isinstance(data, dict):
+        raise SpecError(f"attention table {label}: must be a mapping, got {data!r}")
     seq = np.asarray(data.get("seq_lens", []), dtype=float)
     if seq.ndim != 1 or len(seq) < 2 or np.any(seq <= 0) or np.any(np.diff(seq) <= 0):
         raise SpecError(f"attention table {label}: seq_lens must be at least two increasing positive lengths, "
@@ -259,6 +271,23 @@ def _window_curves(data: dict, label: str, seq: np.ndarray) -> dict[str, tuple[W
     return {k: tuple(v) for k, v in out.items()}
 
 
+def kernel_problem(gpu: GpuSpec, kernel: str, windowed: bool) -> str | None:
+    """Why attention kernel `kernel` cannot be timed on `gpu` (for a model with sliding-window layers when
+    `windowed`), or None. A GPU without an attention table times every fused kernel with its fitted roofline (the
+    A100's: FlashAttention-2 is the fused kernel it was fitted with); one with a table needs the kernel's section."""
+    if kernel in ("flash", "unfused") or attention_table(gpu.kernel_tables) is None:
+        return None
+    table = attention_table(gpu.kernel_tables, kernel)
+    where = f"profiles/kernels/attention/{gpu.kernel_tables}.yaml"
+    if table is None:
+        return (f"attention_kernel {kernel!r} on {gpu.name}: its attention table ({where}) has no measurement of that "
+                f"kernel (a '{kernel}:' section); use attention_kernel 'flash' (the fused kernel its table measures)")
+    if windowed and not table.window_curves:
+        return (f"attention_kernel {kernel!r} on {gpu.name}: the model has sliding-window layers and {where} has no "
+                f"window measurement of that kernel; use attention_kernel 'flash'")
+    return None
+
+
 def _head_dim(att: Attention | LatentAttention) -> float:
     """(d_qk + d_v)/2: FLOPs are proportional to d_qk + d_v, so this is the head dim of equal work."""
     if hasattr(att, "q_width"):
@@ -275,7 +304,7 @@ def flash_core_times(att: Attention | LatentAttention, x: Micro, gpu: GpuSpec) -
     """
     if x.attention_kernel == "unfused" or x.precision not in SIXTEEN_BIT_CORE:
         return None
-    table = attention_table(gpu.kernel_tables)
+    table = attention_table(gpu.kernel_tables, x.attention_kernel)
     if table is None:
         return None
     core = att.core(x)

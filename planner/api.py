@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from cost_models.attention_kernels import kernel_problem
 from planner.errors import InputWarning, SpecError, SpecValidationError, short_repr
 from planner.rules import batch_warning, context_warning, family_warning, fp8_recipe_problem, node_warning
 from planner.specs.base import MAX_GPUS
@@ -47,6 +48,9 @@ def make_inputs(
     train = _framework_zero3(train)
     cluster_spec.gpu.peak(train.precision)  # the GPU must have a rate for this precision
     if (problem := fp8_recipe_problem(train, cluster_spec.gpu)) is not None:
+        raise SpecError(problem)
+    if (problem := kernel_problem(cluster_spec.gpu, train.attention_kernel,
+                                  windowed=any(model_spec.local_attention_mask()))) is not None:
         raise SpecError(problem)
     checks = [batch_warning(train, num_gpus), node_warning(cluster_spec, num_gpus), context_warning(model_spec, train)]
     if _hand_built(model, model_spec):

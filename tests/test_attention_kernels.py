@@ -398,3 +398,65 @@ def test_a_bad_window_curve_is_refused_naming_the_field(tmp_path, monkeypatch, c
         assert attention_table("fine").window_curves["fwd"][0].window == 128
     finally:
         attention_table.cache_clear()
+
+
+# ---- FlashAttention-2 (attention_kernel flash2) ----
+
+def test_flash2_reads_the_fa3_papers_flashattention2_bars_on_h100():
+    """The H100 table's flash2 section is FlashAttention-2 as the FA3 paper's Figure 5 measured it (forward) and
+    the backward derived from the FA2 README's forward + backward figure; the H200 takes it with the rest."""
+    for name in ("h100-sxm", "h200"):
+        t = attention_table(name, "flash2")
+        assert round(float(t.rate("fwd", True, 128, 8192)) / 1e12) == 333
+        assert round(float(t.rate("fwd", False, 64, 512)) / 1e12) == 282
+        # fwd + bwd of the README (causal, head dim 128, 16k: 328 TFLOP/s over 3.5x the forward FLOPs)
+        fwd, bwd = float(t.rate("fwd", True, 128, 16384)), float(t.rate("bwd", True, 128, 16384))
+        assert 3.5 / (1 / fwd + BACKWARD_FLOP_RATIO / bwd) / 1e12 == pytest.approx(328, abs=1)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash2_is_slower_than_the_cudnn_kernel_on_hopper_everywhere(direction, causal):
+    fast, fa2 = attention_table("h100-sxm"), attention_table("h100-sxm", "flash2")
+    for d in (64, 96, 128, 256):
+        seq = np.array([512, 1024, 2048, 4096, 8192, 16384, 65536])
+        assert np.all(fa2.rate(direction, causal, d, seq) < fast.rate(direction, causal, d, seq))
+
+
+def test_flash2_core_is_slower_and_the_step_follows():
+    """The same layer and micro-batch: the FlashAttention-2 core takes longer each way; only the core changes."""
+    gpu, att = load_gpu("h100-sxm"), llama3_8b_attention()
+    f_fwd, f_bwd = flash_core_times(att, micro(kernel="flash"), gpu)
+    s_fwd, s_bwd = flash_core_times(att, micro(kernel="flash2"), gpu)
+    assert s_fwd[0] > 1.4 * f_fwd[0] and s_bwd[0] > 1.4 * f_bwd[0]
+    from planner.api import evaluate
+
+    run = dict(model="llama3.1-8b", num_gpus=8, global_batch_size=16, seq_len=8192,
+               strategy={"dp": 8, "zero_stage": 3, "micro_batch_size": 2, "recompute": "full"})
+    h100 = {k: evaluate(cluster="dgx-h100", attention_kernel=k, **run) for k in ("flash", "flash2")}
+    assert h100["flash2"].step_time_s > h100["flash"].step_time_s
+    assert h100["flash2"].peak_memory_bytes == h100["flash"].peak_memory_bytes
+    # the A100 has no attention table: its fitted roofline times any fused kernel (FlashAttention-2 is its kernel)
+    a100 = {k: evaluate(cluster="dgx-a100-80gb", attention_kernel=k, **run) for k in ("flash", "flash2")}
+    assert a100["flash2"].step_time_s == a100["flash"].step_time_s
+
+
+@pytest.mark.parametrize("cluster,model,message", [
+    ("dgx-b200", "llama3.1-8b", r"attention_kernel 'flash2' on B200.*no measurement of that kernel"),
+    ("gb200-nvl72", "llama3.1-8b", r"profiles/kernels/attention/gb200.yaml"),
+    ("dgx-h100", "gpt-oss-20b", r"sliding-window layers.*no window measurement"),
+])
+def test_flash2_without_a_measurement_is_refused(cluster, model, message):
+    from planner.api import plan
+
+    with pytest.raises(SpecError, match=message):
+        plan(model=model, cluster=cluster, num_gpus=8, global_batch_size=64, seq_len=4096, attention_kernel="flash2")
+
+
+def test_flash2_is_refused_on_the_cli_with_exit_2(capsys):
+    from planner.cli import main
+
+    code = main(["plan", "-m", "llama3.1-8b", "-c", "dgx-b200", "-n", "8", "-b", "64", "-s", "4096",
+                 "--attention-kernel", "flash2"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "attention_kernel 'flash2'" in err and "Traceback" not in out + err

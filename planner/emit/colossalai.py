@@ -92,7 +92,7 @@ def plugin_spec(plan: Plan) -> dict[str, Any]:
         _grad_note(f, notes, "Gemini reduces gradients in the compute dtype")
     else:
         plugin, kwargs = "HybridParallelPlugin", _hybrid_kwargs(f, precision, notes)
-    if t.attention_kernel == "flash":
+    if t.attention_kernel in ("flash", "flash2"):
         if plugin == "LowLevelZeroPlugin":  # it does not rewrite the model (no Shardformer)
             notes.append("flash attention: LowLevelZeroPlugin keeps the model's own attention; load it with a "
                          "flash kernel (e.g. Hugging Face attn_implementation='flash_attention_2')")
@@ -139,7 +139,7 @@ def _refuse_unsupported(f: PlanFacts) -> None:
         refuse("overlap_moe_comm; Colossal-AI does not overlap the expert all-to-all with another micro-batch")
     if s.recompute_modules and s.recompute_modules != ["core_attn"]:
         refuse(f"recompute_modules {s.recompute_modules}; Colossal-AI checkpoints whole layers, not Megatron modules")
-    if s.recompute == "selective" and t.attention_kernel != "flash":
+    if s.recompute == "selective" and t.attention_kernel == "unfused":
         refuse("selective recompute with the unfused attention kernel; Colossal-AI has no attention-only recomputation")
     if f.model.num_mtp_layers:
         refuse(f"num_mtp_layers ({f.model.num_mtp_layers}); Colossal-AI trains Hugging Face model code, which has "

@@ -199,7 +199,11 @@ TRANSFORMER_CONFIG_FLAGS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_share
 _ZERO_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 _NORM = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 _POSITION = {"learned": "learned_absolute", "rope": "rope", "none": "none"}
-_ATTENTION = {"flash": "flash", "unfused": "unfused"}
+#: --attention-backend (megatron/core/models/common/language_module/language_module.py, core_v0.16.1): `flash` sets
+#: NVTE_FLASH_ATTN=1, NVTE_FUSED_ATTN=0 (the flash-attn package: FlashAttention-2, or 3 where flash-attn 3 is
+#: installed on Hopper); `auto` lets Transformer Engine choose, which prefers its cuDNN FusedAttention on Hopper and
+#: newer: the kernel the plan's `flash` is timed as (profiles/kernels/attention/*.yaml).
+_ATTENTION = {"flash": "auto", "flash2": "flash", "unfused": "unfused"}
 OFFLOAD_FRACTION = 1.0  # share of the optimizer states and step on the CPU (offload_optimizer: all)
 _DROPOUT_P = 0.1  # GPT-2/3 style dropout probability where ModelSpec.dropout is set
 FP8_SETTINGS = {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max"}

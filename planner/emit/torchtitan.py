@@ -89,6 +89,11 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     if t.fp8_param_gather:
         refuse("fp8_param_gather; it is Megatron's --fp8-param-gather, and the emitted torchtitan job keeps bf16 "
                "weights (torchao's FSDP2 float8 all-gather is neither emitted nor costed)")
+    if t.attention_kernel == "flash2":
+        notes.append("attention_kernel flash2: the plan is timed with FlashAttention-2, the kernel PyTorch's SDPA "
+                     "runs on Hopper when cuDNN is not first in its backend list (torch before 2.11, torchtitan "
+                     "before it listed cuDNN first); the torchtitan this job targets lists cuDNN first, so it may "
+                     "run faster than planned")
     if t.grad_precision not in ("fp32",):
         notes.append(f"grad_precision {t.grad_precision}: torchtitan reduces gradients in float32 "
                      "(training.mixed_precision_reduce allows only float32)")

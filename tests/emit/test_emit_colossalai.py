@@ -93,3 +93,10 @@ def test_embedding_as_layer_with_interleaving_is_refused():
     plan = make_plan("llama3-70b", "dgx-h100", 24, 24, 4096, strategy=dict(tp=8, pp=3, vpp=3, embedding_as_layer=True))
     with pytest.raises(NotExpressibleError, match=r"^not expressible in Colossal-AI: embedding_as_layer with vpp \(3\)"):
         emit(plan, "colossalai")
+
+
+def test_flash2_keeps_colossalais_flash_attention():
+    """Colossal-AI's enable_flash_attention runs its ColoAttention (flash-attn 2 on CUDA): both fused kernels set it."""
+    for kernel in ("flash", "flash2"):
+        spec = plugin_spec(make_plan(*LLAMA8, strategy=dict(tp=2, zero_stage=1), attention_kernel=kernel))
+        assert spec["kwargs"]["enable_flash_attention"] is True

@@ -251,3 +251,13 @@ def test_bridge_quotes_the_layout_for_hydra_and_bash(tmp_path):
     script.write_text(get_emitter("megatron-bridge").render(plan, EmitOptions()) + 'printf "%s\\n" "${OVERRIDES[@]}"\n')
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30, check=True).stdout
     assert out.splitlines() == overrides  # bash hands every override over intact
+
+
+@pytest.mark.parametrize("kernel,backend", [("flash", "auto"), ("flash2", "flash"), ("unfused", "unfused")])
+def test_attention_backend_is_the_kernel_the_plan_is_timed_with(kernel, backend):
+    """flash is timed as cuDNN on Hopper and Blackwell: `auto` (Transformer Engine prefers its cuDNN FusedAttention
+    there); flash2 is the flash-attn package (`flash`: NVTE_FLASH_ATTN=1, NVTE_FUSED_ATTN=0)."""
+    plan = make_plan(*LLAMA, strategy=dict(tp=8, pp=2, zero_stage=1), attention_kernel=kernel)
+    argv = megatron_args(plan)
+    assert argv[argv.index("--attention-backend") + 1] == backend
+    check_megatron(plan, argv)

@@ -135,3 +135,10 @@ def test_torchtitan_recomputes_the_planned_layers(strategy):
     chunks = emit_checks.facts(plan).layers_per_chunk()
     k = plan.strategy.recompute_num_layers
     assert emit_checks.torchtitan_recomputed_layers(plan, text) == [n if k is None else k for n in chunks]
+
+
+def test_flash2_is_noted_as_the_kernel_the_plan_was_timed_with():
+    data = emit_data(make_plan(*LLAMA8, strategy=dict(zero_stage=3), attention_kernel="flash2"), "torchtitan")
+    assert any("flash2" in n and "FlashAttention-2" in n for n in data["notes"])
+    plain = emit_data(make_plan(*LLAMA8, strategy=dict(zero_stage=3)), "torchtitan")
+    assert not any("flash2" in n for n in plain["notes"])

@@ -39,7 +39,7 @@ MEGATRON_ARGS=(
   --disable-bias-linear
   --attention-dropout 0.0
   --hidden-dropout 0.0
-  --attention-backend flash
+  --attention-backend auto
   --num-experts 256
   --moe-router-topk 8
   --moe-ffn-hidden-size 2048

@@ -44,7 +44,7 @@ MEGATRON_ARGS=(
   --disable-bias-linear
   --attention-dropout 0.0
   --hidden-dropout 0.0
-  --attention-backend flash
+  --attention-backend auto
   --window-size 4095,0
   --window-attn-skip-freq 2
 )

@@ -26,5 +26,5 @@ MEGATRON_ARGS=(
   --max-position-embeddings 2048
   --attention-dropout 0.1
   --hidden-dropout 0.1
-  --attention-backend flash
+  --attention-backend auto
 )

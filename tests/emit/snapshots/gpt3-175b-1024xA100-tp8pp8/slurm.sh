@@ -36,7 +36,7 @@ MEGATRON_ARGS=(
   --max-position-embeddings 2048
   --attention-dropout 0.1
   --hidden-dropout 0.1
-  --attention-backend flash
+  --attention-backend auto
 )
 srun --kill-on-bad-exit=1 torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
   pretrain_gpt.py "${MEGATRON_ARGS[@]}"

@@ -32,7 +32,7 @@ MEGATRON_ARGS=(
   --max-position-embeddings 2048
   --attention-dropout 0.1
   --hidden-dropout 0.1
-  --attention-backend flash
+  --attention-backend auto
 )
 torchrun --nnodes 128 --nproc-per-node 8 --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
   pretrain_gpt.py "${MEGATRON_ARGS[@]}"

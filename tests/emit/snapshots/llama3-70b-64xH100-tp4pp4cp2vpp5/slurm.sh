@@ -43,7 +43,7 @@ MEGATRON_ARGS=(
   --disable-bias-linear
   --attention-dropout 0.0
   --hidden-dropout 0.0
-  --attention-backend flash
+  --attention-backend auto
 )
 srun --kill-on-bad-exit=1 torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
   pretrain_gpt.py "${MEGATRON_ARGS[@]}"

@@ -39,7 +39,7 @@ MEGATRON_ARGS=(
   --disable-bias-linear
   --attention-dropout 0.0
   --hidden-dropout 0.0
-  --attention-backend flash
+  --attention-backend auto
 )
 torchrun --nnodes 8 --nproc-per-node 8 --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
   pretrain_gpt.py "${MEGATRON_ARGS[@]}"

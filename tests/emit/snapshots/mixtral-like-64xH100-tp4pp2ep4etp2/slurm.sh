@@ -43,7 +43,7 @@ MEGATRON_ARGS=(
   --disable-bias-linear
   --attention-dropout 0.0
   --hidden-dropout 0.0
-  --attention-backend flash
+  --attention-backend auto
   --num-experts 8
   --moe-router-topk 2
   --moe-ffn-hidden-size 14336

@@ -85,8 +85,20 @@ def _header(raw: dict[str, Any], source: str, carried_from: str | None = None) -
 def attention_table_profile(raw: dict[str, Any], source: str) -> dict[str, Any] | None:
     """The measured attention table: one curve per (direction, causal, head dim) measured at every
     sequence length of the grid. None when the forward with and without the mask or the unmasked
-    backward is missing (the loader needs them; it derives the causal backward if absent)."""
-    att = raw["attention"]
+    backward is missing (the loader needs them; it derives the causal backward if absent). A profile
+    that measured FlashAttention-2 too (`attention_flash2`, CUDA) adds it as the table's `flash2:`
+    section (attention_kernel flash2), when that measurement is complete."""
+    table = _attention_body(raw, raw["attention"], source)
+    if table is None:
+        return None
+    flash2 = raw.get("attention_flash2")
+    body = _attention_body(raw, flash2, source) if flash2 else None
+    if body is not None:
+        table["flash2"] = {k: v for k, v in body.items() if k not in ("kind", "gpu")}
+    return table
+
+
+def _attention_body(raw: dict[str, Any], att: dict[str, Any], source: str) -> dict[str, Any] | None:
     seq_lens = list(att["seq_lens"])
     rate = {(r["direction"], r["causal"], r["head_dim"], r["seq_len"]): r["flop_per_s"] for r in att["rows"]}
     curves = []

@@ -188,13 +188,29 @@ def _runs_everywhere(fn, device: torch.device) -> str | None:
     return error or ("failed on another rank" if failed else None)
 
 
-def _attention_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
-    """(forward, backward) closures of one attention call; the backward differentiates a forward graph
-    kept from its first call (autograd.grad with retain_graph), so it times the backward alone."""
+#: SDPA backends measured on CUDA, by the attention_kernel they time: `flash` (the main table) is cuDNN's
+#: fused attention, what Transformer Engine prefers on Hopper and newer; `flash2` is SDPA's FLASH_ATTENTION
+#: backend, FlashAttention-2 (the table's `flash2:` section). A CPU measures torch's default choice only.
+SDPA_BACKENDS = {"flash": "CUDNN_ATTENTION", "flash2": "FLASH_ATTENTION"}
+
+
+def _attention_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, backend: str | None = None):
+    """(forward, backward) closures of one attention call (inside `sdpa_kernel(backend)` when a backend is
+    named); the backward differentiates a forward graph kept from its first call (autograd.grad with
+    retain_graph), so it times the backward alone."""
+    import contextlib
+
     import torch.nn.functional as F
 
     def forward():
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        if backend is None:
+            context = contextlib.nullcontext()
+        else:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            context = sdpa_kernel([getattr(SDPBackend, backend)])
+        with context:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     kept: dict[str, torch.Tensor] = {}
 
@@ -207,10 +223,11 @@ def _attention_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     return forward, backward
 
 
-def bench_attention(device: torch.device, quick: bool) -> dict:
+def bench_attention(device: torch.device, quick: bool, backend: str | None = None) -> dict:
     """scaled_dot_product_attention forward and backward, unmasked and causal, over ATTENTION_GRID:
-    per call `tokens` tokens (batch = tokens / seq_len) and hidden / head_dim heads. A case the device
-    cannot run is listed in `skipped` with the reason."""
+    per call `tokens` tokens (batch = tokens / seq_len) and hidden / head_dim heads, with SDPA's `backend`
+    (an SDPBackend name; None: the backend torch selects). A case the device cannot run is listed in
+    `skipped` with the reason."""
     seq_lens, head_dims, tokens, hidden = ATTENTION_GRID[("cuda" if device.type == "cuda" else "cpu", quick)]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows, skipped = [], []
@@ -220,7 +237,7 @@ def bench_attention(device: torch.device, quick: bool) -> dict:
             b = max(1, tokens // s)
             qkv = [torch.randn(b, heads, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3)]
             for causal in (False, True):
-                for direction, fn in zip(("fwd", "bwd"), _attention_calls(*qkv, causal)):
+                for direction, fn in zip(("fwd", "bwd"), _attention_calls(*qkv, causal, backend)):
                     case = {"direction": direction, "causal": causal, "head_dim": d, "seq_len": s, "batch": b,
                             "heads": heads}
                     why = _runs_everywhere(fn, device)
@@ -233,7 +250,17 @@ def bench_attention(device: torch.device, quick: bool) -> dict:
                     rows.append(dict(case, time_s=t, flop=flop, flop_per_s=flop / t))
     return {"dtype": str(dtype).removeprefix("torch."), "tokens": tokens, "hidden": hidden,
             "seq_lens": list(seq_lens), "head_dims": list(head_dims), "rows": rows, "skipped": skipped,
-            "kernel": "torch.nn.functional.scaled_dot_product_attention, the backend torch selects by default"}
+            "kernel": "torch.nn.functional.scaled_dot_product_attention, "
+                      + (f"backend SDPBackend.{backend}" if backend else "the backend torch selects by default")}
+
+
+def bench_attention_kernels(device: torch.device, quick: bool) -> dict:
+    """The attention measurements of the profile: on CUDA each kernel of SDPA_BACKENDS under its own key
+    (`attention`: cuDNN, `attention_flash2`: FlashAttention-2), on a CPU torch's default as `attention`."""
+    if device.type != "cuda":
+        return {"attention": bench_attention(device, quick)}
+    return {("attention" if kernel == "flash" else f"attention_{kernel}"): bench_attention(device, quick, backend)
+            for kernel, backend in SDPA_BACKENDS.items()}
 
 
 def _multiply_chain(x: torch.Tensor, reps: int):
@@ -484,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         "gemm": bench_gemm(device, args.quick), "memory": bench_memory(device, args.quick),
         "capability": list(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None,
         "cuda_context_bytes": None if context is None else _max_over_ranks(context, device),
-        "elementwise": bench_elementwise(device, args.quick), "attention": bench_attention(device, args.quick),
+        "elementwise": bench_elementwise(device, args.quick), **bench_attention_kernels(device, args.quick),
         "op_overhead": bench_op_overhead(device), "small_kernel": bench_small_kernel(device),
         "optimizer": bench_optimizer(device, args.quick), "collectives": bench_collectives(device, args.quick),
         "overlap": bench_overlap(device, args.quick),

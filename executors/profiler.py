@@ -261,6 +261,9 @@ def measurement_comments(raw: dict[str, Any]) -> list[str]:
                      f"{r['flop_per_s'] / 1e12:.4g}")
     for r in att["skipped"]:
         lines.append(f"  not run: {r['direction']} causal={r['causal']} d={r['head_dim']} s={r['seq_len']}: {r['reason']}")
+    if raw.get("attention_flash2"):
+        fa2 = raw["attention_flash2"]
+        lines.append(f"SDPA FlashAttention-2: {len(fa2['rows'])} cases measured, {len(fa2['skipped'])} not run")
     lines.append(f"per-op overhead: {raw['op_overhead']['time_per_op_s'] * 1e6:.2f} us")
     lines.append(f"small kernel: {raw['small_kernel']['time_per_kernel_s'] * 1e6:.2f} us ({raw['small_kernel']['method']})")
     opt = raw["optimizer"]

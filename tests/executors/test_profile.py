@@ -355,3 +355,28 @@ def test_attention_flop_follows_the_tables_convention():
 
     assert attention_flop(2, 1024, 16, 128, False, "fwd") == 4 * 2 * 1024**2 * 16 * 128
     assert attention_flop(2, 1024, 16, 128, True, "bwd") == 2.5 * 4 * 2 * 1024**2 * 16 * 128 / 2
+
+
+def test_a_cuda_profile_writes_flashattention2_as_the_flash2_section(tmp_path, monkeypatch, fresh_tables):
+    """On CUDA the profile times SDPA's cuDNN backend (attention_kernel flash) and its FLASH_ATTENTION backend
+    (FlashAttention-2, attention_kernel flash2) apart; the second becomes the table's flash2 section, which the
+    cost model reads for flash2. An incomplete FlashAttention-2 sweep writes no section (flash2 is then refused)."""
+    from cost_models.attention_kernels import attention_table, kernel_problem
+    from executors.profile_tables import attention_table_profile
+    from executors.profile_worker import SDPA_BACKENDS
+
+    assert SDPA_BACKENDS == {"flash": "CUDNN_ATTENTION", "flash2": "FLASH_ATTENTION"}
+    raw = synthetic_raw()
+    fa2 = synthetic_attention()
+    for r in fa2["rows"]:
+        r["flop_per_s"] /= 2
+    raw["attention_flash2"] = fa2 | {"kernel": "sdpa FLASH_ATTENTION"}
+    table = attention_table_profile(raw, "src")
+    assert table["flash2"]["kernel"].startswith("sdpa FLASH_ATTENTION") and "kind" not in table["flash2"]
+    write_profiles(raw, "boxfa2", tmp_path)
+    monkeypatch.setenv("MESHPLAN_PROFILES", str(tmp_path))
+    main, second = attention_table("boxfa2"), attention_table("boxfa2", "flash2")
+    assert float(second.rate("fwd", True, 64, 128)) == pytest.approx(float(main.rate("fwd", True, 64, 128)) / 2)
+    assert kernel_problem(load_gpu("boxfa2"), "flash2", windowed=False) is None
+    raw["attention_flash2"]["rows"] = [r for r in fa2["rows"] if r["direction"] == "fwd"]
+    assert "flash2" not in attention_table_profile(raw, "src")

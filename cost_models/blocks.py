@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from cost_models.units import ACTIVATION_BYTES, FP32, INT64, MASK
+from cost_models.units import ACTIVATION_BYTES, FP8, FP32, INT64, MASK
 
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
     from planner.specs import ModelSpec
@@ -73,6 +73,25 @@ class Micro:
     def act(self) -> int:
         """Bytes per stored activation element."""
         return ACTIVATION_BYTES[self.precision]
+
+    @property
+    def gemm_input(self) -> float:
+        """Bytes per element of a quantised GEMM's input kept for its backward (the weight gradient).
+
+        FP8 under Megatron-core (Transformer Engine's modules): the FP8 copy the forward GEMM ran on,
+        one byte per element plus the block recipes' scales, not the 16-bit tensor. Transformer Engine
+        2.x module/linear.py and layernorm_linear.py keep `inputmat` / `ln_out` quantised for backward,
+        dropping its row-wise data where the column-wise copy suffices (`update_usage(rowwise_usage=False,
+        columnwise_usage=True)`) or keeping the row-wise one where the input is all-gathered again in the
+        backward; grouped_linear.py does the same per expert. The attention core's Q, K, V, the gated
+        activation's input and the unquantised router keep 16 bits. Other frameworks keep the 16-bit
+        input: torchao's float8 linear saves `input_hp` (torchao/float8/float8_linear.py)."""
+        if self.precision != "fp8" or self.framework != "megatron":
+            return self.act
+        from cost_models.elementwise import BLOCK_ELEMENTS, SCALE_BYTES
+
+        block = BLOCK_ELEMENTS.get(self.fp8_recipe)
+        return FP8 + (SCALE_BYTES[self.fp8_recipe] / block if block else 0.0)
 
     @cached_property
     def seq_split(self) -> np.ndarray:
@@ -306,14 +325,14 @@ class Attention:
     def activations(self, x: Micro) -> Activations:
         """QKV input (replicated); Q, K, V and the projection input (split); scores: unfused
         softmax output (+ dropout mask and output) 5as²b for GPT, flash only fp32
-        log-sum-exp statistics (4asb)."""
-        q, k, n, act = self.q_width, self.kv_width, x.tokens, x.act
+        log-sum-exp statistics (4asb). The two GEMM inputs are kept at `Micro.gemm_input` bytes."""
+        q, k, n, act, gin = self.q_width, self.kv_width, x.tokens, x.act, x.gemm_input
         if x.attention_kernel == "unfused":
             probs = act + (MASK + act if self.dropout else 0)
             scores = probs * self.num_heads * n * x.keys(self.window)
         else:
             scores = FP32 * self.num_heads * n
-        return Activations(n * act * self.hidden, n * (act * (q + k) + act * k + act * q), scores)
+        return Activations(n * gin * self.hidden, n * (act * (q + k) + act * k + gin * q), scores)
 
     def comm(self, x: Micro) -> Comm:
         """One TP exchange of the output; context parallelism passes K and V around the ring."""
@@ -349,7 +368,10 @@ class DenseMLP:
         return Elementwise((3 if self.gated else 2) * x.act * x.tokens * self.ffn / x.tp, 1)
 
     def activations(self, x: Micro) -> Activations:
-        return Activations(x.tokens * x.act * self.hidden, x.tokens * (3 if self.gated else 2) * x.act * self.ffn, ZERO)
+        """fc1's input (replicated); fc1's output, the activation's input (2f gated), and fc2's input
+        (split); the GEMM inputs at `Micro.gemm_input` bytes."""
+        inner = ((2 if self.gated else 1) * x.act + x.gemm_input) * self.ffn
+        return Activations(x.tokens * x.gemm_input * self.hidden, x.tokens * inner, ZERO)
 
     def comm(self, x: Micro) -> Comm:
         return Comm(tp_exchanges=1, tp_bytes=x.tokens * self.hidden * x.act)
@@ -434,12 +456,14 @@ class LatentAttention:
     def activations(self, x: Micro) -> Activations:
         """Down-projection input (replicated) and the latents feeding the up-projections
         (every TP rank keeps them whole); per-head Q, K, V and the output-projection input
-        (split); flash keeps fp32 softmax statistics, unfused the 16-bit probabilities."""
-        n, act, a = x.tokens, x.act, self.num_heads
+        (split); flash keeps fp32 softmax statistics, unfused the 16-bit probabilities. The down-projection
+        and output-projection inputs are kept at `Micro.gemm_input` bytes (the latents, also the inputs of
+        their norms, at 16 bits)."""
+        n, act, a, gin = x.tokens, x.act, self.num_heads, x.gemm_input
         latents = act * n * (self.q_rank + self.kv_rank + self.rope_dim) * x.seq_split
-        split = n * act * (2 * self._qk + 2 * a * self.v_dim)
+        split = n * (act * (2 * self._qk + a * self.v_dim) + gin * a * self.v_dim)
         scores = FP32 * a * n if x.attention_kernel != "unfused" else act * a * n * x.keys(self.window)
-        return Activations(n * act * self.hidden + latents, split, scores)
+        return Activations(n * gin * self.hidden + latents, split, scores)
 
     def comm(self, x: Micro) -> Comm:
         return Comm(tp_exchanges=1, tp_bytes=x.tokens * self.hidden * x.act,
@@ -541,9 +565,10 @@ class MoE:
         """MLP input (replicated), router probabilities (fp32, per distinct token), and per
         routed token: the permuted input (fc1's), the fc1 output (2f/etp gated) and the
         activation output (f/etp). Megatron-core applies the routing weights inside the
-        experts' activation, so the unpermute keeps no input of its own."""
-        routed, act, h, f = self.routed_tokens(x), x.act, self.hidden, self.ffn
-        per_token = act * (h + ((3 if self.gated else 2) * f) / x.etp)
+        experts' activation, so the unpermute keeps no input of its own. The experts' GEMM inputs are
+        kept at `Micro.gemm_input` bytes; the MoE input at 16 bits (the router GEMM is not quantised)."""
+        routed, act, h, f, gin = self.routed_tokens(x), x.act, self.hidden, self.ffn, x.gemm_input
+        per_token = gin * h + ((2 if self.gated else 1) * act + gin) * f / x.etp
         shared = self.shared.activations(x) if self.shared else Activations(ZERO, ZERO, ZERO)
         router = FP32 * self.num_experts * x.tokens  # divided by tp below, as distinct tokens are n/tp
         return Activations(x.tokens * act * h, router + shared.split, ZERO, routed * per_token)

@@ -28,7 +28,10 @@ Sources
   cached across micro-batches, a transposed or column-wise second copy where the GPU or the recipe
   needs one, and with Megatron's --fp8-param-gather FP8 parameters in place of the 16-bit ones
   (Transformer Engine 2.10 module/linear.py and tensor/; megatron-core 0.16.1 fp8_utils.py and
-  distributed/; TransformerEngine#1261, #1880, #647).
+  distributed/; TransformerEngine#1261, #1880, #647). The inputs of the quantised GEMMs (QKV, projection,
+  fc1, fc2, the experts') are kept for backward as their FP8 copies, 1 byte per element plus the block
+  recipes' scales, in place of the 16-bit ones (`Micro.gemm_input`; Megatron-core only: torchao keeps
+  the 16-bit input); Q, K, V and the gated activation's input stay 16-bit.
 - The loss: `cross_entropy_bytes_per_logit` (PyTorch's cross entropy over fp32 logits).
 - Memory outside the model's tensors (`runtime_memory_bytes`): the CUDA context,
   NCCL's own buffers and the caching allocator's slack, from the GPU's memory table
@@ -137,8 +140,8 @@ def module_activation_bytes(layer, x: Micro, modules=RECOMPUTE_MODULES) -> dict[
     out: dict[str, np.ndarray] = {m: ZERO for m in modules}
     if "core_attn" in out and x.attention_kernel == "unfused":
         out["core_attn"] = layer.attention().activations(x).scores / x.tp
-    if "layernorm" in out:
-        out["layernorm"] = 2 * n * act * h / x.seq_split
+    if "layernorm" in out:  # the norms' outputs are the QKV and fc1 inputs those GEMMs keep
+        out["layernorm"] = 2 * n * x.gemm_input * h / x.seq_split
     att = layer.attention()
     if "mla_up_proj" in out and isinstance(att, LatentAttention):
         out["mla_up_proj"] = n * act * (2 * att._qk + att.num_heads * att.v_dim) / x.tp
@@ -147,7 +150,7 @@ def module_activation_bytes(layer, x: Micro, modules=RECOMPUTE_MODULES) -> dict[
             out["mlp"] = b.activations(x).split / x.tp
         elif isinstance(b, MoE):
             if "moe_act" in out:
-                out["moe_act"] = b.routed_tokens(x) * act * b.ffn / x.etp
+                out["moe_act"] = b.routed_tokens(x) * x.gemm_input * b.ffn / x.etp  # fc2's kept input
             if "shared_experts" in out and b.shared:
                 out["shared_experts"] = b.shared.activations(x).split / x.tp
             if "moe" in out:

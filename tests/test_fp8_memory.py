@@ -222,3 +222,44 @@ def test_other_frameworks_cannot_run_fp8_param_gather_and_their_emitters_agree(f
     assert any(r.startswith("fp8_param_gather") for r in hits)
     with pytest.raises(NotExpressibleError, match="fp8_param_gather; it is Megatron's --fp8-param-gather"):
         emit_data(plan, framework)
+
+
+# ---- FP8 GEMM inputs kept for backward (Micro.gemm_input) ----
+
+def _micro(precision="fp8", recipe="delayed", framework="megatron"):
+    from cost_models.blocks import Micro
+
+    one = np.ones(1, dtype=int)
+    return Micro(8192, one, one, one, np.zeros(1, bool), precision, "flash", fp8_recipe=recipe, framework=framework)
+
+
+@pytest.mark.parametrize("recipe,framework,byte", [("delayed", "megatron", 1.0), ("tensorwise", "megatron", 1.0),
+                                                     ("mxfp8", "megatron", 1 + 1 / 32), ("blockwise", "megatron", 1 + 4 / 128),
+                                                     ("tensorwise", "torchtitan", 2.0)])
+def test_quantised_gemm_inputs_are_kept_in_fp8_under_transformer_engine(recipe, framework, byte):
+    """Megatron's Transformer Engine modules keep the FP8 copy of each quantised GEMM's input (plus block
+    scales); torchao's float8 linear keeps the 16-bit one. Q, K, V and the SwiGLU input stay 16-bit."""
+    from cost_models.blocks import model_blocks
+
+    layer = model_blocks(load_model("llama3-8b")).kinds[0]
+    att, mlp = layer.attention(), next(b for b in layer.blocks if type(b).__name__ == "DenseMLP")
+    x, bf16 = _micro(recipe=recipe, framework=framework), _micro(precision="bf16")
+    assert x.gemm_input == pytest.approx(byte) and bf16.gemm_input == 2
+    n, h, q, k, f = 8192, 4096, 4096, 1024, 14336
+    a = att.activations(x)
+    assert float(a.replicated[0]) == pytest.approx(n * byte * h)  # the QKV input
+    assert float(a.split[0]) == pytest.approx(n * (2 * (q + k) + 2 * k + byte * q))  # Q, K, V 16-bit; proj input
+    m = mlp.activations(x)
+    assert float(m.replicated[0]) == pytest.approx(n * byte * h)
+    assert float(m.split[0]) == pytest.approx(n * (2 * 2 + byte) * f)  # [gate, up] output 16-bit, fc2 input
+
+
+def test_fp8_activations_are_smaller_only_where_transformer_engine_runs():
+    run = dict(model="llama3-70b", cluster="dgx-h100", num_gpus=64, global_batch_size=128, seq_len=8192,
+               strategy={"tp": 4, "pp": 4, "sequence_parallel": True, "zero_stage": 1, "micro_batch_size": 1})
+
+    def activations(precision, framework="megatron"):
+        return evaluate(precision=precision, framework=framework, **run).memory_bytes["activations"]
+
+    assert activations("fp8") < 0.85 * activations("bf16")
+    assert activations("fp8", "torchtitan") == pytest.approx(activations("bf16", "torchtitan"))

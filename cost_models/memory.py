@@ -32,7 +32,11 @@ Sources
   fc1, fc2, the experts') are kept for backward as their FP8 copies, 1 byte per element plus the block
   recipes' scales, in place of the 16-bit ones (`Micro.gemm_input`; Megatron-core only: torchao keeps
   the 16-bit input); Q, K, V and the gated activation's input stay 16-bit.
-- The loss: `cross_entropy_bytes_per_logit` (PyTorch's cross entropy over fp32 logits).
+- The loss: `cross_entropy_bytes_per_logit` (PyTorch's cross entropy over fp32 logits; for a
+  PyTorch-native framework also torch's loss_parallel and flash-attn's fused kernel).
+- PyTorch-native frameworks (profiles/frameworks/, `zero3_param_is_master`,
+  `tp_head_saves_gathered_input`): FSDP2's fp32 parameter shard is the master weight
+  (`model_state_bytes`); DTensor's sequence-parallel output layer saves its all-gathered input.
 - Memory outside the model's tensors (`runtime_memory_bytes`): the CUDA context,
   NCCL's own buffers and the caching allocator's slack, from the GPU's memory table
   (profiles/kernels/memory/<name>.yaml); a GPU without one keeps its profile's flat
@@ -50,6 +54,7 @@ from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays, selected_modul
 from cost_models.blocks import ZERO, DenseMLP, LatentAttention, Micro, ModelBlocks, MoE, padded_vocab
 from cost_models.elementwise import SCALE_BYTES, fp8_copies
 from cost_models.layout import ParallelLayout
+from cost_models.sharding import framework_profile
 from cost_models.units import BF16, DTYPE_BYTES, FP8, FP32, WEIGHT_BYTES, optimizer_state_bytes
 
 MIB = 2**20
@@ -110,20 +115,36 @@ def stage_expert_params(blocks: ModelBlocks, lay: ParallelLayout, counts: np.nda
 
 
 def model_state_bytes(params: np.ndarray, zero_stage: np.ndarray, shard: np.ndarray, offload: np.ndarray,
-                      precision: str, grad_precision: str, optimizer: str) -> dict[str, np.ndarray]:
+                      precision: str, grad_precision: str, optimizer: str, param_is_master: bool = False
+                      ) -> dict[str, np.ndarray]:
     """Weights, gradients and optimizer states of one rank, bytes.
 
     `shard` is the ZeRO sharding degree (dp·cp ranks hold the same parameters).
+
+    `param_is_master` (a framework's `zero3_param_is_master`, profiles/frameworks/): PyTorch FSDP2
+    under ZeRO-3 keeps one shard of each parameter, in the parameter's own dtype (fp32), which the
+    optimizer updates in place: it is the fp32 master weight of the optimizer term, and no 16-bit
+    shard exists beside it (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: the sharded
+    parameter keeps its original dtype, MixedPrecisionPolicy.param_dtype only casts the all-gather's
+    input and the unsharded parameter; the gathered 16-bit layers are `zero3_buffers`). The params
+    term is then 0 under ZeRO-3; with ZeRO 1-2 (reshard_after_forward False) the unsharded 16-bit
+    parameters stay from the forward to the backward and the term is unchanged.
 
     >>> z = lambda stage, nd: model_state_bytes(np.array(7.5e9), np.array(stage), np.array(nd),
     ...     np.array(False), "fp16", "fp16", "adam")
     >>> [round(float(sum(z(stage, 64).values())) / 1e9, 2) for stage in (1, 2, 3)]  # ZeRO Table 1, 7.5B, Nd=64
     [31.41, 16.64, 1.88]
+    >>> fsdp2 = model_state_bytes(np.array(8e9), np.array(3), np.array(8), np.array(False), "bf16", "fp32", "adam",
+    ...                           param_is_master=True)
+    >>> {k: float(v) / 1e9 for k, v in fsdp2.items()}  # 4 + 4 + 8 bytes per parameter, over 8 ranks
+    {'params': 0.0, 'grads': 4.0, 'optimizer': 12.0}
     """
     weights = params * WEIGHT_BYTES[precision] / np.where(zero_stage >= 3, shard, 1)
     grads = params * DTYPE_BYTES[grad_precision] / np.where(zero_stage >= 2, shard, 1)
     states = params * optimizer_state_bytes(optimizer, precision) / np.where(zero_stage >= 1, shard, 1)
     states = np.where(offload, 0.0, states)
+    if param_is_master and precision != "fp32":  # FSDP2: the fp32 shard is the parameter; no 16-bit shard
+        weights = np.where((zero_stage >= 3) & ~np.asarray(offload, dtype=bool), 0.0, weights)
     return {"params": weights, "grads": grads, "optimizer": states}
 
 
@@ -263,8 +284,13 @@ def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, la
         working = working + np.where(rc == 1, (full_k - stored_k).max(axis=0), 0.0) * (layers_row > 0)
     embed = rows.has_embedding * lay.inflight_microbatches(rows.rank, num_microbatches) * blocks.embedding.input_bytes(x)
     head_act = blocks.head.activations(x)
-    logits = cross_entropy_bytes_per_logit(x.act) * x.tokens * padded_vocab(blocks.head.vocab, x.tp) / x.tp
-    head = rows.has_head * (head_act.replicated / x.seq_split + logits)
+    fw = framework_profile(x.framework)
+    per_logit = cross_entropy_bytes_per_logit(x.act, fw.cross_entropy_memory, x.cross_entropy_fusion, np.asarray(x.tp) > 1)
+    logits = per_logit * x.tokens * padded_vocab(blocks.head.vocab, x.tp) / x.tp
+    head_in = head_act.replicated / x.seq_split
+    if fw.tp_head_saves_gathered_input:  # the output layer's input: all-gathered over tp, saved whole
+        head_in = head_act.replicated / 2 * (1 / x.seq_split + 1)
+    head = rows.has_head * (head_in + logits)
     return {"activations": layers, "recompute_working": working, "embedding_activations": embed, "logits": head}
 
 
@@ -274,6 +300,22 @@ def zero3_working_bytes(blocks: ModelBlocks, st: StrategyArrays, precision: str,
     per_layer = (kind_params_per_rank(blocks, st.tp) + kind_expert_params_per_rank(blocks, st.ep, st.etp)).max(axis=0)
     gathered = (2 * WEIGHT_BYTES[precision] + DTYPE_BYTES[grad_precision]) * per_layer
     return np.where(st.zero_stage >= 3, gathered, 0.0)
+
+
+def zero3_head_bytes(blocks: ModelBlocks, st: StrategyArrays, lay: ParallelLayout, precision: str,
+                     keeps_head: bool) -> np.ndarray:
+    """The output layer's gathered 16-bit weights on the last stage (S, N), bytes, for a framework whose
+    ZeRO-3 keeps the final norm and output layer gathered from their forward to their backward
+    (`zero3_head_unsharded`, profiles/frameworks/): they are live across the loss, the activation peak.
+
+        bytes = (norm + V·h/t) · weight_bytes      (0 with tied embeddings and pp = 1: the head is the
+                                                     embedding, which is resharded after its forward)
+    """
+    if not keeps_head:
+        return np.zeros_like(lay.rows.has_head, dtype=float)
+    shared = blocks.head.tied & (lay.pp == 1)
+    gathered = blocks.head.params_per_rank(lay.tp, shared) * WEIGHT_BYTES[precision]
+    return np.where(st.zero_stage >= 3, lay.rows.has_head * gathered, 0.0)
 
 
 # ---- FP8 copies of the weights ------------------------------------------------------------------
@@ -408,25 +450,49 @@ def fp8_weight_memory(dense: np.ndarray, experts: np.ndarray, zero_stage: np.nda
 
 
 # ---- the loss ----------------------------------------------------------------------------------
-def cross_entropy_bytes_per_logit(act_bytes: int) -> int:
+def cross_entropy_bytes_per_logit(act_bytes: int, impl: str = "megatron", fused=False, loss_parallel=False):
     """Peak bytes per logit element (one token, one vocabulary entry of this rank's shard) while
-    the loss of one micro-batch is computed, with PyTorch's cross entropy over fp32 logits
-    (`F.cross_entropy(logits.float())`, as torchtitan and this project's executor run it; the
-    vocab-parallel loss of `loss_parallel` keeps the same tensors per shard).
+    the loss of one micro-batch is computed; `impl` is the framework's `cross_entropy_memory`
+    (profiles/frameworks/), `fused` the plan's `cross_entropy_fusion`, `loss_parallel` (tp > 1)
+    whether the logits are split over the vocabulary.
 
-    Forward: the output layer's logits (act), their fp32 copy (FP32, none when act is fp32) and
-    the saved fp32 log-softmax (FP32) are live together. Backward: the saved log-softmax, the
-    gradient of the loss with respect to it and the gradient with respect to the logits are three
-    fp32 tensors (3·FP32). The peak is the larger. Megatron's fused vocab-parallel cross entropy
-    (`_VocabParallelCrossEntropy`) writes its backward in place and peaks in the forward
+    megatron (whatever `fused`), and pytorch without `fused` or `loss_parallel`: PyTorch's cross
+    entropy over fp32 logits (`F.cross_entropy(logits.float())`, torchtitan components/loss.py and
+    this project's executor). Forward: the logits (act), their fp32 copy (FP32, none when act is
+    fp32) and the saved fp32 log-softmax (FP32) are live together. Backward: the saved log-softmax,
+    the gradient of the loss with respect to it and the gradient with respect to the logits are
+    three fp32 tensors (3·FP32). The peak is the larger. Megatron's fused vocab-parallel cross
+    entropy (`_VocabParallelCrossEntropy`) writes its backward in place and peaks in the forward
     (act + 2·FP32), at most 2 bytes less per element; the larger figure is kept for both.
+
+    pytorch with `loss_parallel` (torchtitan's loss_parallel, on whenever tp > 1: the output layer
+    leaves its logits sharded over the vocabulary and torch/distributed/tensor/parallel/loss.py runs
+    the loss on the shards). Its `_log_softmax` keeps the fp32 input, the shifted logits and their
+    exponential live together beside the caller's 16-bit logits (act + FP32 + 2·FP32), and its fused
+    `_nll_loss_and_log_softmax_backward` computes `(grad_input + exp(x)) * grad_output` next to the
+    saved log-softmax x: x, the one-hot grad_input, exp(x) and their sum are four fp32 tensors
+    (4·FP32, then the product replaces exp(x)).
+
+    pytorch with `fused`: flash-attn's fused cross entropy (flash_attn/ops/triton/cross_entropy.py,
+    LLM Foundry's default `loss_fn` 'fused_crossentropy', llmfoundry/models/mpt/modeling_mpt.py):
+    the kernel reads the 16-bit logits and keeps only fp32 per-token statistics (lse, losses);
+    it saves the logits themselves and its backward writes the gradient into a new tensor of the
+    logits' dtype (`torch.empty_like(logits)`, inplace_backward False by default): 2·act.
 
     >>> cross_entropy_bytes_per_logit(2), cross_entropy_bytes_per_logit(4)
     (12, 12)
+    >>> [int(cross_entropy_bytes_per_logit(2, "pytorch", f, lp)) for f, lp in ((False, False), (False, True), (True, True))]
+    [12, 16, 4]
     """
     forward = act_bytes + (FP32 if act_bytes < FP32 else 0) + FP32
     backward = 3 * FP32
-    return max(forward, backward)
+    plain = max(forward, backward)
+    if impl != "pytorch":
+        return plain
+    if fused:
+        return 2 * act_bytes
+    parallel = max(act_bytes + (FP32 if act_bytes < FP32 else 0) + 2 * FP32, 4 * FP32)
+    return np.where(np.asarray(loss_parallel), parallel, plain)
 
 
 # ---- memory outside the model's tensors ------------------------------------------------------

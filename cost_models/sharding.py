@@ -173,6 +173,8 @@ FRAMEWORKS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 #: When a framework repeats a data parallel collective every micro-batch (profiles/frameworks/<name>.yaml).
 EACH_MICROBATCH = ("always", "never", "without_pp")
 SELECTIVE_POLICIES = ("megatron_modules", "op_sac", "none")
+#: How a framework's loss holds the logits (cost_models.memory.cross_entropy_bytes_per_logit).
+CROSS_ENTROPY_MEMORY = ("megatron", "pytorch")
 _OPS = {"==": np.equal, "!=": np.not_equal, ">=": np.greater_equal, "<=": np.less_equal, ">": np.greater,
         "<": np.less}
 #: Words a `cannot_run` condition may compare categorical fields with.
@@ -198,6 +200,11 @@ class Framework:
     selective_recompute: str  # SELECTIVE_POLICIES
     cannot_run: tuple[CannotRun, ...]
     fp8_weight_cache: bool  # FP8 copies of the weights kept across micro-batches (cost_models.memory)
+    cross_entropy_memory: str = "megatron"  # CROSS_ENTROPY_MEMORY
+    zero3_param_is_master: bool = False  # ZeRO-3 keeps one fp32 shard that is both parameter and master weight
+    tp_head_saves_gathered_input: bool = False  # the sequence-parallel output layer saves its all-gathered input
+    zero3_head_unsharded: bool = False  # ZeRO-3 keeps the output layer gathered across the loss
+    cross_entropy_fusion: bool | None = None  # the loss the framework runs when the plan does not say; None: TrainSpec's
 
     def _each(self, table: dict[int, str], zero_stage, pp) -> np.ndarray:
         zero_stage, pp = np.asarray(zero_stage), np.asarray(pp)
@@ -241,11 +248,16 @@ def framework_profile(name: str) -> Framework:
     rules = tuple(CannotRun(str(r["when"]), str(r["reason"])) for r in doc.get("cannot_run") or ())
     for rule in rules:
         _clauses(rule.when)  # parse now: a typo fails on load, not in a search
+    if doc.get("cross_entropy_memory", "megatron") not in CROSS_ENTROPY_MEMORY:
+        raise ValueError(f"{path}: cross_entropy_memory must be one of {', '.join(CROSS_ENTROPY_MEMORY)}")
     impl = doc.get("zero3_impl")
     if impl is not None and impl not in ZERO3_IMPLS:
         raise ValueError(f"{path}: zero3_impl {impl!r} is not one of {', '.join(ZERO3_IMPLS)}")
     return Framework(name, impl, each["grad_reduce_each_microbatch"], each["param_gather_each_microbatch"],
-                     doc["selective_recompute"], rules, bool(doc["fp8_weight_cache"]))
+                     doc["selective_recompute"], rules, bool(doc["fp8_weight_cache"]),
+                     str(doc.get("cross_entropy_memory", "megatron")), bool(doc.get("zero3_param_is_master", False)),
+                     bool(doc.get("tp_head_saves_gathered_input", False)), bool(doc.get("zero3_head_unsharded", False)),
+                     None if doc.get("cross_entropy_fusion") is None else bool(doc["cross_entropy_fusion"]))
 
 
 def framework_of(train) -> Framework:

@@ -37,7 +37,7 @@ from cost_models.sharding import framework_of, zero3_comm_s, zero3_impl_of
 from cost_models.memory import (RUNTIME_TERMS, fp8_weight_memory, kind_quantised_weights, model_state_bytes,
                                 param_gather_saving_per_element, per_row, runtime_memory_bytes,
                                 stage_activation_bytes, stage_expert_params, stage_kind_counts, stage_params,
-                                zero3_working_bytes)
+                                zero3_head_bytes, zero3_working_bytes)
 from cost_models.units import FP32, DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes, optimizer_step_traffic_bytes
 
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
@@ -226,18 +226,20 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     """Every memory term of one rank of each stage row (S, N), bytes."""
     st, train, lay, x = s.st, s.train, s.lay, s.x
     params = s.params
+    master = framework_of(train).zero3_param_is_master
     mem = model_state_bytes(params, st.zero_stage, lay.shard, st.offload_optimizer, train.precision,
-                            train.grad_precision, train.optimizer)
+                            train.grad_precision, train.optimizer, master)
     if s.has_experts:  # expert states are sharded over the expert-data-parallel group (Megatron's expert DP)
         experts = model_state_bytes(s.expert_params, st.zero_stage, lay.expert_dp, st.offload_optimizer,
-                                    train.precision, train.grad_precision, train.optimizer)
+                                    train.precision, train.grad_precision, train.optimizer, master)
         mem = {k: mem[k] + experts[k] for k in mem}
     mem |= stage_fp8_weight_bytes(s, mem["params"])
     mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, s.counts,
                                   framework_of(train).selective_recompute)
     # Pipeline send and receive buffers of one micro-batch's activations, forward and backward.
     p2p_buffers = np.where(lay.pp > 1, 2 * 2 * x.tokens * s.model.hidden_size * x.act / lay.tp, 0.0)
-    mem["zero3_buffers"] = zero3_working_bytes(s.blocks, st, train.precision, train.grad_precision) * (lay.rows.layers > 0)
+    mem["zero3_buffers"] = (zero3_working_bytes(s.blocks, st, train.precision, train.grad_precision) * (lay.rows.layers > 0)
+                            + zero3_head_bytes(s.blocks, st, lay, train.precision, framework_of(train).zero3_head_unsharded))
     mem["comm_buffers"] = p2p_buffers
     tensors = sum(np.broadcast_to(v, params.shape) for v in mem.values())
     mem |= runtime_memory_bytes(tensors, st, s.gpu, s.cluster.domain_size)

@@ -82,9 +82,13 @@ def check_top_k(top_k: Any) -> int:
 
 def _framework_zero3(train: TrainSpec) -> TrainSpec:
     """A framework with a ZeRO-3 of its own (torchtitan: FSDP2, DeepSpeed: its stage 3) sets zero3_impl;
-    a zero3_impl given that contradicts it is refused rather than silently overridden."""
+    a zero3_impl given that contradicts it is refused rather than silently overridden. A framework whose
+    loss is not Megatron's fused cross-entropy (torchtitan) sets cross_entropy_fusion unless it was given."""
     from cost_models.sharding import framework_profile
 
+    loss = framework_profile(train.framework).cross_entropy_fusion
+    if loss is not None and "cross_entropy_fusion" not in train.model_fields_set:
+        train = train.model_copy(update={"cross_entropy_fusion": loss})
     own = framework_profile(train.framework).zero3_impl
     if own is None or own == train.zero3_impl:
         return train

@@ -96,11 +96,7 @@ def test_a_bad_memory_table_is_refused(tmp_path, monkeypatch):
 
 ROWS = published_rows(json.loads(DATA.read_text()))
 #: rows under-predicted by more than MAX_UNDER, with why (reported, not tuned away)
-KNOWN_UNDER = {
-    "Table 4, 2D": "under-predicted by about 18%: torch.compile, Float8 linears and the DTensor loss_parallel "
-                   "log-softmax (which keeps more fp32 vocabulary-sized temporaries than the fused kernel) are not "
-                   "modelled",
-}
+KNOWN_UNDER: dict[str, str] = {}  # Table 4 (about -18% before torch's loss_parallel was costed) is now within
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["table"] for r in ROWS])

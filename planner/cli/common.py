@@ -81,8 +81,10 @@ Fp8ParamGatherOpt = Annotated[bool, typer.Option(
 FrameworkOpt = Annotated[str, typer.Option(
     "--framework", help="Framework the plan runs on, costed as it runs (per-micro-batch gradient reductions, "
     "selective recompute) and ranked only where it can run: megatron, torchtitan, deepspeed or colossalai.")]
-CeFusionOpt = Annotated[bool, typer.Option("--cross-entropy-fusion/--no-cross-entropy-fusion",
-                                           help="Fused vocabulary-parallel cross-entropy (Megatron's --cross-entropy-loss-fusion).")]
+CeFusionOpt = Annotated[Optional[bool], typer.Option(
+    "--cross-entropy-fusion/--no-cross-entropy-fusion",
+    help="Fused vocabulary-parallel cross-entropy (Megatron's --cross-entropy-loss-fusion); default: the "
+    "framework's loss (fused for megatron, PyTorch's cross_entropy for torchtitan).")]
 
 MoeDispatcherOpt = Annotated[str, typer.Option(
     "--moe-dispatcher", help="MoE token dispatcher: alltoall (a copy per routed expert), or the flex dispatcher's "
@@ -91,12 +93,14 @@ MoeDispatcherOpt = Annotated[str, typer.Option(
 
 def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
                   moe_load_imbalance: float | None = None, zero3_impl: str | None = None, fp8_recipe: str = "delayed",
-                  cross_entropy_fusion: bool = True, framework: str = "megatron",
+                  cross_entropy_fusion: bool | None = None, framework: str = "megatron",
                   moe_dispatcher: str = "alltoall", fp8_param_gather: bool = False) -> dict[str, Any]:
     """TrainSpec options from the CLI; --zero3-impl only when given (a framework may fix it)."""
     out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer,
-           "fp8_recipe": fp8_recipe, "cross_entropy_fusion": cross_entropy_fusion, "framework": framework,
+           "fp8_recipe": fp8_recipe, "framework": framework,
            "moe_dispatcher": moe_dispatcher, "fp8_param_gather": fp8_param_gather}
+    if cross_entropy_fusion is not None:  # else the framework's loss (planner.api)
+        out["cross_entropy_fusion"] = cross_entropy_fusion
     if zero3_impl is not None:
         out["zero3_impl"] = zero3_impl
     if moe_load_imbalance is not None:

@@ -89,6 +89,10 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     if t.fp8_param_gather:
         refuse("fp8_param_gather; it is Megatron's --fp8-param-gather, and the emitted torchtitan job keeps bf16 "
                "weights (torchao's FSDP2 float8 all-gather is neither emitted nor costed)")
+    if t.cross_entropy_fusion:
+        notes.append("cross_entropy_fusion: the plan was costed with a fused cross-entropy, which torchtitan does not "
+                     "run (its loss is PyTorch's cross_entropy over fp32 logits); plan with framework torchtitan "
+                     "and without --cross-entropy-fusion to cost what this job runs")
     if t.attention_kernel == "flash2":
         notes.append("attention_kernel flash2: the plan is timed with FlashAttention-2, the kernel PyTorch's SDPA "
                      "runs on Hopper when cuDNN is not first in its backend list (torch before 2.11, torchtitan "

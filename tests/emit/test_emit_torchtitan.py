@@ -142,3 +142,12 @@ def test_flash2_is_noted_as_the_kernel_the_plan_was_timed_with():
     assert any("flash2" in n and "FlashAttention-2" in n for n in data["notes"])
     plain = emit_data(make_plan(*LLAMA8, strategy=dict(zero_stage=3)), "torchtitan")
     assert not any("flash2" in n for n in plain["notes"])
+
+
+def test_a_plan_costed_with_a_fused_loss_is_noted():
+    """torchtitan runs PyTorch's cross_entropy: a plan costed with the fused loss (megatron's default, or an explicit
+    --cross-entropy-fusion) says so; one planned for torchtitan does not."""
+    fused = emit_data(make_plan(*LLAMA8, strategy=dict(zero_stage=3), cross_entropy_fusion=True), "torchtitan")
+    assert any(n.startswith("cross_entropy_fusion") for n in fused["notes"])
+    own = emit_data(make_plan(*LLAMA8, strategy=dict(zero_stage=3), framework="torchtitan"), "torchtitan")
+    assert not any(n.startswith("cross_entropy_fusion") for n in own["notes"])

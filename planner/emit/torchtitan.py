@@ -1,4 +1,4 @@
-"""torchtitan (0.2.x, TOML job configs): `[parallelism]`, `[training]`, `[activation_checkpoint]`.
+"""torchtitan (0.2.x, TOML job configs): `[parallelism]`, `[training]`, `[activation_checkpoint]`, `[compile]`.
 
 torchtitan 0.3 replaced TOML job files with Python config registries; the
 TOML written here is the 0.1/0.2 `--job.config_file` format (JobConfig).
@@ -42,6 +42,10 @@ Mapping choices (torchtitan shards data parallelism with FSDP2):
   come from dp_shard·cp·tp, so ep > 1 always uses FSDP (dp_shard), never DDP
   replication. MoE, latent-attention and window shapes live in torchtitan's
   model flavors (deepseek_v3, llama4, qwen3, gpt_oss); the notes list them.
+- compile: the model and the loss run under torch.compile (`[compile] enable`,
+  components model and loss), because the cost model times the element-wise work
+  (norms, activation, rotary embedding, FP8 casts) as fused kernels; torchtitan's
+  default, eager, runs them as separate kernels, which the plan does not cost.
 - offload_optimizer is refused: torchtitan's `enable_cpu_offload` is FSDP's
   CPU offload of parameters, gradients and optimizer states together. So is
   multi-token prediction (no torchtitan model has MTP modules).
@@ -114,6 +118,7 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
         sections["quantize"] = {"linear": {"float8": {"recipe_name": FLOAT8_RECIPE}}}
         notes.append("fp8: torchao float8 with tensorwise (dynamic) scaling; torchao has no delayed scaling")
     sections["training"] = _training(f)
+    sections["compile"] = {"enable": True, "components": ["model", "loss"]}  # fused element-wise work, as costed
     sections["parallelism"] = _parallelism(f, notes)
     sections["activation_checkpoint"] = _recompute(f, refuse)
     if f.strategy.overlap_moe_comm:

@@ -527,6 +527,7 @@ DOCUMENTED_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
                     "module_fqns_per_model_part": list, "expert_parallel_degree": int,
                     "expert_tensor_parallel_degree": int},
     "activation_checkpoint": {"mode": str, "selective_ac_option": str},
+    "compile": {"enable": bool, "components": list},
     "quantize.linear.float8": {"recipe_name": str},
 }
 DOCUMENTED_CHOICES = {("parallelism", "fsdp_reshard_after_forward"): {"default", "always", "never"},

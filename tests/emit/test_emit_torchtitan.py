@@ -151,3 +151,10 @@ def test_a_plan_costed_with_a_fused_loss_is_noted():
     assert any(n.startswith("cross_entropy_fusion") for n in fused["notes"])
     own = emit_data(make_plan(*LLAMA8, strategy=dict(zero_stage=3), framework="torchtitan"), "torchtitan")
     assert not any(n.startswith("cross_entropy_fusion") for n in own["notes"])
+
+
+def test_the_job_compiles_the_model_and_loss_as_the_plan_is_costed():
+    """The cost model times element-wise work as fused kernels; torchtitan fuses it only under torch.compile
+    (JobConfig.compile, default off in 0.2.x), so every emitted job enables it for the model and the loss."""
+    sections = tomllib.loads(emit(make_plan(*LLAMA8, strategy=dict(zero_stage=3)), "torchtitan"))
+    assert sections["compile"] == {"enable": True, "components": ["model", "loss"]}

@@ -540,7 +540,14 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
         optimizer = opt_params * traffic / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
     else:  # fused multi-tensor kernels at the table's bandwidth, with the gradient-buffer passes
         optimizer = table.optimizer_step_s(opt_params, traffic, grad_b)
-        if train.precision == "fp8":  # the FP8 weight casts of each step's first micro-batch, counted here
+        if train.precision == "fp8" and getattr(train, "fp8_param_gather", False):
+            # FP8 parameters: the optimizer quantises its master-weight shard once per step (megatron-core
+            # fp8_utils.quantize_param_shard, called after the distributed optimizer's step) and the FP8 shards
+            # are all-gathered: each rank casts 1/shard of the weights, not all of them
+            dense_k, expert_k = s.quantised_kinds
+            shards = s.per_row(dense_k) / shard + (s.per_row(expert_k) / edp if s.has_experts else 0.0)
+            weight_casts = table.fp8_weight_cast_s(shards, train.fp8_recipe)
+        elif train.precision == "fp8":  # the FP8 weight casts of each step's first micro-batch, counted here
             weight_casts = table.fp8_weight_cast_s(s.per_row(fp8_weight_elements_per_kind(s)), train.fp8_recipe)
     offload = offload_step_s(s, opt_params, bwd_mb)
     tail = {"dp_comm": np.where(zero == 3, z3, exposed),

@@ -263,3 +263,19 @@ def test_fp8_activations_are_smaller_only_where_transformer_engine_runs():
 
     assert activations("fp8") < 0.85 * activations("bf16")
     assert activations("fp8", "torchtitan") == pytest.approx(activations("bf16", "torchtitan"))
+
+
+def test_fp8_param_gather_casts_only_the_optimizers_shard_each_step():
+    """With FP8 parameters the optimizer quantises its master-weight shard (megatron-core quantize_param_shard):
+    each rank casts 1/dp of the weights per step, so the step's cast time shrinks with dp and not at dp 1."""
+    run = dict(model="llama3-70b", cluster="dgx-h100", num_gpus=64, global_batch_size=128, seq_len=8192,
+               precision="fp8")
+
+    def optimizer_s(strategy, gather):
+        return evaluate(**run, strategy=strategy, fp8_param_gather=gather).time_s["optimizer"]
+
+    dp4 = dict(tp=4, pp=4, sequence_parallel=True, zero_stage=1, micro_batch_size=1)
+    dp1 = dict(tp=4, pp=16, sequence_parallel=True, zero_stage=1, micro_batch_size=1)
+    full, shard = optimizer_s(dp4, False), optimizer_s(dp4, True)
+    assert shard < full
+    assert optimizer_s(dp1, True) == pytest.approx(optimizer_s(dp1, False))

@@ -51,8 +51,9 @@ def test_per_microbatch_reduction_and_gather_lengthen_the_step_by_their_bytes_ti
     params = float(s.params[0, 0])
     reduce_s = float(s.comm.gather_scatter_s(params * DTYPE_BYTES["fp32"], shard, stride)[0])
     gather_s = float(s.comm.gather_scatter_s(params * WEIGHT_BYTES["bf16"], shard, stride)[0])
-    megatron = evaluate(**BASE, strategy=strategy, framework="megatron")
-    titan = evaluate(**BASE, strategy=strategy, framework="torchtitan")
+    # the same loss for both (torchtitan's own is unfused): only the reductions and gathers differ
+    megatron = evaluate(**BASE, strategy=strategy, framework="megatron", cross_entropy_fusion=True)
+    titan = evaluate(**BASE, strategy=strategy, framework="torchtitan", cross_entropy_fusion=True)
     # Megatron: one reduction and one gather per step, whole (no overlap asked for)
     assert megatron.time_s["dp_comm"] == pytest.approx(reduce_s + gather_s, rel=1e-12)
     assert titan.time_s["dp_comm"] == pytest.approx(m * (reduce_s + gather_s), rel=1e-12)

@@ -33,10 +33,6 @@ DATA_DOC = load_data()
 #: Published layouts meshplan accepts and prices but cannot fit, and why (reported to the cost
 #: model, never worked around by changing the layout). Strict: the mark fails once they fit.
 DOES_NOT_FIT: dict[str, str] = {
-    "deepseek-v3-report": "over by about 14 GiB: meshplan stores BF16 activations where DeepSeek caches FP8 "
-                          "(noted in the data file), and adds the allocator slack estimate (10 % of tensors) and "
-                          "Transformer Engine's cached FP8 weight copies with their Hopper transposes (3 GiB; "
-                          "the over was 11 GiB before they were counted)",
     "llama3.1-405b-8k-8192gpu": "over by about 7 GiB, less than the allocator slack estimate (10 % of tensors, "
                                 "7.7 GiB): the run's allocator held less than that",
     "llama3.1-405b-128k-cp16": "over by about 0.5 GiB, within the allocator slack estimate (7.0 GiB)",

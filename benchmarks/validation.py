@@ -279,7 +279,9 @@ def public_runs(name: str) -> PublicSet:
     `local_batch_size` (torchtitan: sequences per data parallel rank),
     `activation_checkpointing`, `pp_schedule`, `model_overrides`, `variant`, `moe_dispatcher`
     (alltoall, deepep, hybridep), `overlap_moe_comm` (Megatron's --overlap-moe-expert-parallel-comm) and
-    `attention_kernel` (flash, flash2; default flash).
+    `attention_kernel` (flash, flash2; default flash) and `stage_layers` (decoder layers per virtual
+    stage in schedule order, pp·vp counts: the recipe's --pipeline-model-parallel-layout, e.g.
+    Megatron-Bridge's DeepSeek-V3 layouts).
     The file's top-level `moe_load_imbalance` applies to rows of MoE models.
     Fields a row does not state are searched (recomputation, etp, ZeRO 0/1, and
     micro-batch size where no row field fixes it); optimizer offload is off. A
@@ -359,6 +361,8 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
         cons["vpp"] = list(range(2, model.num_layers // pp + 1))  # stages per rank not published: searched
     elif r.get("vp") is not None or "pp_schedule" in r:
         cons["vpp"] = r.get("vp") or 1
+    if "stage_layers" in r:
+        cons["stage_layers"] = list(r["stage_layers"])
     if "micro_batch_size" in r:
         cons["micro_batch_size"] = r["micro_batch_size"]
     elif "local_batch_size" in r and pp == 1:

@@ -4,8 +4,9 @@ The field names are the Strategy field names (one vocabulary); categorical
 fields are integer codes (`recompute`: 0 none, 1 selective, 2 full). Optional
 integers use 0 for "not set" (`recompute_num_layers` 0 = all layers of the
 chunk; `num_layers_in_first_stage` 0 = even split). `stage_layers`, the one
-field that is a list, is an (N, P) array padded with zeros (P = the longest
-explicit split; P = 0 when no candidate has one).
+field that is a list (pp counts, or pp·vpp counts one per virtual stage, where 0
+is a real count), is an (N, P) array padded with -1 (P = the longest explicit
+split; P = 0 when no candidate has one; a row without a positive count has none).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class StrategyArrays:
     overlap_moe_comm: np.ndarray  # bool
     embedding_as_layer: np.ndarray  # bool
     loss_as_layer: np.ndarray  # bool
-    stage_layers: np.ndarray  # (N, P) int, 0-padded; P = 0 when no candidate has an explicit split
+    stage_layers: np.ndarray  # (N, P) int, -1-padded; P = 0 when no candidate has an explicit split
 
     BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather",
                    "overlap_moe_comm", "embedding_as_layer", "loss_as_layer")
@@ -105,7 +106,7 @@ class StrategyArrays:
         rows = [row_of(s) for s in strategies]
         columns = {name: np.array([r[name] for r in rows]) for name in cls.names() if name not in cls.LIST_FIELDS}
         width = max((len(r["stage_layers"]) for r in rows), default=0)
-        columns["stage_layers"] = np.array([list(r["stage_layers"]) + [0] * (width - len(r["stage_layers"]))
+        columns["stage_layers"] = np.array([list(r["stage_layers"]) + [-1] * (width - len(r["stage_layers"]))
                                             for r in rows], dtype=np.int64).reshape(len(rows), width)
         return cls.from_columns(columns, len(rows))
 
@@ -114,8 +115,8 @@ class StrategyArrays:
         width = max(p.stage_layers.shape[1] for p in parts)
         out = {name: np.concatenate([getattr(p, name) for p in parts]) for name in cls.names()
                if name not in cls.LIST_FIELDS}
-        out["stage_layers"] = np.concatenate([np.pad(p.stage_layers, ((0, 0), (0, width - p.stage_layers.shape[1])))
-                                              for p in parts])
+        out["stage_layers"] = np.concatenate([np.pad(p.stage_layers, ((0, 0), (0, width - p.stage_layers.shape[1])),
+                                                     constant_values=-1) for p in parts])
         return cls(**out)
 
     def take(self, index: Any) -> "StrategyArrays":
@@ -127,7 +128,7 @@ class StrategyArrays:
         for name in self.names():
             value = getattr(self, name)[i]
             if name in self.LIST_FIELDS:
-                out[name] = [int(v) for v in value if v] or None
+                out[name] = [int(v) for v in value if v >= 0] if (value > 0).any() else None
                 continue
             out[name] = bool(value) if name in self.BOOL_FIELDS else int(value)
         out["recompute"] = RECOMPUTE_NAMES[out["recompute"]]

@@ -21,7 +21,14 @@ Stage split (Megatron-core's `get_num_layers_to_build` and its pipeline layout):
 - uneven first/last: the first (last) pipeline rank gets `first` (`last`) layers,
   the other ranks share the rest evenly; with vpp > 1 each rank's layers split
   evenly over its vpp chunks (so each rank's count must divide by vpp);
-- explicit: `stage_layers` gives the layers of every pipeline rank;
+- explicit: `stage_layers` gives the layers of every pipeline rank (pp counts, each
+  split evenly over the rank's vpp chunks), or of every virtual stage (pp·vpp counts in
+  virtual-stage order, Megatron's `--pipeline-model-parallel-layout`; a virtual stage
+  may hold no layer, as Megatron allows, but every pipeline rank holds at least one).
+  Virtual stage j runs on pipeline rank j mod pp as its chunk j // pp, so DeepSeek-V3's
+  Megatron-Bridge layout [4]*15 + [1] on pp 4, vpp 4 gives rank 3 chunks of 4, 4, 4 and
+  1 layers (13 layers). The embedding stays on the first virtual stage, the output
+  layer, the loss and the MTP layers on the last (pipeline rank pp-1), as for every split;
 - embedding / loss as layers (`--account-for-embedding-in-pipeline-split`,
   `--account-for-loss-in-pipeline-split`): the input embedding (and the output
   layer with the loss) count as one layer each in an even split over pp·vpp
@@ -38,6 +45,21 @@ Schedules (SC'21 Sec. 2.2; Megatron-core's interleaved schedule): pipeline rank 
 holds min(pp - r, m) micro-batches in flight under 1F1B; interleaved 1F1B keeps
 2·(pp - r - 1) + (vpp - 1)·pp + 1 (micro-batch, chunk) pairs, capped at m·vpp, which
 gives Korthikanti et al. (2022) Sec. 4.2.3's first-stage factor 1 + (pp-1)/(pp·vpp).
+
+Chunks of unequal size (a per-virtual-stage `stage_layers`). The stage rows keep one
+row per pipeline rank; a rank's layers are the sum of its chunks, and where the cost
+model needs one chunk size it takes the rank's average, `chunk_layers` = layers / vpp:
+- in-flight activations: each (micro-batch, chunk) pair holds an average chunk. Exact
+  for every rank whose chunks are equal (all ranks but the last in the published
+  DeepSeek-V3 layouts, including rank 0, which holds the most pairs); on a rank with
+  chunks 4, 4, 4, 1 the warm-up holds its first chunks more often than its last, so the
+  average (3.25) underestimates by at most (4 - 3.25) layers per pair there;
+- the interleaved bubble, (pp - 1)/vpp of the slowest rank's micro-batch time: the
+  slowest rank's average chunk time. The published uneven layouts balance chunk time
+  (the last stage's single layer carries the MTP layer and the loss), where the average
+  chunk time and the largest one agree;
+- full recompute of n layers per chunk: min(n, average chunk) per chunk (the rules
+  bound n by the largest chunk of any rank).
 """
 
 from __future__ import annotations
@@ -63,8 +85,9 @@ class ParallelLayout:
     """Degrees, rank order, groups and stage split of N candidates.
 
     Integer arrays of length N; 0 in `first`/`last` means "not set" (even split).
-    `stage_layers` holds explicit splits as an (N, P) array padded with 0 (P = the
-    largest pp among explicit rows; a row of zeros means no explicit split).
+    `stage_layers` holds explicit splits as given (pp or pp·vpp counts) in an (N, P) array
+    padded with -1 (0 is a real count: an empty virtual stage); a row without a positive
+    count means no explicit split. `explicit` reads them as counts per virtual stage.
     """
 
     num_layers: int
@@ -95,7 +118,7 @@ class ParallelLayout:
                    etp=st.etp, first=st.num_layers_in_first_stage, last=st.num_layers_in_last_stage,
                    embedding_as_layer=_arr(getattr(st, "embedding_as_layer", False), n, bool),
                    loss_as_layer=_arr(getattr(st, "loss_as_layer", False), n, bool),
-                   stage_layers=explicit if explicit is not None and explicit.size and explicit.any() else None,
+                   stage_layers=explicit if explicit is not None and explicit.size and (explicit > 0).any() else None,
                    rank_order=rank_order)
 
     @classmethod
@@ -231,15 +254,32 @@ class ParallelLayout:
         ([7, 8], 7, 126)
         """
         p = int(self.pp[i])
-        if self.stage_layers is not None and self.stage_layers[i].any():
-            return [int(x) for x in self.stage_layers[i][:p]]
+        ex = self.explicit
+        if ex is not None and ex.has[i]:
+            if ex.shape_ok[i]:
+                return [int(x) for x in ex.rank_layers[i, :p]]
+            return (self.given_split(i) + [0] * p)[:p]
         # Every other split is the stage rows' (rank 0, a middle rank, rank pp-1).
         first, middle, last = (int(self.rows.layers[k, i]) for k in (0, 1, -1))
         return [first] if p == 1 else [first] + [middle] * (p - 2) + [last]
 
     def layers_per_chunk(self, i: int = 0) -> list[int]:
-        """Layers of each virtual stage in schedule order (virtual stage c·pp + r runs on rank r)."""
+        """Layers of each virtual stage in schedule order (virtual stage c·pp + r runs on rank r).
+
+        DeepSeek-V3 (61 layers) on Megatron-Bridge's pp 4, vpp 4 layout (one count per virtual
+        stage): rank 3 runs virtual stages 3, 7, 11 and 15.
+
+        >>> from types import SimpleNamespace as S
+        >>> s = S(tp=1, cp=1, dp=1, pp=4, vpp=4, ep=1, etp=1, num_layers_in_first_stage=None,
+        ...       num_layers_in_last_stage=None, stage_layers=[4] * 15 + [1])
+        >>> lay = ParallelLayout.of_strategy(s, 61)
+        >>> [lay.layers_per_chunk()[j] for j in lay.virtual_stages(3)], lay.layers_per_stage()
+        ([4, 4, 4, 1], [16, 16, 16, 13])
+        """
         p, v = int(self.pp[i]), int(self.vpp[i])
+        ex = self.explicit
+        if ex is not None and ex.has[i] and ex.shape_ok[i]:
+            return [int(x) for x in ex.chunks[i, :p * v]]
         emb, loss = bool(self.embedding_as_layer[i]), bool(self.loss_as_layer[i])
         if emb or loss:  # an even split of L + emb + loss; the first (last) virtual stage has one layer fewer
             each = (self.num_layers + emb + loss) // (p * v)
@@ -250,16 +290,41 @@ class ParallelLayout:
         per_rank = self.layers_per_stage(i)
         return [per_rank[r] // v for _ in range(v) for r in range(p)]
 
+    def largest_chunk(self) -> np.ndarray:
+        """Layers of each candidate's largest virtual chunk (float array; the bound of
+        `recompute_num_layers`): an explicit split's largest count per virtual stage, else the
+        largest of the stage rows' chunks (equal within a rank)."""
+        out = self.rows.chunk_layers.max(axis=0)
+        ex = self.explicit
+        if ex is not None:
+            out = np.where(ex.has & self.split_ok(), ex.chunks.max(axis=1), out)
+        return out
+
     def virtual_stages(self, pp_rank: int, i: int = 0) -> list[int]:
         """The virtual stages pipeline rank `pp_rank` runs, its first chunk first (c·pp + r);
         indices into `layers_per_chunk`."""
         p, v = int(self.pp[i]), int(self.vpp[i])
         return [c * p + pp_rank for c in range(v)]
 
+    def given_split(self, i: int = 0) -> list[int]:
+        """Candidate i's `stage_layers` as given (pp or pp·vpp counts; empty when none)."""
+        if self.stage_layers is None:
+            return []
+        return [int(x) for x in self.stage_layers[i] if x >= 0] if (self.stage_layers[i] > 0).any() else []
+
+    @functools.cached_property
+    def explicit(self) -> "ExplicitSplit | None":
+        """The explicit splits read per virtual stage (None when no candidate has one)."""
+        if self.stage_layers is None:
+            return None
+        return _explicit_split(self.stage_layers, self.pp, self.vpp)
+
     def split_ok(self) -> np.ndarray:
         """Whether each candidate's stage split is possible (bool array): every rank and
         virtual chunk gets a whole, non-negative number of layers summing to L; only the
-        first or last rank may be empty, and only when it holds the embedding or the loss."""
+        first or last rank may be empty, and only when it holds the embedding or the loss.
+        An explicit split lists pp counts (each a positive multiple of vpp) or pp·vpp counts
+        (each >= 0, every rank holding at least one layer)."""
         L, p, v = self.num_layers, self.pp, self.vpp
         first, last = self.first, self.last
         uneven = (first > 0) | (last > 0)
@@ -273,23 +338,23 @@ class ParallelLayout:
         per_rank_div = ((first % v) == 0) & ((last % v) == 0) & np.where(inner > 0, each % v == 0, True)
         uneven_ok = (p > 1) & inner_ok & per_rank_div & ~emb & ~loss
         ok = np.where(uneven, uneven_ok, even_ok)
-        if self.stage_layers is not None:
-            sl = self.stage_layers
-            has = sl.any(axis=1)
-            cols = np.arange(sl.shape[1])[None, :]
-            inside = cols < p[:, None]
-            count_ok = (np.count_nonzero(sl, axis=1) <= p) & (np.where(inside, 0, sl).sum(axis=1) == 0)
-            explicit_ok = (count_ok & (sl.sum(axis=1) == L) & np.all(np.where(inside, sl % v[:, None] == 0, True), axis=1)
-                           & np.all(np.where(inside, sl >= 1, True), axis=1) & ~uneven & ~emb & ~loss)
-            ok = np.where(has, explicit_ok, ok)
+        ex = self.explicit
+        if ex is not None:
+            ranks = np.arange(ex.rank_layers.shape[1])[None, :] < p[:, None]
+            explicit_ok = (ex.shape_ok & (ex.chunks.sum(axis=1) == L) & (ex.chunks >= 0).all(axis=1)
+                           & np.all(np.where(ranks, ex.rank_layers >= 1, True), axis=1) & ~uneven & ~emb & ~loss)
+            ok = np.where(ex.has, explicit_ok, ok)
         return ok
 
     def split_message(self, i: int = 0) -> str:
         """Why candidate i's split is impossible, naming the fields and the values."""
         L, p, v = self.num_layers, int(self.pp[i]), int(self.vpp[i])
-        if self.stage_layers is not None and self.stage_layers[i].any():
-            return (f"stage_layers {self.layers_per_stage(i)} must give each of the pp ({p}) stages at least one "
-                    f"layer, a multiple of vpp ({v}), and sum to num_layers ({L})")
+        ex = self.explicit
+        if ex is not None and ex.has[i]:
+            return (f"stage_layers {self.given_split(i)} must give each of the pp ({p}) stages at least one "
+                    f"layer, a multiple of vpp ({v}), and sum to num_layers ({L})"
+                    + (f"; or list pp·vpp ({p * v}) counts >= 0, one per virtual stage, giving every pipeline rank "
+                       "at least one layer" if v > 1 else ""))
         if self.first[i] or self.last[i]:
             return (f"uneven pipeline: num_layers ({L}) minus first ({int(self.first[i])}) and last "
                     f"({int(self.last[i])}) stage layers must split evenly over the other stages of pp ({p}), and "
@@ -347,7 +412,7 @@ class ParallelLayout:
             by_rank = _rank_kind_counts(pattern, K, tuple(self.layers_per_chunk(int(i))), int(self.pp[i]))
             ranks = rows.rank[:, i].copy()
             p = int(self.pp[i])
-            if self.stage_layers is None or not self.stage_layers[i].any():
+            if self.explicit is None or not self.explicit.has[i]:
                 if p > 2:
                     w = np.asarray(weights)
                     ranks[1] = 1 + int(np.argmax(by_rank[1:p - 1] @ w))
@@ -406,12 +471,48 @@ class ParallelLayout:
 
 
 @dataclass
+class ExplicitSplit:
+    """Explicit `stage_layers` of N candidates read per virtual stage."""
+
+    has: np.ndarray  # (N,) bool: the candidate gives an explicit split
+    shape_ok: np.ndarray  # (N,) bool: pp counts that are multiples of vpp, or pp·vpp counts
+    chunks: np.ndarray  # (N, Q) int: layers of virtual stage j (0 past pp·vpp or where shape_ok is False)
+    rank_layers: np.ndarray  # (N, R) int: layers of pipeline rank r, the sum of its chunks (R = largest pp)
+
+
+def _explicit_split(sl: np.ndarray, pp: np.ndarray, vpp: np.ndarray) -> ExplicitSplit:
+    """Read -1-padded `stage_layers` rows of pp counts (rank r's chunks each get count/vpp) or
+    pp·vpp counts (virtual stage j on rank j mod pp) as counts per virtual stage."""
+    n = sl.shape[0]
+    has = (sl > 0).any(axis=1)
+    length = (sl >= 0).sum(axis=1)
+    stages = pp * vpp
+    per_stage = has & (length == stages)
+    per_rank = has & (length == pp) & ~per_stage
+    Q = int(stages[has].max()) if has.any() else 1
+    R = int(pp[has].max()) if has.any() else 1
+    W = max(Q, sl.shape[1])
+    wide = np.concatenate([sl, np.full((n, W - sl.shape[1]), -1, dtype=np.int64)], axis=1) if W > sl.shape[1] else sl
+    j = np.arange(Q)[None, :]
+    inside = j < stages[:, None]
+    of_rank = np.take_along_axis(wide, j % pp[:, None], axis=1)
+    divides = np.all(np.where(np.arange(W)[None, :] < pp[:, None], wide % vpp[:, None] == 0, True), axis=1)
+    shape_ok = per_stage | (per_rank & divides)
+    chunks = np.where(per_stage[:, None], wide[:, :Q], of_rank // vpp[:, None])
+    chunks = np.where(inside & shape_ok[:, None], chunks, 0).astype(np.int64)
+    rank_layers = np.zeros((n, R), dtype=np.int64)
+    for r in range(R):
+        rank_layers[:, r] = np.where((j % pp[:, None] == r) & inside, chunks, 0).sum(axis=1)
+    return ExplicitSplit(has=has, shape_ok=shape_ok, chunks=chunks, rank_layers=rank_layers)
+
+
+@dataclass
 class StageRows:
     """Per stage row (axis 0) and candidate (axis 1)."""
 
     rank: np.ndarray  # pipeline rank of the row
     layers: np.ndarray  # transformer layers on the rank (float; L/pp where the split is impossible)
-    chunk_layers: np.ndarray  # layers per virtual chunk of the rank (layers / vpp)
+    chunk_layers: np.ndarray  # layers per virtual chunk of the rank (layers / vpp: its average chunk)
     has_embedding: np.ndarray  # bool: the rank holds the input embedding
     has_head: np.ndarray  # bool: the rank holds the output layer and the loss
     kind: np.ndarray  # 0 first, 1 middle, 2 last (for reports; pp = 1 is "first")
@@ -439,13 +540,14 @@ def _stage_rows(lay: ParallelLayout) -> StageRows:
     mid = np.where(p <= 2, first_l, mid)
     layers = np.stack([first_l, mid, last_l]).astype(float)
     rank = np.stack([np.zeros(n, dtype=np.int64), np.where(p <= 2, 0, 1), p - 1])
-    if lay.stage_layers is not None:
-        explicit = lay.stage_layers.any(axis=1)
-        P = lay.stage_layers.shape[1]
+    ex = lay.explicit
+    if ex is not None:
+        explicit = ex.has
+        P = ex.rank_layers.shape[1]
         S = max(P, 3)
         r = np.arange(S)[:, None]
         r_cand = np.where(r < p[None, :], r, 0)  # rows past pp repeat rank 0
-        sl = np.concatenate([lay.stage_layers.T, np.zeros((S - P, n), dtype=np.int64)]) if S > P else lay.stage_layers.T
+        sl = np.concatenate([ex.rank_layers.T, np.zeros((S - P, n), dtype=np.int64)]) if S > P else ex.rank_layers.T
         ex_layers = np.take_along_axis(sl, r_cand, axis=0).astype(float)
         # Implicit rows widened to S: rows 0..2 as above, the rest repeat row 0.
         pad = S - 3

@@ -4,8 +4,9 @@ Each pp rank owns `vpp` chunks of consecutive layers: chunk v on pp rank r is
 stage v·pp + r (Megatron's interleaved assignment, which is also the
 "looped" order ScheduleInterleaved1F1B expects). How many layers each virtual
 stage holds is the plan's `ParallelLayout.layers_per_chunk` (even, uneven
-first/last per pipeline rank, explicit `stage_layers`, embedding/loss counted as
-layers), the split the cost model scored. A chunk is the full model with the
+first/last per pipeline rank, explicit `stage_layers` per rank or per virtual
+stage, so a rank's chunks may differ in size; embedding/loss counted as layers),
+the split the cost model scored. A chunk is the full model with the
 layers it does not own deleted (so its weights are the seeded weights of the
 full model); the first stage keeps the embedding, the last the final norm and
 output head. vpp = 1 runs Schedule1F1B, vpp > 1 ScheduleInterleaved1F1B, with

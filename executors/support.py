@@ -5,8 +5,10 @@ run the strategy. Each sentence names the field, the rule and the value, so a
 plan the executor cannot run is reported as `unsupported` with a reason rather
 than crashing a process group.
 
-The stage split (even, uneven first/last, explicit `stage_layers`, embedding or
-loss counted as a layer) and the batch rules are the plan's `ParallelLayout`'s.
+The stage split (even, uneven first/last, explicit `stage_layers` per pipeline
+rank or per virtual stage, embedding or loss counted as a layer) and the batch
+rules are the plan's `ParallelLayout`'s; a middle virtual stage without a
+transformer layer (which Megatron's layouts allow) is refused: it would hold no module.
 The pipeline schedules are torch.distributed.pipelining's, whose micro-batch
 rules differ from Megatron's (`ParallelLayout.torch_schedule_ok`): Schedule1F1B
 needs num_microbatches >= pp; ScheduleInterleaved1F1B needs num_microbatches to
@@ -76,6 +78,10 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
             reasons.append(schedule + " (torch.distributed.pipelining)")
     if not lay.split_ok()[0]:
         reasons.append(lay.split_message())
+    elif pp > 1 and 0 in lay.layers_per_chunk()[1:-1]:
+        empty = [j for j, n in enumerate(lay.layers_per_chunk()) if n == 0 and 0 < j < len(lay.layers_per_chunk()) - 1]
+        reasons.append(f"stage_layers {st.stage_layers}: virtual stages {empty} hold no module (no transformer layer, "
+                       "embedding or output layer); this executor builds every pipeline chunk from its modules")
     return reasons
 
 

@@ -103,7 +103,7 @@ def _recompute_layers_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
     need = np.flatnonzero(~ok)
     if len(need):
         sub = st.take(need)
-        largest = _layout(ctx, sub).rows.chunk_layers.max(axis=0)
+        largest = _layout(ctx, sub).largest_chunk()
         ok[need] = (sub.recompute == 2) & (sub.recompute_num_layers <= largest)
     return ok
 

@@ -23,7 +23,10 @@ Default choices per field (constraints replace them):
     the rules reject and count.
   Splits that give the same layers per chunk are kept once (even, then shaved, then
   embedding/loss: with vpp 1 embedding+loss is the same split as shaving one layer per end).
-- stage_layers: only as constrained. num_layers_in_first/last_stage, embedding_as_layer,
+- stage_layers: only as constrained: pp counts (vpp: the divisors of all of them, or as
+  constrained) or pp·vpp counts, one per virtual stage (vpp = their number / pp), so one
+  per-virtual-stage list of 16 counts is a plan for pp 16, 8, 4 and 2 with vpp 1, 2, 4 and 8
+  (Megatron-Bridge's DeepSeek-V3 layouts). num_layers_in_first/last_stage, embedding_as_layer,
   loss_as_layer: as above, or as constrained (a constrained first/last keeps only those; vpp
   then ranges over the divisors of the given counts).
 - micro_batch_size: every divisor of global_batch_size / dp.
@@ -116,8 +119,10 @@ def _check_value(key: str, v: Any) -> Any:
         if v is None:
             return v
         if (not isinstance(v, (list, tuple)) or not v or len(v) > MAX_LAYERS
-                or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LAYERS for n in v)):
-            raise SpecError(f"constraint stage_layers={v!r} must be a list of positive layer counts, one per stage")
+                or any(isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_LAYERS for n in v)
+                or not any(v)):
+            raise SpecError(f"constraint stage_layers={v!r} must be a list of layer counts >= 0 (at least one "
+                            "positive), one per pipeline stage or one per virtual stage")
         return tuple(v)
     if key == "recompute_modules":  # one list of Megatron module names -> its bit mask (0: not set)
         if v is None:
@@ -386,8 +391,10 @@ def _pipeline_splits(L: int, pp: int, key: tuple) -> tuple[Split, ...]:
     reject and count them."""
     vpps, explicit, firsts, lasts, embs, losses = key
     if explicit:
-        fixed = [(v, 0, 0, x, e, lo) for x in explicit if len(x) == pp
-                 for v in (vpps or _vpps_dividing(*x)) for e in (embs or (False,)) for lo in (losses or (False,))]
+        fixed = [(v, 0, 0, x, e, lo) for x in explicit
+                 for v in (vpps or _vpps_dividing(*x) if len(x) == pp else (len(x) // pp,))
+                 if len(x) == pp or (len(x) % pp == 0 and (vpps is None or len(x) // pp in vpps))
+                 for e in (embs or (False,)) for lo in (losses or (False,))]
         return _with_chunks(L, pp, fixed or [(1, 0, 0, explicit[0], False, False)])
     if firsts is not None or lasts is not None:
         given = [n for n in (firsts or ()) + (lasts or ()) if n]
@@ -471,9 +478,9 @@ def _largest_chunk(L: int, pp: int, vpp: int, first: int, last: int, explicit: t
 
 
 def _split_table(splits: list[tuple[int, ...]]) -> np.ndarray:
-    """Explicit splits as a zero-padded (len(splits), P) table; row 0 is 'none'."""
+    """Explicit splits as a -1-padded (len(splits), P) table (`StrategyArrays.stage_layers`); row 0 is 'none'."""
     width = max(len(x) for x in splits)
-    return np.array([list(x) + [0] * (width - len(x)) for x in splits], dtype=np.int64).reshape(len(splits), width)
+    return np.array([list(x) + [-1] * (width - len(x)) for x in splits], dtype=np.int64).reshape(len(splits), width)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -322,7 +322,8 @@ def parse_stage_layers(text: Optional[str]) -> Optional[list[int]]:
     try:
         return [int(v) for v in text.removeprefix("split=").split(",")]
     except ValueError:
-        raise SpecError(f"--stage-layers must be comma-separated layer counts, one per pipeline stage, e.g. 1,2,2,3 "
+        raise SpecError(f"--stage-layers must be comma-separated layer counts, one per pipeline stage (or one per "
+                        f"virtual stage), e.g. 1,2,2,3 "
                         f"(got {text!r})") from None
 
 
@@ -341,7 +342,7 @@ RecomputeArg = Annotated[RecomputeOpt, typer.Option("--recompute", help="Activat
 RclOpt = Annotated[Optional[int], typer.Option("--recompute-num-layers", help="Layers per chunk recomputed with --recompute full (default: all).")]
 FirstOpt = Annotated[Optional[int], typer.Option("--first-stage-layers", help="Layers on the first pipeline stage (uneven split).")]
 LastOpt = Annotated[Optional[int], typer.Option("--last-stage-layers", help="Layers on the last pipeline stage (uneven split).")]
-StageLayersOpt = Annotated[Optional[str], typer.Option("--stage-layers", help="Explicit split: transformer layers on each pipeline stage, first to last, comma-separated (e.g. 1,2,2,3: pp counts, each a multiple of vpp, summing to the model's layers).")]
+StageLayersOpt = Annotated[Optional[str], typer.Option("--stage-layers", help="Explicit split: transformer layers on each pipeline stage, first to last, comma-separated (e.g. 1,2,2,3: pp counts, each a multiple of vpp), or on each virtual stage in schedule order (pp·vpp counts, 0 allowed, e.g. DeepSeek-V3 on --pp 4 --vpp 4: fifteen 4s and a 1); summing to the model's layers.")]
 EmbLayerOpt = Annotated[bool, typer.Option("--embedding-as-layer", help="Count the input embedding as one layer in an even split (the first stage gets one transformer layer fewer; Megatron's --account-for-embedding-in-pipeline-split).")]
 LossLayerOpt = Annotated[bool, typer.Option("--loss-as-layer", help="Count the output layer and loss as one layer in an even split (the last stage gets one transformer layer fewer; Megatron's --account-for-loss-in-pipeline-split).")]
 OgrOpt = Annotated[bool, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Overlap the gradient reduction with backward.")]

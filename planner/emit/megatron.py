@@ -18,10 +18,13 @@ Choices an experienced Megatron user would make, and why:
   allows together with uneven first/last stages).
 - The stage split: first/last-stage counts are `--decoder-first/last-pipeline-num-layers`;
   embedding/loss counted as layers are `--account-for-embedding/loss-in-pipeline-split`;
-  an explicit per-stage split (`stage_layers`) is `--pipeline-model-parallel-layout`, one
-  `|`-separated entry per virtual stage in schedule order (`Et*3|(t*4|)*30,t*3L`: E the
-  embedding, t a transformer layer, L the loss), which also fixes vpp, so
-  `--num-virtual-stages-per-pipeline-rank` is left out (Megatron-LM allows only one of them).
+  an explicit split (`stage_layers`, per pipeline rank or per virtual stage) is
+  `--pipeline-model-parallel-layout`, one `|`-separated entry per virtual stage in schedule
+  order (`Et*3|(t*4|)*30,t*3L`: E the embedding, t a transformer layer, m an MTP layer,
+  L the loss; the MTP layers sit in the last virtual stage before the loss, where the cost
+  model puts them: DeepSeek-V3's Megatron-Bridge layout is `Et*4|(t*4|)*14,tmL`), which
+  also fixes vpp, so `--num-virtual-stages-per-pipeline-rank` is left out (Megatron-LM
+  allows only one of them).
 - fp8 is Transformer Engine delayed scaling, hybrid format (E4M3 forward,
   E5M2 backward), amax history 1024 with the max algorithm, on top of bf16.
   fp8_param_gather is `--fp8-param-gather` (FP8 parameters, gathered in FP8), which
@@ -222,7 +225,7 @@ def settings(plan: Plan) -> dict[str, Any]:
         "pipeline_model_parallel_size": s.pp,
     }
     if s.stage_layers is not None:
-        out["pipeline_model_parallel_layout"] = pipeline_layout(f.layers_per_chunk())
+        out["pipeline_model_parallel_layout"] = pipeline_layout(f.layers_per_chunk(), plan.model.num_mtp_layers)
     elif s.vpp > 1:
         out["num_virtual_stages_per_pipeline_rank"] = s.vpp
     if s.num_layers_in_first_stage is not None:
@@ -253,24 +256,26 @@ def settings(plan: Plan) -> dict[str, Any]:
 
 # Megatron-core's layout alphabet (transformer/pipeline_parallel_layer_layout.py) and the two
 # repeat forms its `parse_str_to_list` unrolls, `(...)*n` and `x*n`, in that order.
-LAYOUT_EMBEDDING, LAYOUT_LAYER, LAYOUT_LOSS = "E", "t", "L"
+LAYOUT_EMBEDDING, LAYOUT_LAYER, LAYOUT_MTP, LAYOUT_LOSS = "E", "t", "m", "L"
 _LAYOUT_REPEATS = (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)")
 
 
-def pipeline_layout(layers_per_chunk: list[int]) -> str:
+def pipeline_layout(layers_per_chunk: list[int], num_mtp_layers: int = 0) -> str:
     """`--pipeline-model-parallel-layout` for per-virtual-stage layer counts in schedule order
     (stage c·pp + r on pipeline rank r, the order megatron-core reads): the embedding before the
-    first stage's layers, the loss after the last's, runs of three or more equal stages as
-    `(t*n|)*k`.
+    first stage's layers, the MTP layers and the loss after the last's, runs of three or more
+    equal stages as `(t*n|)*k`.
 
     >>> pipeline_layout([3] + [4] * 30 + [3])
     'Et*3|(t*4|)*30,t*3L'
     >>> pipeline_layout([1, 2, 2, 3])
     'Et|t*2|t*2|t*3L'
+    >>> pipeline_layout([4] * 15 + [1], num_mtp_layers=1)  # DeepSeek-V3, Megatron-Bridge
+    'Et*4|(t*4|)*14,tmL'
     """
     stages = [LAYOUT_LAYER * n if n < 2 else f"{LAYOUT_LAYER}*{n}" for n in layers_per_chunk]
     stages[0] = LAYOUT_EMBEDDING + stages[0]
-    stages[-1] += LAYOUT_LOSS
+    stages[-1] += LAYOUT_MTP * num_mtp_layers + LAYOUT_LOSS
     runs = [(stage, len(list(same))) for stage, same in itertools.groupby(stages)]
     text = ""
     for k, (stage, run) in enumerate(runs):

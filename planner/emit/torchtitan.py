@@ -22,8 +22,11 @@ Mapping choices (torchtitan shards data parallelism with FSDP2):
   `pipeline_parallel_first_stage_less_layers` (`..._last_stage_less_layers`) 1:
   torchtitan's `generate_llm_fqn_per_model_part` then gives the first (last)
   virtual stage one layer fewer, as Megatron does. Uneven first/last counts and
-  an explicit `stage_layers` split spell out `module_fqns_per_model_part` in
-  torchtitan's Llama module names (`tok_embeddings`, `layers.N`, `norm`, `output`).
+  an explicit `stage_layers` split (per pipeline rank or per virtual stage) spell out
+  `module_fqns_per_model_part`, one list per virtual stage (model part) in schedule
+  order, in torchtitan's Llama module names (`tok_embeddings`, `layers.N`, `norm`,
+  `output`); a model part with no module (an empty middle virtual stage, which
+  Megatron's layouts allow) is refused: torchtitan builds each stage from its modules.
 - Batch: with pp > 1 each data-parallel rank's `local_batch_size` is split into
   `pipeline_parallel_microbatch_size` micro-batches; without pp,
   `local_batch_size` is the micro-batch and torchtitan accumulates gradients
@@ -198,6 +201,10 @@ def _model_parts(f: PlanFacts) -> list[list[str]]:
         layer += n
     parts[0].insert(0, "tok_embeddings")
     parts[-1] += ["norm", "output"]
+    empty = [j for j, part in enumerate(parts) if not part]
+    if empty:
+        raise NotExpressibleError(FRAMEWORK, f"stage_layers {f.strategy.stage_layers}: virtual stages {empty} hold no "
+                                  "module; torchtitan builds every pipeline stage (model part) from its modules")
     return parts
 
 

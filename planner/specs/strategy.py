@@ -58,7 +58,11 @@ class Strategy(Spec):
     stage_layers: list[int] | None = Field(
         None,
         description="Explicit split: transformer layers on each pipeline stage, first to last (length pp; each a "
-        "multiple of vpp, summing to num_layers); None = even split or the first/last-stage fields.",
+        "multiple of vpp, split evenly over the stage's vpp chunks), or on each virtual stage in schedule order "
+        "(length pp·vpp, vpp > 1; virtual stage j runs on pipeline stage j mod pp; 0 allowed, as Megatron's "
+        "--pipeline-model-parallel-layout allows an empty virtual stage, but every pipeline stage holds at least "
+        "one layer); summing to num_layers. The embedding stays on the first stage, the output layer, loss and "
+        "MTP layers on the last. None = even split or the first/last-stage fields.",
     )
     embedding_as_layer: bool = Field(
         False, description="Count the input embedding as one layer when splitting layers evenly over pipeline "
@@ -98,9 +102,15 @@ class Strategy(Spec):
         if any(v is not None for v in uneven) and self.pp == 1:
             raise SpecError("num_layers_in_first_stage/last_stage need pp > 1 (pp is 1)")
         if self.stage_layers is not None:
-            if len(self.stage_layers) != self.pp or any(not 1 <= n <= MAX_LAYERS for n in self.stage_layers):
-                raise SpecError(f"stage_layers {self.stage_layers} must list a positive layer count for each of the "
-                                f"pp ({self.pp}) stages")
+            x, p, v = self.stage_layers, self.pp, self.vpp
+            if v > 1 and len(x) == p * v:  # one count per virtual stage
+                if any(not 0 <= n <= MAX_LAYERS for n in x) or any(sum(x[r::p]) < 1 for r in range(p)):
+                    raise SpecError(f"stage_layers {x} with one count per virtual stage (pp·vpp = {p}·{v}) must list "
+                                    f"layer counts >= 0 that give each of the pp ({p}) stages at least one layer")
+            elif len(x) != p or any(not 1 <= n <= MAX_LAYERS for n in x):
+                raise SpecError(f"stage_layers {x} must list a positive layer count for each of the pp ({p}) stages"
+                                + (f", or a count >= 0 for each of the pp·vpp ({p * v}) virtual stages" if v > 1
+                                   else ""))
             if any(v is not None for v in uneven) or self.embedding_as_layer or self.loss_as_layer:
                 raise SpecError("stage_layers fixes every stage; it cannot be combined with num_layers_in_first_stage/"
                                 "last_stage or embedding_as_layer/loss_as_layer")
@@ -154,8 +164,12 @@ class Strategy(Spec):
         return int(lay.num_microbatches(global_batch_size, self.micro_batch_size)[0])
 
     def split_label(self) -> str:
-        """The non-default parts of the stage split, e.g. `split=[3,4*30,3]`, `first=3 last=3`,
-        `emb+loss`; empty for an even split."""
+        """The non-default parts of the stage split, e.g. `split=3,4,4,3` (the counts as
+        `--stage-layers` takes them), `first=3 last=3`, `emb+loss-as-layer`; empty for an even split.
+
+        >>> Strategy(pp=2, vpp=2, stage_layers=[4, 4, 4, 1]).split_label()
+        'split=4,4,4,1'
+        """
         if self.stage_layers is not None:
             return "split=" + ",".join(map(str, self.stage_layers))
         parts = []

@@ -73,6 +73,7 @@ def test_python_snippet_is_valid_python_with_the_same_kwargs():
     (dict(recompute="full", recompute_num_layers=4), "flash", r"recompute_num_layers \(4\) without pipeline"),
     (dict(recompute="selective"), "unfused", r"selective recompute with the unfused attention kernel"),
     (dict(pp=4, vpp=2, stage_layers=[6, 10, 12, 4]), "flash", r"stage_layers \[6, 10, 12, 4\] with vpp \(2\) > 1"),
+    (dict(pp=2, vpp=2, stage_layers=[10, 8, 6, 8]), "flash", r"stage_layers \[10, 8, 6, 8\] with vpp \(2\) > 1"),
 ])
 def test_what_colossalai_cannot_express_is_refused(strategy, attention, reason):
     plan = make_plan(*LLAMA8, strategy=strategy, attention_kernel=attention)

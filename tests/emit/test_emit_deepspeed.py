@@ -61,6 +61,8 @@ def test_bucket_sizes_follow_hidden_size():
     (dict(pp=2, recompute="full", recompute_num_layers=2), "bf16", r"recompute_num_layers \(2\) with pp \(2\)"),
     (dict(pp=4, num_layers_in_first_stage=7, num_layers_in_last_stage=7), "bf16", r"uneven pipeline stages"),
     (dict(pp=4, stage_layers=[7, 9, 10, 6]), "bf16", r"stage_layers \[7, 9, 10, 6\] with pp \(4\) > 1"),
+    # one count per virtual stage needs vpp > 1, which the pipeline engine refuses first
+    (dict(pp=2, vpp=2, stage_layers=[10, 8, 6, 8]), "bf16", r"vpp \(2\) > 1; DeepSpeed's pipeline engine"),
     (dict(pp=2, embedding_as_layer=True, loss_as_layer=True), "bf16",  # (32 + 2) / 2 = 17 layers a stage
      r"embedding_as_layer and loss_as_layer with pp \(2\) > 1"),
     (dict(tp=2), "fp8", r"precision 'fp8'"),

@@ -33,6 +33,15 @@ EDGE_CASES = {
                                      sequence_parallel=True, zero_stage=1)),
     "embedding-as-layer-vpp": ("llama3-70b", "dgx-h100", 24, 24, 4096,
                                dict(tp=8, pp=3, vpp=3, embedding_as_layer=True, sequence_parallel=True)),
+    # DeepSeek-V3 (61 layers + MTP) on Megatron-Bridge's pp 4 × vp 4 layout, one count per virtual stage
+    # (recipes/deepseek/h100/deepseek_v3.py, _get_deepseek_v3_pipeline_layout; Megatron-Bridge@067f987df):
+    # rank 3 holds chunks of 4, 4, 4 and 1 layers, the MTP layer and the loss in its last.
+    "deepseek-v3-bridge-layout": ("deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
+                                  dict(pp=4, vpp=4, ep=64, stage_layers=[4] * 15 + [1], zero_stage=1,
+                                       recompute="full", micro_batch_size=1)),
+    # an empty middle virtual stage (megatron-core builds it: `pretty_repr`'s "(empty stage)")
+    "empty-virtual-stage": ("llama3-8b", "dgx-h100", 32, 128, 4096,
+                            dict(tp=2, pp=4, vpp=2, stage_layers=[4, 4, 4, 4, 0, 4, 4, 8], micro_batch_size=1)),
     "fsdp-zero3-cp": LLAMA + (dict(cp=4, zero_stage=3, recompute="full", recompute_num_layers=2),),
     "zero2-tp": LLAMA + (dict(tp=8, zero_stage=2, sequence_parallel=True),),
     "offload": LLAMA + (dict(tp=8, pp=2, zero_stage=1, offload_optimizer=True),),
@@ -261,3 +270,32 @@ def test_attention_backend_is_the_kernel_the_plan_is_timed_with(kernel, backend)
     argv = megatron_args(plan)
     assert argv[argv.index("--attention-backend") + 1] == backend
     check_megatron(plan, argv)
+
+
+# ---- uneven interleaved layouts: one count per virtual stage ----------------------------------------
+def test_deepseek_v3_bridge_layout_is_bridges_own_string_and_megatron_core_reads_it_back():
+    """The plan's pp 4 × vp 4 layout is written as Megatron-Bridge's GB300 recipe spells it
+    (perf_recipes/deepseek/gb300/deepseek_v3.py: "Et*4|(t*4|)*14tmL"; commas are cosmetic) and
+    megatron-core's own `PipelineParallelLayerLayout` puts 4, 4, 4, 1 layers and the MTP layer on rank 3."""
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    plan = edge_plan("deepseek-v3-bridge-layout")
+    argv = megatron_args(plan)
+    text = dict(zip(argv, argv[1:]))["--pipeline-model-parallel-layout"]
+    assert text.replace(",", "") == "Et*4|(t*4|)*14tmL"
+    layout = PipelineParallelLayerLayout(text, 4)
+    assert layout.virtual_pipeline_model_parallel_size == 4
+    assert layout.validate_layer_layout(num_layers=61, mtp_num_layers=1) is False  # MTP on the last rank
+    assert [chunk.count(LayerType.decoder) for chunk in layout.layout[3]] == [4, 4, 4, 1]
+    assert layout.layout[3][-1][-2:] == [LayerType.mtp, LayerType.loss]
+    assert [sum(c.count(LayerType.decoder) for c in rank) for rank in layout.layout] == [16, 16, 16, 13]
+    assert "--num-virtual-stages-per-pipeline-rank" not in argv
+    overrides = emit_data(plan, "megatron-bridge")["overrides"]
+    assert f'model.pipeline_model_parallel_layout="{text}"' in overrides
+
+
+def test_empty_virtual_stage_is_an_empty_megatron_stage():
+    argv = megatron_args(edge_plan("empty-virtual-stage"))
+    text = dict(zip(argv, argv[1:]))["--pipeline-model-parallel-layout"]
+    assert layout_stages(text)[4] == ""

@@ -29,6 +29,7 @@ CHECKER = "torchtitan ConfigManager" if import_torchtitan_config() else "documen
     (("llama3.1-405b", "dgx-h100", 512, 256, 8192),
      dict(tp=8, pp=8, num_layers_in_first_stage=15, num_layers_in_last_stage=15, zero_stage=1), "bf16"),
     (LLAMA8, dict(tp=2, pp=4, vpp=2, stage_layers=[6, 10, 12, 4], zero_stage=1), "bf16"),
+    (LLAMA8, dict(tp=2, pp=2, vpp=2, stage_layers=[10, 8, 6, 8], zero_stage=1), "bf16"),  # one count per virtual stage
     (("llama3.1-405b", "dgx-h100", 512, 256, 8192),
      dict(tp=8, pp=16, vpp=8, embedding_as_layer=True, loss_as_layer=True, zero_stage=1), "bf16"),
     (("llama3-8b", "dgx-h100", 24, 48, 4096), dict(tp=8, pp=3, embedding_as_layer=True, zero_stage=1), "bf16"),
@@ -158,3 +159,19 @@ def test_the_job_compiles_the_model_and_loss_as_the_plan_is_costed():
     (JobConfig.compile, default off in 0.2.x), so every emitted job enables it for the model and the loss."""
     sections = tomllib.loads(emit(make_plan(*LLAMA8, strategy=dict(zero_stage=3)), "torchtitan"))
     assert sections["compile"] == {"enable": True, "components": ["model", "loss"]}
+
+
+def test_per_virtual_stage_split_gives_each_model_part_its_own_layers():
+    """One count per virtual stage (pp 2 × vpp 2): rank 0 runs model parts 0 and 2 with 10 and 6
+    layers, rank 1 parts 1 and 3 with 8 each; module names follow the layer order."""
+    plan = make_plan(*LLAMA8, strategy=dict(tp=2, pp=2, vpp=2, stage_layers=[10, 8, 6, 8], zero_stage=1))
+    parts = emit_data(plan, "torchtitan")["config"]["parallelism"]["module_fqns_per_model_part"]
+    assert [sum(n.startswith("layers.") for n in p) for p in parts] == [10, 8, 6, 8]
+    assert parts[0][:2] == ["tok_embeddings", "layers.0"] and parts[1][0] == "layers.10"
+    assert parts[2][0] == "layers.18" and parts[3][-3:] == ["layers.31", "norm", "output"]
+
+
+def test_an_empty_middle_model_part_is_refused():
+    plan = make_plan(*LLAMA8, strategy=dict(tp=2, pp=2, vpp=2, stage_layers=[16, 0, 8, 8], zero_stage=1))
+    with pytest.raises(NotExpressibleError, match=r"virtual stages \[1\] hold no module"):
+        emit(plan, "torchtitan")

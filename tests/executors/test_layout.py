@@ -65,6 +65,8 @@ SPLITS = {
     "uneven-first-last-vpp": (SIX.model_copy(update={"num_layers": 8}),
                               Strategy(dp=1, pp=3, vpp=2, num_layers_in_first_stage=2, num_layers_in_last_stage=2)),
     "explicit-vpp": (SIX, Strategy(dp=1, pp=2, vpp=2, stage_layers=[2, 4])),
+    # one count per virtual stage: rank 0 runs chunks of 2 and 1 layers, rank 1 of 1 and 2
+    "per-virtual-stage": (SIX, Strategy(dp=1, pp=2, vpp=2, stage_layers=[2, 1, 1, 2])),
     "embedding-loss-as-layer-vpp": (TINY.model_copy(update={"tie_embeddings": False}),
                                     Strategy(dp=1, pp=2, vpp=3, embedding_as_layer=True, loss_as_layer=True)),
 }

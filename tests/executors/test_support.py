@@ -76,3 +76,12 @@ def test_executed_model_notes_each_deviation():
     assert len(notes) == 3
     same, none = executed_model(TINY, Strategy(dp=2))
     assert same == TINY and none == []
+
+
+def test_per_virtual_stage_splits_run_unless_a_middle_chunk_is_empty():
+    assert unsupported_reasons(TINY, TRAIN, Strategy(dp=1, pp=2, vpp=2, stage_layers=[1, 1, 1, 1])) == []
+    # the first chunk keeps the embedding, so it may hold no layer
+    layers = TINY.num_layers
+    assert unsupported_reasons(TINY, TRAIN, Strategy(dp=1, pp=2, vpp=2, stage_layers=[0, 1, layers - 2, 1])) == []
+    reasons = unsupported_reasons(TINY, TRAIN, Strategy(dp=1, pp=2, vpp=2, stage_layers=[1, 0, layers - 2, 1]))
+    assert any("virtual stages [1] hold no module" in r for r in reasons), reasons

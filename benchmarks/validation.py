@@ -281,7 +281,8 @@ def public_runs(name: str) -> PublicSet:
     (alltoall, deepep, hybridep), `overlap_moe_comm` (Megatron's --overlap-moe-expert-parallel-comm) and
     `attention_kernel` (flash, flash2; default flash) and `stage_layers` (decoder layers per virtual
     stage in schedule order, pp·vp counts: the recipe's --pipeline-model-parallel-layout, e.g.
-    Megatron-Bridge's DeepSeek-V3 layouts).
+    Megatron-Bridge's DeepSeek-V3 layouts) and `recompute_modules` (the recipe's --recompute-modules:
+    selective recompute of those modules; an empty list: no recomputation).
     The file's top-level `moe_load_imbalance` applies to rows of MoE models.
     Fields a row does not state are searched (recomputation, etp, ZeRO 0/1, and
     micro-batch size where no row field fixes it); optimizer offload is off. A
@@ -350,6 +351,8 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
     ac = r.get("activation_checkpointing")
     if ac is not None and ac not in ACTIVATION_CHECKPOINTING:
         return refuse(f"activation checkpointing {ac!r} is not modelled")
+    if ac is not None and "recompute_modules" in r:
+        return refuse("activation_checkpointing and recompute_modules both say what is recomputed")
     if ac == "selective op" and r.get("framework") != "torchtitan":
         return refuse("activation checkpointing 'selective op' is torchtitan's policy: the row needs framework torchtitan")
 
@@ -363,6 +366,9 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
         cons["vpp"] = r.get("vp") or 1
     if "stage_layers" in r:
         cons["stage_layers"] = list(r["stage_layers"])
+    if "recompute_modules" in r:  # the recipe's --recompute-modules: selective recompute of those, [] none
+        modules = list(r["recompute_modules"])
+        cons |= {"recompute": "selective", "recompute_modules": modules} if modules else {"recompute": "none"}
     if "micro_batch_size" in r:
         cons["micro_batch_size"] = r["micro_batch_size"]
     elif "local_batch_size" in r and pp == 1:

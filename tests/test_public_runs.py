@@ -103,10 +103,21 @@ def test_row_fields_become_constraints():
                                            ({"precision": "nvfp4"}, "precision"),
                                            ({"activation_checkpointing": "selective op"}, "framework torchtitan"),
                                            ({"activation_checkpointing": "selective layer"}, "not modelled"),
-                                           ({"zero_stage": 2}, "zero_stage"), ({"fsdp": 0, "zero_stage": 3}, "zero_stage")])
+                                           ({"zero_stage": 2}, "zero_stage"), ({"fsdp": 0, "zero_stage": 3}, "zero_stage"),
+                                           ({"activation_checkpointing": "full", "recompute_modules": ["mlp"]},
+                                            "both say what is recomputed")])
 def test_inconsistent_or_unmodelled_rows_are_refused_with_the_reason(change, reason):
     out = _public_case(ROW | change, "t", None, legacy=False)
     assert reason in out.reason and out.measured_step_s > 0
+
+
+def test_a_recipes_recompute_modules_are_its_selective_recompute():
+    """A row's recompute_modules (the recipe's --recompute-modules) fix selective recompute of those modules;
+    an empty list means the recipe recomputes nothing; without the field recomputation is searched."""
+    mods = _public_case(ROW | {"recompute_modules": ["layernorm", "mlp"]}, "t", None, legacy=False).constraints
+    assert mods["recompute"] == "selective" and mods["recompute_modules"] == ["layernorm", "mlp"]
+    assert _public_case(ROW | {"recompute_modules": []}, "t", None, legacy=False).constraints["recompute"] == "none"
+    assert "recompute" not in _public_case(ROW, "t", None, legacy=False).constraints
 
 
 def test_shard_grad_op_rows_are_zero_stage_2():

@@ -554,7 +554,8 @@ def memory_table(name: str | None) -> MemoryTable | None:
 NET_PEER_CHANNELS = 2
 
 
-def nccl_buffer_bytes(st: StrategyArrays, table: MemoryTable, domain: int | None = None) -> np.ndarray:
+def nccl_buffer_bytes(st: StrategyArrays, table: MemoryTable, domain: int | None = None,
+                      alltoall: bool = True) -> np.ndarray:
     """NCCL's own device buffers on one rank (N,), bytes; NCCL allocates them itself, outside
     PyTorch's caching allocator.
 
@@ -570,17 +571,22 @@ def nccl_buffer_bytes(st: StrategyArrays, table: MemoryTable, domain: int | None
     of ranks (NVIDIA/nccl#1685: 32 channels per pair of H100s, 10 MiB + 2 MiB per channel and
     peer, 3.28 GB more after the first all-to-all on 8 GPUs). Communicators are assumed not to
     share resources (no `ncclCommSplit` sharing), as PyTorch's process groups create them.
-    Without `domain` every peer counts as inside it (the upper bound).
+    Without `domain` every peer counts as inside it (the upper bound). Only the all-to-all dispatcher
+    (`alltoall`) opens the expert peers' connections: the flex dispatchers (DeepEP, HybridEP) move tokens
+    through their own NVLink / RDMA buffers (megatron-core transformer/moe/fused_a2a.py `get_buffer`: a
+    deep_ep Buffer sized by DeepEP's `get_nvl_buffer_size_hint` / `get_rdma_buffer_size_hint`), which
+    this term does not count (they are sized by the token chunks DeepEP's configs keep in flight, far
+    below the all-to-all's channels per peer).
     """
     ring = 2 * ((st.tp > 1).astype(float) + (st.cp > 1) + (st.dp * st.cp > 1)) + 2.0 * (st.pp > 1)
-    peers = np.maximum(st.ep - 1, 0).astype(float)
+    peers = np.maximum(st.ep - 1, 0).astype(float) * (1.0 if alltoall else 0.0)
     local = peers if domain is None else np.minimum(peers, np.maximum(domain // np.maximum(st.etp, 1), 1) - 1)
     channels = ring * table.nccl_channels + local * table.nccl_channels + (peers - local) * NET_PEER_CHANNELS
     return channels * table.nccl_connection_bytes
 
 
-def runtime_memory_bytes(tensor_bytes: np.ndarray, st: StrategyArrays, gpu, domain: int | None = None
-                         ) -> dict[str, np.ndarray]:
+def runtime_memory_bytes(tensor_bytes: np.ndarray, st: StrategyArrays, gpu, domain: int | None = None,
+                         alltoall: bool = True) -> dict[str, np.ndarray]:
     """Memory of one rank that no model tensor holds, by term (arrays shaped like `tensor_bytes`,
     the sum of the tensor terms of each stage row), bytes.
 
@@ -596,5 +602,5 @@ def runtime_memory_bytes(tensor_bytes: np.ndarray, st: StrategyArrays, gpu, doma
         return {"framework_reserve": zero + gpu.framework_reserve_bytes, "cuda_context": zero,
                 "nccl_buffers": zero, "allocator_slack": zero}
     return {"framework_reserve": zero, "cuda_context": zero + table.cuda_context_bytes,
-            "nccl_buffers": zero + nccl_buffer_bytes(st, table, domain),
+            "nccl_buffers": zero + nccl_buffer_bytes(st, table, domain, alltoall),
             "allocator_slack": table.allocator_slack_fraction * tensor_bytes}

@@ -242,7 +242,8 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
                             + zero3_head_bytes(s.blocks, st, lay, train.precision, framework_of(train).zero3_head_unsharded))
     mem["comm_buffers"] = p2p_buffers
     tensors = sum(np.broadcast_to(v, params.shape) for v in mem.values())
-    mem |= runtime_memory_bytes(tensors, st, s.gpu, s.cluster.domain_size)
+    mem |= runtime_memory_bytes(tensors, st, s.gpu, s.cluster.domain_size,
+                                alltoall=getattr(train, "moe_dispatcher", "alltoall") == "alltoall")
     return {k: np.broadcast_to(mem[k], params.shape) for k in MEMORY_TERMS}
 
 

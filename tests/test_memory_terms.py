@@ -77,6 +77,8 @@ def test_nccl_buffers_count_connections():
     assert nccl_buffer_bytes(st(dp=8, tp=8), table)[0] == 4 * per
     assert nccl_buffer_bytes(st(dp=8, tp=8, pp=4), table)[0] == 6 * per  # + previous and next stage
     assert nccl_buffer_bytes(st(dp=8, ep=8), table)[0] == 2 * per + 7 * per  # all-to-all: every other rank
+    # the flex dispatchers (DeepEP, HybridEP) exchange tokens through their own buffers: no all-to-all peers
+    assert nccl_buffer_bytes(st(dp=8, ep=8), table, alltoall=False)[0] == 2 * per
 
 
 def test_a_bad_memory_table_is_refused(tmp_path, monkeypatch):

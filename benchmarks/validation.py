@@ -201,15 +201,14 @@ PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     "mbridge_26_04_01": ("Megatron-Bridge 26.04.01", BRIDGE),
     "mbridge_26_06": ("Megatron-Bridge 26.06", BRIDGE),
     "mbridge_26_06_01": ("Megatron-Bridge 26.06.01", BRIDGE),
-    # torchtitan computes the loss with PyTorch's cross_entropy over fp32 logits: not Megatron's fused kernel
-    # and runs on torchtitan's own schedule, reductions and op-level selective recompute (framework)
-    # Its attention is PyTorch's SDPA, whose backend list had FlashAttention-2 first on Hopper then: cuDNN was made
-    # opt-in after torch 2.5 (pytorch/pytorch#138522; #142132 measured the default at 329 TFLOP/s against cuDNN's 631 on
+    # torchtitan runs on its own schedule, reductions and op-level selective recompute, and computes the loss with
+    # PyTorch's cross_entropy over fp32 logits, not Megatron's fused kernel (framework torchtitan: its profile's
+    # cross_entropy_fusion false, profiles/frameworks/torchtitan.yaml). Its attention
+    # is PyTorch's SDPA, whose backend list had FlashAttention-2 first on Hopper then: cuDNN was made opt-in after
+    # torch 2.5 (pytorch/pytorch#138522; #142132 measured the default at 329 TFLOP/s against cuDNN's 631 on
     # torch 2.6.0.dev20241204) and torchtitan put cuDNN first on sm100 only (pytorch/torchtitan#1196, 2025-05).
-    "torchtitan_h100": ("torchtitan H100 (2024-12)", {"cross_entropy_fusion": False, "framework": "torchtitan",
-                                                      "attention_kernel": "flash2"}),
-    "torchtitan_h200": ("torchtitan H200 (2025-06)", {"cross_entropy_fusion": False, "framework": "torchtitan",
-                                                      "attention_kernel": "flash2"}),
+    "torchtitan_h100": ("torchtitan H100 (2024-12)", {"framework": "torchtitan", "attention_kernel": "flash2"}),
+    "torchtitan_h200": ("torchtitan H200 (2025-06)", {"framework": "torchtitan", "attention_kernel": "flash2"}),
     # LLM Foundry trains with Composer on PyTorch FSDP1 (FULL_SHARD / SHARD_GRAD_OP), which meshplan has no framework
     # for: costed as torchtitan (PyTorch FSDP2), the closest, whose per-micro-batch reduce-scatter and re-gather
     # Composer shares; FSDP1's flat-parameter copies and rate limiting are not modelled. Its loss is flash-attn's

@@ -272,11 +272,6 @@ def layer_kernels(gemms: list[Gemm], core: Core, x: Micro, tp_exchanges: int) ->
     return len(gemms) + core.num_kernels + core.softmax_kernels + comm
 
 
-def fp8_weight_elements(gemms: list[Gemm]) -> np.ndarray:
-    """Weight elements of the quantised GEMMs of one layer on one rank (k×n per GEMM, per expert)."""
-    return sum((g.count * g.k * g.n for g in gemms if g.quantised), np.zeros(()))
-
-
 def elementwise_model(gpu) -> ElementwiseModel | None:
     """The GPU's element-wise model, or None when its table set has no elementwise table."""
     name = getattr(gpu, "kernel_tables", None)

@@ -393,7 +393,7 @@ def param_gather_saving_per_element(train) -> float:
 def kind_quantised_weights(blocks: ModelBlocks, x: Micro) -> tuple[np.ndarray, np.ndarray]:
     """((K, N), (K, N)) weight elements of the FP8 GEMMs of one layer of each kind on one rank:
     outside the routed experts, and of the routed experts (the grouped GEMMs: E/ep experts of 1/etp
-    width). The same GEMMs as `Gemm.quantised` and `cost_models.elementwise.fp8_weight_elements`: the
+    width). The GEMMs of `Gemm.quantised` (the step's weight casts read these counts too): the
     transformer layers' linears and the experts, not the router, the embedding or the output layer."""
     n = len(np.atleast_1d(x.tp))
     dense, experts = [], []

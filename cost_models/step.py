@@ -31,7 +31,7 @@ from cost_models.collectives import comm_model_for
 from cost_models.comm import CommModel
 from cost_models.dispatch import tier_scales
 from cost_models.compute import LayerTimes, gemm_time, head_times, layer_times, selective_recompute_s
-from cost_models.elementwise import elementwise_model, fp8_weight_elements
+from cost_models.elementwise import elementwise_model
 from cost_models.layout import ParallelLayout
 from cost_models.sharding import framework_of, zero3_comm_s, zero3_impl_of
 from cost_models.memory import (RUNTIME_TERMS, fp8_weight_memory, kind_quantised_weights, model_state_bytes,
@@ -541,26 +541,19 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
         optimizer = opt_params * traffic / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
     else:  # fused multi-tensor kernels at the table's bandwidth, with the gradient-buffer passes
         optimizer = table.optimizer_step_s(opt_params, traffic, grad_b)
-        if train.precision == "fp8" and getattr(train, "fp8_param_gather", False):
-            # FP8 parameters: the optimizer quantises its master-weight shard once per step (megatron-core
-            # fp8_utils.quantize_param_shard, called after the distributed optimizer's step) and the FP8 shards
-            # are all-gathered: each rank casts 1/shard of the weights, not all of them
-            dense_k, expert_k = s.quantised_kinds
-            shards = s.per_row(dense_k) / shard + (s.per_row(expert_k) / edp if s.has_experts else 0.0)
-            weight_casts = table.fp8_weight_cast_s(shards, train.fp8_recipe)
-        elif train.precision == "fp8":  # the FP8 weight casts of each step's first micro-batch, counted here
-            weight_casts = table.fp8_weight_cast_s(s.per_row(fp8_weight_elements_per_kind(s)), train.fp8_recipe)
+        if train.precision == "fp8":  # the FP8 weight casts of each step's first micro-batch, counted here
+            dense_k, expert_k = (s.per_row(k) for k in s.quantised_kinds)
+            if getattr(train, "fp8_param_gather", False):
+                # FP8 parameters: the optimizer quantises its master-weight shard once per step (megatron-core
+                # fp8_utils.quantize_param_shard, after the distributed optimizer's step) and the FP8 shards are
+                # all-gathered: each rank casts 1/shard of the weights, not all of them
+                dense_k, expert_k = dense_k / shard, expert_k / edp
+            weight_casts = table.fp8_weight_cast_s(dense_k + expert_k, train.fp8_recipe)
     offload = offload_step_s(s, opt_params, bwd_mb)
     tail = {"dp_comm": np.where(zero == 3, z3, exposed),
             "optimizer": np.where(st.offload_optimizer, offload, optimizer) + weight_casts}
     raw = np.where(each_reduce, m, 1) * grad_reduce + np.where(each_gather, m, 1) * param_gather
     return tail, np.where(zero == 3, z3_raw, raw)
-
-
-def fp8_weight_elements_per_kind(s: Setup) -> np.ndarray:
-    """Weight elements of the FP8 GEMMs of one layer of each kind on one rank (K, N)."""
-    n = len(s.st)
-    return np.stack([np.broadcast_to(fp8_weight_elements(layer.gemms(s.x)), (n,)) for layer in s.blocks.all_kinds])
 
 
 def offload_step_s(s: Setup, opt_params: np.ndarray, bwd_mb: np.ndarray) -> np.ndarray:

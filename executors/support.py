@@ -76,10 +76,11 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
         schedule = lay.torch_schedule_message(m)
         if schedule:
             reasons.append(schedule + " (torch.distributed.pipelining)")
+    chunks = lay.layers_per_chunk() if pp > 1 else []
+    empty = [j for j, n in enumerate(chunks[1:-1], start=1) if n == 0]
     if not lay.split_ok()[0]:
         reasons.append(lay.split_message())
-    elif pp > 1 and 0 in lay.layers_per_chunk()[1:-1]:
-        empty = [j for j, n in enumerate(lay.layers_per_chunk()) if n == 0 and 0 < j < len(lay.layers_per_chunk()) - 1]
+    elif empty:
         reasons.append(f"stage_layers {st.stage_layers}: virtual stages {empty} hold no module (no transformer layer, "
                        "embedding or output layer); this executor builds every pipeline chunk from its modules")
     return reasons

@@ -213,12 +213,15 @@ PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     # for: costed as torchtitan (PyTorch FSDP2), the closest, whose per-micro-batch reduce-scatter and re-gather
     # Composer shares; FSDP1's flat-parameter copies and rate limiting are not modelled. Its loss is flash-attn's
     # fused cross-entropy (MPT's default loss_fn 'fused_crossentropy'): the file's source block says where from. Its
-    # attention is flash-attn 2 (attn_impl 'flash') or a Triton FlashAttention kernel (attn_impl 'triton'), timed as
-    # FlashAttention-2, the nearest measured kernel (the FA3 paper's Figure 5 has the Triton tutorial kernel within
-    # 10 % of FlashAttention-2 at head dim 128, MPT's).
+    # attention is each row's `attn_impl` (ATTN_IMPL): flash-attn 2 (the large-scale table's 'flash' rows) or the Triton
+    # FlashAttention kernel of flash-attn 1.x's era (attn_impl 'triton'), timed as FlashAttention v1 (attention_kernel
+    # flash1), which it matches within 10 % on A100 at MPT's head dim 128 with the causal mask
+    # (profiles/kernels/attention/h100-sxm.yaml, flash1 section).
     "llmfoundry_h100": ("LLM Foundry H100 (MPT)", {"cross_entropy_fusion": True, "framework": "torchtitan",
                                                     "attention_kernel": "flash2"}),
 }
+#: A row's `attn_impl` (LLM Foundry's attn_config.attn_impl, as the row's table ran it) -> attention_kernel.
+ATTN_IMPL = {"flash2": "flash2", "triton": "flash1"}
 OTHER_DATA_FILES = {"published_layouts", "torchtitan_fsdp2_a100", "zero3_runs", "peak_memory"}
 
 #: GPU preset -> the generation accuracy is reported by (H200 is the H100's GH100 die with faster HBM).
@@ -278,7 +281,7 @@ def public_runs(name: str) -> PublicSet:
     `local_batch_size` (torchtitan: sequences per data parallel rank),
     `activation_checkpointing`, `pp_schedule`, `model_overrides`, `variant`, `moe_dispatcher`
     (alltoall, deepep, hybridep), `overlap_moe_comm` (Megatron's --overlap-moe-expert-parallel-comm) and
-    `attention_kernel` (flash, flash2; default flash) and `stage_layers` (decoder layers per virtual
+    `attention_kernel` (flash, flash2, flash1; default flash) or `attn_impl` (LLM Foundry's, `ATTN_IMPL`) and `stage_layers` (decoder layers per virtual
     stage in schedule order, pp·vp counts: the recipe's --pipeline-model-parallel-layout, e.g.
     Megatron-Bridge's DeepSeek-V3 layouts) and `recompute_modules` (the recipe's --recompute-modules:
     selective recompute of those modules; an empty list: no recomputation).
@@ -379,8 +382,10 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
         cons["ep"] = r["ep"]
     if ac is not None:
         cons |= ACTIVATION_CHECKPOINTING[ac]
-    train: dict[str, Any] = {"precision": r["precision"], "grad_precision": "fp32",
-                             "attention_kernel": r.get("attention_kernel", "flash")}
+    if "attn_impl" in r and r["attn_impl"] not in ATTN_IMPL:
+        return refuse(f"attn_impl {r['attn_impl']!r} is not one of {sorted(ATTN_IMPL)}")
+    kernel = ATTN_IMPL[r["attn_impl"]] if "attn_impl" in r else r.get("attention_kernel", "flash")
+    train: dict[str, Any] = {"precision": r["precision"], "grad_precision": "fp32", "attention_kernel": kernel}
     if r["precision"] == "fp8" and r.get("fp8_recipe") in FP8_RECIPES:
         train["fp8_recipe"] = FP8_RECIPES[r["fp8_recipe"]]
     if "cross_entropy_fusion" in r:

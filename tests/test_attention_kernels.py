@@ -460,3 +460,51 @@ def test_flash2_is_refused_on_the_cli_with_exit_2(capsys):
                  "--attention-kernel", "flash2"])
     out, err = capsys.readouterr()
     assert code == 2 and "attention_kernel 'flash2'" in err and "Traceback" not in out + err
+
+
+# ---- FlashAttention v1 (attention_kernel flash1) ----
+
+FA1_README = {(False, 64): [157, 159, 161, 161, 166, 168], (False, 128): [127, 127, 128, 131, 137, 139],
+              (True, 64): [104, 123, 136, 138, 149, 156], (True, 128): [98, 109, 108, 126, 135, 137]}
+
+
+@pytest.mark.parametrize("causal,head_dim", sorted(FA1_README))
+def test_flash1_reproduces_the_fa2_readmes_flashattention_bars_forward_plus_backward(causal, head_dim):
+    """Only forward + backward is published for FlashAttention v1 on H100 (the FA2 README figure): the table's two
+    directions, whatever their split, give back those bars (3.5x the forward FLOPs over the sum of the times)."""
+    t = attention_table("h100-sxm", "flash1")
+    for seq, bar in zip([512, 1024, 2048, 4096, 8192, 16384], FA1_README[(causal, head_dim)]):
+        fwd, bwd = float(t.rate("fwd", causal, head_dim, seq)), float(t.rate("bwd", causal, head_dim, seq))
+        assert 3.5 / (1 / fwd + BACKWARD_FLOP_RATIO / bwd) / 1e12 == pytest.approx(bar, abs=1.5)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash1_is_slower_than_flash2_on_hopper_everywhere(direction, causal):
+    fa2, fa1 = attention_table("h100-sxm", "flash2"), attention_table("h200", "flash1")
+    seq = np.array([512, 1024, 2048, 4096, 8192, 16384, 65536])
+    for d in (64, 96, 128, 256):
+        assert np.all(fa1.rate(direction, causal, d, seq) < fa2.rate(direction, causal, d, seq))
+
+
+def test_flash1_lengthens_the_step_and_megatron_cannot_run_it():
+    from planner.api import evaluate, plan
+
+    run = dict(model="mpt-7b", cluster="dgx-h100", num_gpus=8, global_batch_size=48, seq_len=2048)
+    strategy = {"dp": 8, "zero_stage": 3, "micro_batch_size": 6}
+    est = {k: evaluate(**run, strategy=strategy, attention_kernel=k, framework="torchtitan")
+           for k in ("flash2", "flash1")}
+    assert est["flash1"].step_time_s > est["flash2"].step_time_s
+    assert est["flash1"].peak_memory_bytes == est["flash2"].peak_memory_bytes
+    megatron = evaluate(**run, strategy=strategy, attention_kernel="flash1")
+    assert not megatron.valid and any("attention_kernel flash1" in r for r in megatron.reasons)
+    result = plan(**run, attention_kernel="flash1")
+    assert not result.plans and result.stats.rejected.get("framework", 0) > 0
+
+
+def test_flash1_is_refused_where_no_table_measures_it():
+    from planner.api import plan
+
+    with pytest.raises(SpecError, match=r"attention_kernel 'flash1' on B200.*no measurement of that kernel"):
+        plan(model="llama3.1-8b", cluster="dgx-b200", num_gpus=8, global_batch_size=64, seq_len=4096,
+             attention_kernel="flash1", framework="torchtitan")

@@ -105,7 +105,8 @@ def test_row_fields_become_constraints():
                                            ({"activation_checkpointing": "selective layer"}, "not modelled"),
                                            ({"zero_stage": 2}, "zero_stage"), ({"fsdp": 0, "zero_stage": 3}, "zero_stage"),
                                            ({"activation_checkpointing": "full", "recompute_modules": ["mlp"]},
-                                            "both say what is recomputed")])
+                                            "both say what is recomputed"),
+                                           ({"attn_impl": "torch"}, "attn_impl 'torch'")])
 def test_inconsistent_or_unmodelled_rows_are_refused_with_the_reason(change, reason):
     out = _public_case(ROW | change, "t", None, legacy=False)
     assert reason in out.reason and out.measured_step_s > 0
@@ -118,6 +119,17 @@ def test_a_recipes_recompute_modules_are_its_selective_recompute():
     assert mods["recompute"] == "selective" and mods["recompute_modules"] == ["layernorm", "mlp"]
     assert _public_case(ROW | {"recompute_modules": []}, "t", None, legacy=False).constraints["recompute"] == "none"
     assert "recompute" not in _public_case(ROW, "t", None, legacy=False).constraints
+
+
+def test_llm_foundrys_attn_impl_names_the_kernel_each_row_is_timed_with():
+    """attn_impl 'triton' (the Triton FlashAttention kernel of flash-attn 1.x's era) is timed as FlashAttention v1,
+    'flash2' as FlashAttention-2; every LLM Foundry case carries its row's kernel."""
+    assert _public_case(ROW | {"attn_impl": "triton"}, "t", None, legacy=False).train_options["attention_kernel"] == "flash1"
+    assert _public_case(ROW | {"attn_impl": "flash2"}, "t", None, legacy=False).train_options["attention_kernel"] == "flash2"
+    rows = json.loads(public_set_path("llmfoundry_h100").read_text())["rows"]
+    kernels = [c.train_options["attention_kernel"] for c in public_runs("llmfoundry_h100").cases]
+    assert kernels == [{"triton": "flash1", "flash2": "flash2"}[r["attn_impl"]] for r in rows]
+    assert kernels.count("flash1") == 65
 
 
 def test_shard_grad_op_rows_are_zero_stage_2():

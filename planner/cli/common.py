@@ -59,7 +59,7 @@ GbsOpt = Annotated[int, typer.Option("--global-batch-size", "-b", help="Sequence
 SeqOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence.")]
 PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="GEMM precision.")]
 GradPrecisionOpt = Annotated[str, typer.Option("--grad-precision", help="Gradient buffer precision reduced across data parallel ranks: fp32, bf16 or fp16.")]
-AttentionOpt = Annotated[str, typer.Option("--attention-kernel", help="flash (fused, the GPU's fastest measured kernel), flash2 (FlashAttention-2) or unfused (scores stored).")]
+AttentionOpt = Annotated[str, typer.Option("--attention-kernel", help="flash (fused, the GPU's fastest measured kernel), flash2 (FlashAttention-2), flash1 (FlashAttention v1 or a Triton kernel of its era) or unfused (scores stored).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adam or sgd.")]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format: table, json or csv.")]
 

@@ -92,7 +92,10 @@ def plugin_spec(plan: Plan) -> dict[str, Any]:
         _grad_note(f, notes, "Gemini reduces gradients in the compute dtype")
     else:
         plugin, kwargs = "HybridParallelPlugin", _hybrid_kwargs(f, precision, notes)
-    if t.attention_kernel in ("flash", "flash2"):
+    if t.attention_kernel == "flash1":
+        notes.append("attention_kernel flash1: the plan is timed with FlashAttention v1 (or a Triton kernel of its "
+                     "era); Colossal-AI's flash attention runs FlashAttention-2 or newer and may run faster than planned")
+    if t.attention_kernel in ("flash", "flash2", "flash1"):
         if plugin == "LowLevelZeroPlugin":  # it does not rewrite the model (no Shardformer)
             notes.append("flash attention: LowLevelZeroPlugin keeps the model's own attention; load it with a "
                          "flash kernel (e.g. Hugging Face attn_implementation='flash_attention_2')")

@@ -396,6 +396,10 @@ def _model_shape(f: PlanFacts) -> dict[str, Any]:
         if m.qkv_bias:
             out["add_qkv_bias"] = True
     p = _DROPOUT_P if m.dropout else 0.0
+    if t.attention_kernel not in _ATTENTION:
+        raise NotExpressibleError(FRAMEWORK, f"attention_kernel {t.attention_kernel!r}; Transformer Engine's attention "
+                                  "backends are cuDNN (auto), flash-attn 2 or 3 (flash) and unfused, none of them "
+                                  "FlashAttention v1: plan with attention_kernel flash or flash2")
     out |= {"attention_dropout": p, "hidden_dropout": p, "attention_backend": _ATTENTION[t.attention_kernel]}
     return out
 

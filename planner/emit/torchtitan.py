@@ -105,6 +105,10 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
                      "runs on Hopper when cuDNN is not first in its backend list (torch before 2.11, torchtitan "
                      "before it listed cuDNN first); the torchtitan this job targets lists cuDNN first, so it may "
                      "run faster than planned")
+    if t.attention_kernel == "flash1":
+        notes.append("attention_kernel flash1: the plan is timed with FlashAttention v1 (or a Triton kernel of its "
+                     "era), which PyTorch's SDPA no longer has; this job runs cuDNN or FlashAttention-2 and may run "
+                     "faster than planned")
     if t.grad_precision not in ("fp32",):
         notes.append(f"grad_precision {t.grad_precision}: torchtitan reduces gradients in float32 "
                      "(training.mixed_precision_reduce allows only float32)")

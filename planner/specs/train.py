@@ -28,11 +28,12 @@ class TrainSpec(Spec):
     optimizer: Literal["adam", "sgd"] = Field(
         "adam", description="adam: fp32 master weights + two fp32 moments; sgd: fp32 master weights + one moment."
     )
-    attention_kernel: Literal["flash", "flash2", "unfused"] = Field(
+    attention_kernel: Literal["flash", "flash2", "flash1", "unfused"] = Field(
         "flash",
         description="flash: a fused kernel, scores never stored, timed as the GPU's fastest measured one (cuDNN on "
         "Hopper and Blackwell, as Transformer Engine picks); flash2: FlashAttention-2 (PyTorch SDPA's default "
-        "on Hopper before torch 2.11, flash-attn 2), slower on Hopper; unfused: the a·s² score, softmax and "
+        "on Hopper before torch 2.11, flash-attn 2), slower on Hopper; flash1: FlashAttention v1 (flash-attn 1.x, "
+        "and the Triton FlashAttention kernels of its era such as LLM Foundry's attn_impl 'triton'), slower still; unfused: the a·s² score, softmax and "
         "dropout tensors are stored (Megatron 2021-22, Korthikanti et al.).",
     )
 

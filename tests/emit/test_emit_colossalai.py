@@ -98,6 +98,8 @@ def test_embedding_as_layer_with_interleaving_is_refused():
 
 def test_flash2_keeps_colossalais_flash_attention():
     """Colossal-AI's enable_flash_attention runs its ColoAttention (flash-attn 2 on CUDA): both fused kernels set it."""
-    for kernel in ("flash", "flash2"):
-        spec = plugin_spec(make_plan(*LLAMA8, strategy=dict(tp=2, zero_stage=1), attention_kernel=kernel))
+    for kernel in ("flash", "flash2", "flash1"):
+        spec = plugin_spec(make_plan(*LLAMA8, strategy=dict(tp=2, zero_stage=1), attention_kernel=kernel,
+                                     framework="colossalai"))
         assert spec["kwargs"]["enable_flash_attention"] is True
+        assert any("faster than planned" in n for n in spec["notes"]) == (kernel == "flash1")

@@ -272,6 +272,14 @@ def test_attention_backend_is_the_kernel_the_plan_is_timed_with(kernel, backend)
     check_megatron(plan, argv)
 
 
+def test_flashattention_v1_has_no_megatron_backend():
+    """Transformer Engine has no FlashAttention v1 backend: a plan timed with it is refused, as the framework's
+    cannot_run rule refuses it in planning."""
+    plan = make_plan(*LLAMA, strategy=dict(tp=8, pp=2, zero_stage=1), attention_kernel="flash1", framework="torchtitan")
+    with pytest.raises(NotExpressibleError, match=r"attention_kernel 'flash1'.*FlashAttention v1"):
+        megatron_args(plan)
+
+
 # ---- uneven interleaved layouts: one count per virtual stage ----------------------------------------
 def test_deepseek_v3_bridge_layout_is_bridges_own_string_and_megatron_core_reads_it_back():
     """The plan's pp 4 × vp 4 layout is written as Megatron-Bridge's GB300 recipe spells it

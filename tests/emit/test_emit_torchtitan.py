@@ -175,3 +175,9 @@ def test_an_empty_middle_model_part_is_refused():
     plan = make_plan(*LLAMA8, strategy=dict(tp=2, pp=2, vpp=2, stage_layers=[16, 0, 8, 8], zero_stage=1))
     with pytest.raises(NotExpressibleError, match=r"virtual stages \[1\] hold no module"):
         emit(plan, "torchtitan")
+
+
+def test_flash1_is_noted_as_slower_than_what_the_job_runs():
+    data = emit_data(make_plan(*LLAMA8, strategy=dict(zero_stage=3), attention_kernel="flash1", framework="torchtitan"),
+                     "torchtitan")
+    assert any(n.startswith("attention_kernel flash1") and "faster than planned" in n for n in data["notes"])

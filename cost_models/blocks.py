@@ -63,6 +63,7 @@ class Micro:
     fp8_recipe: str = "delayed"  # Megatron's --fp8-recipe (cost_models.elementwise)
     moe_dispatcher: str = "alltoall"  # MoE token dispatcher (cost_models.dispatch)
     framework: str = "megatron"  # the training framework whose code runs the layers (its host operations)
+    eager: bool = False  # element-wise work as torchtitan's eager PyTorch operators (torch_compile false)
 
     @cached_property
     def tokens(self) -> np.ndarray:
@@ -226,6 +227,38 @@ class _Quiet:
         return Comm()
 
 
+#: Eager PyTorch (torch_compile false, torchtitan's decoder layer): what its operators move beyond the fused
+#: kernels. RMSNorm (torch.nn.RMSNorm -> aten rms_norm, layer_norm.cpp rms_norm_symint: upcast to fp32, pow, mean,
+#: add eps, rsqrt, multiply, type_as, multiply by the weight): bytes per element of a 16-bit input of `act` bytes,
+#: and its kernels (the add and rsqrt on the (tokens, 1) statistics are tiny). LayerNorm is one ATen kernel eager
+#: too (native_layer_norm), as fused.
+def eager_rmsnorm_bytes(act: int) -> int:
+    """Bytes per element of eager RMSNorm: read 16-bit, write fp32 (upcast); pow (read 4, write 4); mean (read 4);
+    multiply by the reciprocal (read 4, write 4); type_as (read 4, write 16-bit); times the weight (read, write
+    16-bit).
+
+    >>> eager_rmsnorm_bytes(2)  # against 4 for a fused kernel
+    36
+    """
+    return (act + FP32) + 2 * FP32 + FP32 + 2 * FP32 + (FP32 + act) + 2 * act
+
+
+EAGER_RMSNORM_KERNELS = 8
+#: Eager rotary (torchtitan models/llama3/model/model.py apply_rotary_emb): per element of Q and K, upcast
+#: (read 16-bit, write 4), complex multiply by the frequencies (read 4, write 4), type_as (read 4, write
+#: 16-bit); three kernels for Q, three for K.
+EAGER_ROTARY_KERNELS = 6
+
+
+def eager_rotary_bytes(act: int) -> int:
+    """Bytes per element of Q and K of eager rotary (see above).
+
+    >>> eager_rotary_bytes(2)  # against 2 x 2 inside a fused QKV epilogue
+    20
+    """
+    return (act + FP32) + 2 * FP32 + (FP32 + act)
+
+
 @dataclass(frozen=True)
 class Norm(_Quiet):
     """LayerNorm (weight + bias) or RMSNorm (weight), replicated over TP. Reads and writes
@@ -241,6 +274,8 @@ class Norm(_Quiet):
         return np.broadcast_to(float(self.params()), np.shape(tp))
 
     def elementwise(self, x: Micro) -> Elementwise:
+        if x.eager and not self.layernorm:
+            return Elementwise(eager_rmsnorm_bytes(x.act) * x.tokens * self.hidden / x.seq_split, EAGER_RMSNORM_KERNELS)
         return Elementwise(2 * x.act * x.tokens * self.hidden / x.seq_split, 1)
 
     def activations(self, x: Micro) -> Activations:
@@ -319,8 +354,16 @@ class Attention:
         return Core(flop, qkvo, 2, ZERO, 0)
 
     def elementwise(self, x: Micro) -> Elementwise:
+        """Rotary on Q and K, applied inside the QKV epilogue (no kernel of its own); eager (torchtitan without
+        torch.compile) its own kernels (`eager_rotary_bytes`), and the core's head-major output copied back to
+        token-major (`.transpose(1, 2).contiguous()`: read and write the output, one kernel)."""
+        if x.eager:
+            qk = x.tokens * (self.q_width + self.kv_width) / x.tp
+            rotary = eager_rotary_bytes(x.act) * qk if self.rope else ZERO
+            copy = 2 * x.act * x.tokens * self.q_width / x.tp
+            return Elementwise(rotary + copy, (EAGER_ROTARY_KERNELS if self.rope else 0) + 1)
         rotary = 2 * x.act * x.tokens * (self.q_width + self.kv_width) / x.tp if self.rope else ZERO
-        return Elementwise(rotary, 0)  # applied inside the QKV epilogue: no kernel of its own
+        return Elementwise(rotary, 0)
 
     def activations(self, x: Micro) -> Activations:
         """QKV input (replicated); Q, K, V and the projection input (split); scores: unfused
@@ -338,6 +381,20 @@ class Attention:
         """One TP exchange of the output; context parallelism passes K and V around the ring."""
         return Comm(tp_exchanges=1, tp_bytes=x.tokens * self.hidden * x.act,
                     cp_hop_bytes=x.tokens * 2 * self.kv_width * x.act / x.tp)
+
+
+def gated_activation(gated: bool, x: Micro) -> tuple[int, int]:
+    """(bytes per element of the FFN width, kernels) of an MLP's activation: GELU reads and writes once; fused
+    SwiGLU reads gate and up and writes the product; eager (torchtitan `F.silu(w1(x)) * w3(x)`) SiLU reads and
+    writes the gate, then the product reads both and writes.
+
+    >>> from types import SimpleNamespace as S
+    >>> gated_activation(True, S(act=2, eager=False)), gated_activation(True, S(act=2, eager=True))
+    ((6, 1), (10, 2))
+    """
+    if not gated:
+        return 2 * x.act, 1
+    return (5 * x.act, 2) if x.eager else (3 * x.act, 1)
 
 
 @dataclass(frozen=True)
@@ -365,7 +422,10 @@ class DenseMLP:
         return [Gemm(2 * n * h * f * num_in / t, n, num_in * f / t, h), Gemm(2 * n * h * f / t, n, h, f / t)]
 
     def elementwise(self, x: Micro) -> Elementwise:
-        return Elementwise((3 if self.gated else 2) * x.act * x.tokens * self.ffn / x.tp, 1)
+        """The activation (fused SwiGLU: read gate and up, write the product); eager, SiLU and the product are two
+        kernels (`gated_activation`)."""
+        per, kernels = gated_activation(self.gated, x)
+        return Elementwise(per * x.tokens * self.ffn / x.tp, kernels)
 
     def activations(self, x: Micro) -> Activations:
         """fc1's input (replicated); fc1's output, the activation's input (2f gated), and fc2's input
@@ -557,9 +617,10 @@ class MoE:
         distinct = x.tokens / x.seq_split
         router = 2 * FP32 * distinct * self.num_experts
         permute = 2 * 2 * act * routed * self.hidden
-        activation = (3 if self.gated else 2) * act * routed * self.ffn / x.etp
+        per, kernels = gated_activation(self.gated, x)
+        activation = per * routed * self.ffn / x.etp
         shared = self.shared.elementwise(x) if self.shared else Elementwise(ZERO, 0)
-        return Elementwise(router + permute + activation + shared.bytes, 4 + shared.num_kernels)
+        return Elementwise(router + permute + activation + shared.bytes, 3 + kernels + shared.num_kernels)
 
     def activations(self, x: Micro) -> Activations:
         """MLP input (replicated), router probabilities (fp32, per distinct token), and per

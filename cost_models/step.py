@@ -170,7 +170,8 @@ def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None =
     return Micro(train.seq_len, st.micro_batch_size, st.tp, st.cp, st.sequence_parallel, train.precision,
                  train.attention_kernel, st.ep, st.etp, float(imbalance),
                  getattr(train, "cross_entropy_fusion", True), getattr(train, "fp8_recipe", "delayed"),
-                 getattr(train, "moe_dispatcher", "alltoall"), getattr(train, "framework", "megatron"))
+                 getattr(train, "moe_dispatcher", "alltoall"), getattr(train, "framework", "megatron"),
+                 not getattr(train, "torch_compile", True))
 
 
 def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> Setup:

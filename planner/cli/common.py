@@ -86,6 +86,11 @@ CeFusionOpt = Annotated[Optional[bool], typer.Option(
     help="Fused vocabulary-parallel cross-entropy (Megatron's --cross-entropy-loss-fusion); default: the "
     "framework's loss (fused for megatron, PyTorch's cross_entropy for torchtitan).")]
 
+TorchCompileOpt = Annotated[Optional[bool], typer.Option(
+    "--torch-compile/--no-torch-compile",
+    help="torch.compile of the model (framework torchtitan; default on, as the emitted job runs): "
+    "--no-torch-compile costs element-wise work as torchtitan's eager PyTorch operators.")]
+
 MoeDispatcherOpt = Annotated[str, typer.Option(
     "--moe-dispatcher", help="MoE token dispatcher: alltoall (a copy per routed expert), or the flex dispatcher's "
     "deepep or hybridep backend (a copy per destination GPU, one per node across nodes).")]
@@ -94,7 +99,8 @@ MoeDispatcherOpt = Annotated[str, typer.Option(
 def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
                   moe_load_imbalance: float | None = None, zero3_impl: str | None = None, fp8_recipe: str = "delayed",
                   cross_entropy_fusion: bool | None = None, framework: str = "megatron",
-                  moe_dispatcher: str = "alltoall", fp8_param_gather: bool = False) -> dict[str, Any]:
+                  moe_dispatcher: str = "alltoall", fp8_param_gather: bool = False,
+                  torch_compile: bool | None = None) -> dict[str, Any]:
     """TrainSpec options from the CLI; --zero3-impl only when given (a framework may fix it)."""
     out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer,
            "fp8_recipe": fp8_recipe, "framework": framework,
@@ -103,6 +109,8 @@ def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
         out["cross_entropy_fusion"] = cross_entropy_fusion
     if zero3_impl is not None:
         out["zero3_impl"] = zero3_impl
+    if torch_compile is not None:
+        out["torch_compile"] = torch_compile
     if moe_load_imbalance is not None:
         out["moe_load_imbalance"] = moe_load_imbalance
     return out

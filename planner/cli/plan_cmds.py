@@ -32,6 +32,7 @@ from planner.cli.common import (
     Fp8ParamGatherOpt,
     Fp8RecipeOpt,
     CeFusionOpt,
+    TorchCompileOpt,
     OptimizerOpt,
     Precision,
     PrecisionOpt,
@@ -79,6 +80,7 @@ def plan_cmd(
     cross_entropy_fusion: CeFusionOpt = None,
     framework: FrameworkOpt = "megatron",
     moe_dispatcher: MoeDispatcherOpt = "alltoall",
+    torch_compile: TorchCompileOpt = None,
     headroom: HeadroomOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column (bands, tokens/s, TFLOP/s, headroom); the "
                                        "default table fits 100 columns.")] = False,
@@ -91,7 +93,7 @@ def plan_cmd(
                   headroom=parse_headroom(headroom), **train_options(grad_precision, attention_kernel, optimizer,
                                                                       moe_load_imbalance, zero3_impl, fp8_recipe,
                                                                       cross_entropy_fusion, framework, moe_dispatcher,
-                                                                      fp8_param_gather))
+                                                                      fp8_param_gather, torch_compile))
     with searching(f"searching strategies for {gpus:,} GPUs"):
         result = api_plan(**kwargs)
     if fmt is Format.json:
@@ -368,7 +370,7 @@ def _one_strategy_command(render):
         zero3_impl: Zero3ImplOpt = None, fp8_recipe: Fp8RecipeOpt = "delayed",
         fp8_param_gather: Fp8ParamGatherOpt = False,
         cross_entropy_fusion: CeFusionOpt = None, framework: FrameworkOpt = "megatron",
-        moe_dispatcher: MoeDispatcherOpt = "alltoall",
+        moe_dispatcher: MoeDispatcherOpt = "alltoall", torch_compile: TorchCompileOpt = None,
         plan_file: PlanFileOpt = None, rank: RankOpt = 1,
         fmt: FormatOpt = Format.table,
     ) -> None:
@@ -396,7 +398,7 @@ def _one_strategy_command(render):
                            seq_len=seq_len, precision=precision.value, strategy=strategy,
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
                                            zero3_impl, fp8_recipe, cross_entropy_fusion, framework,
-                                           moe_dispatcher, fp8_param_gather))
+                                           moe_dispatcher, fp8_param_gather, torch_compile))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)

@@ -46,9 +46,11 @@ Mapping choices (torchtitan shards data parallelism with FSDP2):
   replication. MoE, latent-attention and window shapes live in torchtitan's
   model flavors (deepseek_v3, llama4, qwen3, gpt_oss); the notes list them.
 - compile: the model and the loss run under torch.compile (`[compile] enable`,
-  components model and loss), because the cost model times the element-wise work
-  (norms, activation, rotary embedding, FP8 casts) as fused kernels; torchtitan's
-  default, eager, runs them as separate kernels, which the plan does not cost.
+  components model and loss) when the plan's `torch_compile` is on (the default),
+  because the cost model then times the element-wise work (norms, activation,
+  rotary embedding, FP8 casts) as fused kernels; a plan costed with
+  torch_compile false (torchtitan's eager operators, its own default) gets
+  `[compile] enable = false`.
 - offload_optimizer is refused: torchtitan's `enable_cpu_offload` is FSDP's
   CPU offload of parameters, gradients and optimizer states together. So is
   multi-token prediction (no torchtitan model has MTP modules).
@@ -125,7 +127,9 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
         sections["quantize"] = {"linear": {"float8": {"recipe_name": FLOAT8_RECIPE}}}
         notes.append("fp8: torchao float8 with tensorwise (dynamic) scaling; torchao has no delayed scaling")
     sections["training"] = _training(f)
-    sections["compile"] = {"enable": True, "components": ["model", "loss"]}  # fused element-wise work, as costed
+    # fused element-wise work (torch_compile true) or torchtitan's eager operators (false), as costed
+    sections["compile"] = ({"enable": True, "components": ["model", "loss"]} if t.torch_compile
+                           else {"enable": False})
     sections["parallelism"] = _parallelism(f, notes)
     sections["activation_checkpoint"] = _recompute(f, refuse)
     if f.strategy.overlap_moe_comm:

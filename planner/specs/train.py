@@ -56,6 +56,14 @@ class TrainSpec(Spec):
         description="Fused vocabulary-parallel cross-entropy (Megatron's --cross-entropy-loss-fusion; NeMo and "
         "Megatron-Bridge recipes turn it on, Megatron-LM's own default is off): fewer fp32 passes over the logits.",
     )
+    torch_compile: bool = Field(
+        True,
+        description="torch.compile of a PyTorch-native model (framework torchtitan, its [compile] section): true costs "
+        "element-wise, norm and rotary work as fused kernels (what Inductor, and Megatron's and Transformer Engine's "
+        "own fused kernels, run); false costs them as torchtitan's eager PyTorch operators (RMSNorm decomposed in "
+        "fp32, complex-number rotary, SiLU and the gate product apart, the attention output copied back to "
+        "token-major). False is refused for other frameworks, whose element-wise kernels are their own.",
+    )
     fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] = Field(
         "delayed",
         description="FP8 scaling with precision fp8 (Megatron's --fp8-recipe, Transformer Engine): delayed or "

@@ -502,9 +502,15 @@ def test_flash1_lengthens_the_step_and_megatron_cannot_run_it():
     assert not result.plans and result.stats.rejected.get("framework", 0) > 0
 
 
-def test_flash1_is_refused_where_no_table_measures_it():
+@pytest.mark.parametrize("cluster,message", [
+    ("dgx-b200", r"attention_kernel 'flash1' on B200.*no measurement of that kernel"),
+    ("dgx-a100-80gb", r"attention_kernel 'flash1' on A100.*no attention table measures FlashAttention v1"),
+])
+def test_flash1_is_refused_where_no_table_measures_it(cluster, message):
+    """Blackwell's tables have no flash1 section; the A100 has no table, and its fitted roofline is
+    FlashAttention-2's, which runs twice as fast as v1 there: both refuse rather than time it as another kernel."""
     from planner.api import plan
 
-    with pytest.raises(SpecError, match=r"attention_kernel 'flash1' on B200.*no measurement of that kernel"):
-        plan(model="llama3.1-8b", cluster="dgx-b200", num_gpus=8, global_batch_size=64, seq_len=4096,
+    with pytest.raises(SpecError, match=message):
+        plan(model="llama3.1-8b", cluster=cluster, num_gpus=8, global_batch_size=64, seq_len=4096,
              attention_kernel="flash1", framework="torchtitan")

@@ -216,7 +216,9 @@ PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     # attention is each row's `attn_impl` (ATTN_IMPL): flash-attn 2 (the large-scale table's 'flash' rows) or the Triton
     # FlashAttention kernel of flash-attn 1.x's era (attn_impl 'triton'), timed as FlashAttention v1 (attention_kernel
     # flash1), which it matches within 10 % on A100 at MPT's head dim 128 with the causal mask
-    # (profiles/kernels/attention/h100-sxm.yaml, flash1 section).
+    # (profiles/kernels/attention/h100-sxm.yaml, flash1 section). No run compiled, but the rows keep torch_compile
+    # true: MPT's eager element-wise operators (LayerNorm and GELU, one ATen kernel each; no rotary) move what the
+    # fused kernels move, and torch_compile false costs torchtitan's eager Llama operators (RMSNorm, rotary).
     "llmfoundry_h100": ("LLM Foundry H100 (MPT)", {"cross_entropy_fusion": True, "framework": "torchtitan",
                                                     "attention_kernel": "flash2"}),
 }

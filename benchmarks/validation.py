@@ -19,9 +19,11 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from planner.errors import SpecError
+from planner.rules import eager_problem
 from planner.specs import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -282,11 +284,13 @@ def public_runs(name: str) -> PublicSet:
     SHARD_GRAD_OP; it may not contradict `fsdp`),
     `local_batch_size` (torchtitan: sequences per data parallel rank),
     `activation_checkpointing`, `pp_schedule`, `model_overrides`, `variant`, `moe_dispatcher`
-    (alltoall, deepep, hybridep), `overlap_moe_comm` (Megatron's --overlap-moe-expert-parallel-comm) and
-    `compile` (torchtitan's torch.compile: torch_compile) and `attention_kernel` (flash, flash2, flash1; default flash) or `attn_impl` (LLM Foundry's, `ATTN_IMPL`) and `stage_layers` (decoder layers per virtual
-    stage in schedule order, pp·vp counts: the recipe's --pipeline-model-parallel-layout, e.g.
-    Megatron-Bridge's DeepSeek-V3 layouts) and `recompute_modules` (the recipe's --recompute-modules:
-    selective recompute of those modules; an empty list: no recomputation).
+    (alltoall, deepep, hybridep), `overlap_moe_comm` (Megatron's --overlap-moe-expert-parallel-comm),
+    `compile` (torchtitan's torch.compile: torch_compile), `attention_kernel` (flash, flash2, flash1;
+    default flash) or `attn_impl` (LLM Foundry's, read through `ATTN_IMPL`), `stage_layers` (decoder
+    layers per virtual stage in schedule order, pp·vp counts: the recipe's
+    --pipeline-model-parallel-layout, e.g. Megatron-Bridge's DeepSeek-V3 layouts) and
+    `recompute_modules` (the recipe's --recompute-modules: selective recompute of those modules; an
+    empty list: no recomputation).
     The file's top-level `moe_load_imbalance` applies to rows of MoE models.
     Fields a row does not state are searched (recomputation, etp, ZeRO 0/1, and
     micro-batch size where no row field fixes it); optimizer offload is off. A
@@ -392,12 +396,13 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
         train["fp8_recipe"] = FP8_RECIPES[r["fp8_recipe"]]
     if "cross_entropy_fusion" in r:
         train["cross_entropy_fusion"] = bool(r["cross_entropy_fusion"])
-    if "compile" in r:  # torch.compile on or off (torchtitan's [compile]); eager is costed for torchtitan only
-        if r.get("framework") != "torchtitan":
-            return refuse("compile is costed for framework torchtitan only")
-        train["torch_compile"] = bool(r["compile"])
     if "framework" in r:
         train["framework"] = r["framework"]
+    if "compile" in r:  # torch.compile on or off (torchtitan's [compile])
+        train["torch_compile"] = bool(r["compile"])
+        problem = eager_problem(SimpleNamespace(**({"framework": "megatron"} | train)), model)
+        if problem:
+            return refuse(problem)
     if r.get("fp8_param_gather") and r["precision"] == "fp8" and train.get("fp8_recipe") != "blockwise":
         train["fp8_param_gather"] = True
     if "moe_dispatcher" in r:

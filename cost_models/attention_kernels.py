@@ -271,20 +271,24 @@ def _window_curves(data: dict, label: str, seq: np.ndarray) -> dict[str, tuple[W
     return {k: tuple(v) for k, v in out.items()}
 
 
+#: Fused kernels a GPU without an attention table times with its fitted roofline: the A100's was fitted on
+#: FlashAttention-2-era runs, which `flash` and `flash2` both are there; FlashAttention v1 runs at half that rate on
+#: A100 (FlashAttention-2 README A100 figure) and is refused there.
+ROOFLINE_KERNELS = ("flash", "flash2")
+
+
 def kernel_problem(gpu: GpuSpec, kernel: str, windowed: bool) -> str | None:
     """Why attention kernel `kernel` cannot be timed on `gpu` (for a model with sliding-window layers when
-    `windowed`), or None. A GPU without an attention table times the fused kernels it was fitted with (the
-    A100's roofline: FlashAttention-2, which `flash` and `flash2` both are there) and refuses FlashAttention v1,
-    which runs at half that rate on A100 (FlashAttention-2 README A100 figure); one with a table needs the
-    kernel's section."""
+    `windowed`), or None. A GPU without an attention table times `ROOFLINE_KERNELS` with its fitted roofline; one
+    with a table needs the kernel's section."""
     if kernel in ("flash", "unfused"):
         return None
     if attention_table(gpu.kernel_tables) is None:
-        if kernel != "flash1":
+        if kernel in ROOFLINE_KERNELS:
             return None
-        return (f"attention_kernel 'flash1' on {gpu.name}: no attention table measures FlashAttention v1 there "
-                "(its fitted roofline is FlashAttention-2's, twice as fast on A100); use attention_kernel 'flash' "
-                "or 'flash2', or measure the GPU with meshplan profile")
+        return (f"attention_kernel {kernel!r} on {gpu.name}: no attention table measures that kernel there and its "
+                f"fitted roofline times {' and '.join(ROOFLINE_KERNELS)} only; use one of those, or measure the GPU "
+                "with meshplan profile")
     table = attention_table(gpu.kernel_tables, kernel)
     where = f"profiles/kernels/attention/{gpu.kernel_tables}.yaml"
     if table is None:

@@ -25,7 +25,8 @@ import numpy as np
 from cost_models.arrays import RECOMPUTE_MODULES, selected_modules
 from cost_models.gemm_tables import gemm_table
 from cost_models.attention_kernels import flash_core_times
-from cost_models.blocks import DenseMLP, Gemm, Head, LatentAttention, Layer, Micro, ModelBlocks, MoE, Norm
+from cost_models.blocks import (DenseMLP, Gemm, Head, LatentAttention, Layer, Micro, ModelBlocks, MoE, Norm,
+                                 gated_activation)
 from cost_models.elementwise import elementwise_model, layer_kernels
 from cost_models.units import ACTIVATION_BYTES, FP8, WEIGHT_BYTES
 
@@ -235,7 +236,7 @@ def module_times(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray,
             out["mlp"] = gemms_s(b.gemms(x)) + ew_s(b.elementwise(x))
         elif isinstance(b, MoE):
             if "moe_act" in out:
-                act_bytes = (3 if b.gated else 2) * x.act * b.routed_tokens(x) * b.ffn / x.etp
+                act_bytes = gated_activation(b.gated, x)[0] * b.routed_tokens(x) * b.ffn / x.etp
                 out["moe_act"] = act_bytes / hbm + gpu.kernel_overhead_s
             if "shared_experts" in out and b.shared:
                 out["shared_experts"] = gemms_s(b.shared_gemms(x)) + ew_s(b.shared.elementwise(x))

@@ -8,7 +8,8 @@ from typing import Any
 
 from cost_models.attention_kernels import kernel_problem
 from planner.errors import InputWarning, SpecError, SpecValidationError, short_repr
-from planner.rules import batch_warning, context_warning, family_warning, fp8_recipe_problem, node_warning
+from planner.rules import (batch_warning, context_warning, eager_problem, family_warning, fp8_recipe_problem,
+                           node_warning)
 from planner.specs.base import MAX_GPUS
 from planner.specs import ClusterSpec, Estimate, ModelSpec, PlanResult, Strategy, TrainSpec
 
@@ -80,20 +81,6 @@ def check_top_k(top_k: Any) -> int:
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
         raise SpecError(f"top_k must be an integer between 1 and {MAX_TOP_K} (got {short_repr(top_k)})")
     return top_k
-
-
-def eager_problem(train: TrainSpec, model: ModelSpec) -> str | None:
-    """Why `torch_compile` false cannot be costed for this plan, or None: the eager operator counts are
-    torchtitan's (its Llama-style decoder layer), and its latent-attention eager code is not counted."""
-    if train.torch_compile:
-        return None
-    if train.framework != "torchtitan":
-        return (f"torch_compile false with framework {train.framework!r}: eager element-wise work is costed for "
-                "framework torchtitan only (its PyTorch operators); the other frameworks run their own fused kernels")
-    if model.is_mla:
-        return ("torch_compile false with latent attention: torchtitan's eager operators of an MLA layer are not "
-                "costed; plan it with torch_compile true")
-    return None
 
 
 def _framework_zero3(train: TrainSpec) -> TrainSpec:

@@ -75,6 +75,20 @@ class Rule:
     message: Callable[[Context, dict], str]
 
 
+def eager_problem(train, model) -> str | None:
+    """Why `torch_compile` false cannot be costed for this plan, or None: the eager operator counts are
+    torchtitan's (its Llama-style decoder layer), and its latent-attention eager code is not counted."""
+    if train.torch_compile:
+        return None
+    if train.framework != "torchtitan":
+        return (f"torch_compile false with framework {train.framework!r}: eager element-wise work is costed for "
+                "framework torchtitan only (its PyTorch operators); the other frameworks run their own fused kernels")
+    if model.is_mla:
+        return ("torch_compile false with latent attention: torchtitan's eager operators of an MLA layer are not "
+                "costed; plan it with torch_compile true")
+    return None
+
+
 def _layout(ctx: Context, st: StrategyArrays) -> ParallelLayout:
     return ParallelLayout.of(st, ctx.model.num_layers)
 

@@ -192,7 +192,11 @@ def torchtitan_fsdp2() -> list[StepCase]:
 #: fp8_param_gather = True (megatron-bridge 0.3.1, megatron/bridge/training/mixed_precision.py:
 #: bf16_with_fp8_delayed_scaling_mixed, bf16_with_fp8_current_scaling_mixed, bf16_with_mxfp8_mixed); the
 #: block-scaled (subchannel) recipe sets it False. Applied to the fp8 rows of the Bridge tables.
-BRIDGE = {"fp8_param_gather": True}
+#: Its performance scripts reduce gradients in BF16: `grad_reduce_in_fp32: false` in every pretrain override of the
+#: first ones (NVIDIA-NeMo/Megatron-Bridge@568b3a3e, 2025-08-28, scripts/performance/llm/configs/*_pretrain_overrides.yaml)
+#: and `cfg.ddp.grad_reduce_in_fp32 = False` in `_benchmark_common` since (src/megatron/bridge/perf_recipes/_common.py
+#: at 067f987d), so Megatron's main-gradient buffers are BF16 (grad_precision bf16), not the FP32 of its default.
+BRIDGE = {"fp8_param_gather": True, "grad_precision": "bf16"}
 PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     "nemo_h100_fp8": ("NeMo DGX-H100 FP8", {"cluster": "dgx-h100", "precision": "fp8"}),
     "mbridge_25_09": ("Megatron-Bridge 25.09", BRIDGE),
@@ -232,6 +236,7 @@ OTHER_DATA_FILES = {"published_layouts", "torchtitan_fsdp2_a100", "zero3_runs", 
 GENERATIONS = {"a100-40gb": "A100", "a100-80gb": "A100", "h100-sxm": "H100-H200", "h200": "H100-H200",
                "b200": "B200", "gb200": "GB200", "gb300": "GB300"}
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+GRAD_PRECISIONS = ("bf16", "fp16", "fp32")  # what TrainSpec.grad_precision accepts
 ACTIVATION_CHECKPOINTING = {"no": {"recompute": "none"},
                             "full": {"recompute": "full", "recompute_num_layers": None},
                             # torchtitan's op-level policy: its selective recompute (framework torchtitan)
@@ -290,7 +295,9 @@ def public_runs(name: str) -> PublicSet:
     layers per virtual stage in schedule order, pp·vp counts: the recipe's
     --pipeline-model-parallel-layout, e.g. Megatron-Bridge's DeepSeek-V3 layouts) and
     `recompute_modules` (the recipe's --recompute-modules: selective recompute of those modules; an
-    empty list: no recomputation).
+    empty list: no recomputation) and `grad_precision` (the gradient buffers and their reduction: fp32
+    unless the row or its set's defaults say otherwise). A row with `recipe_disagrees` (why: the
+    printed layout against the recipe the release ran) is refused with that reason.
     The file's top-level `moe_load_imbalance` applies to rows of MoE models.
     Fields a row does not state are searched (recomputation, etp, ZeRO 0/1, and
     micro-batch size where no row field fixes it); optimizer offload is off. A
@@ -343,6 +350,8 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
     def refuse(reason: str) -> Refusal:
         return Refusal(label, r["cluster"], step_s, reason)
 
+    if r.get("recipe_disagrees"):  # the printed layout contradicts the recipe the release ran (the row says how)
+        return refuse(f"the table's layout disagrees with its recipe: {r['recipe_disagrees']}")
     if n % (tp * pp * cp):
         return refuse(f"tp*pp*cp ({tp * pp * cp}) does not divide num_gpus ({n})")
     dp = n // (tp * pp * cp)
@@ -391,7 +400,10 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
     if "attn_impl" in r and r["attn_impl"] not in ATTN_IMPL:
         return refuse(f"attn_impl {r['attn_impl']!r} is not one of {sorted(ATTN_IMPL)}")
     kernel = ATTN_IMPL[r["attn_impl"]] if "attn_impl" in r else r.get("attention_kernel", "flash")
-    train: dict[str, Any] = {"precision": r["precision"], "grad_precision": "fp32", "attention_kernel": kernel}
+    if r.get("grad_precision", "fp32") not in GRAD_PRECISIONS:
+        return refuse(f"grad_precision {r['grad_precision']!r} is not one of {sorted(GRAD_PRECISIONS)}")
+    train: dict[str, Any] = {"precision": r["precision"], "grad_precision": r.get("grad_precision", "fp32"),
+                             "attention_kernel": kernel}
     if r["precision"] == "fp8" and r.get("fp8_recipe") in FP8_RECIPES:
         train["fp8_recipe"] = FP8_RECIPES[r["fp8_recipe"]]
     if "cross_entropy_fusion" in r:

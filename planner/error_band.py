@@ -137,13 +137,16 @@ def band_fields(step_time_s: float, tokens_per_s_per_gpu: float, mfu: float, gpu
     # measured = predicted / (1 + e); no run beats the dense peak, so the fast edge stops at MFU 1
     step_low = max(step_time_s / (1.0 + high), step_time_s * min(mfu, 1.0))
     step_high = step_time_s / (1.0 + low)
+    # rates scale as 1 / step; min and max keep the point inside its band where an edge is the point
+    # itself (a residual of exactly 0), which the division can miss by a rounding
+    slow, fast = step_time_s / step_high, step_time_s / step_low
     return {
-        "step_time_s_low": step_low,
-        "step_time_s_high": step_high,
-        "tokens_per_s_per_gpu_low": tokens_per_s_per_gpu * step_time_s / step_high,
-        "tokens_per_s_per_gpu_high": tokens_per_s_per_gpu * step_time_s / step_low,
-        "mfu_low": mfu * step_time_s / step_high,
-        "mfu_high": mfu * step_time_s / step_low,
+        "step_time_s_low": min(step_low, step_time_s),
+        "step_time_s_high": max(step_high, step_time_s),
+        "tokens_per_s_per_gpu_low": min(tokens_per_s_per_gpu * slow, tokens_per_s_per_gpu),
+        "tokens_per_s_per_gpu_high": max(tokens_per_s_per_gpu * fast, tokens_per_s_per_gpu),
+        "mfu_low": min(mfu * slow, mfu),
+        "mfu_high": max(mfu * fast, mfu),
         "band_basis": basis,
     }
 

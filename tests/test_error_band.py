@@ -131,7 +131,9 @@ def test_a_gpu_without_residuals_gets_the_documented_estimate_band():
 
 
 def test_the_fast_edge_never_passes_the_dense_peak():
-    fields = band_fields(1.0, 1000.0, 0.95, load_gpu("b200"))
+    fast = StepTimeResiduals(end_to_end=True, n=10, error_low=-0.2, error_high=0.5, basis="x")
+    gpu = load_gpu("b200").model_copy(update={"step_time_residuals": fast})  # a fast edge 1 / 1.5 of the point
+    fields = band_fields(1.0, 1000.0, 0.95, gpu)
     assert fields["mfu_high"] <= 1.0 + 1e-12 and fields["step_time_s_low"] == pytest.approx(0.95)
 
 

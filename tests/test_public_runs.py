@@ -99,6 +99,15 @@ def test_row_fields_become_constraints():
     assert "moe_load_imbalance" not in case.train_options  # dense rows keep the profile's value
 
 
+def test_gradient_precision_is_the_rows_or_its_sets():
+    """FP32 gradients unless said otherwise; Megatron-Bridge's performance recipes reduce in BF16."""
+    assert _public_case(ROW, "t", None, legacy=False).train_options["grad_precision"] == "fp32"
+    assert _public_case(ROW | {"grad_precision": "bf16"}, "t", None, legacy=False).train_options["grad_precision"] == "bf16"
+    bridge = public_runs("mbridge_26_04")
+    assert bridge.cases and all(c.train_options["grad_precision"] == "bf16" for c in bridge.cases)
+    assert all(c.train_options["grad_precision"] == "fp32" for c in public_runs("torchtitan_h100").cases)
+
+
 @pytest.mark.parametrize("change,reason", [({"ga": 2}, "GA"), ({"tp": 3}, "divide"), ({"fsdp": 4}, "fsdp"),
                                            ({"precision": "nvfp4"}, "precision"),
                                            ({"activation_checkpointing": "selective op"}, "framework torchtitan"),
@@ -106,7 +115,9 @@ def test_row_fields_become_constraints():
                                            ({"zero_stage": 2}, "zero_stage"), ({"fsdp": 0, "zero_stage": 3}, "zero_stage"),
                                            ({"activation_checkpointing": "full", "recompute_modules": ["mlp"]},
                                             "both say what is recomputed"),
-                                           ({"attn_impl": "torch"}, "attn_impl 'torch'")])
+                                           ({"attn_impl": "torch"}, "attn_impl 'torch'"),
+                                           ({"grad_precision": "fp8"}, "grad_precision 'fp8'"),
+                                           ({"recipe_disagrees": "vp 5 in the recipe"}, "disagrees with its recipe: vp 5")])
 def test_inconsistent_or_unmodelled_rows_are_refused_with_the_reason(change, reason):
     out = _public_case(ROW | change, "t", None, legacy=False)
     assert reason in out.reason and out.measured_step_s > 0

@@ -364,6 +364,42 @@ class ParallelLayout:
             return f"pp·vpp ({p}·{v}) must divide num_layers ({L}) plus the embedding/loss counted as layers ({extra})"
         return f"pp·vpp ({p}·{v}) must divide num_layers ({L})"
 
+    @functools.cached_property
+    def distinct(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The distinct layouts among the candidates: (the first candidate of each, each candidate's
+        index into them), or None when there is nothing to gain. Hundreds of thousands of candidates
+        (micro-batch, recomputation, ZeRO stage, ... around the same layout) share a few hundred
+        layouts, so what depends on the layout alone (its groups, the bytes each stage holds) is
+        looked up once per layout.
+
+        >>> import types
+        >>> one = lambda *v: np.array(v)
+        >>> lay = ParallelLayout(8, one(2, 2, 4, 2), one(1, 1, 1, 1), one(4, 4, 2, 4), one(1, 1, 1, 1), one(1, 1, 1, 1),
+        ...                      one(1, 1, 1, 1), one(1, 1, 1, 1), one(0, 0, 0, 0), one(0, 0, 0, 0),
+        ...                      np.zeros(4, bool), np.zeros(4, bool))
+        >>> first, index = lay.distinct
+        >>> first.tolist(), index.tolist()
+        ([0, 2], [0, 0, 1, 0])
+        """
+        n = len(self)
+        if n < 2:
+            return None
+        cols = [self.tp, self.cp, self.dp, self.pp, self.vpp, self.ep, self.etp, self.first, self.last,
+                self.embedding_as_layer, self.loss_as_layer]
+        if self.stage_layers is not None:
+            cols += list(np.asarray(self.stage_layers).T + 1)  # -1 pads: every column non-negative
+        key = np.zeros(n, dtype=np.int64)
+        for c in cols:  # mixed radix over small non-negative integers, re-numbered before it could overflow
+            c = np.broadcast_to(np.asarray(c, dtype=np.int64), (n,))
+            radix = int(c.max()) + 1
+            if int(key.max()) >= (2**62) // radix:
+                key = np.unique(key, return_inverse=True)[1].ravel().astype(np.int64)
+            key = key * radix + c
+        _, first, index = np.unique(key, return_index=True, return_inverse=True)
+        if len(first) == n:
+            return None
+        return first, index.ravel()
+
     @property
     def rows(self) -> "StageRows":
         """Per-stage-row arrays (S, N); see the module docstring."""

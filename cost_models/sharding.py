@@ -114,6 +114,7 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     compute-stream work caused by the sharding; raw is the traffic before any overlap.
     """
     from cost_models.memory import kind_expert_params_per_rank, kind_params_per_rank, param_gather_saving_per_element
+    from cost_models.step import by_layout
     from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES
 
     impl = zero3_impls()[impl_name]
@@ -121,21 +122,27 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     rows, m = lay.rows, s.num_microbatches
     shard, shard_stride = lay.group("cp", "dp")
     grad_b, weight_b = DTYPE_BYTES[train.grad_precision], WEIGHT_BYTES[train.precision]
-    z3 = st.zero_stage == 3  # only those candidates' traffic is used: the others' bytes are zero
-    dense_k = kind_params_per_rank(s.blocks, lay.tp) * z3
+    z3 = st.zero_stage == 3  # only those candidates' traffic is used: the others' is zero
+
+    def timed(nbytes, size, stride):  # the bytes and groups depend on the layout alone (step.by_layout)
+        return by_layout(lay, lambda b, n, d: collective_s(s, impl, b, n, d), nbytes, size, stride) * z3
+
+    dense_k = kind_params_per_rank(s.blocks, lay.tp)
     fp8_saving = param_gather_saving_per_element(train)  # FP8 parameters (fp8_param_gather) gather fewer bytes
     gathered = dense_k * weight_b  # one layer's weights, bytes, (K, N)
     if fp8_saving:
-        gathered = gathered - fp8_saving * s.quantised_kinds[0] * z3
-    gather = collective_s(s, impl, gathered, shard, shard_stride)
-    reduce = collective_s(s, impl, dense_k * grad_b, shard, shard_stride)
+        gathered = gathered - fp8_saving * s.quantised_kinds[0]
+    gather = timed(gathered, shard, shard_stride)
+    reduce = timed(dense_k * grad_b, shard, shard_stride)
     if s.has_experts:
         edp, edp_stride = lay.expert_group("edp")
-        expert_k = kind_expert_params_per_rank(s.blocks, lay.ep, lay.etp) * z3
-        expert_gathered = expert_k * weight_b - (fp8_saving * s.quantised_kinds[1] * z3 if fp8_saving else 0.0)
+        expert_k = kind_expert_params_per_rank(s.blocks, lay.ep, lay.etp)
+        expert_gathered = expert_k * weight_b - (fp8_saving * s.quantised_kinds[1] if fp8_saving else 0.0)
         gathered = gathered + expert_gathered
-        gather = gather + np.where(expert_k > 0, collective_s(s, impl, expert_gathered, edp, edp_stride), 0.0)
-        reduce = reduce + np.where(expert_k > 0, collective_s(s, impl, expert_k * grad_b, edp, edp_stride), 0.0)
+        gather = gather + np.where(expert_k > 0, timed(expert_gathered, edp, edp_stride), 0.0)
+        reduce = reduce + np.where(expert_k > 0, timed(expert_k * grad_b, edp, edp_stride), 0.0)
+    end_params = s.params - s.per_row(dense_k)  # embedding, final norm and output layer of each stage row
+    dense_k, gathered = dense_k * z3, gathered * z3  # the copy-out: ZeRO-3 candidates only
     sharded = shard > 1  # a shard group of one rank gathers nothing, and copies nothing out
     copy_out = np.where(impl.copy_out & sharded,
                         READ_PLUS_WRITE * gathered / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency), 0.0)
@@ -150,9 +157,9 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     # Embedding, final norm and output layer: gathered at every micro-batch's start (with the
     # first layer), reduce-scattered after the last backward.
     ends = rows.has_embedding | rows.has_head
-    end_params = (s.params - s.per_row(dense_k)) * z3
-    end_gather = np.where(ends, collective_s(s, impl, end_params * weight_b, shard, shard_stride), 0.0)
-    end_reduce = np.where(ends, collective_s(s, impl, end_params * grad_b, shard, shard_stride), 0.0)
+    end_gather = np.where(ends, timed(end_params * weight_b, shard, shard_stride), 0.0)
+    end_reduce = np.where(ends, timed(end_params * grad_b, shard, shard_stride), 0.0)
+    end_params = end_params * z3
     end_copy = np.where(ends & impl.copy_out & sharded, READ_PLUS_WRITE * end_params * weight_b
                         / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency), 0.0)
     has_layers = rows.layers > 0

@@ -305,7 +305,8 @@ def exposed_s(comm_s, window_s, overlap: float):
     return comm_s - overlap * np.minimum(comm_s, window_s)
 
 
-def _moe_exchange_s(layer, x: Micro, comm: CommModel, lay: ParallelLayout) -> np.ndarray:
+def _moe_exchange_s(layer, x: Micro, comm: CommModel, lay: ParallelLayout,
+                    pairs: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """One direction's token exchange of an MoE layer (forward, or the same again in backward):
     the dispatch and the combine all-to-all over ep, and with etp > 1 the all-gather before
     the experts and the reduce-scatter after, over etp."""
@@ -314,11 +315,13 @@ def _moe_exchange_s(layer, x: Micro, comm: CommModel, lay: ParallelLayout) -> np
     moe = layer.moe()
     intra, inter = tier_scales(x.moe_dispatcher, moe.num_experts, moe.top_k, ep_size,
                                comm.domain_members(ep_size, ep_stride), moe.router_groups, moe.router_group_topk)
-    total = 0.0
-    for c in layer.comms(x):
+    total, n = 0.0, len(lay)
+    for c in layer.comms(x):  # `pairs`: the distinct (layout, shape) pairs, whose bytes and groups these are
         if np.any(c.ep_a2a_bytes):
-            total = total + 2 * comm.all_to_all_s(c.ep_a2a_bytes, ep_size, ep_stride, intra, inter)
-            total = total + 2 * comm.gather_scatter_s(c.etp_bytes, etp_size, etp_stride)
+            total = total + 2 * spread(pairs, n, comm.all_to_all_s, np.broadcast_to(c.ep_a2a_bytes, (n,)),
+                                       ep_size, ep_stride, intra, inter)
+            total = total + 2 * spread(pairs, n, comm.gather_scatter_s, np.broadcast_to(c.etp_bytes, (n,)),
+                                       etp_size, etp_stride)
     return np.broadcast_to(total, (len(lay),))
 
 
@@ -350,17 +353,24 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     emb = blocks.embedding.comm(x)
     tp_ar = comm.all_reduce_s(emb.tp_bytes, tp_size, tp_stride)
 
+    pairs = layout_and_shape(lay, x) if s else None  # the bytes and groups below depend on these alone
+
+    def exchange_s(nbytes, sp, size, stride):
+        # each collective gets the bytes of the candidates that run it
+        return np.where(sp, 2 * comm.gather_scatter_s(nbytes * sp, size, stride),
+                        comm.all_reduce_s(nbytes * ~sp, size, stride))
+
     def layer_comm(layer):
         # Each exchange is an all-reduce, or with SP an all-gather before and a reduce-scatter
         # after (the same volume, but their own bandwidth).
         tp, hop = 0.0, 0.0
         for c in layer.comms(x):
             if c.tp_exchanges:
-                sp = st.sequence_parallel  # each collective gets the bytes of the candidates that run it
-                tp = tp + c.tp_exchanges * np.where(sp, 2 * comm.gather_scatter_s(c.tp_bytes * sp, tp_size, tp_stride),
-                                                    comm.all_reduce_s(c.tp_bytes * ~sp, tp_size, tp_stride))
+                tp = tp + c.tp_exchanges * spread(pairs, n, exchange_s, np.broadcast_to(c.tp_bytes, (n,)),
+                                                  st.sequence_parallel, tp_size, tp_stride)
             if np.any(c.cp_hop_bytes):
-                hop = hop + comm.p2p_s(c.cp_hop_bytes, cp_stride, cp_size * cp_stride)
+                hop = hop + spread(pairs, n, comm.p2p_s, np.broadcast_to(c.cp_hop_bytes, (n,)), cp_stride,
+                                   cp_size * cp_stride)
         return np.broadcast_to(tp, (n,)), np.broadcast_to(hop, (n,))
 
     kinds = [layer_comm(layer) for layer in blocks.all_kinds]
@@ -374,7 +384,7 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     cp_hop = np.stack([hop for _, hop in kinds])
     cp_raw = np.where(st.cp > 1, (st.cp - 1) * cp_hop, 0.0)
     cp_fwd = np.where(st.cp > 1, exposed_s(cp_raw, lt.attn_core_fwd_s, comm_overlap), 0.0)
-    ep_one = np.stack([_moe_exchange_s(layer, x, comm, lay) if layer.is_moe else np.zeros(n)
+    ep_one = np.stack([_moe_exchange_s(layer, x, comm, lay, pairs) if layer.is_moe else np.zeros(n)
                        for layer in blocks.all_kinds])
     # the shared experts hide the dispatch with the all-to-all dispatcher only (megatron-core refuses
     # --moe-shared-expert-overlap with the flex dispatcher)
@@ -487,6 +497,37 @@ def pipeline_comm(s: Setup) -> np.ndarray:
     return lay.pipeline_transfers(m) * p2p + tied_sync
 
 
+def spread(distinct: tuple[np.ndarray, np.ndarray] | None, n: int, fn, *arrays):
+    """`fn(*arrays)` for arrays (last axis the n candidates, or scalars) whose values are the same
+    for all candidates of one class of `distinct` = (the first candidate of each class, each
+    candidate's class): evaluated on the first of each class and spread back to all of them."""
+    if distinct is None:
+        return fn(*arrays)
+    first, index = distinct
+    small = [a[..., first] if isinstance(a, np.ndarray) and a.ndim and a.shape[-1] == n else a for a in arrays]
+    return np.asarray(fn(*small))[..., index]
+
+
+def by_layout(lay: ParallelLayout, fn, *arrays):
+    """`spread` over the distinct layouts (`ParallelLayout.distinct`): for what depends on the
+    candidates' layout alone (their groups, the bytes each stage row holds)."""
+    return spread(lay.distinct, len(lay), fn, *arrays)
+
+
+def layout_and_shape(lay: ParallelLayout, x: Micro) -> tuple[np.ndarray, np.ndarray] | None:
+    """The distinct (layout, micro-batch shape) pairs among the candidates, as `spread` takes them:
+    a layer's communication depends on both (its bytes on the shape, its groups on the layout)."""
+    n = len(lay)
+    if n < 2:
+        return None
+    by_lay = lay.distinct
+    _, by_shape = x.distinct
+    a = by_lay[1] if by_lay is not None else np.arange(n)
+    b = by_shape if by_shape is not None else np.arange(n)
+    _, first, index = np.unique(a * (int(b.max()) + 1) + b, return_index=True, return_inverse=True)
+    return None if len(first) == n else (first, index.ravel())
+
+
 def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Exposed data parallel communication and the optimizer step of each stage row (S, N),
     and the data parallel communication before any overlap.
@@ -501,11 +542,11 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     params, experts = s.params, s.expert_params
     grad_b, weight_b = DTYPE_BYTES[train.grad_precision], WEIGHT_BYTES[train.precision]
 
-    # each collective gets the bytes of the candidates that run it only (zero elsewhere: a measured-curve
-    # model skips those; the tier model's answer there is discarded by the np.where)
+    # the bytes and groups below depend on the layout alone: each collective is timed once per distinct
+    # layout (both kinds of reduction), and each candidate takes its ZeRO stage's
     def reduce_s(nbytes, size, stride):
-        return np.where(zero == 0, comm.all_reduce_s(nbytes * (zero == 0), size, stride),
-                        comm.gather_scatter_s(nbytes * (zero != 0), size, stride))
+        return np.where(zero == 0, by_layout(lay, comm.all_reduce_s, nbytes, size, stride),
+                        by_layout(lay, comm.gather_scatter_s, nbytes, size, stride))
 
     fwd_mb = s.per_row(lt.fwd_s)
     bwd_mb = s.per_row(lt.bwd_s) + rows.has_head * s.blocks.head_passes * pl.head_bwd_s
@@ -514,12 +555,12 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     # FP8 parameters (fp8_param_gather) are gathered in fewer bytes than the 16-bit ones
     fp8_saving = param_gather_saving_per_element(train)
     dense_gather = params * weight_b - (fp8_saving * s.per_row(s.quantised_kinds[0]) if fp8_saving else 0.0)
-    param_gather = np.where(sharded, comm.gather_scatter_s(dense_gather * sharded, shard, shard_stride), 0.0)
+    param_gather = np.where(sharded, by_layout(lay, comm.gather_scatter_s, dense_gather, shard, shard_stride), 0.0)
     if s.has_experts:
         grad_reduce = grad_reduce + reduce_s(experts * grad_b, edp, edp_stride)
         expert_gather = experts * weight_b - (fp8_saving * s.per_row(s.quantised_kinds[1]) if fp8_saving else 0.0)
-        param_gather = param_gather + np.where(sharded, comm.gather_scatter_s(expert_gather * sharded, edp,
-                                                                             edp_stride), 0.0)
+        param_gather = param_gather + np.where(sharded, by_layout(lay, comm.gather_scatter_s, expert_gather, edp,
+                                                                  edp_stride), 0.0)
     overlap = s.cluster.overlap_efficiency
     # Whether the framework repeats the reduction (gather) every micro-batch (profiles/frameworks/):
     # the last micro-batch's reduction hides behind its backward only, earlier ones also behind the

@@ -204,3 +204,34 @@ def test_llama_405b_published_layout_is_searchable_as_constraints():
     best = result.plans[0].strategy
     assert best.embedding_as_layer and best.loss_as_layer and best.stage_layers is None
     assert "layers" not in result.stats.rejected
+
+
+def test_candidates_sharing_a_layout_are_costed_as_each_alone():
+    """The step model times collectives once per distinct layout (and micro-batch shape) and spreads
+    the result (`ParallelLayout.distinct`, `cost_models.step.spread`): a batch of candidates that share
+    layouts, ZeRO-3 and explicit splits among them, gets each candidate's own terms."""
+    model, cluster, train = make_inputs("qwen3-30b-a3b", "dgx-h100", 32, 256, 4096)
+    picks = [Strategy(tp=2, pp=2, ep=8, sequence_parallel=True, zero_stage=z, micro_batch_size=b, recompute=rc)
+             for z in (0, 1, 3) for b in (1, 2) for rc in ("none", "full")]
+    picks += [Strategy(pp=4, stage_layers=[10, 12, 12, 14], ep=8, zero_stage=1, micro_batch_size=1),
+              Strategy(pp=4, ep=8, zero_stage=1, micro_batch_size=1), Strategy(cp=2, ep=4, zero_stage=3)]
+    resolved = [s.resolve(32) for s in picks]
+    batch = StrategyArrays.from_strategies(resolved)
+    assert ParallelLayout.of(batch, model.num_layers).distinct is not None  # there is something to share
+    together = evaluate_arrays(model, cluster, train, batch)
+    for i, s in enumerate(resolved):
+        alone = evaluate_arrays(model, cluster, train, StrategyArrays.from_strategies([s]))
+        assert together.step_time_s[i] == pytest.approx(float(alone.step_time_s[0]), rel=1e-12)
+        for k, v in alone.time_s.items():
+            assert together.time_s[k][i] == pytest.approx(float(v[0]), rel=1e-12, abs=1e-15), (s, k)
+
+
+def test_distinct_layouts_survive_wide_keys():
+    """Many columns with large values are renumbered before the mixed-radix key could overflow."""
+    n = 6
+    big = np.array([1, 2**20, 1, 2**20, 3, 3])
+    lay = ParallelLayout(8, big, big, big, np.ones(n, np.int64), np.ones(n, np.int64), big, big, np.zeros(n, np.int64),
+                         np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, bool),
+                         stage_layers=np.array([[1, 7], [1, 7], [1, 7], [1, 7], [2, 6], [2, 6]]))
+    first, index = lay.distinct
+    assert index.tolist() == [0, 2, 0, 2, 1, 1] and first.tolist() == [0, 4, 1]

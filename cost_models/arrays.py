@@ -3,7 +3,7 @@
 The field names are the Strategy field names (one vocabulary); categorical
 fields are integer codes (`recompute`: 0 none, 1 selective, 2 full). Optional
 integers use 0 for "not set" (`recompute_num_layers` 0 = all layers of the
-chunk; `num_layers_in_first_stage` 0 = even split). `stage_layers`, the one
+chunk; `num_layers_in_first_stage` 0 = even split; `offload_activation_layers` 0 = off). `stage_layers`, the one
 field that is a list (pp counts, or pp·vpp counts one per virtual stage, where 0
 is a real count), is an (N, P) array padded with -1 (P = the longest explicit
 split; P = 0 when no candidate has one; a row without a positive count has none).
@@ -21,6 +21,11 @@ RECOMPUTE_CODE = {name: code for code, name in enumerate(RECOMPUTE_NAMES)}
 #: Megatron-core's `--recompute-modules` names; `recompute_modules` holds them as a bit mask
 #: (bit i = RECOMPUTE_MODULES[i]; 0 = not set, which selective recompute reads as core_attn).
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts", "moe")
+
+
+#: Optional counts of a Strategy (None) held as 0 in the arrays.
+OPTIONAL_COUNTS = ("recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage",
+                   "offload_activation_layers")
 
 
 def modules_mask(modules: list[str] | tuple[str, ...] | None) -> int:
@@ -60,6 +65,7 @@ class StrategyArrays:
     recompute_num_layers: np.ndarray  # 0 = all
     recompute_modules: np.ndarray  # bit mask of RECOMPUTE_MODULES; 0 = not set (core_attn)
     offload_optimizer: np.ndarray  # bool
+    offload_activation_layers: np.ndarray  # 0 = off
     num_layers_in_first_stage: np.ndarray  # 0 = even split
     num_layers_in_last_stage: np.ndarray  # 0 = even split
     overlap_grad_reduce: np.ndarray  # bool
@@ -95,7 +101,7 @@ class StrategyArrays:
                 continue
             dtype = bool if name in cls.BOOL_FIELDS else np.int64
             default = (False if name in ("embedding_as_layer", "loss_as_layer", "overlap_moe_comm")
-                       else 0 if name == "recompute_modules" else None)
+                       else 0 if name in ("recompute_modules", "offload_activation_layers") else None)
             value = columns[name] if default is None or name in columns else default
             out[name] = np.broadcast_to(np.asarray(value, dtype=dtype), (n,)).copy()
         return cls(**out)
@@ -133,17 +139,18 @@ class StrategyArrays:
             out[name] = bool(value) if name in self.BOOL_FIELDS else int(value)
         out["recompute"] = RECOMPUTE_NAMES[out["recompute"]]
         out["recompute_modules"] = modules_of(out["recompute_modules"])
-        for name in ("recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage"):
+        for name in OPTIONAL_COUNTS:
             out[name] = out[name] or None
         return out
 
 
 def row_of(strategy: Any) -> dict[str, Any]:
     """A Strategy (attribute access) as one row of codes."""
-    row = {name: getattr(strategy, name) for name in StrategyArrays.names()}
+    row = {name: getattr(strategy, name) if name not in OPTIONAL_COUNTS else getattr(strategy, name, None)
+           for name in StrategyArrays.names()}
     row["recompute"] = RECOMPUTE_CODE[row["recompute"]]
     row["recompute_modules"] = modules_mask(row["recompute_modules"])
-    for name in ("recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage"):
+    for name in OPTIONAL_COUNTS:
         row[name] = row[name] or 0
     row["stage_layers"] = list(row["stage_layers"] or [])
     return row

@@ -278,7 +278,9 @@ def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, la
     chunk = layers_row / lay.vpp
     n_rc = np.where(st.recompute_num_layers > 0, np.minimum(st.recompute_num_layers, chunk), chunk)
     per_chunk = np.where(rc == 2, n_rc * stored_layer + (chunk - n_rc) * full_layer, chunk * stored_layer)
-    layers = lay.inflight_chunks(rows.rank, num_microbatches) * per_chunk
+    # activation offloading (pp 1, no recompute: one micro-batch in flight) keeps the other layers only
+    layers = np.maximum(lay.inflight_chunks(rows.rank, num_microbatches) * per_chunk
+                        - offloaded_layers(st, layers_row) * stored_layer, 0.0)
     working = np.where(rc == 2, full_k.max(axis=0), 0.0) * (layers_row > 0)
     if policy == "op_sac":  # while one layer's backward recomputes, what the op policy dropped is live again
         working = working + np.where(rc == 1, (full_k - stored_k).max(axis=0), 0.0) * (layers_row > 0)
@@ -292,6 +294,28 @@ def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, la
         head_in = head_act.replicated / 2 * (1 / x.seq_split + 1)
     head = rows.has_head * (head_in + logits)
     return {"activations": layers, "recompute_working": working, "embedding_activations": embed, "logits": head}
+
+
+def offloaded_layers(st: StrategyArrays, layers_row: np.ndarray) -> np.ndarray:
+    """Layers of each stage row whose activations are offloaded to the host (S, N): Megatron's
+    `--cpu-offloading-num-layers`, the first layers of the model, on its one stage (the rules allow it
+    with pp 1 and no recomputation only). Transformer Engine's offload schedule (cpu_offload.py,
+    OffloadSynchronizer._default_offload_sync_init, TE commit 00382b96) finishes the copy of offloaded
+    layer i before layer L - N + i starts its forward, so that the activations held are those of the
+    L - N other layers: the offloaded ones are not held at the peak."""
+    return np.minimum(st.offload_activation_layers, layers_row)
+
+
+def offloaded_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, counts: np.ndarray) -> np.ndarray:
+    """Host memory one rank's offloaded activations take (S, N), bytes: the offloaded layers' activations
+    of the one micro-batch in flight (the stage's average layer)."""
+    n = len(st)
+    if not np.any(st.offload_activation_layers):
+        return np.zeros(counts.shape[1:])
+    layers_row = counts.sum(axis=0)
+    stored_k = _stack([kind_activation_bytes(k, x, 0) for k in blocks.all_kinds], n)
+    per_layer = per_row(counts, stored_k) / np.maximum(layers_row, 1e-12)
+    return offloaded_layers(st, layers_row) * per_layer
 
 
 def zero3_working_bytes(blocks: ModelBlocks, st: StrategyArrays, precision: str, grad_precision: str) -> np.ndarray:

@@ -36,7 +36,8 @@ from cost_models.layout import ParallelLayout
 from cost_models.sharding import framework_of, zero3_comm_s, zero3_impl_of
 from cost_models.memory import (RUNTIME_TERMS, fp8_weight_memory, kind_quantised_weights, model_state_bytes,
                                 param_gather_saving_per_element, per_row, runtime_memory_bytes,
-                                stage_activation_bytes, stage_expert_params, stage_kind_counts, stage_params,
+                                offloaded_activation_bytes, offloaded_layers, stage_activation_bytes,
+                                stage_expert_params, stage_kind_counts, stage_params,
                                 zero3_head_bytes, zero3_working_bytes)
 from cost_models.units import FP32, DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes, optimizer_step_traffic_bytes
 
@@ -45,7 +46,8 @@ if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner 
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "fp8_weights", "activations", "recompute_working",
                 "embedding_activations", "logits", "zero3_buffers", "comm_buffers") + RUNTIME_TERMS
-TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer")
+TIME_TERMS = ("compute", "recompute", "activation_offload", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble",
+              "dp_comm", "optimizer")
 COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
 
 
@@ -201,6 +203,7 @@ def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st
         "tp_comm": m * _pick(mb["tp_comm"], slow),
         "cp_comm": m * _pick(mb["cp_comm"], slow),
         "ep_comm": m * _pick(mb["ep_comm"], slow),
+        "activation_offload": m * _pick(mb["activation_offload"], slow),
         "pp_comm": pp_comm,
         "pp_bubble": (lay.pp - 1) / lay.vpp * t_mb,
         "dp_comm": _pick(tail["dp_comm"], tail_stage),
@@ -480,7 +483,53 @@ def microbatch_times(s: Setup, pl: PerLayerTimes) -> dict[str, np.ndarray]:
         "tp_comm": s.per_row(pl.tp_fwd_s + pl.tp_bwd_s) + rows.has_embedding * pl.tp_all_reduce_s,
         "cp_comm": s.per_row(3 * pl.cp_fwd_s),  # forward + backward (KV and dKV)
         "ep_comm": s.per_row(pl.ep_fwd_s + pl.ep_bwd_s),
+        "activation_offload": activation_offload_s(s, pl),
     }
+
+
+def offload_stall_s(copy_s, layer_s, offloaded, layers) -> np.ndarray:
+    """Seconds the compute waits, per pass, for the copies of `offloaded` layers' activations out of
+    `layers` equal layers of `layer_s` each, every copy taking `copy_s` on one copy stream.
+
+    Transformer Engine's schedule (cpu_offload.py, OffloadSynchronizer._default_offload_sync_init, TE
+    commit 00382b96) starts the copy of offloaded layer i when layer i's forward ends and waits for it
+    before layer L - N + i starts; the backward starts reloading layer i when layer L - 1 - N + i starts
+    its backward and waits for it before layer i's. Copies queue on the stream, so with copies no longer
+    than a layer the last one waits c - (L - N - 1)·t; with longer copies the queue grows and the last
+    one waits N·c - (L - 2)·t (each delay moves every later deadline alike, so the largest one is the
+    pass's stall). Both vanish while the copies hide behind the other layers:
+
+    >>> [round(float(offload_stall_s(c, 1.0, 40, 80)), 1) for c in (1.0, 1.9, 2.0, 3.0)]
+    [0.0, 0.0, 2.0, 42.0]
+    >>> float(offload_stall_s(5.0, 1.0, 1, 4))  # one layer of four: its copy waits 5 - 2 layers
+    3.0
+    """
+    c, t, n, L = (np.asarray(v, dtype=float) for v in (copy_s, layer_s, offloaded, layers))
+    short = c - (L - n - 1) * t
+    long = n * c - (L - 2) * t
+    return np.where(n > 0, np.maximum(np.where(c <= t, short, long), 0.0), 0.0)
+
+
+def activation_offload_s(s: Setup, pl: PerLayerTimes) -> np.ndarray:
+    """Exposed time of activation offloading in one micro-batch on each stage row (S, N): the forward's
+    copies to the host and the backward's copies back (`offload_stall_s`), at the slower of the GPU's
+    host link (one direction each) and its share of the host's DRAM bandwidth (the copies are DMA, so
+    the DRAM's peak, not a CPU kernel's share of it). The offloaded layers are the model's first ones
+    (one stage: pp 1); each is the stage's average layer."""
+    st = s.st
+    if not np.any(st.offload_activation_layers):
+        return np.zeros(s.params.shape)
+    gpu, host = s.gpu, s.cluster.host
+    link = gpu.host_link_bw_bytes_per_s or np.inf
+    if host is not None:
+        link = min(link, host.memory_bw_bytes_per_s / s.cluster.gpus_per_node)
+    layers = s.counts.sum(axis=0)
+    n = offloaded_layers(st, layers)
+    per_layer = offloaded_activation_bytes(s.blocks, s.x, st, s.counts) / np.maximum(n, 1)
+    copy = per_layer / link
+    fwd = s.per_row(pl.fwd_s) / np.maximum(layers, 1)
+    bwd = s.per_row(pl.bwd_s) / np.maximum(layers, 1)
+    return offload_stall_s(copy, fwd, n, layers) + offload_stall_s(copy, bwd, n, layers)
 
 
 def pipeline_comm(s: Setup) -> np.ndarray:
@@ -626,13 +675,15 @@ def offload_step_s(s: Setup, opt_params: np.ndarray, bwd_mb: np.ndarray) -> np.n
 
 
 def offloaded_bytes(s: Setup) -> np.ndarray:
-    """Host DRAM of one rank of each stage row (S, N) with the optimizer offloaded: its shard's
-    optimizer states (fp32 master weights and moments) and the fp32 gradients it steps on."""
+    """Host DRAM of one rank of each stage row (S, N): with the optimizer offloaded, its shard's
+    optimizer states (fp32 master weights and moments) and the fp32 gradients it steps on; with
+    activations offloaded, theirs (`cost_models.memory.offloaded_activation_bytes`)."""
     st, train = s.st, s.train
+    activations = offloaded_activation_bytes(s.blocks, s.x, st, s.counts)
     if not st.offload_optimizer.any():
-        return np.zeros_like(s.params)
+        return np.broadcast_to(activations, s.params.shape) * 1.0
     per_param = optimizer_state_bytes(train.optimizer, train.precision) + FP32
-    return np.where(st.offload_optimizer, s.optimizer_params * per_param, 0.0)
+    return np.where(st.offload_optimizer, s.optimizer_params * per_param, 0.0) + activations
 
 
 def step_flops(s: Setup) -> tuple[np.ndarray, np.ndarray]:

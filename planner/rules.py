@@ -46,6 +46,24 @@ def _offload_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
     return ~st.offload_optimizer | known
 
 
+def _activation_offload_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
+    """Megatron-core's TransformerConfig checks (0.16: cpu_offloading_num_layers below num_layers, no
+    pipeline parallelism, no recomputation) and a known host to offload to."""
+    cluster = ctx.cluster
+    known = cluster is None or (cluster.host is not None and cluster.gpu.host_link_bw_bytes_per_s is not None)
+    n = st.offload_activation_layers
+    return (n == 0) | ((n < ctx.model.num_layers) & (st.pp == 1) & (st.recompute == 0) & known)
+
+
+def _activation_offload_msg(ctx: Context, r: dict) -> str:
+    cluster = ctx.cluster
+    host = "" if cluster is None or (cluster.host is not None and cluster.gpu.host_link_bw_bytes_per_s is not None) \
+        else (f"; cluster {cluster.name} has no `host:` section or GPU `host_link_gb_per_s` in its profile")
+    return (f"offload_activation_layers ({r['offload_activation_layers']}) must be below num_layers "
+            f"({ctx.model.num_layers}) and needs pp 1 (is {r['pp']}) and recompute 'none' (is {r['recompute']!r}): "
+            "Megatron-core offloads activations without pipeline parallelism or recomputation only" + host)
+
+
 def _offload_msg(ctx: Context, r: dict) -> str:
     return (f"offload_optimizer needs the host's DRAM and the GPU-host link: cluster {ctx.cluster.name} has no "
             "`host:` section or GPU `host_link_gb_per_s` in its profile")
@@ -192,6 +210,7 @@ RULES: tuple[Rule, ...] = (
                       f"vpp > 1 when pp > 1 (pp {r['pp']}, vpp {r['vpp']}), no full recompute (is {r['recompute']!r}), "
                       "and pp > 1 for a model with an MTP layer"),
     Rule("offload", _offload_ok, _offload_msg),
+    Rule("activation_offload", _activation_offload_ok, _activation_offload_msg),
     Rule("zero_offload",
          lambda c, s: ~s.offload_optimizer | (s.zero_stage >= 1),
          lambda c, r: "offload_optimizer needs zero_stage >= 1"),

@@ -49,10 +49,14 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
                             search_time_s=time.perf_counter() - start)
         return PlanResult(plans=[], stats=stats, rejections=rejections, **common)
     costs = evaluate_arrays(model, cluster, train, candidates)
+    limit = headroom_limit(costs.memory_capacity_bytes, headroom)
+    if "offload_activation_layers" not in (constraints or {}):
+        candidates, costs, num_twins = _with_activation_offload_twins(model, cluster, train, num_gpus, candidates,
+                                                                      costs, rejected, limit)
+        num_candidates += num_twins
     if free_offload:
         candidates, costs, num_twins = _with_offload_twins(model, cluster, train, num_gpus, candidates, costs, rejected)
         num_candidates += num_twins
-    limit = headroom_limit(costs.memory_capacity_bytes, headroom)
     fits = costs.fits & (costs.peak_memory_bytes <= limit)
     over = ~costs.fits
     host_over = costs.host_memory_bytes > costs.host_capacity_bytes
@@ -172,6 +176,43 @@ def _with_offload_twins(model, cluster, train, num_gpus: int, candidates: Strate
         return candidates, costs, len(need)
     return (StrategyArrays.concat([candidates, twins]),
             concat_costs([costs, evaluate_arrays(model, cluster, train, twins)]), len(need))
+
+
+def _with_activation_offload_twins(model, cluster, train, num_gpus: int, candidates: StrategyArrays,
+                                   costs: CostArrays, rejected: dict[str, int], limit: float
+                                   ) -> tuple[StrategyArrays, CostArrays, int]:
+    """Add, for every plan over the memory limit that could offload activations (pp 1, no recomputation),
+    the plans that offload just enough of its layers' activations to fit: the least count that frees the
+    excess with the allocator's slack on it, and one and two more (what the excess alone asks for, when
+    more). Offloading more only adds copies, so no other count is scored; the rules refuse what the
+    framework or the cluster cannot run."""
+    L = model.num_layers
+    over = costs.peak_memory_bytes - limit
+    need = np.flatnonzero((over > 0) & (candidates.pp == 1) & (candidates.recompute == 0)
+                          & (candidates.offload_activation_layers == 0))
+    if not len(need) or L < 2:
+        return candidates, costs, 0
+    per_layer = costs.memory_bytes["activations"][need] / L  # one stage, one micro-batch in flight
+    tensors = costs.peak_memory_bytes[need] - costs.memory_bytes["allocator_slack"][need]
+    slack = np.where(tensors > 0, costs.peak_memory_bytes[need] / np.maximum(tensors, 1.0), 1.0)  # slack scales with
+    least = np.ceil(over[need] / np.maximum(per_layer * slack, 1.0))                              # the tensors freed
+    counts = np.stack([least, least + 1, least + 2])
+    rows = np.tile(need, 3)
+    counts = counts.ravel()
+    keep = (counts >= 1) & (counts <= L - 1)
+    if not keep.any():
+        return candidates, costs, 0
+    twins = candidates.take(rows[keep])
+    twins.offload_activation_layers[:] = counts[keep].astype(np.int64)
+    valid, failures = check(Context(model, train, num_gpus, cluster), twins)
+    for key, n in first_failure_counts(failures).items():
+        rejected[key] = rejected.get(key, 0) + n
+    tried = len(twins)
+    twins = twins.take(valid)
+    if not len(twins):
+        return candidates, costs, tried
+    return (StrategyArrays.concat([candidates, twins]),
+            concat_costs([costs, evaluate_arrays(model, cluster, train, twins)]), tried)
 
 
 def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:

@@ -39,6 +39,8 @@ Default choices per field (constraints replace them):
   twin of a plan only when the plan does not fit without it: offload only adds time).
 - recompute: none, selective, full (all layers) and full with recompute_num_layers (Megatron's
   block method) on the ladder `RECOMPUTE_LAYER_STEPS` below the layers per chunk.
+- offload_activation_layers: off (the search adds, for each plan that does not fit with pp 1 and no
+  recomputation, the twin that offloads just enough layers' activations to fit).
 - overlap_grad_reduce / overlap_param_gather: on. overlap_moe_comm: off (a constraint turns it on:
   Megatron's restrictions on it, below the rules, would halve the MoE space to search it).
 """
@@ -94,7 +96,8 @@ MAX_CONSTRAINT_VALUES = 256
 
 
 INT_FIELDS = {"dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "zero_stage"}
-OPTIONAL_INT_FIELDS = {"recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage"}
+OPTIONAL_INT_FIELDS = {"recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage",
+                       "offload_activation_layers"}
 BOOL_FIELDS = {"sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather", "overlap_moe_comm",
                "embedding_as_layer", "loss_as_layer"}
 
@@ -181,9 +184,9 @@ SHAVES = tuple(sorted(((a, b) for a in range(MAX_SHAVE + 1) for b in range(MAX_S
 def _recompute_rules_can_fail(cons: dict[str, list[Any]]) -> bool:
     """Whether a rule that reads a candidate's recompute choice can reject one: the enumerated
     choices always satisfy them (recompute_num_layers within the chunk, no recompute modules, no
-    overlapped MoE all-to-all) unless a constraint asks for those fields."""
+    overlapped MoE all-to-all, no activation offloading) unless a constraint asks for those fields."""
     return ("recompute_num_layers" in cons or any(cons.get("recompute_modules", []))
-            or True in cons.get("overlap_moe_comm", []))
+            or True in cons.get("overlap_moe_comm", []) or any(cons.get("offload_activation_layers", [])))
 
 
 @dataclass
@@ -368,6 +371,9 @@ def _inner_columns(cons: dict[str, list[Any]]) -> dict[str, list[Any]]:
         "overlap_grad_reduce": _allowed(cons, "overlap_grad_reduce", [True]),
         "overlap_param_gather": _allowed(cons, "overlap_param_gather", [True]),
         "overlap_moe_comm": _allowed(cons, "overlap_moe_comm", [False]),
+        # activation offloading: off unless constrained (the search adds offloaded twins of the plans that do
+        # not fit, planner.search); None in a constraint is off
+        "offload_activation_layers": [v or 0 for v in _allowed(cons, "offload_activation_layers", [0])],
     }
 
 

@@ -49,6 +49,13 @@ class Strategy(Spec):
         "None = core_attn only.",
     )
     offload_optimizer: bool = Field(False, description="Optimizer states and step on the CPU (ZeRO-Offload).")
+    offload_activation_layers: int | None = Field(
+        None, ge=1, le=MAX_LAYERS,
+        description="Activation offloading to host memory (Megatron's --cpu-offloading --cpu-offloading-num-layers): "
+        "the activations of this many transformer layers, the first ones, are copied to the host during the forward "
+        "and back during the backward, beside the next layers' compute; needs pp 1 and no recomputation, and fewer "
+        "layers than the model has. None = off.",
+    )
     num_layers_in_first_stage: int | None = Field(
         None, ge=1, le=MAX_LAYERS, description="Layers on the first pipeline stage when the split is uneven; None = even split."
     )
@@ -117,6 +124,10 @@ class Strategy(Spec):
         if (self.embedding_as_layer or self.loss_as_layer) and any(v is not None for v in uneven):
             raise SpecError("embedding_as_layer/loss_as_layer apply to an even split; they cannot be combined with "
                             "num_layers_in_first_stage/last_stage")
+        if self.offload_activation_layers is not None and (self.pp > 1 or self.recompute != "none"):
+            raise SpecError(f"offload_activation_layers ({self.offload_activation_layers}) needs pp 1 and recompute "
+                            f"'none' (pp is {self.pp}, recompute {self.recompute!r}): Megatron offloads activations "
+                            "without pipeline parallelism or recomputation only")
         if self.offload_optimizer and self.zero_stage == 0:
             raise SpecError("offload_optimizer needs zero_stage >= 1 (ZeRO-Offload shards the optimizer)")
         return self
@@ -208,6 +219,8 @@ class Strategy(Spec):
             parts.append(split)
         if self.offload_optimizer:
             parts.append("offload")
+        if self.offload_activation_layers:
+            parts.append(f"act-offload{self.offload_activation_layers}")
         if self.overlap_moe_comm:
             parts.append("a2a-overlap")
         return " ".join(parts)

@@ -50,13 +50,21 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
         return PlanResult(plans=[], stats=stats, rejections=rejections, **common)
     costs = evaluate_arrays(model, cluster, train, candidates)
     limit = headroom_limit(costs.memory_capacity_bytes, headroom)
-    if "offload_activation_layers" not in (constraints or {}):
-        candidates, costs, num_twins = _with_activation_offload_twins(model, cluster, train, num_gpus, candidates,
-                                                                      costs, rejected, limit)
-        num_candidates += num_twins
-    if free_offload:
-        candidates, costs, num_twins = _with_offload_twins(model, cluster, train, num_gpus, candidates, costs, rejected)
-        num_candidates += num_twins
+    # the offloaded twins of the plans that do not fit, scored together (one more evaluation, one concatenation)
+    twins = ([_activation_offload_twins(model, candidates, costs, limit)]
+             if "offload_activation_layers" not in (constraints or {}) else [])
+    twins += [_optimizer_offload_twins(candidates, costs)] if free_offload else []
+    twins = [t for t in twins if len(t)]
+    if twins:
+        twins = StrategyArrays.concat(twins) if len(twins) > 1 else twins[0]
+        num_candidates += len(twins)
+        valid, failures = check(Context(model, train, num_gpus, cluster), twins)
+        for key, n in first_failure_counts(failures).items():
+            rejected[key] = rejected.get(key, 0) + n
+        twins = twins.take(valid)
+        if len(twins):
+            candidates = StrategyArrays.concat([candidates, twins])
+            costs = concat_costs([costs, evaluate_arrays(model, cluster, train, twins)])
     fits = costs.fits & (costs.peak_memory_bytes <= limit)
     over = ~costs.fits
     host_over = costs.host_memory_bytes > costs.host_capacity_bytes
@@ -156,63 +164,36 @@ def _rejections(ctx: Context, model, train, num_gpus: int, constraints: dict, cl
     return out
 
 
-def _with_offload_twins(model, cluster, train, num_gpus: int, candidates: StrategyArrays, costs: CostArrays,
-                        rejected: dict[str, int]) -> tuple[StrategyArrays, CostArrays, int]:
-    """Add, for every plan with zero_stage >= 1 that does not fit, the same plan with the optimizer
-    offloaded (scored and counted as candidates; the offload rule may refuse them)."""
+def _optimizer_offload_twins(candidates: StrategyArrays, costs: CostArrays) -> StrategyArrays:
+    """For every plan with zero_stage >= 1 that does not fit, the same plan with the optimizer offloaded
+    (to be scored and counted as candidates; the offload rule may refuse them)."""
     # Offload frees the optimizer states of every stage, so the twin's peak is at least the binding
     # stage's peak less its optimizer states: where that is still over, the twin cannot fit.
     could_fit = costs.peak_memory_bytes - costs.memory_bytes["optimizer"] <= costs.memory_capacity_bytes
     need = np.flatnonzero(~costs.fits & (candidates.zero_stage >= 1) & could_fit)
-    if not len(need):
-        return candidates, costs, 0
     twins = candidates.take(need)
     twins.offload_optimizer[:] = True
-    valid, failures = check(Context(model, train, num_gpus, cluster), twins)
-    for key, n in first_failure_counts(failures).items():
-        rejected[key] = rejected.get(key, 0) + n
-    twins = twins.take(valid)
-    if not len(twins):
-        return candidates, costs, len(need)
-    return (StrategyArrays.concat([candidates, twins]),
-            concat_costs([costs, evaluate_arrays(model, cluster, train, twins)]), len(need))
+    return twins
 
 
-def _with_activation_offload_twins(model, cluster, train, num_gpus: int, candidates: StrategyArrays,
-                                   costs: CostArrays, rejected: dict[str, int], limit: float
-                                   ) -> tuple[StrategyArrays, CostArrays, int]:
-    """Add, for every plan over the memory limit that could offload activations (pp 1, no recomputation),
+def _activation_offload_twins(model, candidates: StrategyArrays, costs: CostArrays, limit: float) -> StrategyArrays:
+    """For every plan over the memory limit that could offload activations (pp 1, no recomputation),
     the plans that offload just enough of its layers' activations to fit: the least count that frees the
-    excess with the allocator's slack on it, and one and two more (what the excess alone asks for, when
-    more). Offloading more only adds copies, so no other count is scored; the rules refuse what the
-    framework or the cluster cannot run."""
+    excess with the allocator's slack on it, and one and two more. Offloading more only adds copies, so
+    no other count is scored; the rules refuse what the framework or the cluster cannot run."""
     L = model.num_layers
     over = costs.peak_memory_bytes - limit
     need = np.flatnonzero((over > 0) & (candidates.pp == 1) & (candidates.recompute == 0)
                           & (candidates.offload_activation_layers == 0))
-    if not len(need) or L < 2:
-        return candidates, costs, 0
     per_layer = costs.memory_bytes["activations"][need] / L  # one stage, one micro-batch in flight
     tensors = costs.peak_memory_bytes[need] - costs.memory_bytes["allocator_slack"][need]
     slack = np.where(tensors > 0, costs.peak_memory_bytes[need] / np.maximum(tensors, 1.0), 1.0)  # slack scales with
     least = np.ceil(over[need] / np.maximum(per_layer * slack, 1.0))                              # the tensors freed
-    counts = np.stack([least, least + 1, least + 2])
-    rows = np.tile(need, 3)
-    counts = counts.ravel()
+    counts = np.concatenate([least, least + 1, least + 2])
     keep = (counts >= 1) & (counts <= L - 1)
-    if not keep.any():
-        return candidates, costs, 0
-    twins = candidates.take(rows[keep])
+    twins = candidates.take(np.tile(need, 3)[keep])
     twins.offload_activation_layers[:] = counts[keep].astype(np.int64)
-    valid, failures = check(Context(model, train, num_gpus, cluster), twins)
-    for key, n in first_failure_counts(failures).items():
-        rejected[key] = rejected.get(key, 0) + n
-    tried = len(twins)
-    twins = twins.take(valid)
-    if not len(twins):
-        return candidates, costs, tried
-    return (StrategyArrays.concat([candidates, twins]),
-            concat_costs([costs, evaluate_arrays(model, cluster, train, twins)]), tried)
+    return twins
 
 
 def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:

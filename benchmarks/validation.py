@@ -82,6 +82,10 @@ class LayerCase:
 
 MEGATRON_2021 = {"precision": "fp16", "grad_precision": "fp16", "attention_kernel": "unfused"}
 MEGATRON_2022 = {"precision": "bf16", "grad_precision": "fp32", "attention_kernel": "unfused"}
+#: The 2021-22 Megatron-LM of these papers exchanged pipeline activations with blocking point-to-point
+#: transfers (SC'21 Sec. 4.1 scatter/gather: the transfers are on the critical path); the overlapped
+#: interleaved schedule (overlap_p2p_comm) came with megatron-core later.
+BLOCKING_P2P = {"overlap_p2p_comm": False}
 
 
 def sc21_flop_per_step(B: int, s: int, L: int, h: int, V: int) -> float:
@@ -102,7 +106,7 @@ def sc21_table1() -> list[StepCase]:
             seq_len=s, measured_step_s=step, train_options=MEGATRON_2021,
             constraints={"tp": r["tp"], "pp": r["pp"], "dp": r["dp_derived"], "cp": 1, "recompute": "full",
                          "recompute_num_layers": None, "zero_stage": 0, "sequence_parallel": False,
-                         "overlap_grad_reduce": False},
+                         "overlap_grad_reduce": False} | BLOCKING_P2P,
         ))
     return cases
 
@@ -118,7 +122,7 @@ def sc21_table2() -> list[StepCase]:
         zero3 = r["zero_stage"] == 3
         cons = {"tp": r["tp"], "pp": r["pp"], "dp": r["dp_derived"], "cp": 1, "micro_batch_size": r["micro_batch_size"],
                 "recompute": "full", "recompute_num_layers": None, "zero_stage": r["zero_stage"],
-                "sequence_parallel": False, "overlap_grad_reduce": zero3}
+                "sequence_parallel": False, "overlap_grad_reduce": zero3} | BLOCKING_P2P
         cases.append(StepCase(
             label=f"{r['model_params_billion']}B {'ZeRO-3' if zero3 else 'PTD'} n{n} mbs{r['micro_batch_size']}",
             table="SC'21 Table 2", model=gpt_model(f"gpt-{r['model_params_billion']}b", a, h, L, V, s), num_gpus=n,
@@ -134,7 +138,7 @@ def korthikanti_table5() -> list[StepCase]:
         model = gpt_model(r["model"], r["attention_heads"], r["hidden_size"], r["num_layers"], r["vocab_size"], r["seq_length"])
         base = {"tp": r["tp"], "pp": r["pp"], "dp": r["dp"], "cp": 1, "vpp": r["vp"] or 1,
                 "micro_batch_size": r["micro_batch_size"], "zero_stage": 0, "recompute_num_layers": None,
-                "overlap_grad_reduce": False}
+                "overlap_grad_reduce": False} | BLOCKING_P2P
         for kind, sp, rc, key in (("full recompute", False, "full", "iteration_time_s_full_recompute_no_sp"),
                                   ("SP + selective", True, "selective", "iteration_time_s_present_work_sp_plus_selective")):
             cases.append(StepCase(

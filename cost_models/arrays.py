@@ -28,6 +28,10 @@ OPTIONAL_COUNTS = ("recompute_num_layers", "num_layers_in_first_stage", "num_lay
                    "offload_activation_layers")
 
 
+#: Fields a strategy-like object may leave out (their Strategy defaults).
+DEFAULTED = {**{name: None for name in OPTIONAL_COUNTS}, "overlap_p2p_comm": True}
+
+
 def modules_mask(modules: list[str] | tuple[str, ...] | None) -> int:
     """`["core_attn", "moe_act"]` -> 0b10001; None -> 0."""
     return sum(1 << RECOMPUTE_MODULES.index(m) for m in modules or ())
@@ -71,12 +75,13 @@ class StrategyArrays:
     overlap_grad_reduce: np.ndarray  # bool
     overlap_param_gather: np.ndarray  # bool
     overlap_moe_comm: np.ndarray  # bool
+    overlap_p2p_comm: np.ndarray  # bool
     embedding_as_layer: np.ndarray  # bool
     loss_as_layer: np.ndarray  # bool
     stage_layers: np.ndarray  # (N, P) int, -1-padded; P = 0 when no candidate has an explicit split
 
     BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather",
-                   "overlap_moe_comm", "embedding_as_layer", "loss_as_layer")
+                   "overlap_moe_comm", "overlap_p2p_comm", "embedding_as_layer", "loss_as_layer")
     LIST_FIELDS = ("stage_layers",)
 
     def __len__(self) -> int:
@@ -101,6 +106,7 @@ class StrategyArrays:
                 continue
             dtype = bool if name in cls.BOOL_FIELDS else np.int64
             default = (False if name in ("embedding_as_layer", "loss_as_layer", "overlap_moe_comm")
+                       else True if name == "overlap_p2p_comm"
                        else 0 if name in ("recompute_modules", "offload_activation_layers") else None)
             value = columns[name] if default is None or name in columns else default
             out[name] = np.broadcast_to(np.asarray(value, dtype=dtype), (n,)).copy()
@@ -146,7 +152,7 @@ class StrategyArrays:
 
 def row_of(strategy: Any) -> dict[str, Any]:
     """A Strategy (attribute access) as one row of codes."""
-    row = {name: getattr(strategy, name) if name not in OPTIONAL_COUNTS else getattr(strategy, name, None)
+    row = {name: getattr(strategy, name) if name not in DEFAULTED else getattr(strategy, name, DEFAULTED[name])
            for name in StrategyArrays.names()}
     row["recompute"] = RECOMPUTE_CODE[row["recompute"]]
     row["recompute_modules"] = modules_mask(row["recompute_modules"])

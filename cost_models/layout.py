@@ -501,6 +501,21 @@ class ParallelLayout:
         forward and one backward per (micro-batch, chunk), plus the pp - 1 fill hops; 0 at pp = 1."""
         return np.where(self.pp > 1, 2 * (np.maximum(num_microbatches, 1) * self.vpp + self.pp - 1), 0)
 
+    def blocking_transfers(self, num_microbatches: np.ndarray) -> np.ndarray:
+        """Of `pipeline_transfers`, those that block even when the interleaved schedule overlaps the
+        steady-state ones (megatron-core schedules.py, overlap_p2p_comm without
+        overlap_p2p_comm_warmup_flush): the first rank's warm-up forwards, 2·(pp - 1) + (vpp - 1)·pp
+        (capped at m·vpp), the cool-down's as many backwards, and the pp - 1 fill hops each way.
+
+        >>> lay = ParallelLayout(8, *(np.array([v]) for v in (1, 1, 1, 4, 2, 1, 1, 0, 0)), np.zeros(1, bool),
+        ...                      np.zeros(1, bool))
+        >>> int(lay.pipeline_transfers(np.array([16]))[0]), int(lay.blocking_transfers(np.array([16]))[0])
+        (70, 26)
+        """
+        p, v, m = self.pp, self.vpp, np.maximum(num_microbatches, 1)
+        warm = np.minimum(2 * (p - 1) + (v - 1) * p, m * v)
+        return np.where(p > 1, 2 * (warm + p - 1), 0)
+
     def bubble_fraction(self, num_microbatches: np.ndarray) -> np.ndarray:
         """Pipeline bubble over ideal time: (pp - 1) / (vpp · m) (SC'21 Sec. 2.2.2)."""
         return (self.pp - 1) / (self.vpp * np.maximum(num_microbatches, 1))

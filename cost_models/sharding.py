@@ -212,6 +212,7 @@ class Framework:
     tp_head_saves_gathered_input: bool = False  # the sequence-parallel output layer saves its all-gathered input
     zero3_head_unsharded: bool = False  # ZeRO-3 keeps the output layer gathered across the loss
     cross_entropy_fusion: bool | None = None  # the loss the framework runs when the plan does not say; None: TrainSpec's
+    p2p_overlap: bool = False  # its interleaved schedule overlaps steady-state p2p transfers (Strategy.overlap_p2p_comm)
 
     def _each(self, table: dict[int, str], zero_stage, pp) -> np.ndarray:
         zero_stage, pp = np.asarray(zero_stage), np.asarray(pp)
@@ -264,7 +265,8 @@ def framework_profile(name: str) -> Framework:
                      doc["selective_recompute"], rules, bool(doc["fp8_weight_cache"]),
                      str(doc.get("cross_entropy_memory", "megatron")), bool(doc.get("zero3_param_is_master", False)),
                      bool(doc.get("tp_head_saves_gathered_input", False)), bool(doc.get("zero3_head_unsharded", False)),
-                     None if doc.get("cross_entropy_fusion") is None else bool(doc["cross_entropy_fusion"]))
+                     None if doc.get("cross_entropy_fusion") is None else bool(doc["cross_entropy_fusion"]),
+                     bool(doc.get("p2p_overlap", False)))
 
 
 def framework_of(train) -> Framework:

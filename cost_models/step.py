@@ -193,7 +193,9 @@ def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st
     mb = microbatch_times(s, pl)
     slow = np.argmax(sum(mb.values()), axis=0)
     t_mb = _pick(sum(mb.values()), slow)
-    pp_comm = pipeline_comm(s)
+    # the slowest stage row's forward of one chunk: what a steady-state transfer hides behind
+    chunk_fwd = _pick(s.per_row(pl.fwd_s), slow) / np.maximum(s.lay.vpp, 1)
+    pp_comm = pipeline_comm(s, chunk_fwd)
     tail, tail_raw = data_parallel_tail(s, pl)
     tail_stage = np.argmax(tail["dp_comm"] + tail["optimizer"], axis=0)
     m, lay = s.num_microbatches, s.lay
@@ -532,9 +534,15 @@ def activation_offload_s(s: Setup, pl: PerLayerTimes) -> np.ndarray:
     return offload_stall_s(copy, fwd, n, layers) + offload_stall_s(copy, bwd, n, layers)
 
 
-def pipeline_comm(s: Setup) -> np.ndarray:
-    """Point-to-point activation transfers of the schedule, plus the all-reduce of the tied
-    word-embedding gradients between the first and last pipeline ranks."""
+def pipeline_comm(s: Setup, chunk_s: np.ndarray | None = None) -> np.ndarray:
+    """Point-to-point activation transfers of the schedule on its critical path, plus the all-reduce of
+    the tied word-embedding gradients between the first and last pipeline ranks.
+
+    Every transfer blocks (`ParallelLayout.pipeline_transfers`) unless the schedule is interleaved and
+    overlaps them (`Strategy.overlap_p2p_comm` on a framework whose profile says `p2p_overlap`): then
+    the warm-up and cool-down transfers still block (`ParallelLayout.blocking_transfers`) and each
+    steady-state one is exposed only past the compute of the chunk beside it (`chunk_s`, the slowest
+    stage row's forward of one chunk, the shorter of its two passes)."""
     lay, x, m = s.lay, s.x, s.num_microbatches
     h = s.model.hidden_size
     p2p = s.comm.p2p_s(x.tokens * h * x.act / lay.tp, lay.stride("pp"), lay.num_gpus)
@@ -543,7 +551,14 @@ def pipeline_comm(s: Setup) -> np.ndarray:
     embedding_grads = padded_vocab(s.model.vocab_size, lay.tp) * h / lay.tp * grad_b
     tied_sync = np.where(s.model.tie_embeddings & (lay.pp > 1),
                          s.comm.all_reduce_s(embedding_grads, emb_size, emb_stride), 0.0)
-    return lay.pipeline_transfers(m) * p2p + tied_sync
+    every = lay.pipeline_transfers(m)
+    overlapped = s.st.overlap_p2p_comm & (lay.vpp > 1) & framework_of(s.train).p2p_overlap
+    if chunk_s is None or not np.any(overlapped):
+        return every * p2p + tied_sync
+    blocking = lay.blocking_transfers(m)
+    steady = every - blocking
+    hidden = blocking * p2p + steady * exposed_s(p2p, chunk_s, s.cluster.overlap_efficiency)
+    return np.where(overlapped, hidden, every * p2p) + tied_sync
 
 
 def spread(distinct: tuple[np.ndarray, np.ndarray] | None, n: int, fn, *arrays):

@@ -20,10 +20,12 @@ loop over the ranks asked for):
    stays one concrete, reproducible member: the one rule 2 picked.
 
 `SIMPLICITY_KEY`, simplest first (lexicographic): no context parallelism that leaves a rank fewer
-than `CP_MIN_TOKENS_PER_RANK` tokens of the sequence (cp on a short sequence); fewer pipeline stages
-(`pp`); no or less context parallelism (`cp`); fewer virtual stages (`vpp`); no or fewer layers' activations
-offloaded to the host (`offload_activation_layers`: only Megatron runs it, and it pins host memory; a larger
-micro-batch bought with it is not simpler); larger micro-batches; an even layer split;
+than `CP_MIN_TOKENS_PER_RANK` tokens of the sequence (cp on a short sequence); no or fewer layers'
+activations offloaded to the host (`offload_activation_layers`: only Megatron runs it, it pins host memory,
+and its copies share the host link with everything else there, which the model does not charge: an
+offloading plan ranks first only when it is faster than every plan that does not offload by more than the
+tie tolerance); fewer pipeline stages (`pp`); no or less context parallelism (`cp`); fewer virtual stages
+(`vpp`); larger micro-batches; an even layer split;
 smaller `tp`; less recomputation (none < selective < full, then fewer recomputed layers); no
 optimizer offload; lower ZeRO stage.
 """
@@ -55,7 +57,7 @@ FOLD_FRACTION = TIE_FRACTION
 CP_MIN_TOKENS_PER_RANK = 4096
 
 #: The simplicity key's parts, most significant first (see the module docstring).
-SIMPLICITY_KEY = ("short_sequence_cp", "pp", "cp", "vpp", "offload_activation_layers", "-micro_batch_size", "uneven_split", "tp", "recompute", "recompute_num_layers",
+SIMPLICITY_KEY = ("short_sequence_cp", "offload_activation_layers", "pp", "cp", "vpp", "-micro_batch_size", "uneven_split", "tp", "recompute", "recompute_num_layers",
                   "offload_optimizer", "zero_stage")
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def simplicity_columns(st: StrategyArrays, seq_len: int | None = None) -> list[n
     layers = np.where(st.recompute_num_layers > 0, st.recompute_num_layers, np.iinfo(np.int32).max)  # 0 = all
     short_cp = (np.ones_like(st.cp) if seq_len is None
                 else np.where(seq_len / st.cp < CP_MIN_TOKENS_PER_RANK, st.cp, 1))
-    return [short_cp, st.pp, st.cp, st.vpp, st.offload_activation_layers, -st.micro_batch_size, uneven.astype(np.int64), st.tp, st.recompute, layers,
+    return [short_cp, st.offload_activation_layers, st.pp, st.cp, st.vpp, -st.micro_batch_size, uneven.astype(np.int64), st.tp, st.recompute, layers,
             st.offload_optimizer.astype(np.int64), st.zero_stage]
 
 

@@ -41,7 +41,7 @@ Default choices per field (constraints replace them):
   block method) on the ladder `RECOMPUTE_LAYER_STEPS` below the layers per chunk.
 - offload_activation_layers: off (the search adds, for each plan that does not fit with pp 1 and no
   recomputation, the twin that offloads just enough layers' activations to fit).
-- overlap_grad_reduce / overlap_param_gather: on. overlap_moe_comm: off (a constraint turns it on:
+- overlap_grad_reduce / overlap_param_gather / overlap_p2p_comm: on. overlap_moe_comm: off (a constraint turns it on:
   Megatron's restrictions on it, below the rules, would halve the MoE space to search it).
 """
 
@@ -99,6 +99,7 @@ INT_FIELDS = {"dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "z
 OPTIONAL_INT_FIELDS = {"recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage",
                        "offload_activation_layers"}
 BOOL_FIELDS = {"sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather", "overlap_moe_comm",
+               "overlap_p2p_comm",
                "embedding_as_layer", "loss_as_layer"}
 
 
@@ -371,6 +372,7 @@ def _inner_columns(cons: dict[str, list[Any]]) -> dict[str, list[Any]]:
         "overlap_grad_reduce": _allowed(cons, "overlap_grad_reduce", [True]),
         "overlap_param_gather": _allowed(cons, "overlap_param_gather", [True]),
         "overlap_moe_comm": _allowed(cons, "overlap_moe_comm", [False]),
+        "overlap_p2p_comm": _allowed(cons, "overlap_p2p_comm", [True]),
         # activation offloading: off unless constrained (the search adds offloaded twins of the plans that do
         # not fit, planner.search); None in a constraint is off
         "offload_activation_layers": [v or 0 for v in _allowed(cons, "offload_activation_layers", [0])],

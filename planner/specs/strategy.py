@@ -81,6 +81,11 @@ class Strategy(Spec):
     )
     overlap_grad_reduce: bool = Field(True, description="Overlap the data parallel gradient reduction with backward.")
     overlap_param_gather: bool = Field(True, description="Overlap the ZeRO parameter all-gather with forward.")
+    overlap_p2p_comm: bool = Field(
+        True, description="Interleaved pipelines (vpp > 1): overlap the steady-state point-to-point activation "
+        "transfers with the neighbouring chunks' compute (Megatron's --overlap-p2p-communication, on by default "
+        "there and in Megatron-Bridge's interleaved recipes); off: every transfer blocks, as in the 2021-22 "
+        "schedule. No effect with vpp 1 or on frameworks whose schedule does not overlap them.")
     overlap_moe_comm: bool = Field(
         False, description="MoE: overlap each micro-batch's token all-to-all with another micro-batch's compute "
         "(Megatron's --overlap-moe-expert-parallel-comm, which runs one micro-batch's forward beside another's "

@@ -134,7 +134,8 @@ def knob_key(p: Plan) -> tuple:
     s = p.strategy
     return (s.tp > 1, s.pp > 1, s.cp > 1, s.vpp > 1, s.zero_stage, s.recompute, s.recompute_num_layers is not None,
             s.sequence_parallel, s.num_layers_in_first_stage is not None, s.stage_layers is not None,
-            s.embedding_as_layer, s.loss_as_layer, s.ep > 1, s.etp > 1, s.offload_optimizer, p.train.precision,
+            s.embedding_as_layer, s.loss_as_layer, s.ep > 1, s.etp > 1, s.offload_optimizer,
+            s.offload_activation_layers is not None, p.train.precision,
             p.train.attention_kernel, p.estimate.fits)
 
 

@@ -380,6 +380,7 @@ def check_deepspeed(plan: Plan, config: dict[str, Any], launcher_args: list[str]
 
     f = facts(plan)
     s, t = f.strategy, plan.train
+    assert not s.offload_activation_layers  # DeepSpeed has no activation offloading without recomputation: refused
     parsed = DeepSpeedConfig(json.loads(json.dumps(config)), mpu=ModelParallelUnit(f.dp, s.tp, s.pp))
     assert parsed.world_size == f.dp
     assert parsed.train_batch_size == t.global_batch_size
@@ -437,6 +438,7 @@ def check_colossalai(plan: Plan, spec: dict[str, Any]) -> None:
     inspect.signature(cls.__init__).bind(object(), **kwargs)
     f = facts(plan)
     s = f.strategy
+    assert not s.offload_activation_layers  # no plugin offloads activations: refused
     if spec["plugin"] in ("HybridParallelPlugin", "MoeHybridParallelPlugin"):
         assert (kwargs["tp_size"], kwargs["pp_size"]) == (s.tp, s.pp)
         if spec["plugin"] == "MoeHybridParallelPlugin":
@@ -571,6 +573,7 @@ def check_torchtitan(plan: Plan, toml_text: str, tmp_dir: Path, full_parse: bool
     doc = tomllib.loads(toml_text)
     f = facts(plan)
     s, t = f.strategy, plan.train
+    assert not s.offload_activation_layers  # torchtitan has no activation offloading: refused
     par, training = doc["parallelism"], doc["training"]
     loaded = import_torchtitan_config()
     if loaded is not None:

@@ -42,6 +42,11 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
         reasons.append(CPU_ONLY_MISSING["cp"].format(cp=cp))
     if st.offload_optimizer:
         reasons.append("offload_optimizer is not supported by the torch executor (use the deepspeed engine)")
+    if st.offload_activation_layers:
+        reasons.append(f"offload_activation_layers ({st.offload_activation_layers}) is not supported: activation "
+                       "offloading (Megatron's --cpu-offloading-num-layers) copies activations between GPU and host "
+                       "memory on Transformer Engine's CUDA streams, which this executor does not run; on cpu there is "
+                       "no device memory to offload from")
     if st.recompute_modules and st.recompute_modules != ["core_attn"]:
         reasons.append(f"recompute_modules {st.recompute_modules}: the torch executor recomputes whole layers or "
                        "the attention core only")

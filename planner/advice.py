@@ -34,6 +34,16 @@ def _pp_room(p: Plan) -> bool:
     return p.strategy.pp < p.model.num_layers
 
 
+def _activation_offload_room(p: Plan) -> bool:
+    """Megatron can offload (more) layers' activations: the only framework that does, with pp 1, no
+    recomputation and fewer offloaded layers than the model has (planner.rules `activation_offload`),
+    to a host the cluster profile describes."""
+    s, c = p.strategy, p.cluster
+    return (p.train.framework == "megatron" and s.pp == 1 and s.recompute == "none"
+            and (s.offload_activation_layers or 0) < p.model.num_layers - 1
+            and c.host is not None and c.gpu.host_link_bw_bytes_per_s is not None)
+
+
 KNOBS: dict[str, list[Knob]] = {
     "params": [("tp", "more tensor parallelism (tp) shards the weights", _tp_room),
                ("pp", "more pipeline stages (pp) split the layers", _pp_room),
@@ -50,6 +60,8 @@ KNOBS: dict[str, list[Knob]] = {
                   ("pp", "more pipeline stages (pp) split them", _pp_room)],
     "activations": [("recompute", "recomputation (recompute=full) keeps only layer inputs",
                      lambda p: p.strategy.recompute != "full" or p.strategy.recompute_num_layers is not None),
+                    ("offload_activation_layers", "activation offloading (offload_activation_layers, Megatron's "
+                     "--cpu-offloading-num-layers) moves layers' activations to host memory", _activation_offload_room),
                     ("micro_batch_size", "a smaller micro-batch (micro_batch_size=1)",
                      lambda p: p.strategy.micro_batch_size > 1),
                     ("sequence_parallel", "sequence parallelism shards them over tp",

@@ -29,7 +29,7 @@ FROZEN = {
     "evaluate": ["--attention-kernel", "--cluster", "--cp", "--cross-entropy-fusion", "--dp", "--embedding-as-layer",
                  "--ep", "--etp", "--first-stage-layers", "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",
                  "--grad-precision", "--last-stage-layers", "--loss-as-layer", "--mbs", "--model", "--moe-dispatcher", "--moe-load-imbalance",
-                 "--offload-optimizer", "--optimizer", "--overlap-grad-reduce",
+                 "--offload-activation-layers", "--offload-optimizer", "--optimizer", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--plan", "--pp", "--precision", "--rank", "--recompute",
                  "--recompute-num-layers", "--seq-len", "--sp", "--stage-layers", "--torch-compile", "--tp", "--vpp", "--zero", "--zero-stage", "--zero3-impl"],
     "emit": ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints",
@@ -173,6 +173,48 @@ def test_evaluate_split_options_are_the_strategy_fields(capsys):
     assert code == 2 and "--stage-layers must be comma-separated layer counts" in err and "Traceback" not in err
 
 
+# ---- activation offloading (Megatron's --cpu-offloading-num-layers) ------------------------------------
+OFFLOAD_ARGS = ["--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch-size", "128",
+                "--seq-len", "8192"]
+
+
+def test_evaluate_offload_activation_layers_is_the_strategy_field(capsys):
+    flags = ["--tp", "8", "--sp", "--zero", "1", "--offload-activation-layers", "20"]
+    code, out, _ = run(capsys, "evaluate", *OFFLOAD_ARGS, *flags, "--format", "json")
+    direct = evaluate("llama3-70b", "dgx-h100", 64, 128, 8192,
+                      strategy=Strategy(tp=8, sequence_parallel=True, zero_stage=1, offload_activation_layers=20))
+    assert json.loads(out) == direct.model_dump(mode="json")
+    plain = evaluate("llama3-70b", "dgx-h100", 64, 128, 8192,
+                     strategy=Strategy(tp=8, sequence_parallel=True, zero_stage=1))
+    assert direct.memory_bytes["activations"] < plain.memory_bytes["activations"]  # the option reached the model
+    code, out, _ = run(capsys, "explain", *OFFLOAD_ARGS, *flags)
+    assert "act-offload20" in out
+    assert "activation_offload (copies to and from the host the compute waits for)" in out
+    code, out, err = run(capsys, "evaluate", *OFFLOAD_ARGS, *flags, "--pp", "2")
+    assert code == 2 and "offload_activation_layers (20) needs pp 1" in err and "Traceback" not in err + out
+
+
+def test_plan_constraint_offload_activation_layers_shows_in_the_table_and_retypes_into_evaluate(capsys):
+    constraints = ["-C", "offload_activation_layers=20", "-C", "pp=1", "-C", "tp=8"]
+    code, out, err = run(capsys, "plan", *OFFLOAD_ARGS, *constraints, "--top", "3", "--format", "json")
+    assert code == 0, err
+    plans = json.loads(out)["plans"]
+    assert plans and all(p["strategy"]["offload_activation_layers"] == 20 for p in plans)
+    code, table, _ = run(capsys, "plan", *OFFLOAD_ARGS, *constraints, "--top", "3")
+    assert "none+cpu(20)" in table
+    assert "recompute none+cpu(N): the activations of the first N layers offloaded to host memory" in table
+    s = plans[0]["strategy"]
+    flags = ["--dp", str(s["dp"]), "--tp", str(s["tp"]), "--cp", str(s["cp"]), "--zero", str(s["zero_stage"]),
+             "--mbs", str(s["micro_batch_size"]), "--offload-activation-layers", "20"]
+    flags += ["--sp"] if s["sequence_parallel"] else []
+    flags += ["--offload-optimizer"] if s["offload_optimizer"] else []
+    code, out, _ = run(capsys, "evaluate", *OFFLOAD_ARGS, *flags, "--format", "json")
+    assert json.loads(out)["step_time_s"] == plans[0]["estimate"]["step_time_s"]
+    code, table, _ = run(capsys, "plan", *OFFLOAD_ARGS, "-C", "pp=1", "-C", "tp=8", "-C", "offload_activation_layers=null",
+                         "--top", "3")
+    assert "+cpu(" not in table and "none+cpu(N)" not in table  # no offloading plan, no legend line
+
+
 def test_plan_warns_when_the_top_plan_assumes_nearly_all_communication_hidden(capsys):
     # an A100 cluster: its profile credits full overlap (the H100 and newer ones charge NCCL's share of the SMs)
     args = [a if a != "dgx-h100" else "dgx-a100-80gb" for a in PLAN_ARGS]
@@ -274,7 +316,8 @@ def test_deepseek_v3_plan_has_expert_columns_and_explain_shows_the_all_to_all(ca
     flags += ["--sp"] if s["sequence_parallel"] else []
     flags += ["--offload-optimizer"] if s["offload_optimizer"] else []
     for key, flag in (("recompute_num_layers", "--recompute-num-layers"), ("num_layers_in_first_stage",
-                      "--first-stage-layers"), ("num_layers_in_last_stage", "--last-stage-layers")):
+                      "--first-stage-layers"), ("num_layers_in_last_stage", "--last-stage-layers"),
+                      ("offload_activation_layers", "--offload-activation-layers")):
         flags += [flag, str(s[key])] if s[key] else []
     flags += ["--stage-layers", ",".join(map(str, s["stage_layers"]))] if s["stage_layers"] else []
     flags += ["--embedding-as-layer"] if s["embedding_as_layer"] else []

@@ -101,18 +101,31 @@ def test_bad_headroom_option_is_one_line_exit_2(capsys, value):
     assert code == 2 and "--headroom" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.fixture(scope="module")
-def plans_file(tmp_path_factory):
+def _plans_file(tmp_path_factory, constraints: dict):
     path = tmp_path_factory.mktemp("plans") / "plans.json"
     result = plan(model="llama3.1-405b", cluster="dgx-h100", num_gpus=1024, global_batch_size=512, seq_len=8192,
-                  top_k=6)
+                  top_k=6, constraints=constraints)
     path.write_text(result.model_dump_json())
     return path, result
 
 
-def test_plan_file_rank_reproduces_every_row_in_evaluate_explain_and_emit(capsys, plans_file):
-    path, result = plans_file
-    assert any(p.strategy.split_label() for p in result.plans)  # uneven splits among the rows
+@pytest.fixture(scope="module")
+def plans_file(tmp_path_factory):
+    # activation offloading kept off: the best rows are then pipeline layouts, with uneven splits
+    return _plans_file(tmp_path_factory, {"offload_activation_layers": None})
+
+
+@pytest.fixture(scope="module")
+def offload_plans_file(tmp_path_factory):
+    # unconstrained, the best rows offload activations (pp 1, Megatron's --cpu-offloading-num-layers)
+    return _plans_file(tmp_path_factory, {})
+
+
+@pytest.mark.parametrize("fixture,kind", [("plans_file", "uneven split"), ("offload_plans_file", "act-offload")])
+def test_plan_file_rank_reproduces_every_row_in_evaluate_explain_and_emit(capsys, request, fixture, kind):
+    path, result = request.getfixturevalue(fixture)
+    has = {"uneven split": lambda s: bool(s.split_label()), "act-offload": lambda s: bool(s.offload_activation_layers)}
+    assert any(has[kind](p.strategy) for p in result.plans)  # the kind of row this file is for
     for p in result.plans:
         for command in ("evaluate", "explain"):
             code = main([command, "--plan", str(path), "--rank", str(p.rank), "--format", "json"])
@@ -123,7 +136,9 @@ def test_plan_file_rank_reproduces_every_row_in_evaluate_explain_and_emit(capsys
             assert est["peak_memory_bytes"] == p.estimate.peak_memory_bytes
         code = main(["emit", "--plan", str(path), "--rank", str(p.rank), "--format", "json"])
         assert code == 0
-        assert "--pipeline-model-parallel-size" in json.dumps(json.loads(capsys.readouterr().out))
+        emitted = json.dumps(json.loads(capsys.readouterr().out))
+        assert "--pipeline-model-parallel-size" in emitted
+        assert ("--cpu-offloading-num-layers" in emitted) == bool(p.strategy.offload_activation_layers)
 
 
 def test_plan_file_refuses_strategy_flags_and_a_missing_rank(capsys, plans_file):

@@ -131,9 +131,13 @@ def test_colossalai_selective_with_flash_checkpoints_nothing():
     ("deepspeed", {"cp": [1, 2], "pp": 1}, "cp"),
     ("deepspeed", {"vpp": [1, 2], "pp": 2}, "vpp"),
     ("colossalai", {"zero_stage": [1, 2], "pp": 2, "tp": 1}, "zero_stage"),
+    # Megatron's activation offloading: no other framework runs it
+    *((fw, {"offload_activation_layers": [None, 8], "pp": 1, "recompute": "none"}, "offload_activation_layers")
+      for fw in ("torchtitan", "deepspeed", "colossalai")),
 ])
 def test_a_strategy_the_framework_cannot_run_is_not_ranked(framework, constraints, field):
-    ok = {"cp": lambda s: s.cp == 1, "vpp": lambda s: s.vpp == 1, "zero_stage": lambda s: s.zero_stage != 2}[field]
+    ok = {"cp": lambda s: s.cp == 1, "vpp": lambda s: s.vpp == 1, "zero_stage": lambda s: s.zero_stage != 2,
+          "offload_activation_layers": lambda s: s.offload_activation_layers is None}[field]
     everything = plan(**BASE, constraints=constraints, top_k=200)
     assert any(not ok(p.strategy) for p in everything.plans)  # Megatron runs them, and some rank
     result = plan(**BASE, constraints=constraints, top_k=200, framework=framework)
@@ -155,9 +159,11 @@ def test_cannot_run_rules_agree_with_the_emitters():
     backend = {"torchtitan": "torchtitan", "deepspeed": "deepspeed", "colossalai": "colossalai"}
     plans = []
     for constraints in ({"pp": [1, 2]}, {"pp": 2, "vpp": [1, 2]}, {"cp": [1, 2], "pp": 1},
-                        {"recompute": "full", "recompute_num_layers": [1, 2, 3]}):
+                        {"recompute": "full", "recompute_num_layers": [1, 2, 3]},
+                        {"pp": 1, "recompute": "none", "offload_activation_layers": [None, 4, 16]}):
         plans += plan(**BASE, constraints=constraints, top_k=40).plans
     assert len(plans) > 60
+    assert sum(p.strategy.offload_activation_layers is not None for p in plans) >= 10
     checked = 0
     for p in plans:
         st = StrategyArrays.from_strategies([p.strategy])

@@ -59,6 +59,31 @@ def test_advice_names_the_binding_term_and_never_a_knob_at_its_limit():
     assert not any("bf16 gradients" in a for a in advice)
 
 
+def test_advice_names_activation_offloading_only_where_megatron_can_run_it():
+    from planner.advice import advice_for
+
+    # offloading kept off by a constraint, activations binding, pp 1 and no recompute: offloading is advised
+    r = plan(model="llama3-8b", cluster="dgx-h100", num_gpus=1, global_batch_size=8, seq_len=131072,
+             constraints={"recompute": "none", "offload_activation_layers": None})
+    assert not r.plans and r.advice[0].startswith("binding term: activations")
+    named = "the constraint offload_activation_layers=None keeps the search from it"
+    assert any("activation offloading" in a and named in a for a in r.advice)
+    near = r.closest[0]
+    cons = {"offload_activation_layers": None}
+
+    def advised(p) -> bool:
+        return any("activation offloading" in a for a in advice_for(p, cons, 0.05, None, []))
+
+    assert advised(near)
+    strategy, train = near.strategy, near.train
+    # not where Megatron cannot offload: recomputation, pipeline stages, another framework, every layer but one
+    for update in ({"strategy": strategy.model_copy(update={"recompute": "selective"})},
+                   {"strategy": strategy.model_copy(update={"pp": 2})},
+                   {"strategy": strategy.model_copy(update={"offload_activation_layers": near.model.num_layers - 1})},
+                   {"train": train.model_copy(update={"framework": "torchtitan"})}):
+        assert not advised(near.model_copy(update=update)), update
+
+
 @pytest.mark.parametrize("args,rule", [
     (["--model", "llama3-8b", "--gpus", "1000000000", "--global-batch-size", "64"], "batch"),
     (["--model", "llama3-8b", "--gpus", "8", "--global-batch-size", "64", "-C", "ep=8"], "ep_dense"),

@@ -197,11 +197,13 @@ def zero_label(p: Plan) -> str:
 
 
 def recompute_label(p: Plan) -> str:
-    """`none`, `selective`, `full`, `full(6)` (6 layers per chunk) or `full(1..6)` for a folded row."""
+    """`none`, `selective`, `full`, `full(6)` (6 layers per chunk) or `full(1..6)` for a folded row;
+    `none+cpu(20)` with the activations of 20 layers offloaded to the host (as `1+cpu` is the optimizer's)."""
     s = p.strategy
     layers = (p.folded.layers_label() if p.folded else "") or (str(s.recompute_num_layers)
                                                                if s.recompute_num_layers else "")
-    return s.recompute + (f"({layers})" if layers else "")
+    offload = f"+cpu({s.offload_activation_layers})" if s.offload_activation_layers else ""
+    return s.recompute + (f"({layers})" if layers else "") + offload
 
 
 def _mark(result: PlanResult, p: Plan) -> str:
@@ -269,6 +271,9 @@ def plan_legend(result: PlanResult, plans: list[Plan], wide: bool) -> list[str]:
     if not wide:
         lines.append("layout: degrees (cp, ep, etp, vpp shown when > 1), sp = sequence parallel; --wide for the "
                      "bands, tokens/s and TFLOP/s")
+    if any(p.strategy.offload_activation_layers for p in plans):
+        lines.append("recompute none+cpu(N): the activations of the first N layers offloaded to host memory "
+                     "(Megatron's --cpu-offloading-num-layers N; evaluate --offload-activation-layers N)")
     band = band_legend(result, plans[0].estimate, wide)
     return lines + ([band] if band else [])
 
@@ -307,9 +312,10 @@ def _strategy(dp: Optional[int], tp: int, pp: int, cp: int, vpp: int, sp: bool, 
               recompute: RecomputeOpt, recompute_num_layers: Optional[int], first_stage_layers: Optional[int],
               last_stage_layers: Optional[int], stage_layers: Optional[str], embedding_as_layer: bool,
               loss_as_layer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool, ep: int = 1, etp: int = 1,
-              offload_optimizer: bool = False) -> Strategy:
+              offload_optimizer: bool = False, offload_activation_layers: Optional[int] = None) -> Strategy:
     return Strategy(dp=dp if dp is not None else "auto", tp=tp, pp=pp, cp=cp, ep=ep, etp=etp,
-                    offload_optimizer=offload_optimizer, vpp=vpp, sequence_parallel=sp,
+                    offload_optimizer=offload_optimizer, offload_activation_layers=offload_activation_layers,
+                    vpp=vpp, sequence_parallel=sp,
                     zero_stage=zero, micro_batch_size=mbs, recompute=recompute.value,
                     recompute_num_layers=recompute_num_layers, num_layers_in_first_stage=first_stage_layers,
                     num_layers_in_last_stage=last_stage_layers, stage_layers=parse_stage_layers(stage_layers),
@@ -336,6 +342,7 @@ CpOpt = Annotated[int, typer.Option("--cp", help="Context parallel degree.")]
 EpOpt = Annotated[int, typer.Option("--ep", help="Expert parallel degree (MoE models; folded over tp·cp·dp).")]
 EtpOpt = Annotated[int, typer.Option("--etp", help="Tensor parallel degree inside the experts (MoE models).")]
 OffloadOpt = Annotated[bool, typer.Option("--offload-optimizer", help="Optimizer states and step on the host CPU (needs ZeRO >= 1).")]
+ActOffloadOpt = Annotated[Optional[int], typer.Option("--offload-activation-layers", help="Transformer layers whose activations are offloaded to host memory (Megatron's --cpu-offloading-num-layers; pp 1, no recompute).")]
 VppOpt = Annotated[int, typer.Option("--vpp", help="Virtual pipeline chunks per stage.")]
 SpOpt = Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism (needs tp > 1).")]
 ZeroOpt = Annotated[int, typer.Option("--zero", "--zero-stage", help="ZeRO stage 0-3 (1 = Megatron distributed optimizer).")]
@@ -361,7 +368,7 @@ def _one_strategy_command(render):
         seq_len: SeqOpt = None, precision: PrecisionOpt = Precision.bf16,
         dp: DpOpt = None, tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = 1,
         vpp: VppOpt = 1, sp: SpOpt = False, offload_optimizer: OffloadOpt = False,
-        zero: ZeroOpt = 0, mbs: MbsOpt = 1, recompute: RecomputeArg = RecomputeOpt.none,
+        offload_activation_layers: ActOffloadOpt = None, zero: ZeroOpt = 0, mbs: MbsOpt = 1, recompute: RecomputeArg = RecomputeOpt.none,
         recompute_num_layers: RclOpt = None, first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
         stage_layers: StageLayersOpt = None, embedding_as_layer: EmbLayerOpt = False, loss_as_layer: LossLayerOpt = False,
         overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True,
@@ -393,7 +400,7 @@ def _one_strategy_command(render):
             raise SpecError(f"missing option(s) {', '.join(missing)} (or give --plan FILE --rank N)")
         strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
                              last_stage_layers, stage_layers, embedding_as_layer, loss_as_layer, overlap_grad_reduce,
-                             overlap_param_gather, ep, etp, offload_optimizer)
+                             overlap_param_gather, ep, etp, offload_optimizer, offload_activation_layers)
         est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                            seq_len=seq_len, precision=precision.value, strategy=strategy,
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
@@ -493,6 +500,7 @@ TIME_TERM_LABELS = {
     "ep_comm": "ep_comm (MoE token all-to-all: dispatch + combine, fwd + bwd)",
     "pp_comm": "pp_comm (pipeline send/recv)",
     "pp_bubble": "pp_bubble (pipeline fill and drain)",
+    "activation_offload": "activation_offload (copies to and from the host the compute waits for)",
     "dp_comm": "dp_comm (gradient reduce / ZeRO gathers, exposed)",
     "optimizer": "optimizer (step; on the host when offloaded)",
 }

@@ -30,7 +30,8 @@ explicit `stage_layers` split or the embedding/loss counted as layers: the stage
 manager takes one layer count per pipeline stage, so with vpp > 1 it can only
 split evenly; with vpp = 1 any split is `num_layers_per_stage`),
 full recompute of only some layers without pipelining, selective recompute with
-an unfused attention kernel.
+an unfused attention kernel, and activation offloading (offload_activation_layers:
+the plugins offload optimizer states or parameters, never activations).
 
 MoE: an MoE model with ep, tp or pp > 1 runs on `MoeHybridParallelPlugin`
 (`ep_size`, `moe_dp_outside=False` so pipeline stages stay outermost); its
@@ -138,6 +139,9 @@ def _refuse_unsupported(f: PlanFacts) -> None:
                "checkpoints all layers or, with pp > 1, a count per stage")
     if t.fp8_param_gather:
         refuse("fp8_param_gather; it is Megatron's --fp8-param-gather, and Colossal-AI's use_fp8 keeps bf16 weights")
+    if s.offload_activation_layers:
+        refuse(f"offload_activation_layers ({s.offload_activation_layers}); Colossal-AI's plugins (HybridParallelPlugin, "
+               "LowLevelZeroPlugin, GeminiPlugin) offload optimizer states or parameters, never activations")
     if s.overlap_moe_comm:
         refuse("overlap_moe_comm; Colossal-AI does not overlap the expert all-to-all with another micro-batch")
     if s.recompute_modules and s.recompute_modules != ["core_attn"]:

@@ -29,6 +29,11 @@ What DeepSpeed cannot run as planned (each raises NotExpressibleError):
   accumulates bf16 gradients in fp32); DeepSpeedConfig alone accepts it.
 - fp8: DeepSpeed's config has no FP8 training mode (it lives in model code,
   e.g. Transformer Engine).
+- offload_activation_layers: DeepSpeed's only activation offload,
+  `activation_checkpointing.cpu_checkpointing`, moves the checkpointed layer inputs
+  to the host and needs recomputation, which an offloading plan does not run
+  (Megatron's offloading recomputes nothing: it copies the offloaded layers'
+  activations to the host and back).
 - ep > 1 or etp > 1: DeepSpeed-MoE takes its expert-parallel degree in model
   code (`deepspeed.moe.layer.MoE(ep_size=...)`), not in the JSON; the refusal
   names the ep_size to pass. With ep = etp = 1 an MoE, latent-attention or
@@ -86,6 +91,10 @@ def _refuse_unsupported(f: PlanFacts) -> None:
     if s.recompute == "full" and s.recompute_num_layers is not None and s.pp > 1:
         refuse(f"recompute_num_layers ({s.recompute_num_layers}) with pp ({s.pp}) > 1; the pipeline engine checkpoints "
                "every activation_checkpoint_interval layers, not the first k of each stage")
+    if s.offload_activation_layers:
+        refuse(f"offload_activation_layers ({s.offload_activation_layers}); DeepSpeed's only activation offload "
+               "(activation_checkpointing.cpu_checkpointing) moves checkpointed layer inputs to the host and needs "
+               "recomputation, which the plan does not run")
     if t.precision == "fp8":
         refuse("precision 'fp8'; the DeepSpeed config has bf16 and fp16 modes only")
     if s.zero_stage == 0 and t.precision == "bf16" and t.grad_precision == "fp32":

@@ -63,6 +63,13 @@ Choices an experienced Megatron user would make, and why:
 - offload_optimizer: `--optimizer-cpu-offload --optimizer-offload-fraction 1.0`
   with the precision-aware optimizer Megatron-LM requires for it and the
   distributed optimizer (zero_stage >= 1).
+- offload_activation_layers: `--cpu-offloading-num-layers N`, the activations of the first
+  N layers copied to the host (megatron-core's `cpu_offloading_activations` default; its
+  weights stay: `cpu_offloading_weights` False). Megatron-LM core_r0.16 generates the flag
+  from TransformerConfig.cpu_offloading_num_layers and its validate_args sets
+  `cpu_offloading` when N > 0; it has no `--cpu-offloading` switch (argparse would refuse
+  one). Megatron-core refuses offloading with pp > 1, with any recomputation and with N not
+  below num_layers, and so does the emitter; no CUDA graphs are emitted, which it also refuses.
 """
 
 from __future__ import annotations
@@ -112,11 +119,12 @@ FLAGS: dict[str, Flag] = {
     "micro_batch_size": Flag("--micro-batch-size", "int"),
     "global_batch_size": Flag("--global-batch-size", "int"),
     "seq_length": Flag("--seq-length", "int"),
-    # activation recomputation
+    # activation recomputation and offloading
     "recompute_granularity": Flag("--recompute-granularity", "str"),
     "recompute_method": Flag("--recompute-method", "str"),
     "recompute_num_layers": Flag("--recompute-num-layers", "int"),
     "recompute_modules": Flag("--recompute-modules", "list"),
+    "cpu_offloading_num_layers": Flag("--cpu-offloading-num-layers", "int"),
     # data parallel, ZeRO, optimizer
     "use_distributed_optimizer": Flag("--use-distributed-optimizer", "switch"),
     "use_megatron_fsdp": Flag("--use-megatron-fsdp", "switch"),
@@ -196,7 +204,8 @@ TRANSFORMER_CONFIG_FLAGS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_share
                             "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "moe_grouped_gemm",
                             "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_router_num_groups",
                             "moe_router_group_topk",
-                            "moe_router_pre_softmax", "mtp_num_layers", "multi_latent_attention", "softmax_type")
+                            "moe_router_pre_softmax", "mtp_num_layers", "multi_latent_attention", "softmax_type",
+                            "cpu_offloading_num_layers")
 
 # planner vocabulary -> Megatron values
 _ZERO_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -246,6 +255,7 @@ def settings(plan: Plan) -> dict[str, Any]:
             out["tp_comm_overlap"] = True
     out |= {"micro_batch_size": s.micro_batch_size, "global_batch_size": t.global_batch_size, "seq_length": t.seq_len}
     out |= _recompute(f)
+    out |= _activation_offload(f)
     out |= _data_parallel(f)
     out |= _precision(f)
     out |= _model_shape(f)
@@ -303,6 +313,23 @@ def _recompute(f: PlanFacts) -> dict[str, Any]:
     if s.recompute_num_layers is None:
         return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     return {"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": s.recompute_num_layers}
+
+
+def _activation_offload(f: PlanFacts) -> dict[str, Any]:
+    """`--cpu-offloading-num-layers N` and megatron-core's own rules for it (TransformerConfig.__post_init__,
+    core_v0.16.1), which the Strategy checks too, except the bound that needs the model."""
+    s, layers = f.strategy, f.model.num_layers
+    n = s.offload_activation_layers
+    if not n:
+        return {}
+    if n >= layers:
+        raise NotExpressibleError(FRAMEWORK, f"offload_activation_layers ({n}) must be below num_layers ({layers}); "
+                                             "megatron-core offloads the activations of fewer layers than the model has")
+    if s.pp > 1 or s.recompute != "none":
+        raise NotExpressibleError(FRAMEWORK, f"offload_activation_layers ({n}) with pp ({s.pp}) and recompute "
+                                             f"{s.recompute!r}; megatron-core offloads activations with pp 1 and no "
+                                             "recomputation only")
+    return {"cpu_offloading_num_layers": n}
 
 
 def _data_parallel(f: PlanFacts) -> dict[str, Any]:
@@ -660,6 +687,8 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     transformer |= {new: args[old] for old, new in _RENAMED.items() if old in args}
     if args.get("fp8_param_gather"):  # Megatron-LM: kw_args['fp8_param'] = args.fp8_param_gather
         transformer["fp8_param"] = True
+    if args.get("cpu_offloading_num_layers"):  # validate_args: args.cpu_offloading = True when N > 0
+        transformer |= {"cpu_offloading": True, "cpu_offloading_num_layers": args["cpu_offloading_num_layers"]}
     if args.get("add_bias_linear", True):
         transformer["add_qkv_bias"] = True  # Megatron keeps the two bias switches in sync
     transformer["num_query_groups"] = args["num_query_groups"] if args.get("group_query_attention") else None

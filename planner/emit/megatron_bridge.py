@@ -13,7 +13,10 @@ MoE, latent-attention and window fields are the same megatron-core fields
 (`model.num_moe_experts`, `model.q_lora_rank`, `model.window_size`, ...); the
 per-layer patterns are Hydra lists, and MLA fields need a recipe whose provider
 is an MLA config (Megatron-Bridge's DeepSeek providers). Offload sets
-`optimizer.optimizer_offload_fraction=1.0` (megatron-core's default is 0).
+`optimizer.optimizer_offload_fraction=1.0` (megatron-core's default is 0). Activation
+offloading is `model.cpu_offloading=true`, `model.cpu_offloading_num_layers=N` and
+`model.cpu_offloading_weights=false`, the three fields Megatron-Bridge's own performance
+scripts set for it (scripts/performance/utils/overrides.py, 0.3.1).
 Megatron-FSDP (ZeRO 2/3) sets `checkpoint.ckpt_format=fsdp_dtensor`, the only
 format `ConfigContainer.validate()` accepts with it. The mixed-precision recipe
 writes its own gradient reduction precision into the DDP config at validation
@@ -46,6 +49,7 @@ _MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "
                  "account_for_loss_in_pipeline_split", "context_parallel_size",
                  "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
                  "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+                 "cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_weights",
                  "gradient_accumulation_fusion",
                  "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
                  "num_query_groups", "gated_linear_unit", "normalization", "add_bias_linear", "add_qkv_bias",
@@ -98,6 +102,8 @@ def overrides(plan: Plan) -> dict[str, Any]:
     tf = _ALWAYS_MODEL | tf
     if tf.get("recompute_granularity") != "selective":
         tf.setdefault("recompute_modules", None)
+    if tf.get("cpu_offloading"):  # the activations only, as Megatron-Bridge's performance overrides offload them
+        tf["cpu_offloading_weights"] = False
     out: dict[str, Any] = {f"model.{k}": tf[k] for k in _MODEL_FIELDS if k in tf}
     out["model.seq_length"] = training["seq_length"]
     out["model.position_embedding_type"] = gpt["position_embedding_type"]

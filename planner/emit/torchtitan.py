@@ -53,7 +53,9 @@ Mapping choices (torchtitan shards data parallelism with FSDP2):
   `[compile] enable = false`.
 - offload_optimizer is refused: torchtitan's `enable_cpu_offload` is FSDP's
   CPU offload of parameters, gradients and optimizer states together. So is
-  multi-token prediction (no torchtitan model has MTP modules).
+  offload_activation_layers: torchtitan has no activation offloading (that same
+  switch is its only CPU offload). So is multi-token prediction (no torchtitan
+  model has MTP modules).
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     if s.offload_optimizer:
         refuse("offload_optimizer; torchtitan's only CPU offload (training.enable_cpu_offload, FSDP's) moves "
                "parameters and gradients to the host too, not the optimizer alone")
+    if s.offload_activation_layers:
+        refuse(f"offload_activation_layers ({s.offload_activation_layers}); torchtitan has no activation offloading "
+               "(training.enable_cpu_offload is FSDP's offload of parameters, gradients and optimizer states)")
     if m.num_mtp_layers:
         refuse(f"num_mtp_layers ({m.num_mtp_layers}); torchtitan's models have no multi-token-prediction module")
     if m.is_moe and s.ep > 1 and s.etp not in (1, s.tp):

@@ -91,6 +91,7 @@ def check_megatron(plan: Plan, argv: list[str]) -> None:
                           "full": ("full", "uniform" if s.recompute_num_layers is None else "block",
                                    s.recompute_num_layers or 1)}[s.recompute]
     assert (tc.recompute_granularity, tc.recompute_method, tc.recompute_num_layers) == expected_recompute
+    check_megatron_activation_offload(plan, tc)
     assert tc.fp8 == ("hybrid" if t.precision == "fp8" else None)
     assert tc.fp8_param == ddp.fp8_param_gather == t.fp8_param_gather  # FP8 parameters, gathered in FP8
     assert ddp.reuse_grad_buf_for_mxfp8_param_ag == (t.fp8_param_gather and t.fp8_recipe == "mxfp8"
@@ -155,6 +156,17 @@ def check_megatron_moe_and_attention(plan: Plan, tc) -> None:
     if any(local):
         assert tc.window_size == (m.sliding_window - 1, 0)
     assert (tc.softmax_type == "learnable") == m.attention_sinks
+
+
+def check_megatron_activation_offload(plan: Plan, tc) -> None:
+    """megatron-core offloads the activations (not the weights) of the plan's offload_activation_layers,
+    the first ones of the model (TransformerBlock hands cpu_offloading_num_layers to Transformer Engine's
+    offload context), and nothing when the plan does not offload."""
+    n = facts(plan).strategy.offload_activation_layers or 0
+    assert tc.cpu_offloading == (n > 0) and tc.cpu_offloading_num_layers == n
+    assert tc.cpu_offloading_activations and not tc.cpu_offloading_weights
+    if n:  # what TransformerConfig.__post_init__ allowed: below num_layers, pp 1, no recomputation
+        assert n < tc.num_layers and tc.pipeline_model_parallel_size == 1 and tc.recompute_granularity is None
 
 
 def check_megatron_split(plan: Plan, tc) -> None:
@@ -259,6 +271,7 @@ def check_bridge(plan: Plan, overrides: list[str]) -> None:
     assert (tc.tensor_model_parallel_size, tc.pipeline_model_parallel_size, tc.context_parallel_size) == (s.tp, s.pp, s.cp)
     check_megatron_split(plan, tc)
     check_megatron_moe_and_attention(plan, tc)
+    check_megatron_activation_offload(plan, tc)
     if s.offload_optimizer:
         assert sections["optimizer"]["optimizer_cpu_offload"] and sections["optimizer"]["optimizer_offload_fraction"] == 1.0
     assert tc.virtual_pipeline_model_parallel_size == (s.vpp if s.vpp > 1 else None)
@@ -367,6 +380,7 @@ def check_deepspeed(plan: Plan, config: dict[str, Any], launcher_args: list[str]
 
     f = facts(plan)
     s, t = f.strategy, plan.train
+    assert not s.offload_activation_layers  # DeepSpeed has no activation offloading without recomputation: refused
     parsed = DeepSpeedConfig(json.loads(json.dumps(config)), mpu=ModelParallelUnit(f.dp, s.tp, s.pp))
     assert parsed.world_size == f.dp
     assert parsed.train_batch_size == t.global_batch_size
@@ -424,6 +438,7 @@ def check_colossalai(plan: Plan, spec: dict[str, Any]) -> None:
     inspect.signature(cls.__init__).bind(object(), **kwargs)
     f = facts(plan)
     s = f.strategy
+    assert not s.offload_activation_layers  # no plugin offloads activations: refused
     if spec["plugin"] in ("HybridParallelPlugin", "MoeHybridParallelPlugin"):
         assert (kwargs["tp_size"], kwargs["pp_size"]) == (s.tp, s.pp)
         if spec["plugin"] == "MoeHybridParallelPlugin":
@@ -558,6 +573,7 @@ def check_torchtitan(plan: Plan, toml_text: str, tmp_dir: Path, full_parse: bool
     doc = tomllib.loads(toml_text)
     f = facts(plan)
     s, t = f.strategy, plan.train
+    assert not s.offload_activation_layers  # torchtitan has no activation offloading: refused
     par, training = doc["parallelism"], doc["training"]
     loaded = import_torchtitan_config()
     if loaded is not None:

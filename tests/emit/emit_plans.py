@@ -43,7 +43,18 @@ def llama3_70b_nemo() -> Plan:
                                    micro_batch_size=1))
 
 
-PUBLISHED = {"gpt3-175b-1024xA100-tp8pp8": gpt3_175b_sc21, "llama3-70b-64xH100-tp4pp4cp2vpp5": llama3_70b_nemo}
+def llama3_70b_gb200_activation_offload() -> Plan:
+    """Llama-3-70B on 64 GB200: no tp, pp or cp, Megatron-FSDP (zero_stage 3), micro-batch 1, global batch
+    128, seq 8192, bf16, the activations of 20 of the 80 layers offloaded to the host (Megatron-Bridge 0.3.1
+    scripts/performance/configs/llama/llama3_workload_base_configs.py LLAMA3_70B_PRETRAIN_CONFIG_GB200_BF16_V1:
+    use_megatron_fsdp, cpu_offloading_num_layers 20, parallel sizes and micro-batch at their defaults of 1;
+    the llama3_70b_pretrain_config recipe's seq_length 8192)."""
+    return make_plan("llama3-70b", "gb200-nvl72", 64, 128, 8192,
+                     strategy=dict(zero_stage=3, micro_batch_size=1, offload_activation_layers=20))
+
+
+PUBLISHED = {"gpt3-175b-1024xA100-tp8pp8": gpt3_175b_sc21, "llama3-70b-64xH100-tp4pp4cp2vpp5": llama3_70b_nemo,
+             "llama3-70b-64xGB200-fsdp-act-offload20": llama3_70b_gb200_activation_offload}
 
 
 # ---- MoE, latent-attention and windowed architectures (issue 8) -----------------------------
@@ -134,7 +145,8 @@ def knob_key(p: Plan) -> tuple:
     s = p.strategy
     return (s.tp > 1, s.pp > 1, s.cp > 1, s.vpp > 1, s.zero_stage, s.recompute, s.recompute_num_layers is not None,
             s.sequence_parallel, s.num_layers_in_first_stage is not None, s.stage_layers is not None,
-            s.embedding_as_layer, s.loss_as_layer, s.ep > 1, s.etp > 1, s.offload_optimizer, p.train.precision,
+            s.embedding_as_layer, s.loss_as_layer, s.ep > 1, s.etp > 1, s.offload_optimizer,
+            s.offload_activation_layers is not None, p.train.precision,
             p.train.attention_kernel, p.estimate.fits)
 
 

@@ -46,6 +46,9 @@ GRID = [
     ("llama31_8b", 16, 64, 2048, "bf16", dict(tp=2, zero_stage=2, sequence_parallel=True)),
     ("llama31_8b", 16, 64, 8192, "fp8", dict(tp=4, sequence_parallel=True, zero_stage=1)),
     ("llama31_8b", 8, 32, 8192, "bf16", dict(tp=1, zero_stage=0, recompute="full")),
+    # activation offloading (Megatron's --cpu-offloading-num-layers): pp 1, no recompute, 20 of 32 layers
+    ("llama31_8b", 8, 64, 8192, "bf16", dict(tp=2, sequence_parallel=True, zero_stage=1,
+                                             offload_activation_layers=20)),
     ("llama32_1b", 8, 64, 4096, "bf16", dict(tp=2, pp=2, zero_stage=1, micro_batch_size=4)),
     ("deepseek_v2_lite", 16, 128, 4096, "bf16", dict(ep=8, zero_stage=1)),
     ("deepseek_v2_lite", 32, 256, 4096, "bf16", dict(tp=2, ep=4, etp=2, sequence_parallel=True, cp=2, zero_stage=1)),
@@ -137,6 +140,10 @@ def expected(plan) -> dict:
                                                 3: "optim_grads_params"}[s.zero_stage],
         "model.account_for_embedding_in_pipeline_split": bool(s.embedding_as_layer),
         "model.account_for_loss_in_pipeline_split": bool(s.loss_as_layer),
+        # activation offloading: the activations (never the weights) of the first N layers
+        "model.cpu_offloading": bool(s.offload_activation_layers),
+        "model.cpu_offloading_num_layers": s.offload_activation_layers or 0,
+        "model.cpu_offloading_activations": True, "model.cpu_offloading_weights": False,
     }
     if moe:
         out["model.expert_tensor_parallel_size"] = s.etp
@@ -165,6 +172,7 @@ def test_grid_covers_each_kind_of_plan():
     assert any(fsdp for _, _, fsdp, *_ in kinds)
     assert any(uneven for *_, uneven, _ in kinds)
     assert {"deepseek-v2-lite"} <= {model for model, _, _, _, ep in kinds if ep}
+    assert any(p.strategy.offload_activation_layers for _, p in grid_plans())
 
 
 def test_every_override_list_validates_and_means_the_plan(bridge_results):

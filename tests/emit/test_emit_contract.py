@@ -36,16 +36,19 @@ ALLOWED_REFUSALS = {
                   r"(stage_layers \[[\d, ]+\]|embedding_as_layer|loss_as_layer)[\w ]* with pp \(\d+\) > 1",
                   # MoE (issue 8): expert parallelism lives in DeepSpeed-MoE model code
                   r"ep \(\d+\) > 1; DeepSpeed sets expert parallelism in model code", r"etp \(\d+\) > 1",
-                  r"(MoE|latent attention|sliding-window attention)[\w ,-]* with tp \(\d+\) or pp"],
+                  r"(MoE|latent attention|sliding-window attention)[\w ,-]* with tp \(\d+\) or pp",
+                  # Megatron's activation offloading (--cpu-offloading-num-layers)
+                  r"offload_activation_layers \(\d+\); DeepSpeed's only activation offload"],
     "colossalai": [r"zero_stage 2 with pp", r"zero_stage 3 with pp", r"cp \(\d+\) > 1 with sequence_parallel",
                    r"recompute_num_layers \(\d+\) without pipeline", r"selective recompute with the unfused",
                    r"(stage_layers \[[\d, ]+\]|embedding_as_layer|loss_as_layer)[\w ]* with vpp \(\d+\) > 1",
                    r"uneven pipeline stages with vpp \(\d+\) > 1",
                    r"etp \(\d+\) must equal tp", r"zero_stage 3 with an MoE model", r"ep \(\d+\) must divide dp",
-                   r"num_mtp_layers \(\d+\)"],
+                   r"num_mtp_layers \(\d+\)", r"offload_activation_layers \(\d+\); Colossal-AI's plugins"],
     "torchtitan": [r"precision 'fp16'", r"recompute_num_layers \(\d+\) of \d+ layers per chunk",
                    r"recompute_num_layers \(\d+\) with pipeline chunks of \d+ to \d+ layers",
-                   r"offload_optimizer; torchtitan", r"etp \(\d+\) with ep", r"num_mtp_layers \(\d+\)"],
+                   r"offload_optimizer; torchtitan", r"etp \(\d+\) with ep", r"num_mtp_layers \(\d+\)",
+                   r"offload_activation_layers \(\d+\); torchtitan has no activation offloading"],
     "torchrun": [],
     "slurm": [],
 }
@@ -72,11 +75,12 @@ def test_sample_covers_every_knob(sample):
             "embedding_as_layer": s.embedding_as_layer, "loss_as_layer": s.loss_as_layer,
             "embedding_as_layer+vpp": s.embedding_as_layer and s.vpp > 1,
             f"zero{s.zero_stage}": True, f"recompute={s.recompute}": True, p.train.precision: True,
-            "unfused": p.train.attention_kernel == "unfused", "does-not-fit": not p.estimate.fits}.items() if on)
+            "unfused": p.train.attention_kernel == "unfused", "does-not-fit": not p.estimate.fits,
+            "act-offload": s.offload_activation_layers is not None}.items() if on)
     expected = {"tp", "pp", "cp", "vpp", "sp", "uneven", "recompute_num_layers", "zero0", "zero1", "zero2", "zero3",
                 "stage_layers", "stage_layers+vpp", "embedding_as_layer", "loss_as_layer", "embedding_as_layer+vpp",
                 "recompute=none", "recompute=selective", "recompute=full", "bf16", "fp16", "fp8", "unfused",
-                "does-not-fit"}
+                "does-not-fit", "act-offload"}
     assert expected <= set(seen), expected - set(seen)
 
 

@@ -45,6 +45,7 @@ EDGE_CASES = {
     "fsdp-zero3-cp": LLAMA + (dict(cp=4, zero_stage=3, recompute="full", recompute_num_layers=2),),
     "zero2-tp": LLAMA + (dict(tp=8, zero_stage=2, sequence_parallel=True),),
     "offload": LLAMA + (dict(tp=8, pp=2, zero_stage=1, offload_optimizer=True),),
+    "activation-offload": LLAMA + (dict(tp=8, sequence_parallel=True, zero_stage=1, offload_activation_layers=40),),
     "no-overlap": LLAMA + (dict(tp=8, pp=4, zero_stage=1, overlap_grad_reduce=False, overlap_param_gather=False),),
 }
 
@@ -155,7 +156,8 @@ def test_unrepresentable_grad_precision_is_refused():
         megatron_args(plan)
 
 
-@pytest.mark.parametrize("name", ["uneven-first-last", "explicit-split-vpp", "embedding-loss-as-layer"])
+@pytest.mark.parametrize("name", ["uneven-first-last", "explicit-split-vpp", "embedding-loss-as-layer",
+                                  "activation-offload"])
 def test_flags_round_trip_through_the_mapping_table(name):
     plan = edge_plan(name)
     values = settings(plan)
@@ -307,3 +309,41 @@ def test_empty_virtual_stage_is_an_empty_megatron_stage():
     argv = megatron_args(edge_plan("empty-virtual-stage"))
     text = dict(zip(argv, argv[1:]))["--pipeline-model-parallel-layout"]
     assert layout_stages(text)[4] == ""
+
+
+# ---- activation offloading -------------------------------------------------------------------------
+def test_activation_offload_is_megatron_lms_cpu_offloading_num_layers():
+    """Megatron-LM core_r0.16 generates `--cpu-offloading-num-layers` from TransformerConfig and has no
+    `--cpu-offloading` switch (arguments.py excludes that field; validate_args sets it when N > 0), so
+    only the count is written; megatron-core then offloads the activations, not the weights, of 40 layers."""
+    plan = edge_plan("activation-offload")
+    argv = megatron_args(plan)
+    assert argv[argv.index("--cpu-offloading-num-layers") + 1] == "40" and "--cpu-offloading" not in argv
+    tc = megatron_configs(argv)["transformer"]
+    assert (tc.cpu_offloading, tc.cpu_offloading_num_layers) == (True, 40)
+    assert tc.cpu_offloading_activations and not tc.cpu_offloading_weights
+    assert "model.cpu_offloading_num_layers=40" in emit_data(plan, "megatron-bridge")["overrides"]
+    off = megatron_args(make_plan(*LLAMA, strategy=dict(tp=8, sequence_parallel=True, zero_stage=1)))
+    assert "--cpu-offloading-num-layers" not in off
+    assert not megatron_configs(off)["transformer"].cpu_offloading
+
+
+@pytest.mark.parametrize("update,base,reason,core_error", [
+    # Strategy's own validator refuses pp > 1 and recomputation with offloading; a plan edited past it still
+    # meets the emitter's refusal, which is megatron-core's rule (TransformerConfig.__post_init__)
+    (dict(offload_activation_layers=80), dict(tp=8, zero_stage=1),
+     r"offload_activation_layers \(80\) must be below num_layers \(80\)", "only for layers less than 80"),
+    (dict(offload_activation_layers=20), dict(tp=8, pp=2, zero_stage=1),
+     r"offload_activation_layers \(20\) with pp \(2\)", "no support for Pipeline parallelism"),
+    (dict(offload_activation_layers=20), dict(tp=8, zero_stage=1, recompute="selective"),
+     r"offload_activation_layers \(20\) with pp \(1\) and recompute 'selective'", "recomputation is enabled"),
+])
+def test_activation_offload_megatron_core_refuses_is_refused(update, base, reason, core_error):
+    good = make_plan(*LLAMA, strategy=base)
+    bad = good.model_copy(update={"strategy": good.strategy.model_copy(update=update)})
+    for backend in ("megatron", "megatron-bridge"):
+        with pytest.raises(NotExpressibleError, match=reason):
+            emit_data(bad, backend)
+    flags = to_args(dict(settings(good), cpu_offloading_num_layers=update["offload_activation_layers"]))
+    with pytest.raises(ValueError, match=core_error):  # megatron-core would have refused the flags
+        megatron_configs(flags)

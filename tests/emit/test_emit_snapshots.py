@@ -2,6 +2,9 @@
 
 - GPT-3 175B on 1024 A100-80GB, TP 8 / PP 8 (Narayanan et al., SC'21)
 - Llama-3-70B on 64 H100, TP 4 / PP 4 / CP 2 / VPP 5 (NVIDIA NeMo performance recipe)
+- Llama-3-70B on 64 GB200, Megatron-FSDP with the activations of 20 layers offloaded to the host
+  (Megatron-Bridge's GB200 BF16 performance preset): Megatron's and Megatron-Bridge's flags, the
+  other frameworks' refusals
 - Architectures of issue 8 (tests/emit/emit_plans.py ARCHITECTURES): a DeepSeek-V3-like MoE with
   latent attention and multi-token prediction on pp 8 / ep 8, a Mixtral-like MoE with etp 2 under
   tp 4, and a Gemma-2-like windowed model with the optimizer offloaded to the CPU

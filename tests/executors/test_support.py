@@ -85,3 +85,26 @@ def test_per_virtual_stage_splits_run_unless_a_middle_chunk_is_empty():
     assert unsupported_reasons(TINY, TRAIN, Strategy(dp=1, pp=2, vpp=2, stage_layers=[0, 1, layers - 2, 1])) == []
     reasons = unsupported_reasons(TINY, TRAIN, Strategy(dp=1, pp=2, vpp=2, stage_layers=[1, 0, layers - 2, 1]))
     assert any("virtual stages [1] hold no module" in r for r in reasons), reasons
+
+
+def test_activation_offload_is_refused_with_the_field_on_every_device():
+    """Megatron's activation offloading copies activations to the host on Transformer Engine's CUDA streams;
+    the executor builds no such copies, so an offloading plan is never run as if it were the plain one."""
+    st = Strategy(dp=2, offload_activation_layers=2)
+    for device in ("cpu", "cuda"):
+        reasons = unsupported_reasons(TINY, TRAIN, st, device=device)
+        assert len(reasons) == 1 and reasons[0].startswith("offload_activation_layers (2) is not supported"), reasons
+    assert unsupported_reasons(TINY, TRAIN, Strategy(dp=2)) == []
+
+
+def test_validate_reports_an_offloading_plan_unsupported_and_launches_nothing(tmp_path):
+    from executors.validate import ValidateOptions, validate_strategies
+    from profiles import load_cluster
+
+    options = ValidateOptions(device="cpu", work_dir=tmp_path)
+    report = validate_strategies([Strategy(dp=2, offload_activation_layers=2)], TINY, load_cluster("dgx-h100"),
+                                 TRAIN, 2, options)
+    (run,) = report.runs
+    assert run.outcome == "unsupported" and "offload_activation_layers (2)" in run.reason
+    assert report.comparisons[0].outcome == "unsupported"
+    assert list(tmp_path.iterdir()) == []  # no reference, no run directory

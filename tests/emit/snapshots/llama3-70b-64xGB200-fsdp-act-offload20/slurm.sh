@@ -1,0 +1,50 @@
+#!/bin/bash
+#SBATCH --job-name=meshplan
+#SBATCH --nodes=16
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=4
+#SBATCH --exclusive
+# plan 1: llama3-70b on 64x GB200-NVL72-GPU (gb200-nvl72), dp64 tp1 pp1 z3 mbs1 rc=none act-offload20; predicted <estimate>
+set -euo pipefail
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR
+export MASTER_PORT=29500
+# export NCCL_SOCKET_IFNAME=...   # the interface that reaches the other nodes (site-specific)
+# export NCCL_IB_HCA=...          # InfiniBand adapters to use (site-specific)
+MEGATRON_ARGS=(
+  --tensor-model-parallel-size 1
+  --pipeline-model-parallel-size 1
+  --context-parallel-size 1
+  --micro-batch-size 1
+  --global-batch-size 128
+  --seq-length 8192
+  --cpu-offloading-num-layers 20
+  --use-distributed-optimizer
+  --use-megatron-fsdp
+  --data-parallel-sharding-strategy optim_grads_params
+  --no-gradient-accumulation-fusion
+  --ckpt-format fsdp_dtensor
+  --overlap-grad-reduce
+  --overlap-param-gather
+  --optimizer adam
+  --bf16
+  --cross-entropy-loss-fusion
+  --num-layers 80
+  --hidden-size 8192
+  --ffn-hidden-size 28672
+  --num-attention-heads 64
+  --group-query-attention
+  --num-query-groups 8
+  --swiglu
+  --normalization RMSNorm
+  --position-embedding-type rope
+  --max-position-embeddings 8192
+  --rotary-base 500000
+  --untie-embeddings-and-output-weights
+  --disable-bias-linear
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+  --attention-backend auto
+)
+srun --kill-on-bad-exit=1 torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 4 --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
+  pretrain_gpt.py "${MEGATRON_ARGS[@]}"

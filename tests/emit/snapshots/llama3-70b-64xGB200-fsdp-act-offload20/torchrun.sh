@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# torchrun for plan 1: llama3-70b on 64x GB200-NVL72-GPU (gb200-nvl72), dp64 tp1 pp1 z3 mbs1 rc=none act-offload20; predicted <estimate>
+# Run this on each of the 16 nodes with NODE_RANK=0..15 and MASTER_ADDR set to node 0's address.
+set -euo pipefail
+: "${MASTER_ADDR:?set MASTER_ADDR to node 0's hostname or IP}"
+: "${NODE_RANK:?set NODE_RANK to this node's rank, 0..15}"
+export MASTER_PORT=${MASTER_PORT:-29500}
+# export NCCL_SOCKET_IFNAME=...   # the interface that reaches the other nodes (site-specific)
+# export NCCL_IB_HCA=...          # InfiniBand adapters to use (site-specific)
+MEGATRON_ARGS=(
+  --tensor-model-parallel-size 1
+  --pipeline-model-parallel-size 1
+  --context-parallel-size 1
+  --micro-batch-size 1
+  --global-batch-size 128
+  --seq-length 8192
+  --cpu-offloading-num-layers 20
+  --use-distributed-optimizer
+  --use-megatron-fsdp
+  --data-parallel-sharding-strategy optim_grads_params
+  --no-gradient-accumulation-fusion
+  --ckpt-format fsdp_dtensor
+  --overlap-grad-reduce
+  --overlap-param-gather
+  --optimizer adam
+  --bf16
+  --cross-entropy-loss-fusion
+  --num-layers 80
+  --hidden-size 8192
+  --ffn-hidden-size 28672
+  --num-attention-heads 64
+  --group-query-attention
+  --num-query-groups 8
+  --swiglu
+  --normalization RMSNorm
+  --position-embedding-type rope
+  --max-position-embeddings 8192
+  --rotary-base 500000
+  --untie-embeddings-and-output-weights
+  --disable-bias-linear
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+  --attention-backend auto
+)
+torchrun --nnodes 16 --nproc-per-node 4 --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
+  pretrain_gpt.py "${MEGATRON_ARGS[@]}"

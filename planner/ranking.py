@@ -14,8 +14,8 @@ loop over the ranks asked for):
    therefore ranks above a simpler one only when it is faster by more than the tie tolerance.
    Step times down the table are not strictly increasing: a slightly faster, more complex plan
    comes right after the simpler one that took its place.
-3. **Near-duplicates fold**: plans of the same layout (every Strategy field but `zero_stage` and
-   `recompute_num_layers`) whose step time is within `FOLD_FRACTION` of the ranked plan's join its
+3. **Near-duplicates fold**: plans of the same layout (every Strategy field but `zero_stage`,
+   `recompute_num_layers` and `offload_activation_layers`) whose step time is within `FOLD_FRACTION` of the ranked plan's join its
    row; `Plan.folded` keeps the range (ZeRO stages, recomputed layer counts). The row's strategy
    stays one concrete, reproducible member: the one rule 2 picked.
 
@@ -87,8 +87,8 @@ def simplicity_columns(st: StrategyArrays, seq_len: int | None = None) -> list[n
 
 def layout_matrix(st: StrategyArrays) -> np.ndarray:
     """One row per candidate naming its layout: rows are equal when candidates differ only in the
-    folded knobs (zero_stage, recompute_num_layers)."""
-    skip = {"zero_stage", "recompute_num_layers"}
+    folded knobs (zero_stage, recompute_num_layers, offload_activation_layers)."""
+    skip = {"zero_stage", "recompute_num_layers", "offload_activation_layers"}
     return np.concatenate([getattr(st, k).reshape(len(st), -1).astype(np.int64) for k in StrategyArrays.names()
                            if k not in skip], axis=1)
 

@@ -30,7 +30,7 @@ FROZEN = {
                  "--ep", "--etp", "--first-stage-layers", "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",
                  "--grad-precision", "--last-stage-layers", "--loss-as-layer", "--mbs", "--model", "--moe-dispatcher", "--moe-load-imbalance",
                  "--offload-activation-layers", "--offload-optimizer", "--optimizer", "--overlap-grad-reduce",
-                 "--overlap-param-gather", "--plan", "--pp", "--precision", "--rank", "--recompute",
+                 "--overlap-p2p-comm", "--overlap-param-gather", "--plan", "--pp", "--precision", "--rank", "--recompute",
                  "--recompute-num-layers", "--seq-len", "--sp", "--stage-layers", "--torch-compile", "--tp", "--vpp", "--zero", "--zero-stage", "--zero3-impl"],
     "emit": ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints",
              "--format", "--fp8-param-gather", "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for",

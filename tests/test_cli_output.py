@@ -111,14 +111,16 @@ def _plans_file(tmp_path_factory, constraints: dict):
 
 @pytest.fixture(scope="module")
 def plans_file(tmp_path_factory):
-    # activation offloading kept off: the best rows are then pipeline layouts, with uneven splits
-    return _plans_file(tmp_path_factory, {"offload_activation_layers": None})
+    # the best rows are pipeline layouts, with uneven splits (activation offloading ranks after any layout
+    # within the tie tolerance)
+    return _plans_file(tmp_path_factory, {})
 
 
 @pytest.fixture(scope="module")
 def offload_plans_file(tmp_path_factory):
-    # unconstrained, the best rows offload activations (pp 1, Megatron's --cpu-offloading-num-layers)
-    return _plans_file(tmp_path_factory, {})
+    # without pipeline parallelism or recomputation only offloading activations fits (Megatron's
+    # --cpu-offloading-num-layers)
+    return _plans_file(tmp_path_factory, {"pp": 1, "recompute": "none"})
 
 
 @pytest.mark.parametrize("fixture,kind", [("plans_file", "uneven split"), ("offload_plans_file", "act-offload")])

@@ -312,7 +312,8 @@ def _strategy(dp: Optional[int], tp: int, pp: int, cp: int, vpp: int, sp: bool, 
               recompute: RecomputeOpt, recompute_num_layers: Optional[int], first_stage_layers: Optional[int],
               last_stage_layers: Optional[int], stage_layers: Optional[str], embedding_as_layer: bool,
               loss_as_layer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool, ep: int = 1, etp: int = 1,
-              offload_optimizer: bool = False, offload_activation_layers: Optional[int] = None) -> Strategy:
+              offload_optimizer: bool = False, offload_activation_layers: Optional[int] = None,
+              overlap_p2p_comm: bool = True) -> Strategy:
     return Strategy(dp=dp if dp is not None else "auto", tp=tp, pp=pp, cp=cp, ep=ep, etp=etp,
                     offload_optimizer=offload_optimizer, offload_activation_layers=offload_activation_layers,
                     vpp=vpp, sequence_parallel=sp,
@@ -320,7 +321,8 @@ def _strategy(dp: Optional[int], tp: int, pp: int, cp: int, vpp: int, sp: bool, 
                     recompute_num_layers=recompute_num_layers, num_layers_in_first_stage=first_stage_layers,
                     num_layers_in_last_stage=last_stage_layers, stage_layers=parse_stage_layers(stage_layers),
                     embedding_as_layer=embedding_as_layer, loss_as_layer=loss_as_layer,
-                    overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather)
+                    overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                    overlap_p2p_comm=overlap_p2p_comm)
 
 
 def parse_stage_layers(text: Optional[str]) -> Optional[list[int]]:
@@ -356,6 +358,7 @@ EmbLayerOpt = Annotated[bool, typer.Option("--embedding-as-layer", help="Count t
 LossLayerOpt = Annotated[bool, typer.Option("--loss-as-layer", help="Count the output layer and loss as one layer in an even split (the last stage gets one transformer layer fewer; Megatron's --account-for-loss-in-pipeline-split).")]
 OgrOpt = Annotated[bool, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Overlap the gradient reduction with backward.")]
 OpgOpt = Annotated[bool, typer.Option("--overlap-param-gather/--no-overlap-param-gather", help="Overlap ZeRO parameter gathers with forward.")]
+Op2pOpt = Annotated[bool, typer.Option("--overlap-p2p-comm/--no-overlap-p2p-comm", help="With vpp > 1: overlap the steady-state pipeline transfers with compute (Megatron's --overlap-p2p-communication, its default); off: every transfer blocks.")]
 
 
 def _one_strategy_command(render):
@@ -371,7 +374,7 @@ def _one_strategy_command(render):
         offload_activation_layers: ActOffloadOpt = None, zero: ZeroOpt = 0, mbs: MbsOpt = 1, recompute: RecomputeArg = RecomputeOpt.none,
         recompute_num_layers: RclOpt = None, first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
         stage_layers: StageLayersOpt = None, embedding_as_layer: EmbLayerOpt = False, loss_as_layer: LossLayerOpt = False,
-        overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True,
+        overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True, overlap_p2p_comm: Op2pOpt = True,
         grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash",
         optimizer: OptimizerOpt = "adam", moe_load_imbalance: MoeImbalanceOpt = None,
         zero3_impl: Zero3ImplOpt = None, fp8_recipe: Fp8RecipeOpt = "delayed",
@@ -400,7 +403,8 @@ def _one_strategy_command(render):
             raise SpecError(f"missing option(s) {', '.join(missing)} (or give --plan FILE --rank N)")
         strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
                              last_stage_layers, stage_layers, embedding_as_layer, loss_as_layer, overlap_grad_reduce,
-                             overlap_param_gather, ep, etp, offload_optimizer, offload_activation_layers)
+                             overlap_param_gather, ep, etp, offload_optimizer, offload_activation_layers,
+                             overlap_p2p_comm)
         est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                            seq_len=seq_len, precision=precision.value, strategy=strategy,
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,

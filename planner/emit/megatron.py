@@ -60,6 +60,9 @@ Choices an experienced Megatron user would make, and why:
   with sequence parallelism and tp > 1 where the cluster profile's `tp_comm_overlap` is above 0,
   as the cost model then assumes (NVIDIA's H100/B200 recipes turn it on; Megatron-LM requires
   sequence parallelism for it).
+- overlap_p2p_comm: Megatron-LM overlaps an interleaved schedule's steady-state transfers unless
+  `--no-overlap-p2p-communication` (written when the plan turns it off with vpp > 1; without
+  interleaving Megatron-LM turns the overlap off itself).
 - offload_optimizer: `--optimizer-cpu-offload --optimizer-offload-fraction 1.0`
   with the precision-aware optimizer Megatron-LM requires for it and the
   distributed optimizer (zero_stage >= 1).
@@ -115,6 +118,7 @@ FLAGS: dict[str, Flag] = {
     "expert_tensor_parallel_size": Flag("--expert-tensor-parallel-size", "int"),
     "sequence_parallel": Flag("--sequence-parallel", "switch"),
     "tp_comm_overlap": Flag("--tp-comm-overlap", "switch"),
+    "overlap_p2p_comm": Flag("--no-overlap-p2p-communication", "negswitch"),
     # batch and sequence
     "micro_batch_size": Flag("--micro-batch-size", "int"),
     "global_batch_size": Flag("--global-batch-size", "int"),
@@ -241,6 +245,8 @@ def settings(plan: Plan) -> dict[str, Any]:
         out["decoder_first_pipeline_num_layers"] = s.num_layers_in_first_stage
     if s.num_layers_in_last_stage is not None:
         out["decoder_last_pipeline_num_layers"] = s.num_layers_in_last_stage
+    if s.vpp > 1 and not s.overlap_p2p_comm:  # Megatron-LM overlaps an interleaved schedule's transfers by default
+        out["overlap_p2p_comm"] = False
     if s.embedding_as_layer:
         out["account_for_embedding_in_pipeline_split"] = True
     if s.loss_as_layer:
@@ -679,6 +685,10 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if args.get("pipeline_model_parallel_layout"):  # the layout fixes vpp (Megatron-LM's validate_args)
         vpp = len(layout_stages(args["pipeline_model_parallel_layout"])) // args["pipeline_model_parallel_size"]
     parallel["virtual_pipeline_model_parallel_size"] = vpp if vpp and vpp > 1 else None
+    # validate_args turns the p2p overlap off without an interleaved schedule; kw_args['batch_p2p_comm'] =
+    # not args.overlap_p2p_comm (arguments.py core_v0.16.1)
+    overlap_p2p = bool(args.get("overlap_p2p_comm", True)) and bool(vpp and vpp > 1)
+    parallel |= {"overlap_p2p_comm": overlap_p2p, "batch_p2p_comm": not overlap_p2p}
     parallel |= {"params_dtype": dtype, "pipeline_dtype": dtype, "bf16": bf16, "fp16": fp16}
     if "gradient_accumulation_fusion" in args:
         parallel["gradient_accumulation_fusion"] = args["gradient_accumulation_fusion"]

@@ -228,4 +228,6 @@ class Strategy(Spec):
             parts.append(f"act-offload{self.offload_activation_layers}")
         if self.overlap_moe_comm:
             parts.append("a2a-overlap")
+        if self.vpp > 1 and not self.overlap_p2p_comm:
+            parts.append("p2p-blocking")
         return " ".join(parts)

@@ -347,3 +347,19 @@ def test_activation_offload_megatron_core_refuses_is_refused(update, base, reaso
     flags = to_args(dict(settings(good), cpu_offloading_num_layers=update["offload_activation_layers"]))
     with pytest.raises(ValueError, match=core_error):  # megatron-core would have refused the flags
         megatron_configs(flags)
+
+
+@pytest.mark.parametrize("vpp,overlap,flag,core", [(4, True, False, True), (4, False, True, False),
+                                                   (1, True, False, False), (1, False, False, False)])
+def test_p2p_overlap_is_megatrons_default_for_interleaving_and_its_flag_turns_it_off(vpp, overlap, flag, core):
+    """Megatron-LM overlaps an interleaved schedule's transfers unless --no-overlap-p2p-communication, and
+    turns the overlap off itself without interleaving; megatron-core then batches the transfers."""
+    plan = make_plan(*LLAMA, strategy=dict(tp=2, pp=4, vpp=vpp, zero_stage=1, overlap_p2p_comm=overlap))
+    argv = megatron_args(plan)
+    assert ("--no-overlap-p2p-communication" in argv) is flag
+    check_megatron(plan, argv)
+    config = megatron_configs(argv)["parallel"]
+    assert config.overlap_p2p_comm is core and config.batch_p2p_comm is (not core)
+    bridge = get_emitter("megatron-bridge").render(plan, EmitOptions())
+    assert f"model.overlap_p2p_comm={str(core).lower()}" in bridge
+    assert f"model.batch_p2p_comm={str(not core).lower()}" in bridge

@@ -572,24 +572,29 @@ def spread(distinct: tuple[np.ndarray, np.ndarray] | None, n: int, fn, *arrays):
     return np.asarray(fn(*small))[..., index]
 
 
-def by_layout(lay: ParallelLayout, fn, *arrays):
-    """`spread` over the distinct layouts (`ParallelLayout.distinct`): for what depends on the
-    candidates' layout alone (their groups, the bytes each stage row holds)."""
-    return spread(lay.distinct, len(lay), fn, *arrays)
-
-
-def layout_and_shape(lay: ParallelLayout, x: Micro) -> tuple[np.ndarray, np.ndarray] | None:
-    """The distinct (layout, micro-batch shape) pairs among the candidates, as `spread` takes them:
-    a layer's communication depends on both (its bytes on the shape, its groups on the layout)."""
+def layout_and(lay: ParallelLayout, other: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """The distinct (layout, `other`) pairs among the candidates, as `spread` takes them; `other` is a class
+    index of small non-negative integers per candidate (None: every candidate its own)."""
     n = len(lay)
     if n < 2:
         return None
     by_lay = lay.distinct
-    _, by_shape = x.distinct
     a = by_lay[1] if by_lay is not None else np.arange(n)
-    b = by_shape if by_shape is not None else np.arange(n)
+    b = np.broadcast_to(np.asarray(other, dtype=np.int64), (n,)) if other is not None else np.arange(n)
     _, first, index = np.unique(a * (int(b.max()) + 1) + b, return_index=True, return_inverse=True)
     return None if len(first) == n else (first, index.ravel())
+
+
+def layout_and_shape(lay: ParallelLayout, x: Micro) -> tuple[np.ndarray, np.ndarray] | None:
+    """The distinct (layout, micro-batch shape) pairs among the candidates: a layer's communication
+    depends on both (its bytes on the shape, its groups on the layout)."""
+    return layout_and(lay, x.distinct[1])
+
+
+def layout_and_zero(s: Setup) -> tuple[np.ndarray, np.ndarray] | None:
+    """The distinct (layout, ZeRO stage) pairs: the data parallel traffic's bytes depend on the layout and
+    on which collectives the ZeRO stage runs (the others get zero bytes, which the curves skip)."""
+    return layout_and(s.lay, s.st.zero_stage)
 
 
 def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -606,11 +611,14 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     params, experts = s.params, s.expert_params
     grad_b, weight_b = DTYPE_BYTES[train.grad_precision], WEIGHT_BYTES[train.precision]
 
-    # the bytes and groups below depend on the layout alone: each collective is timed once per distinct
-    # layout (both kinds of reduction), and each candidate takes its ZeRO stage's
+    # the bytes and groups below depend on the layout and the ZeRO stage alone: each collective is timed
+    # once per distinct pair, and gets the bytes of the candidates that run it only (zero elsewhere: a
+    # measured-curve model skips those; the tier model's answer there is discarded by the np.where)
+    classes, n = layout_and_zero(s), len(st)
+
     def reduce_s(nbytes, size, stride):
-        return np.where(zero == 0, by_layout(lay, comm.all_reduce_s, nbytes, size, stride),
-                        by_layout(lay, comm.gather_scatter_s, nbytes, size, stride))
+        return np.where(zero == 0, spread(classes, n, comm.all_reduce_s, nbytes * (zero == 0), size, stride),
+                        spread(classes, n, comm.gather_scatter_s, nbytes * (zero != 0), size, stride))
 
     fwd_mb = s.per_row(lt.fwd_s)
     bwd_mb = s.per_row(lt.bwd_s) + rows.has_head * s.blocks.head_passes * pl.head_bwd_s
@@ -619,12 +627,13 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     # FP8 parameters (fp8_param_gather) are gathered in fewer bytes than the 16-bit ones
     fp8_saving = param_gather_saving_per_element(train)
     dense_gather = params * weight_b - (fp8_saving * s.per_row(s.quantised_kinds[0]) if fp8_saving else 0.0)
-    param_gather = np.where(sharded, by_layout(lay, comm.gather_scatter_s, dense_gather, shard, shard_stride), 0.0)
+    param_gather = np.where(sharded, spread(classes, n, comm.gather_scatter_s, dense_gather * sharded, shard,
+                                            shard_stride), 0.0)
     if s.has_experts:
         grad_reduce = grad_reduce + reduce_s(experts * grad_b, edp, edp_stride)
         expert_gather = experts * weight_b - (fp8_saving * s.per_row(s.quantised_kinds[1]) if fp8_saving else 0.0)
-        param_gather = param_gather + np.where(sharded, by_layout(lay, comm.gather_scatter_s, expert_gather, edp,
-                                                                  edp_stride), 0.0)
+        param_gather = param_gather + np.where(sharded, spread(classes, n, comm.gather_scatter_s,
+                                                               expert_gather * sharded, edp, edp_stride), 0.0)
     overlap = s.cluster.overlap_efficiency
     # Whether the framework repeats the reduction (gather) every micro-batch (profiles/frameworks/):
     # the last micro-batch's reduction hides behind its backward only, earlier ones also behind the

@@ -262,7 +262,7 @@ def plan_legend(result: PlanResult, plans: list[Plan], wide: bool) -> list[str]:
              f"{cap * (1 - result.headroom) / GIB:.1f} of {cap / GIB:.1f} GiB per GPU"]
     if result.plans:
         lines.append(f"order: fastest first, but plans within {TIE_FRACTION:.0%} of the fastest remaining (and in "
-                     "its band) go to the simpler layout: fewer stages, no cp, larger micro-batches")
+                     "its band) go to the simpler layout: no offload, fewer stages, no cp, larger micro-batches")
     if any(p.folded for p in plans):
         lines.append("a range (zero 1-2, full(1..6)) folds near-duplicates of one layout into a row; the row's plan "
                      "is one concrete member (--format json)")

@@ -202,6 +202,9 @@ def torchtitan_fsdp2() -> list[StepCase]:
 #: at 067f987d), so Megatron's main-gradient buffers are BF16 (grad_precision bf16), not the FP32 of its default.
 BRIDGE = {"fp8_param_gather": True, "grad_precision": "bf16"}
 PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
+    # NeMo's interleaved pipelines overlap their transfers, as Strategy.overlap_p2p_comm defaults: the NeMo Framework
+    # Launcher's llama2_70b training config (tp 4, pp 4, vp 20, this table's layout) sets overlap_p2p_comm: true,
+    # batch_p2p_comm: false (launcher_scripts/conf/training/llama/llama2_70b.yaml, NVIDIA/NeMo-Framework-Launcher@0446d2c0)
     "nemo_h100_fp8": ("NeMo DGX-H100 FP8", {"cluster": "dgx-h100", "precision": "fp8"}),
     "mbridge_25_09": ("Megatron-Bridge 25.09", BRIDGE),
     "mbridge_25_11": ("Megatron-Bridge 25.11", BRIDGE),

@@ -28,6 +28,11 @@ OPTIONAL_COUNTS = ("recompute_num_layers", "num_layers_in_first_stage", "num_lay
                    "offload_activation_layers")
 
 
+#: Columns `StrategyArrays.from_columns` may be given without (their Strategy defaults, as codes).
+COLUMN_DEFAULTS = {"embedding_as_layer": False, "loss_as_layer": False, "overlap_moe_comm": False,
+                   "overlap_p2p_comm": True, "recompute_modules": 0, "offload_activation_layers": 0}
+
+
 #: Fields a strategy-like object may leave out (their Strategy defaults).
 DEFAULTED = {**{name: None for name in OPTIONAL_COUNTS}, "overlap_p2p_comm": True}
 
@@ -105,10 +110,7 @@ class StrategyArrays:
                 out[name] = np.broadcast_to(value, (n, value.shape[1])).copy()
                 continue
             dtype = bool if name in cls.BOOL_FIELDS else np.int64
-            default = (False if name in ("embedding_as_layer", "loss_as_layer", "overlap_moe_comm")
-                       else True if name == "overlap_p2p_comm"
-                       else 0 if name in ("recompute_modules", "offload_activation_layers") else None)
-            value = columns[name] if default is None or name in columns else default
+            value = columns[name] if name in columns or name not in COLUMN_DEFAULTS else COLUMN_DEFAULTS[name]
             out[name] = np.broadcast_to(np.asarray(value, dtype=dtype), (n,)).copy()
         return cls(**out)
 

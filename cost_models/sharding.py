@@ -114,7 +114,7 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     compute-stream work caused by the sharding; raw is the traffic before any overlap.
     """
     from cost_models.memory import kind_expert_params_per_rank, kind_params_per_rank, param_gather_saving_per_element
-    from cost_models.step import layout_and_zero, spread
+    from cost_models.step import spread
     from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES
 
     impl = zero3_impls()[impl_name]
@@ -124,7 +124,7 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     grad_b, weight_b = DTYPE_BYTES[train.grad_precision], WEIGHT_BYTES[train.precision]
     z3 = st.zero_stage == 3  # only those candidates' traffic is used: the others' is zero
 
-    classes = layout_and_zero(s)
+    classes = s.layout_zero_classes
 
     def timed(nbytes, size, stride):  # the bytes (ZeRO-3 candidates' only) and groups: per (layout, ZeRO stage)
         return spread(classes, len(st), lambda b, n, d: collective_s(s, impl, b, n, d), nbytes * z3, size, stride)

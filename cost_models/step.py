@@ -154,6 +154,19 @@ class Setup:
         return per_row(self.counts, per_kind)
 
     @cached_property
+    def layout_zero_classes(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The distinct (layout, ZeRO stage) pairs, as `spread` takes them: the data parallel traffic's
+        bytes depend on the layout and on which collectives the ZeRO stage runs (the others get zero
+        bytes, which the curves skip)."""
+        return layout_and(self.lay, self.st.zero_stage)
+
+    @cached_property
+    def offloaded_activations(self) -> np.ndarray:
+        """Bytes of activations one rank of each stage row offloads to the host per micro-batch (S, N)
+        (`cost_models.memory.offloaded_activation_bytes`)."""
+        return offloaded_activation_bytes(self.blocks, self.x, self.st, self.counts)
+
+    @cached_property
     def quantised_kinds(self) -> tuple[np.ndarray, np.ndarray]:
         """Weight elements of the FP8 GEMMs of one layer of each kind on one rank, outside the routed
         experts and of them: ((K, N), (K, N)) (`cost_models.memory.kind_quantised_weights`)."""
@@ -527,7 +540,7 @@ def activation_offload_s(s: Setup, pl: PerLayerTimes) -> np.ndarray:
         link = min(link, host.memory_bw_bytes_per_s / s.cluster.gpus_per_node)
     layers = s.counts.sum(axis=0)
     n = offloaded_layers(st, layers)
-    per_layer = offloaded_activation_bytes(s.blocks, s.x, st, s.counts) / np.maximum(n, 1)
+    per_layer = s.offloaded_activations / np.maximum(n, 1)
     copy = per_layer / link
     fwd = s.per_row(pl.fwd_s) / np.maximum(layers, 1)
     bwd = s.per_row(pl.bwd_s) / np.maximum(layers, 1)
@@ -591,10 +604,6 @@ def layout_and_shape(lay: ParallelLayout, x: Micro) -> tuple[np.ndarray, np.ndar
     return layout_and(lay, x.distinct[1])
 
 
-def layout_and_zero(s: Setup) -> tuple[np.ndarray, np.ndarray] | None:
-    """The distinct (layout, ZeRO stage) pairs: the data parallel traffic's bytes depend on the layout and
-    on which collectives the ZeRO stage runs (the others get zero bytes, which the curves skip)."""
-    return layout_and(s.lay, s.st.zero_stage)
 
 
 def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -614,7 +623,7 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     # the bytes and groups below depend on the layout and the ZeRO stage alone: each collective is timed
     # once per distinct pair, and gets the bytes of the candidates that run it only (zero elsewhere: a
     # measured-curve model skips those; the tier model's answer there is discarded by the np.where)
-    classes, n = layout_and_zero(s), len(st)
+    classes, n = s.layout_zero_classes, len(st)
 
     def reduce_s(nbytes, size, stride):
         return np.where(zero == 0, spread(classes, n, comm.all_reduce_s, nbytes * (zero == 0), size, stride),
@@ -703,7 +712,7 @@ def offloaded_bytes(s: Setup) -> np.ndarray:
     optimizer states (fp32 master weights and moments) and the fp32 gradients it steps on; with
     activations offloaded, theirs (`cost_models.memory.offloaded_activation_bytes`)."""
     st, train = s.st, s.train
-    activations = offloaded_activation_bytes(s.blocks, s.x, st, s.counts)
+    activations = s.offloaded_activations
     if not st.offload_optimizer.any():
         return np.broadcast_to(activations, s.params.shape) * 1.0
     per_param = optimizer_state_bytes(train.optimizer, train.precision) + FP32

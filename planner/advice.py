@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from planner.errors import SpecError
+from planner.rules import host_known
 from planner.specs import Plan
 
 GIB = 2**30
@@ -38,10 +39,9 @@ def _activation_offload_room(p: Plan) -> bool:
     """Megatron can offload (more) layers' activations: the only framework that does, with pp 1, no
     recomputation and fewer offloaded layers than the model has (planner.rules `activation_offload`),
     to a host the cluster profile describes."""
-    s, c = p.strategy, p.cluster
+    s = p.strategy
     return (p.train.framework == "megatron" and s.pp == 1 and s.recompute == "none"
-            and (s.offload_activation_layers or 0) < p.model.num_layers - 1
-            and c.host is not None and c.gpu.host_link_bw_bytes_per_s is not None)
+            and (s.offload_activation_layers or 0) < p.model.num_layers - 1 and host_known(p.cluster))
 
 
 KNOBS: dict[str, list[Knob]] = {

@@ -40,25 +40,26 @@ def _expert_ranks_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
     return (st.tp * st.cp * st.dp) % (st.etp * st.ep) == 0
 
 
+def host_known(cluster) -> bool:
+    """Whether offloading has a host to go to: the cluster profile's `host:` section and the GPU's
+    `host_link_gb_per_s` (no cluster: not checked)."""
+    return cluster is None or (cluster.host is not None and cluster.gpu.host_link_bw_bytes_per_s is not None)
+
+
 def _offload_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
-    cluster = ctx.cluster
-    known = cluster is None or (cluster.host is not None and cluster.gpu.host_link_bw_bytes_per_s is not None)
-    return ~st.offload_optimizer | known
+    return ~st.offload_optimizer | host_known(ctx.cluster)
 
 
 def _activation_offload_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
     """Megatron-core's TransformerConfig checks (0.16: cpu_offloading_num_layers below num_layers, no
     pipeline parallelism, no recomputation) and a known host to offload to."""
-    cluster = ctx.cluster
-    known = cluster is None or (cluster.host is not None and cluster.gpu.host_link_bw_bytes_per_s is not None)
     n = st.offload_activation_layers
-    return (n == 0) | ((n < ctx.model.num_layers) & (st.pp == 1) & (st.recompute == 0) & known)
+    return (n == 0) | ((n < ctx.model.num_layers) & (st.pp == 1) & (st.recompute == 0) & host_known(ctx.cluster))
 
 
 def _activation_offload_msg(ctx: Context, r: dict) -> str:
-    cluster = ctx.cluster
-    host = "" if cluster is None or (cluster.host is not None and cluster.gpu.host_link_bw_bytes_per_s is not None) \
-        else (f"; cluster {cluster.name} has no `host:` section or GPU `host_link_gb_per_s` in its profile")
+    host = "" if host_known(ctx.cluster) else (f"; cluster {ctx.cluster.name} has no `host:` section or GPU "
+                                               "`host_link_gb_per_s` in its profile")
     return (f"offload_activation_layers ({r['offload_activation_layers']}) must be below num_layers "
             f"({ctx.model.num_layers}) and needs pp 1 (is {r['pp']}) and recompute 'none' (is {r['recompute']!r}): "
             "Megatron-core offloads activations without pipeline parallelism or recomputation only" + host)

@@ -525,17 +525,30 @@ def offload_stall_s(copy_s, layer_s, offloaded, layers) -> np.ndarray:
     return np.where(n > 0, np.maximum(np.where(c <= t, short, long), 0.0), 0.0)
 
 
+def host_copy_bw(gpu, host) -> float:
+    """Bytes/s one GPU copies to or from the host while every GPU of the server copies at once: its
+    host link, shared with the other GPUs behind the same uplink (`HostSpec.gpus_per_host_link`, two
+    behind each PCIe switch of a DGX A100); infinite where the GPU profile gives no link.
+
+    >>> from types import SimpleNamespace as S
+    >>> host_copy_bw(S(host_link_bw_bytes_per_s=25e9), S(gpus_per_host_link=2)) / 1e9
+    12.5
+    """
+    link = gpu.host_link_bw_bytes_per_s or np.inf
+    return link / host.gpus_per_host_link if host is not None else link
+
+
 def activation_offload_s(s: Setup, pl: PerLayerTimes) -> np.ndarray:
     """Exposed time of activation offloading in one micro-batch on each stage row (S, N): the forward's
     copies to the host and the backward's copies back (`offload_stall_s`), at the slower of the GPU's
-    host link (one direction each) and its share of the host's DRAM bandwidth (the copies are DMA, so
+    share of its host link (`host_copy_bw`, one direction each) and its share of the host's DRAM bandwidth (the copies are DMA, so
     the DRAM's peak, not a CPU kernel's share of it). The offloaded layers are the model's first ones
     (one stage: pp 1); each is the stage's average layer."""
     st = s.st
     if not np.any(st.offload_activation_layers):
         return np.zeros(s.params.shape)
-    gpu, host = s.gpu, s.cluster.host
-    link = gpu.host_link_bw_bytes_per_s or np.inf
+    host = s.cluster.host
+    link = host_copy_bw(s.gpu, host)
     if host is not None:
         link = min(link, host.memory_bw_bytes_per_s / s.cluster.gpus_per_node)
     layers = s.counts.sum(axis=0)
@@ -690,14 +703,15 @@ def offload_step_s(s: Setup, opt_params: np.ndarray, bwd_mb: np.ndarray) -> np.n
     produces them, so the device-to-host copy hides behind the last micro-batch's backward
     (as the gradient reduction does); the CPU step and the copy back are on the critical path
     (DeepSpeed's delayed parameter update, which hides them, changes the numerics and is
-    not modelled). The host's DRAM bandwidth is shared by the GPUs of a server.
+    not modelled). The host's DRAM bandwidth is shared by the GPUs of a server, and the host link by
+    the GPUs behind one uplink (`host_copy_bw`).
     """
     gpu, host, train = s.gpu, s.cluster.host, s.train
     if not s.st.offload_optimizer.any():
         return np.zeros(opt_params.shape)
     if gpu.host_link_bw_bytes_per_s is None or host is None:
         return np.zeros(opt_params.shape)  # unknown host: the rules refuse offload, and say why
-    link = gpu.host_link_bw_bytes_per_s
+    link = host_copy_bw(gpu, host)
     d2h = opt_params * DTYPE_BYTES[train.grad_precision] / link
     h2d = opt_params * WEIGHT_BYTES[train.precision] / link
     traffic = optimizer_step_traffic_bytes(train.optimizer, train.precision, train.grad_precision)

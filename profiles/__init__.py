@@ -252,7 +252,7 @@ TIER_YAML_FIELDS = ("bw_gb_per_s", "latency_us", "efficiency", "gather_scatter_e
 CLUSTER_SCALARS = ("gpus_per_node", "nvlink_domain_size", "max_gpus", "comm_overlap", "comm_compute_slowdown",
                    "tp_comm_overlap", "moe_load_imbalance")
 CLUSTER_YAML_FIELDS = (*CLUSTER_SCALARS, *TIER_YAML_FIELDS)
-HOST_YAML_FIELDS = ("memory_gib", "memory_bw_gb_per_s", "memory_efficiency")
+HOST_YAML_FIELDS = ("memory_gib", "memory_bw_gb_per_s", "memory_efficiency", "gpus_per_host_link")
 
 
 def _host(data: Any, what: str) -> HostSpec:
@@ -267,8 +267,9 @@ def _host(data: Any, what: str) -> HostSpec:
         raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{what} has a non-numeric value: {exc}") from None
-    if "memory_efficiency" in data:
-        fields["memory_efficiency"] = data.pop("memory_efficiency")
+    for key in ("memory_efficiency", "gpus_per_host_link"):
+        if key in data:
+            fields[key] = data.pop(key)
     if data:
         raise SpecError(f"{what} has unknown field(s): {', '.join(sorted(data))}")
     return _validated(HostSpec, fields, what)

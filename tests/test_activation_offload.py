@@ -83,3 +83,17 @@ def test_the_search_offloads_just_enough_where_nothing_else_fits():
     off = plan("llama3-70b", "gb200-nvl72", 64, 128, 8192, constraints=cons | {"offload_activation_layers": None},
                top_k=3, headroom=0.0, **FP8)
     assert not off.plans and all(not p.strategy.offload_activation_layers for p in off.closest)
+
+
+def test_gpus_behind_one_pcie_switch_share_its_uplink():
+    # DGX A100: two GPUs behind each PCIe switch's x16 uplink, so each copies at half its link's rate
+    model, cluster, train = make_inputs("llama3-70b", "dgx-a100-80gb", 64, 128, 4096)
+    assert cluster.host.gpus_per_host_link == 2
+    own = cluster.model_copy(update={"host": cluster.host.model_copy(update={"gpus_per_host_link": 1})})
+    strategy = Strategy(zero_stage=3, offload_activation_layers=60)
+    shared, alone = (evaluate(model, c, 64, 128, 4096, strategy=strategy).time_s["activation_offload"]
+                     for c in (cluster, own))
+    assert shared > 1.0 and alone < shared / 2  # 60 layers' copies at 12.5 GB/s stall; at 25 GB/s they nearly hide
+    opt = Strategy(zero_stage=1, tp=8, offload_optimizer=True)
+    shared, alone = (evaluate(model, c, 64, 128, 4096, strategy=opt).time_s["optimizer"] for c in (cluster, own))
+    assert shared > alone

@@ -155,6 +155,10 @@ class HostSpec(Spec):
     memory_efficiency: float = Field(
         0.6, gt=0, le=1, description="Share of the peak DRAM bandwidth a vectorised CPU optimizer sustains."
     )
+    gpus_per_host_link: int = Field(
+        1, ge=1, le=MAX_GPUS, description="GPUs whose host copies share one uplink to the CPU (the GPUs behind one "
+        "PCIe switch, as on DGX A100); each gets this share of its `host_link_bw_bytes_per_s` while all copy at once."
+    )
 
 
 class ClusterSpec(Spec):

@@ -22,6 +22,8 @@ Mapping choices:
   no checkpointing; full recomputation is `model.gradient_checkpointing_enable()`
   plus, with pp > 1, a `PipelineGradientCheckpointConfig` of checkpointed layers
   per stage.
+- An interleaved schedule overlaps its steady-state transfers (`overlap_p2p`, the plugin's default);
+  a plan with `overlap_p2p_comm` off writes `overlap_p2p=False`.
 
 Refused: zero_stage 2 with pp > 1 (the plugin asserts ZeRO 0 or 1 with pipelines),
 zero_stage 3 with pp > 1 or cp > 1, cp > 1 together with sequence_parallel,
@@ -200,6 +202,8 @@ def _hybrid_kwargs(f: PlanFacts, precision: str, notes: list[str]) -> dict[str, 
         kwargs |= {"microbatch_size": s.micro_batch_size, "num_microbatches": f.num_microbatches}
         if s.vpp > 1:
             kwargs |= {"pp_style": "interleaved", "num_model_chunks": s.vpp}
+            if not s.overlap_p2p_comm:  # the plugin overlaps the interleaved schedule's transfers by default
+                kwargs["overlap_p2p"] = False
         if not f.even_split:
             kwargs["num_layers_per_stage"] = f.layers_per_stage()
         if s.recompute == "full":

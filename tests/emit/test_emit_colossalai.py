@@ -33,6 +33,7 @@ LLAMA8_24 = ("llama3-8b", "dgx-h100", 24, 48, 4096)
      "HybridParallelPlugin"),
     (LLAMA8, dict(tp=2, cp=2, zero_stage=2, recompute="selective"), "HybridParallelPlugin"),
     (LLAMA70, dict(tp=8, pp=8, vpp=2, zero_stage=1, sequence_parallel=True, recompute="full"), "HybridParallelPlugin"),
+    (LLAMA70, dict(tp=8, pp=8, vpp=2, zero_stage=1, overlap_p2p_comm=False), "HybridParallelPlugin"),
     (("llama3.1-405b", "dgx-h100", 512, 256, 8192),
      dict(tp=8, pp=8, num_layers_in_first_stage=15, num_layers_in_last_stage=15, zero_stage=1), "HybridParallelPlugin"),
     (LLAMA8, dict(tp=2, pp=4, stage_layers=[7, 9, 10, 6], zero_stage=1, recompute="full"), "HybridParallelPlugin"),
@@ -103,3 +104,10 @@ def test_flash2_keeps_colossalais_flash_attention():
                                      framework="colossalai"))
         assert spec["kwargs"]["enable_flash_attention"] is True
         assert any("faster than planned" in n for n in spec["notes"]) == (kernel == "flash1")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_interleaved_transfers_overlap_unless_the_plan_turns_it_off(overlap):
+    plan = make_plan(*LLAMA70, strategy=dict(tp=8, pp=8, vpp=2, zero_stage=1, overlap_p2p_comm=overlap))
+    kw = plugin_spec(plan)["kwargs"]
+    assert kw.get("overlap_p2p", True) is overlap  # absent: the plugin's default, True

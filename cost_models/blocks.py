@@ -612,7 +612,8 @@ class MoE:
 
     def elementwise(self, x: Micro) -> Elementwise:
         """Router softmax/top-k (fp32 logits), permute and unpermute of the routed tokens
-        (read + write each), the experts' activation, and the shared experts'."""
+        (read + write each), the experts' activation, the shared experts', and under Megatron-core
+        the output bias of experts that have one (`expert_output_bias`)."""
         routed, act = self.routed_tokens(x), x.act
         distinct = x.tokens / x.seq_split
         router = 2 * FP32 * distinct * self.num_experts
@@ -620,7 +621,32 @@ class MoE:
         per, kernels = gated_activation(self.gated, x)
         activation = per * routed * self.ffn / x.etp
         shared = self.shared.elementwise(x) if self.shared else Elementwise(ZERO, 0)
-        return Elementwise(router + permute + activation + shared.bytes, 3 + kernels + shared.num_kernels)
+        bias = self.expert_output_bias(x)
+        return Elementwise(router + permute + activation + shared.bytes + bias.bytes,
+                          3 + kernels + shared.num_kernels + bias.num_kernels)
+
+    def expert_output_bias(self, x: Micro) -> Elementwise:
+        """Megatron-core's TEGroupedMLP adds the second expert linear's bias outside the GEMM, weighted
+        by each token's routing probability, one expert at a time (`TEGroupedMLP._apply_bias`,
+        megatron/core/transformer/moe/experts.py, core_v0.16.1 to core_v0.19.0: linear_fc2 has
+        skip_bias_add=True, then torch.cat([t + b * p for each local expert's rows])): per routed
+        element b·p writes one value, the add reads two and writes one, the cat reads and writes one,
+        all in the 16-bit activation type (the router's probabilities are cast to it without
+        moe_router_dtype): 6 values; two kernels per local expert and the cat. Nothing for models
+        whose experts have no bias, or under another framework.
+
+        >>> x = Micro(4096, np.array([1]), np.array([1]), np.ones(1), np.zeros(1, bool), "bf16", "flash",
+        ...           ep=np.array([64]), etp=np.array([1]))
+        >>> moe = MoE(2880, 128, 4, 2880, True, 0, 0, True, True)
+        >>> b = moe.expert_output_bias(x)
+        >>> round(float(b.bytes[0]) / 1e9, 3), b.num_kernels.tolist()  # 16384 routed tokens x 2880
+        (0.566, [5.0])
+        """
+        if not self.expert_bias or x.framework != "megatron":
+            return Elementwise(ZERO, 0)
+        routed = self.routed_tokens(x)
+        local = np.asarray(self.num_experts / x.ep, dtype=float)
+        return Elementwise(6 * x.act * routed * self.hidden, 2 * local + 1)
 
     def activations(self, x: Micro) -> Activations:
         """MLP input (replicated), router probabilities (fp32, per distinct token), and per

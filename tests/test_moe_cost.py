@@ -262,3 +262,26 @@ def test_grouped_gemm_rate_matches_transformer_engines_published_multi_stream_be
     flop = 2.0 * experts * m * n * k
     rate = flop / float(np.ravel(gemm_time(Gemm(flop, m, n, k, True, experts, True), load_gpu("h100-sxm"), "bf16"))[0])
     assert rate / 1e12 == pytest.approx(measured, rel=0.10)
+
+
+def test_megatrons_expert_output_bias_is_a_per_expert_pass_over_the_routed_tokens():
+    """gpt-oss's experts have biases; Megatron-core adds fc2's outside the GEMM, one local expert at a
+    time (TEGroupedMLP._apply_bias): 6 activation-type values per routed element, which other
+    frameworks' code (and bias-free experts) do not pay."""
+    from cost_models.blocks import Micro, MoE
+    from profiles import load_model
+
+    def x(framework):
+        return Micro(4096, np.array([4]), np.array([1]), np.ones(1), np.zeros(1, bool), "bf16", "flash",
+                     ep=np.array([8]), etp=np.array([1]), framework=framework)
+
+    biased, plain = MoE(2880, 128, 4, 2880, True, 0, 0, True, True), MoE(2880, 128, 4, 2880, True, 0, 0, False, True)
+    extra = biased.elementwise(x("megatron")).bytes - plain.elementwise(x("megatron")).bytes
+    assert extra[0] == pytest.approx(6 * 2 * 4 * 4096 * 4 * 2880)  # 6 bf16 values x routed tokens x hidden
+    assert biased.expert_output_bias(x("megatron")).num_kernels[0] == 2 * 16 + 1
+    assert biased.expert_output_bias(x("torchtitan")).num_kernels == 0
+    kw = dict(strategy=dict(ep=8, pp=1, micro_batch_size=4, zero_stage=1))
+    with_bias = evaluate("gpt-oss-120b", "dgx-b200", 64, 1280, 4096, **kw)
+    without = evaluate(load_model("gpt-oss-120b").model_copy(update={"moe_expert_bias": False}),
+                       "dgx-b200", 64, 1280, 4096, **kw)
+    assert with_bias.time_s["compute"] > without.time_s["compute"]

@@ -613,17 +613,43 @@ class MoE:
     def elementwise(self, x: Micro) -> Elementwise:
         """Router softmax/top-k (fp32 logits), permute and unpermute of the routed tokens
         (read + write each), the experts' activation, the shared experts', and under Megatron-core
-        the output bias of experts that have one (`expert_output_bias`)."""
+        the all-to-all dispatcher's sort by local expert (`sort_by_local_expert`) and the output bias
+        of experts that have one (`expert_output_bias`). The permute and unpermute are Megatron's
+        alltoall and DeepEP paths' own kernels (token_dispatcher.py: permute before the all-to-all,
+        or after DeepEP's dispatch); HybridEP's dispatch and combine kernels write and read the tokens
+        in expert order themselves, and the two passes stand for those copies (an estimate)."""
         routed, act = self.routed_tokens(x), x.act
         distinct = x.tokens / x.seq_split
         router = 2 * FP32 * distinct * self.num_experts
         permute = 2 * 2 * act * routed * self.hidden
+        sort = self.sort_by_local_expert(x)
         per, kernels = gated_activation(self.gated, x)
         activation = per * routed * self.ffn / x.etp
         shared = self.shared.elementwise(x) if self.shared else Elementwise(ZERO, 0)
         bias = self.expert_output_bias(x)
-        return Elementwise(router + permute + activation + shared.bytes + bias.bytes,
-                          3 + kernels + shared.num_kernels + bias.num_kernels)
+        return Elementwise(router + permute + sort.bytes + activation + shared.bytes + bias.bytes,
+                          3 + kernels + sort.num_kernels + shared.num_kernels + bias.num_kernels)
+
+    def sort_by_local_expert(self, x: Micro) -> Elementwise:
+        """Megatron-core's all-to-all dispatcher receives each source rank's tokens in one chunk and,
+        with more than one local expert, sorts them by expert before the experts ("Permutation 2",
+        `sort_chunks_by_idxs` in MoEAlltoAllTokenDispatcher.dispatch_postprocess) and back after them
+        (combine_preprocess): two more passes over the routed tokens (read and write each) than the
+        flex dispatcher (DeepEP, HybridEP), whose dispatch kernel delivers the tokens per expert
+        (megatron/core/transformer/moe/token_dispatcher.py, core_v0.16.1). Nothing under another
+        framework or with one local expert.
+
+        >>> x = Micro(4096, np.array([1, 1]), np.array([1, 1]), np.ones(2), np.zeros(2, bool), "bf16", "flash",
+        ...           ep=np.array([8, 128]), etp=np.array([1, 1]))
+        >>> sort = MoE(2048, 128, 8, 768, True, 0, 0, False, False).sort_by_local_expert(x)
+        >>> (sort.bytes / 1e6).round(1).tolist(), sort.num_kernels.tolist()  # 32768 routed tokens x 2048
+        ([536.9, 0.0], [2, 0])
+        """
+        if x.framework != "megatron" or x.moe_dispatcher != "alltoall":
+            return Elementwise(ZERO, 0)
+        several = np.asarray(self.num_experts / x.ep) > 1
+        passes = 2 * 2 * x.act * self.routed_tokens(x) * self.hidden
+        return Elementwise(np.where(several, passes, 0.0), np.where(several, 2, 0))
 
     def expert_output_bias(self, x: Micro) -> Elementwise:
         """Megatron-core's TEGroupedMLP adds the second expert linear's bias outside the GEMM, weighted

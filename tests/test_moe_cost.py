@@ -285,3 +285,22 @@ def test_megatrons_expert_output_bias_is_a_per_expert_pass_over_the_routed_token
     without = evaluate(load_model("gpt-oss-120b").model_copy(update={"moe_expert_bias": False}),
                        "dgx-b200", 64, 1280, 4096, **kw)
     assert with_bias.time_s["compute"] > without.time_s["compute"]
+
+
+def test_alltoall_dispatcher_sorts_by_local_expert_where_the_flex_dispatcher_does_not():
+    """Megatron's alltoall dispatcher sorts the received tokens by local expert and back (two more
+    passes over the routed tokens); DeepEP's dispatch delivers them per expert. With one expert per
+    rank there is nothing to sort."""
+    from cost_models.blocks import Micro
+    from profiles import load_model
+
+    moe = model_blocks(load_model("qwen3-30b-a3b")).kinds[0].moe()
+
+    def ew(dispatcher, ep):
+        x = Micro(4096, np.array([2]), np.array([1]), np.ones(1), np.zeros(1, bool), "bf16", "flash",
+                  ep=np.array([ep]), etp=np.array([1]), moe_dispatcher=dispatcher)
+        return moe.elementwise(x).bytes[0]
+
+    routed = 2 * 4096 * 8
+    assert ew("alltoall", 8) - ew("deepep", 8) == pytest.approx(2 * 2 * 2 * routed * 2048)
+    assert ew("alltoall", 128) == pytest.approx(ew("deepep", 128))

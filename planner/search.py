@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from cost_models import CostArrays, StrategyArrays, evaluate_arrays
+from cost_models.arrays import RECOMPUTE_CODE, modules_mask
 from cost_models.layout import STAGE_NAMES
 from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs
 from planner.error_band import band_fields, errors_of, overlaps_best
@@ -53,6 +54,8 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
     # the offloaded twins of the plans that do not fit, scored together (one more evaluation, one concatenation)
     twins = ([_activation_offload_twins(model, candidates, costs, limit)]
              if "offload_activation_layers" not in (constraints or {}) else [])
+    twins += ([_module_recompute_twins(model, candidates, costs, limit)]
+              if not {"recompute", "recompute_modules"} & set(constraints or {}) else [])
     twins += [_optimizer_offload_twins(candidates, costs)] if free_offload else []
     twins = [t for t in twins if len(t)]
     if twins:
@@ -193,6 +196,42 @@ def _activation_offload_twins(model, candidates: StrategyArrays, costs: CostArra
     keep = (counts >= 1) & (counts <= L - 1)
     twins = candidates.take(np.tile(need, 3)[keep])
     twins.offload_activation_layers[:] = counts[keep].astype(np.int64)
+    return twins
+
+
+#: Megatron's `--recompute-modules` sets the search tries on mixture-of-experts and latent-attention models,
+#: the modules that free the most for the least recompute first. They are what NVIDIA's recipes run:
+#: Megatron-Bridge's DeepSeek-V3 recipes recompute mla_up_proj (with mlp on H100), its MoE recipes moe_act
+#: and layernorm (src/megatron/bridge/recipes/, perf_recipes/, at 067f987d). Each set applies where the
+#: model has its modules.
+MODULE_RECOMPUTE_SETS = (("moe_act",), ("layernorm", "moe_act"), ("mla_up_proj",), ("mla_up_proj", "moe_act"),
+                         ("layernorm", "mla_up_proj", "moe_act"))
+
+
+def module_recompute_sets(model) -> list[int]:
+    """The `MODULE_RECOMPUTE_SETS` (as bit masks) whose modules `model` has: none for a dense model
+    without latent attention (its recompute choices are the searched none, selective and full)."""
+    has = {"moe_act": model.num_experts > 0, "mla_up_proj": bool(model.is_mla), "layernorm": True}
+    if not (has["moe_act"] or has["mla_up_proj"]):
+        return []
+    return [modules_mask(s) for s in MODULE_RECOMPUTE_SETS if all(has[m] for m in s)]
+
+
+def _module_recompute_twins(model, candidates: StrategyArrays, costs: CostArrays, limit: float) -> StrategyArrays:
+    """For every plan over the memory limit without recomputation, the same plan with selective recompute
+    of each of the model's `module_recompute_sets`: recomputing a module frees part of the activations
+    for a share of the forward, which may fit where no recomputation does not and run faster than full
+    recompute. Plans whose excess is more than all their activations cannot fit by recomputing modules
+    and get no twins; the rules refuse what the framework cannot run."""
+    sets = module_recompute_sets(model)
+    if not sets:
+        return candidates.take(np.array([], dtype=np.int64))
+    over = costs.peak_memory_bytes - limit
+    need = np.flatnonzero((over > 0) & (over <= costs.memory_bytes["activations"]) & (candidates.recompute == 0)
+                          & (candidates.offload_activation_layers == 0))
+    twins = candidates.take(np.repeat(need, len(sets)))
+    twins.recompute[:] = RECOMPUTE_CODE["selective"]
+    twins.recompute_modules[:] = np.tile(np.array(sets, dtype=np.int64), len(need))
     return twins
 
 

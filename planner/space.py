@@ -38,7 +38,11 @@ Default choices per field (constraints replace them):
 - offload_optimizer: off, and on wherever zero_stage >= 1 (the search scores the offloaded
   twin of a plan only when the plan does not fit without it: offload only adds time).
 - recompute: none, selective, full (all layers) and full with recompute_num_layers (Megatron's
-  block method) on the ladder `RECOMPUTE_LAYER_STEPS` below the layers per chunk.
+  block method) on the ladder `RECOMPUTE_LAYER_STEPS` below the layers per chunk. recompute_modules:
+  unset (selective recompute is core_attn), and for mixture-of-experts and latent-attention models the
+  search adds, for each plan over the memory limit without recomputation, its twins that recompute
+  `planner.search.MODULE_RECOMPUTE_SETS` (moe_act, layernorm, mla_up_proj), unless a constraint fixes
+  recompute or recompute_modules.
 - offload_activation_layers: off (the search adds, for each plan that does not fit with pp 1 and no
   recomputation, the twin that offloads just enough layers' activations to fit).
 - overlap_grad_reduce / overlap_param_gather / overlap_p2p_comm: on. overlap_moe_comm: off (a constraint turns it on:

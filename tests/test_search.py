@@ -131,3 +131,33 @@ def test_uneven_pipeline_for_405b():
                   constraints={"pp": 16, "tp": 8}, top_k=1)
     s = result.plans[0].strategy
     assert ParallelLayout.of_strategy(s, 126).layers_per_stage() == [7] + [8] * 14 + [7]
+
+
+def test_module_recompute_twins_are_scored_for_moe_and_latent_attention_only():
+    from planner.search import module_recompute_sets
+    from profiles import load_model
+
+    from cost_models.arrays import modules_of
+
+    assert module_recompute_sets(load_model("llama3-70b")) == []
+    qwen = [modules_of(m) for m in module_recompute_sets(load_model("qwen3-235b-a22b"))]
+    assert qwen == [["moe_act"], ["layernorm", "moe_act"]]
+    dsv3 = [modules_of(m) for m in module_recompute_sets(load_model("deepseek-v3"))]
+    assert ["mla_up_proj"] in dsv3 and ["layernorm", "mla_up_proj", "moe_act"] in dsv3
+
+
+def test_a_moe_plan_over_the_limit_without_recompute_fits_by_recomputing_modules():
+    question = dict(model="qwen3-235b-a22b", cluster="dgx-h100", num_gpus=256, global_batch_size=8192, seq_len=4096,
+                    precision="fp8", constraints={"tp": 4, "pp": 16, "vpp": 2, "ep": 8, "micro_batch_size": 2,
+                                                  "zero_stage": 1, "offload_optimizer": False}, top_k=20)
+    r = plan(**question)
+    modules = [p for p in r.plans if p.strategy.recompute_modules]
+    assert modules and all(p.strategy.recompute == "selective" for p in modules)
+    best = modules[0]
+    none = evaluate(best.model, best.cluster, 256, 8192, 4096, precision="fp8",
+                    strategy=best.strategy.model_copy(update={"recompute": "none", "recompute_modules": None}))
+    assert not none.fits or none.peak_memory_bytes > 0.95 * none.memory_capacity_bytes  # over the limit without
+    assert best.estimate.peak_memory_bytes < none.peak_memory_bytes
+    # a recompute constraint is the user's choice: no twins
+    fixed = plan(**question | {"constraints": question["constraints"] | {"recompute": ["none", "full"]}})
+    assert not any(p.strategy.recompute_modules for p in fixed.plans)

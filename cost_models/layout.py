@@ -257,7 +257,7 @@ class ParallelLayout:
         ex = self.explicit
         if ex is not None and ex.has[i]:
             if ex.shape_ok[i]:
-                return [int(x) for x in ex.rank_layers[i, :p]]
+                return [int(x) for x in ex.rank_layers[ex.of(i), :p]]
             return (self.given_split(i) + [0] * p)[:p]
         # Every other split is the stage rows' (rank 0, a middle rank, rank pp-1).
         first, middle, last = (int(self.rows.layers[k, i]) for k in (0, 1, -1))
@@ -279,7 +279,7 @@ class ParallelLayout:
         p, v = int(self.pp[i]), int(self.vpp[i])
         ex = self.explicit
         if ex is not None and ex.has[i] and ex.shape_ok[i]:
-            return [int(x) for x in ex.chunks[i, :p * v]]
+            return [int(x) for x in ex.chunks[ex.of(i), :p * v]]
         emb, loss = bool(self.embedding_as_layer[i]), bool(self.loss_as_layer[i])
         if emb or loss:  # an even split of L + emb + loss; the first (last) virtual stage has one layer fewer
             each = (self.num_layers + emb + loss) // (p * v)
@@ -297,7 +297,7 @@ class ParallelLayout:
         out = self.rows.chunk_layers.max(axis=0)
         ex = self.explicit
         if ex is not None:
-            out = np.where(ex.has & self.split_ok(), ex.chunks.max(axis=1), out)
+            out = np.where(ex.has & self.split_ok(), ex.per_candidate(ex.chunks.max(axis=1)), out)
         return out
 
     def virtual_stages(self, pp_rank: int, i: int = 0) -> list[int]:
@@ -317,7 +317,20 @@ class ParallelLayout:
         """The explicit splits read per virtual stage (None when no candidate has one)."""
         if self.stage_layers is None:
             return None
-        return _explicit_split(self.stage_layers, self.pp, self.vpp)
+        # A few distinct (split, pp, vpp) among thousands of candidates: read each once, then spread
+        ids = row_ids(np.column_stack([self.split_ids, self.pp, self.vpp]))
+        _, first, index = np.unique(ids, return_index=True, return_inverse=True)
+        small = _explicit_split(self.stage_layers[first], self.pp[first], self.vpp[first])
+        index = index.ravel()
+        return ExplicitSplit(has=small.has[index], shape_ok=small.shape_ok[index], chunks=small.chunks,
+                             rank_layers=small.rank_layers, row_pp=small.row_pp, index=index)
+
+    @functools.cached_property
+    def split_ids(self) -> np.ndarray:
+        """One integer per candidate, equal where the explicit `stage_layers` rows are (zeros without any)."""
+        if self.stage_layers is None:
+            return np.zeros(len(self), dtype=np.int64)
+        return row_ids(np.asarray(self.stage_layers) + 1)  # -1 pads: every entry non-negative
 
     def split_ok(self) -> np.ndarray:
         """Whether each candidate's stage split is possible (bool array): every rank and
@@ -340,9 +353,9 @@ class ParallelLayout:
         ok = np.where(uneven, uneven_ok, even_ok)
         ex = self.explicit
         if ex is not None:
-            ranks = np.arange(ex.rank_layers.shape[1])[None, :] < p[:, None]
-            explicit_ok = (ex.shape_ok & (ex.chunks.sum(axis=1) == L) & (ex.chunks >= 0).all(axis=1)
-                           & np.all(np.where(ranks, ex.rank_layers >= 1, True), axis=1) & ~uneven & ~emb & ~loss)
+            counts_ok = (ex.chunks.sum(axis=1) == L) & (ex.chunks >= 0).all(axis=1)
+            every_rank = (ex.rank_layers >= 1) | (np.arange(ex.rank_layers.shape[1])[None, :] >= ex.row_pp[:, None])
+            explicit_ok = (ex.shape_ok & ex.per_candidate(counts_ok & every_rank.all(axis=1)) & ~uneven & ~emb & ~loss)
             ok = np.where(ex.has, explicit_ok, ok)
         return ok
 
@@ -387,14 +400,8 @@ class ParallelLayout:
         cols = [self.tp, self.cp, self.dp, self.pp, self.vpp, self.ep, self.etp, self.first, self.last,
                 self.embedding_as_layer, self.loss_as_layer]
         if self.stage_layers is not None:
-            cols += list(np.asarray(self.stage_layers).T + 1)  # -1 pads: every column non-negative
-        key = np.zeros(n, dtype=np.int64)
-        for c in cols:  # mixed radix over small non-negative integers, re-numbered before it could overflow
-            c = np.broadcast_to(np.asarray(c, dtype=np.int64), (n,))
-            radix = int(c.max()) + 1
-            if int(key.max()) >= (2**62) // radix:
-                key = np.unique(key, return_inverse=True)[1].ravel().astype(np.int64)
-            key = key * radix + c
+            cols.append(self.split_ids)
+        key = row_ids(np.stack([np.broadcast_to(np.asarray(c, dtype=np.int64), (n,)) for c in cols], axis=1))
         _, first, index = np.unique(key, return_index=True, return_inverse=True)
         if len(first) == n:
             return None
@@ -435,9 +442,9 @@ class ParallelLayout:
         key = (key * 2 + self.embedding_as_layer) * 2 + self.loss_as_layer
         key = key * 2 + ok
         if self.stage_layers is not None:
-            _, split_id = np.unique(self.stage_layers, axis=0, return_inverse=True)
+            split_id = self.split_ids
             _, dense_id = np.unique(key, return_inverse=True)  # < N, so the product stays far below 2^63
-            key = np.asarray(dense_id).reshape(-1) * (len(self) + 1) + np.asarray(split_id).reshape(-1)
+            key = np.asarray(dense_id).reshape(-1) * (len(self) + 1) + split_id
         uniq, first_of, inverse = np.unique(key, return_index=True, return_inverse=True)
         mix = np.bincount(np.asarray(pattern), minlength=K) / len(pattern)
         per_struct = np.empty((K, rows.num_rows, len(uniq)))
@@ -521,14 +528,56 @@ class ParallelLayout:
         return (self.pp - 1) / (self.vpp * np.maximum(num_microbatches, 1))
 
 
+def row_ids(matrix: np.ndarray) -> np.ndarray:
+    """One int64 per row of a (N, C) matrix of small non-negative integers, equal exactly where the rows
+    are equal: a mixed-radix number over the columns, renumbered (1-D unique) before it could overflow;
+    a wide matrix is hashed to one column first (the index of each hash's first row), and the hash is
+    kept only when every row equals its hash's first row. Much faster than np.unique(axis=0), which
+    sorts the rows as byte strings.
+
+    >>> row_ids(np.array([[1, 2], [0, 5], [1, 2]])).tolist()
+    [8, 5, 8]
+    >>> ids = row_ids(np.array([[4, 4, 4, 4, 1], [0, 0, 0, 0, 0], [4, 4, 4, 4, 1], [4, 4, 4, 1, 4]]))
+    >>> bool(ids[0] == ids[2]), bool(ids[0] == ids[3]), bool(ids[1] == ids[3])
+    (True, False, False)
+    """
+    m = np.asarray(matrix, dtype=np.int64)
+    if m.shape[1] > 4 and m.shape[0] > 1:  # wide: one hashed column, checked exactly, instead of radix renumbering
+        weights = np.random.default_rng(0x5EED).integers(1, 2**62, size=m.shape[1], dtype=np.int64) | 1
+        with np.errstate(over="ignore"):
+            hashed = m @ weights  # wraps modulo 2^64
+        _, first, inverse = np.unique(hashed, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+        if (m == m[first][inverse]).all():  # no two different rows share a hash
+            return first[inverse].astype(np.int64)
+    key = np.zeros(m.shape[0], dtype=np.int64)
+    for c in m.T:
+        radix = int(c.max()) + 1 if len(c) else 1
+        if len(key) and int(key.max()) >= (2**62) // radix:
+            key = np.unique(key, return_inverse=True)[1].ravel().astype(np.int64)
+        key = key * radix + c
+    return key
+
+
 @dataclass
 class ExplicitSplit:
-    """Explicit `stage_layers` of N candidates read per virtual stage."""
+    """Explicit `stage_layers` of N candidates read per virtual stage. The tables hold one row per
+    distinct (split, pp, vpp) and `index` maps each candidate to its row (thousands of candidates share
+    a few splits); `of(i)` gives candidate i's row."""
 
     has: np.ndarray  # (N,) bool: the candidate gives an explicit split
     shape_ok: np.ndarray  # (N,) bool: pp counts that are multiples of vpp, or pp·vpp counts
-    chunks: np.ndarray  # (N, Q) int: layers of virtual stage j (0 past pp·vpp or where shape_ok is False)
-    rank_layers: np.ndarray  # (N, R) int: layers of pipeline rank r, the sum of its chunks (R = largest pp)
+    chunks: np.ndarray  # (U, Q) int: layers of virtual stage j (0 past pp·vpp or where shape_ok is False)
+    rank_layers: np.ndarray  # (U, R) int: layers of pipeline rank r, the sum of its chunks (R = largest pp)
+    row_pp: np.ndarray  # (U,) int: the pipeline depth of each row
+    index: np.ndarray | None = None  # (N,) row of each candidate; None: one row per candidate
+
+    def of(self, i: int) -> int:
+        return int(self.index[i]) if self.index is not None else i
+
+    def per_candidate(self, values: np.ndarray) -> np.ndarray:
+        """A per-row array spread to the candidates."""
+        return values[self.index] if self.index is not None else values
 
 
 def _explicit_split(sl: np.ndarray, pp: np.ndarray, vpp: np.ndarray) -> ExplicitSplit:
@@ -554,7 +603,7 @@ def _explicit_split(sl: np.ndarray, pp: np.ndarray, vpp: np.ndarray) -> Explicit
     rank_layers = np.zeros((n, R), dtype=np.int64)
     for r in range(R):
         rank_layers[:, r] = np.where((j % pp[:, None] == r) & inside, chunks, 0).sum(axis=1)
-    return ExplicitSplit(has=has, shape_ok=shape_ok, chunks=chunks, rank_layers=rank_layers)
+    return ExplicitSplit(has=has, shape_ok=shape_ok, chunks=chunks, rank_layers=rank_layers, row_pp=np.asarray(pp))
 
 
 @dataclass
@@ -594,16 +643,19 @@ def _stage_rows(lay: ParallelLayout) -> StageRows:
     ex = lay.explicit
     if ex is not None:
         explicit = ex.has
-        P = ex.rank_layers.shape[1]
+        rank_layers = ex.per_candidate(ex.rank_layers)
+        P = rank_layers.shape[1]
         S = max(P, 3)
         r = np.arange(S)[:, None]
-        r_cand = np.where(r < p[None, :], r, 0)  # rows past pp repeat rank 0
-        sl = np.concatenate([ex.rank_layers.T, np.zeros((S - P, n), dtype=np.int64)]) if S > P else ex.rank_layers.T
-        ex_layers = np.take_along_axis(sl, r_cand, axis=0).astype(float)
-        # Implicit rows widened to S: rows 0..2 as above, the rest repeat row 0.
+        # Row r is rank r up to rank pp-2, the last row is rank pp-1 and rows between repeat rank 0, so that
+        # for every candidate row 0 is the first rank and row -1 the last (as without explicit splits)
+        r_cand = np.where(r == S - 1, p[None, :] - 1, np.where(r < p[None, :] - 1, r, 0))
+        sl = np.concatenate([rank_layers.T, np.zeros((S - P, n), dtype=np.int64)]) if S > P else rank_layers.T
+        ex_layers = np.take_along_axis(sl, np.minimum(r_cand, S - 1), axis=0).astype(float)  # only explicit ones read
+        # Implicit rows widened to S: first, middle, copies of the middle, last.
         pad = S - 3
-        imp_layers = np.concatenate([layers, np.repeat(layers[:1], pad, axis=0)]) if pad else layers
-        imp_rank = np.concatenate([rank, np.repeat(rank[:1], pad, axis=0)]) if pad else rank
+        imp_layers = np.concatenate([layers[:2], np.repeat(layers[1:2], pad, axis=0), layers[2:]]) if pad else layers
+        imp_rank = np.concatenate([rank[:2], np.repeat(rank[1:2], pad, axis=0), rank[2:]]) if pad else rank
         layers = np.where(explicit[None, :], ex_layers, imp_layers)
         rank = np.where(explicit[None, :], r_cand, imp_rank)
     # An impossible split (the rules reject it and say why) is costed as an even one, so that

@@ -227,12 +227,37 @@ def _module_recompute_twins(model, candidates: StrategyArrays, costs: CostArrays
     if not sets:
         return candidates.take(np.array([], dtype=np.int64))
     over = costs.peak_memory_bytes - limit
-    need = np.flatnonzero((over > 0) & (over <= costs.memory_bytes["activations"]) & (candidates.recompute == 0)
-                          & (candidates.offload_activation_layers == 0))
-    twins = candidates.take(np.repeat(need, len(sets)))
+    base = (over > 0) & (candidates.recompute == 0) & (candidates.offload_activation_layers == 0)
+    rows, masks = [], []
+    for mask, share in zip(sets, _freed_shares(model, sets)):
+        # a set frees at most its share of the activations (with the allocator's slack on top: 10 %)
+        need = np.flatnonzero(base & (over <= MODULE_SHARE_SLACK * share * costs.memory_bytes["activations"]))
+        rows.append(need)
+        masks.append(np.full(len(need), mask, dtype=np.int64))
+    twins = candidates.take(np.concatenate(rows))
     twins.recompute[:] = RECOMPUTE_CODE["selective"]
-    twins.recompute_modules[:] = np.tile(np.array(sets, dtype=np.int64), len(need))
+    twins.recompute_modules[:] = np.concatenate(masks)
     return twins
+
+
+#: Headroom on a module set's freed share when deciding whether its twin could fit (the allocator's slack
+#: grows with the tensors; the shares are taken at one micro-batch shape).
+MODULE_SHARE_SLACK = 1.1
+
+
+def _freed_shares(model, sets: list[int]) -> list[float]:
+    """For each module set, the largest share of one layer's stored activations it frees, over the model's
+    layer kinds (one micro-batch of 4,096 tokens, no model parallelism: the shares hardly move with the
+    shape; cost_models.memory.kind_activation_bytes)."""
+    from cost_models.blocks import Micro, model_blocks
+    from cost_models.memory import kind_activation_bytes
+
+    one = np.ones(1, dtype=np.int64)
+    x = Micro(4096, one, one, np.ones(1), np.zeros(1, bool), "bf16", "flash", ep=one, etp=one)
+    kinds = model_blocks(model).kinds
+    full = [float(kind_activation_bytes(k, x, 0)[0]) for k in kinds]
+    return [max(1.0 - float(kind_activation_bytes(k, x, 1, mask)[0]) / f for k, f in zip(kinds, full) if f > 0)
+            for mask in sets]
 
 
 def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:

@@ -18,6 +18,9 @@ Default choices per field (constraints replace them):
     uneven split when pp·vpp does not divide L (Llama 3's 7/8…8/7 on pp 16, DeepSeek-V3's
     61 layers) and the lighter first/last rank when it does (the first rank keeps the most
     micro-batches in flight, the last carries the output layer and the loss).
+  - a constrained vpp > 1 that none of those serves: every virtual stage ⌈L/(pp·vpp)⌉ layers but the
+    last, which holds the rest (`short_last_split`, an explicit split: DeepSeek-V3's 61 layers on pp 4 x
+    vpp 4 as Megatron-Bridge's recipes lay them out); not tried unless vpp is constrained;
   - when none of those exists, today's fallback: middle ranks ⌈L/pp⌉, the first and last share
     the rest (vpp 1, only where vpp 1 is allowed), and failing that the plain even split, which
     the rules reject and count.
@@ -421,11 +424,11 @@ def _pipeline_splits(L: int, pp: int, key: tuple) -> tuple[Split, ...]:
     out: list[Split] = []
     seen: set[tuple[int, ...]] = set()
 
-    def add(v: int, first: int, last: int, emb: bool, loss: bool) -> None:
-        chunks = _chunk_layers(L, pp, v, first, last, (), emb, loss)
+    def add(v: int, first: int, last: int, emb: bool, loss: bool, explicit: tuple[int, ...] = ()) -> None:
+        chunks = _chunk_layers(L, pp, v, first, last, explicit, emb, loss)
         if chunks is not None and chunks not in seen:
             seen.add(chunks)
-            out.append((v, first, last, (), emb, loss, max(1, max(chunks))))
+            out.append((v, first, last, explicit, emb, loss, max(1, max(chunks))))
 
     candidates = vpps or sorted(v for v in set(divisors(L)) | set(divisors(L + 1)) | set(divisors(L + 2))
                                 if pp * v <= L + 2)
@@ -441,7 +444,16 @@ def _pipeline_splits(L: int, pp: int, key: tuple) -> tuple[Split, ...]:
         for emb, loss in itertools.product(embs, losses):
             if emb or loss:
                 add(v, 0, 0, emb, loss)
-    if plain and (not vpps or 1 in vpps) and not any(x[4:6] == (False, False) for x in out):
+    if plain and vpps and not any(x[0] > 1 for x in out):
+        # an asked-for interleaving that no split above serves: the last virtual stage short, as
+        # Megatron-Bridge's DeepSeek-V3 recipes run it (not searched unasked: explicit splits are costed
+        # per candidate at the width of the deepest, which would slow every search)
+        for v in sorted((v for v in vpps if v > 1), reverse=True):
+            split = short_last_split(L, pp * v)
+            if split:
+                add(v, 0, 0, False, False, split)
+                break
+    if plain and (not vpps or 1 in vpps) and not any(x[4:6] == (False, False) and not x[3] for x in out):
         # A deficit beyond MAX_SHAVE: middle ranks ⌈L/pp⌉, the first and last share the rest (vpp 1: never
         # where the constraints exclude it, which would answer a vpp the user did not allow).
         middle = -(-L // pp)
@@ -452,6 +464,23 @@ def _pipeline_splits(L: int, pp: int, key: tuple) -> tuple[Split, ...]:
         return tuple(out)
     return _with_chunks(L, pp, [(v, 0, 0, (), e, lo) for v in (vpps or (1,)) for e in (embs if not plain else (False,))
                                 for lo in (losses if not plain else (False,))])
+
+
+def short_last_split(L: int, stages: int) -> tuple[int, ...] | None:
+    """Layers per virtual stage, in schedule order, with every stage but the last holding ⌈L/stages⌉
+    and the last the rest (at least one layer): Megatron's --pipeline-model-parallel-layout as
+    Megatron-Bridge's DeepSeek-V3 recipes write it ("Et*4|(t*4|)*14tmL": 61 layers over 16 virtual
+    stages, the last with one layer beside the MTP module and the loss). None where `stages` divides
+    L (the even split) or no such split exists.
+
+    >>> short_last_split(61, 16), short_last_split(61, 8), short_last_split(64, 16), short_last_split(126, 64)
+    ((4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 1), (8, 8, 8, 8, 8, 8, 8, 5), None, None)
+    """
+    if stages < 2 or L % stages == 0:
+        return None
+    q = -(-L // stages)
+    rest = L - (stages - 1) * q
+    return (q,) * (stages - 1) + (rest,) if 1 <= rest < q else None
 
 
 def _vpps_dividing(*counts: int) -> tuple[int, ...]:

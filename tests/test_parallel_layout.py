@@ -214,7 +214,10 @@ def test_candidates_sharing_a_layout_are_costed_as_each_alone():
     picks = [Strategy(tp=2, pp=2, ep=8, sequence_parallel=True, zero_stage=z, micro_batch_size=b, recompute=rc)
              for z in (0, 1, 3) for b in (1, 2) for rc in ("none", "full")]
     picks += [Strategy(pp=4, stage_layers=[10, 12, 12, 14], ep=8, zero_stage=1, micro_batch_size=1),
-              Strategy(pp=4, ep=8, zero_stage=1, micro_batch_size=1), Strategy(cp=2, ep=4, zero_stage=3)]
+              Strategy(pp=4, ep=8, zero_stage=1, micro_batch_size=1), Strategy(cp=2, ep=4, zero_stage=3),
+              # deeper than any explicit split and uneven: its last rank must stay the last stage row
+              Strategy(pp=8, num_layers_in_first_stage=5, num_layers_in_last_stage=7, ep=4, zero_stage=1,
+                       micro_batch_size=1)]
     resolved = [s.resolve(32) for s in picks]
     batch = StrategyArrays.from_strategies(resolved)
     assert ParallelLayout.of(batch, model.num_layers).distinct is not None  # there is something to share
@@ -222,6 +225,7 @@ def test_candidates_sharing_a_layout_are_costed_as_each_alone():
     for i, s in enumerate(resolved):
         alone = evaluate_arrays(model, cluster, train, StrategyArrays.from_strategies([s]))
         assert together.step_time_s[i] == pytest.approx(float(alone.step_time_s[0]), rel=1e-12)
+        assert together.peak_memory_bytes[i] == pytest.approx(float(alone.peak_memory_bytes[0]), rel=1e-12)
         for k, v in alone.time_s.items():
             assert together.time_s[k][i] == pytest.approx(float(v[0]), rel=1e-12, abs=1e-15), (s, k)
 
@@ -234,4 +238,20 @@ def test_distinct_layouts_survive_wide_keys():
                          np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, bool),
                          stage_layers=np.array([[1, 7], [1, 7], [1, 7], [1, 7], [2, 6], [2, 6]]))
     first, index = lay.distinct
-    assert index.tolist() == [0, 2, 0, 2, 1, 1] and first.tolist() == [0, 4, 1]
+    assert len(first) == 3 and index[first].tolist() == [0, 1, 2]  # each group's first member is its own
+    groups = {tuple(np.flatnonzero(index == g)) for g in range(3)}
+    assert groups == {(0, 2), (1, 3), (4, 5)}
+
+
+def test_an_explicit_split_in_the_batch_leaves_a_deeper_uneven_split_as_costed_alone():
+    """With explicit splits among the candidates the stage rows widen to the deepest of them; every
+    other candidate keeps its first rank in row 0 and its last in row -1 (its layer kinds per rank,
+    dense first layers then MoE, are read from them)."""
+    model, cluster, train = make_inputs("deepseek-v2-lite", "dgx-h100", 64, 256, 4096)
+    explicit = Strategy(pp=4, stage_layers=[6, 7, 7, 7], ep=8, zero_stage=1, micro_batch_size=1).resolve(64)
+    uneven = Strategy(pp=8, num_layers_in_first_stage=1, num_layers_in_last_stage=2, ep=8, zero_stage=1,
+                      micro_batch_size=1).resolve(64)
+    together = evaluate_arrays(model, cluster, train, StrategyArrays.from_strategies([explicit, uneven]))
+    alone = evaluate_arrays(model, cluster, train, StrategyArrays.from_strategies([uneven]))
+    assert together.step_time_s[1] == pytest.approx(float(alone.step_time_s[0]), rel=1e-12)
+    assert together.peak_memory_bytes[1] == pytest.approx(float(alone.peak_memory_bytes[0]), rel=1e-12)

@@ -67,9 +67,12 @@ def test_shaves_are_bounded_and_splits_are_unique():
 
 def test_deepseek_v3_61_layers_get_uneven_splits_without_empty_stages():
     # 61 layers on pp 16: middle ranks 4, the ends 2 and 3 (61 = 2 + 14·4 + 3), a deficit of 3 beyond the one-layer
-    # shaves, so the fallback split (as on pp 4: 14 + 16 + 16 + 15).
+    # shaves, so the fallback split (as on pp 4: 14 + 16 + 16 + 15). Asked for vpp 4, pp 4 gets Megatron-Bridge's
+    # interleaved recipe layout, 4 chunks of 4 layers per rank but the last virtual stage's 1 (16 + 16 + 16 + 13).
     assert {tuple(per_stage(61, 16, s)) for s in splits(61, 16)} == {(2,) + (4,) * 14 + (3,)}
     assert {tuple(per_stage(61, 4, s)) for s in splits(61, 4)} == {(14, 16, 16, 15)}
+    assert {s[3] for s in splits(61, 4, {"vpp": 4})} == {(4,) * 15 + (1,)}
+    assert {tuple(per_stage(61, 4, s)) for s in splits(61, 4, {"vpp": 4})} == {(16, 16, 16, 13)}
     # pp 32 cannot hold 61 layers with equal middle ranks: one impossible split, rejected by the rules.
     assert all(not per_stage(61, 32, s) for s in splits(61, 32))
 
@@ -84,7 +87,7 @@ def test_every_valid_enumerated_split_sums_to_the_layers(L, pp):
         if counts:  # a split the layout accepts
             assert sum(counts) == L and len(counts) == pp
             assert all(c >= 0 for c in counts)
-            assert all(c % s[0] == 0 for c in counts) or s[4] or s[5]
+            assert all(c % s[0] == 0 for c in counts) or s[3] or s[4] or s[5]  # explicit: per virtual stage
 
 
 def test_constraints_on_the_split_still_rule():
@@ -166,15 +169,18 @@ def test_tp_stays_in_the_nvlink_domain_unless_constrained():
 
 
 def test_constrained_vpp_without_a_split_is_refused_not_answered_with_vpp_1():
-    """DeepSeek-V3's 61 layers have no split for pp 4 x vpp 4: `-C vpp=4` gets no plan and the rule that
-    refused it, not plans with vpp 1 (the uneven vpp-1 fallback serves only where vpp 1 is allowed)."""
+    """DeepSeek-V3's 61 layers have no split for pp 4 x vpp 3 (12 virtual stages: not even, no short last
+    stage): `-C vpp=3` gets no plan and the rule that refused it, not plans with vpp 1 (the uneven vpp-1
+    fallback serves only where vpp 1 is allowed). vpp 4 has the recipe's layout, the last stage short."""
     from planner.api import plan
 
     args = dict(model="deepseek-v3", cluster="gb200-nvl72", num_gpus=256, global_batch_size=4096, seq_len=4096,
                 top_k=3, headroom=0.0)
     cons = {"tp": 1, "pp": 4, "ep": 64, "micro_batch_size": 1, "zero_stage": 1}
-    refused = plan(**args, constraints=cons | {"vpp": 4})
+    refused = plan(**args, constraints=cons | {"vpp": 3})
     assert not refused.plans and not refused.closest
     assert any(r.rule == "layers" for r in refused.rejections)
+    recipe = plan(**args, constraints=cons | {"vpp": 4})
+    assert recipe.plans and all(p.strategy.stage_layers == [4] * 15 + [1] for p in recipe.plans)
     free = plan(**args, constraints=cons)
     assert free.plans and all(p.strategy.vpp == 1 for p in free.plans)  # the fallback where vpp is free

@@ -56,6 +56,9 @@ Mapping choices (torchtitan shards data parallelism with FSDP2):
   offload_activation_layers: torchtitan has no activation offloading (that same
   switch is its only CPU offload). So is multi-token prediction (no torchtitan
   model has MTP modules).
+- An interleaved schedule overlaps its transfers (torch.distributed.pipelining posts
+  each receive as soon as its sender has computed); a plan that turns
+  overlap_p2p_comm off with vpp > 1 is refused (nothing in torchtitan blocks on them).
 """
 
 from __future__ import annotations
@@ -139,6 +142,9 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     sections["activation_checkpoint"] = _recompute(f, refuse)
     if f.strategy.overlap_moe_comm:
         refuse("overlap_moe_comm; torchtitan does not overlap the expert all-to-all with another micro-batch")
+    if f.strategy.vpp > 1 and not f.strategy.overlap_p2p_comm:
+        refuse("overlap_p2p_comm off with vpp > 1; torch.distributed.pipelining's interleaved runtime always posts "
+               "receives ahead of the compute that needs them")
     if f.model.is_moe and t.moe_dispatcher != "alltoall":
         refuse(f"moe_dispatcher {t.moe_dispatcher}; the emitted job dispatches MoE tokens with torchtitan's "
                "all-to-all, which the plan does not cost as the flex dispatcher")

@@ -181,3 +181,12 @@ def test_flash1_is_noted_as_slower_than_what_the_job_runs():
     data = emit_data(make_plan(*LLAMA8, strategy=dict(zero_stage=3), attention_kernel="flash1", framework="torchtitan"),
                      "torchtitan")
     assert any(n.startswith("attention_kernel flash1") and "faster than planned" in n for n in data["notes"])
+
+
+def test_interleaved_transfers_always_overlap_in_torchtitan():
+    from planner.emit import NotExpressibleError, emit_data
+
+    plan = make_plan("llama3-70b", "dgx-h100", 64, 128, 8192,
+                     strategy=dict(tp=8, pp=4, vpp=2, zero_stage=1, overlap_p2p_comm=False))
+    with pytest.raises(NotExpressibleError, match="overlap_p2p_comm off with vpp > 1"):
+        emit_data(plan, "torchtitan")

@@ -13,7 +13,9 @@ import numpy as np
 
 from cost_models import CostArrays, StrategyArrays, evaluate_arrays
 from cost_models.arrays import RECOMPUTE_CODE, modules_mask
+from cost_models.blocks import Micro, model_blocks
 from cost_models.layout import STAGE_NAMES
+from cost_models.memory import kind_activation_bytes
 from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs
 from planner.error_band import band_fields, errors_of, overlaps_best
 from planner.errors import SpecError
@@ -221,8 +223,8 @@ def _module_recompute_twins(model, candidates: StrategyArrays, costs: CostArrays
     """For every plan over the memory limit without recomputation, the same plan with selective recompute
     of each of the model's `module_recompute_sets`: recomputing a module frees part of the activations
     for a share of the forward, which may fit where no recomputation does not and run faster than full
-    recompute. Plans whose excess is more than all their activations cannot fit by recomputing modules
-    and get no twins; the rules refuse what the framework cannot run."""
+    recompute. A set gets a twin only where the excess is within what it can free (`_freed_shares`, with
+    `MODULE_SHARE_SLACK`); the rules refuse what the framework cannot run."""
     sets = module_recompute_sets(model)
     if not sets:
         return candidates.take(np.array([], dtype=np.int64))
@@ -249,9 +251,6 @@ def _freed_shares(model, sets: list[int]) -> list[float]:
     """For each module set, the largest share of one layer's stored activations it frees, over the model's
     layer kinds (one micro-batch of 4,096 tokens, no model parallelism: the shares hardly move with the
     shape; cost_models.memory.kind_activation_bytes)."""
-    from cost_models.blocks import Micro, model_blocks
-    from cost_models.memory import kind_activation_bytes
-
     one = np.ones(1, dtype=np.int64)
     x = Micro(4096, one, one, np.ones(1), np.zeros(1, bool), "bf16", "flash", ep=one, etp=one)
     kinds = model_blocks(model).kinds

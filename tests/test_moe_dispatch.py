@@ -52,7 +52,8 @@ def test_deepep_cuts_the_cross_node_dispatch_of_deepseek_v3():
     a2a = evaluate(**DSV3, strategy=DSV3_EP32)
     flex = evaluate(**DSV3, strategy=DSV3_EP32, moe_dispatcher="deepep")
     assert flex.time_s["ep_comm"] < 0.5 * a2a.time_s["ep_comm"]
-    assert flex.time_s["compute"] == pytest.approx(a2a.time_s["compute"])
+    # the alltoall dispatcher also sorts the received tokens by local expert and back; DeepEP's kernel does not
+    assert 0.9 * a2a.time_s["compute"] < flex.time_s["compute"] < a2a.time_s["compute"]
 
 
 def test_router_groups_are_validated_and_read_from_hugging_face():

@@ -162,7 +162,7 @@ class Core:
 @dataclass(frozen=True)
 class Elementwise:
     bytes: np.ndarray
-    num_kernels: int
+    num_kernels: int | np.ndarray  # an array where it depends on the candidate (local experts, the dispatcher)
 
 
 @dataclass(frozen=True)

@@ -570,14 +570,14 @@ class ExplicitSplit:
     chunks: np.ndarray  # (U, Q) int: layers of virtual stage j (0 past pp·vpp or where shape_ok is False)
     rank_layers: np.ndarray  # (U, R) int: layers of pipeline rank r, the sum of its chunks (R = largest pp)
     row_pp: np.ndarray  # (U,) int: the pipeline depth of each row
-    index: np.ndarray | None = None  # (N,) row of each candidate; None: one row per candidate
+    index: np.ndarray  # (N,) int: each candidate's row
 
     def of(self, i: int) -> int:
-        return int(self.index[i]) if self.index is not None else i
+        return int(self.index[i])
 
     def per_candidate(self, values: np.ndarray) -> np.ndarray:
         """A per-row array spread to the candidates."""
-        return values[self.index] if self.index is not None else values
+        return values[self.index]
 
 
 def _explicit_split(sl: np.ndarray, pp: np.ndarray, vpp: np.ndarray) -> ExplicitSplit:
@@ -603,7 +603,8 @@ def _explicit_split(sl: np.ndarray, pp: np.ndarray, vpp: np.ndarray) -> Explicit
     rank_layers = np.zeros((n, R), dtype=np.int64)
     for r in range(R):
         rank_layers[:, r] = np.where((j % pp[:, None] == r) & inside, chunks, 0).sum(axis=1)
-    return ExplicitSplit(has=has, shape_ok=shape_ok, chunks=chunks, rank_layers=rank_layers, row_pp=np.asarray(pp))
+    return ExplicitSplit(has=has, shape_ok=shape_ok, chunks=chunks, rank_layers=rank_layers, row_pp=np.asarray(pp),
+                         index=np.arange(n))
 
 
 @dataclass

@@ -617,8 +617,6 @@ def layout_and_shape(lay: ParallelLayout, x: Micro) -> tuple[np.ndarray, np.ndar
     return layout_and(lay, x.distinct[1])
 
 
-
-
 def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Exposed data parallel communication and the optimizer step of each stage row (S, N),
     and the data parallel communication before any overlap.

@@ -201,12 +201,11 @@ def recompute_label(p: Plan) -> str:
     `full(6)` (6 layers per chunk) or `full(1..6)` for a folded row; `none+cpu(20)` with the activations
     of 20 layers offloaded to the host (as `1+cpu` is the optimizer's)."""
     s = p.strategy
-    layers = (p.folded.layers_label() if p.folded else "") or (str(s.recompute_num_layers)
-                                                               if s.recompute_num_layers else "")
-    if s.recompute_modules:
-        layers = "+".join(s.recompute_modules)
+    detail = ("+".join(s.recompute_modules) if s.recompute_modules
+              else (p.folded.layers_label() if p.folded else "")
+              or (str(s.recompute_num_layers) if s.recompute_num_layers else ""))
     offload = f"+cpu({s.offload_activation_layers})" if s.offload_activation_layers else ""
-    return s.recompute + (f"({layers})" if layers else "") + offload
+    return s.recompute + (f"({detail})" if detail else "") + offload
 
 
 def _mark(result: PlanResult, p: Plan) -> str:

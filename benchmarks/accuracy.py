@@ -84,7 +84,7 @@ def public_rows(name: str, skip: frozenset[str] = frozenset()) -> list[RowError]
     """A published-run set's rows: the predicted cases, then the rows refused on loading (kept, with the
     reason); rows labelled in `skip` (a generation fit's own rows) are left out."""
     runs = public_runs(name)
-    refused = [RunError(r.label, r.measured_step_s, None, "-", f"refused: {r.reason}", generation(r.cluster))
+    refused = [RunError(r.label, r.measured_step_s, None, "-", f"refused: {r.reason}", generation(r.cluster), r.moe)
                for r in runs.refused]
     return step_rows([c for c in runs.cases if c.label not in skip]) + refused
 
@@ -204,9 +204,10 @@ DESCRIPTIONS = {
     "Megatron-Bridge 26.04": "Megatron-Bridge 26.04 on DGX-H100 / DGX-B200 / GB200 / GB300 (same families; `benchmarks/data/`)",
     "Megatron-Bridge 26.04.01": "Megatron-Bridge 26.04.01 on DGX-H100 / DGX-B200 / GB200 / GB300 (same families; `benchmarks/data/`)",
     "Megatron-Bridge 26.06": "Megatron-Bridge 26.06 on DGX-H100 / GB200 / GB300 (Llama 3.1 405B, DeepSeek-V3, GPT-OSS, Qwen3; "
+                             "the GB200 / GB300 MXFP8 MoE rows ran the CuTeDSL fused grouped MLP and are refused; "
                              "`benchmarks/data/`)",
-    "Megatron-Bridge 26.06.01": "Megatron-Bridge 26.06.01 on GB200 / GB300 (DeepSeek-V3, GPT-OSS MXFP8 in a release with a known "
-                                "GPT-OSS regression, Qwen3; `benchmarks/data/`)",
+    "Megatron-Bridge 26.06.01": "Megatron-Bridge 26.06.01 on GB200 / GB300 (DeepSeek-V3, GPT-OSS, Qwen3 MXFP8: every row ran the "
+                                "CuTeDSL fused grouped MLP and is refused; `benchmarks/data/`)",
     "torchtitan H100 (2024-12)": "torchtitan on 8-512 H100s (Llama 3.1 8B-405B, FSDP / CP / TP / PP, Float8; "
                                  "`benchmarks/data/`)",
     "torchtitan H200 (2025-06)": "torchtitan FSDP2 on 32-64 H200s (Llama 3.1 8B; `benchmarks/data/`)",

@@ -131,6 +131,8 @@ class Summary:
 
     def line(self) -> str:
         count = f"{self.n}" if self.n == self.n_rows else f"{self.n} of {self.n_rows}"
+        if self.n == 0:
+            return f"n {count:>7s}  no row predicted"
         return (f"n {count:>7s}  median |err| {self.median_abs:6.1%}  max |err| {self.max_abs:6.1%}  "
                 f"mean (bias) {self.mean:+6.1%}")
 

@@ -268,6 +268,7 @@ class Refusal:
     cluster: str
     measured_step_s: float
     reason: str
+    moe: bool = False  # a mixture-of-experts model (kept in the MoE summaries when refused)
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,8 @@ def public_runs(name: str) -> PublicSet:
     `recompute_modules` (the recipe's --recompute-modules: selective recompute of those modules; an
     empty list: no recomputation) and `grad_precision` (the gradient buffers and their reduction: fp32
     unless the row or its set's defaults say otherwise). A row with `recipe_disagrees` (why: the
-    printed layout against the recipe the release ran) is refused with that reason.
+    printed layout against the recipe the release ran) is refused with that reason, and so is a row with
+    `unmodelled` (what the release's recipe ran that meshplan has no model of, e.g. a fused kernel).
     The file's top-level `moe_load_imbalance` applies to rows of MoE models.
     Fields a row does not state are searched (recomputation, etp, ZeRO 0/1, and
     micro-batch size where no row field fixes it); optimizer offload is off. A
@@ -347,6 +349,16 @@ FP8_RECIPES = {"FP8-CS": "tensorwise", "FP8-MX": "mxfp8", "MXFP8": "mxfp8",
                "TE DelayedScaling HYBRID": "delayed"}
 
 
+def _is_moe(name: str) -> bool:
+    """Whether the model preset `name` is a mixture of experts (False for a name that is no preset)."""
+    from profiles import load_model
+
+    try:
+        return load_model(name).num_experts > 0
+    except SpecError:
+        return False
+
+
 def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None, legacy: bool):
     from profiles import load_model
 
@@ -355,10 +367,12 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
     step_s = B * s / (n * r["tokens_per_s_per_gpu"])
 
     def refuse(reason: str) -> Refusal:
-        return Refusal(label, r["cluster"], step_s, reason)
+        return Refusal(label, r["cluster"], step_s, reason, _is_moe(r["model"]))
 
     if r.get("recipe_disagrees"):  # the printed layout contradicts the recipe the release ran (the row says how)
         return refuse(f"the table's layout disagrees with its recipe: {r['recipe_disagrees']}")
+    if r.get("unmodelled"):  # the release's recipe ran kernels meshplan has no model of (the row says which)
+        return refuse(f"not modelled: {r['unmodelled']}")
     if n % (tp * pp * cp):
         return refuse(f"tp*pp*cp ({tp * pp * cp}) does not divide num_gpus ({n})")
     dp = n // (tp * pp * cp)

@@ -117,10 +117,19 @@ def test_gradient_precision_is_the_rows_or_its_sets():
                                             "both say what is recomputed"),
                                            ({"attn_impl": "torch"}, "attn_impl 'torch'"),
                                            ({"grad_precision": "fp8"}, "grad_precision 'fp8'"),
-                                           ({"recipe_disagrees": "vp 5 in the recipe"}, "disagrees with its recipe: vp 5")])
+                                           ({"recipe_disagrees": "vp 5 in the recipe"}, "disagrees with its recipe: vp 5"),
+                                           ({"unmodelled": "a fused grouped MLP"}, "not modelled: a fused grouped MLP")])
 def test_inconsistent_or_unmodelled_rows_are_refused_with_the_reason(change, reason):
     out = _public_case(ROW | change, "t", None, legacy=False)
     assert reason in out.reason and out.measured_step_s > 0
+
+
+def test_a_refused_row_keeps_its_model_kind():
+    """A refused row of a mixture-of-experts model still counts among the MoE rows of the accuracy report
+    (n of N), and a dense one among the dense rows."""
+    moe = ROW | {"model": "qwen3-30b-a3b", "ep": 8, "fsdp": 0, "ga": 2, "unmodelled": "a fused grouped MLP"}
+    assert _public_case(moe, "t", None, legacy=False).moe is True
+    assert _public_case(ROW | {"unmodelled": "x"}, "t", None, legacy=False).moe is False
 
 
 def test_a_recipes_recompute_modules_are_its_selective_recompute():

@@ -17,6 +17,7 @@ every other row is not fitted. Exit code 0 when every target is met.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,8 +223,8 @@ ROLES = {"fitted": "**calibration rows** (fitted)", "same paper": "same paper, n
 
 def readme_block(results, memory: Summary, within: int, lopo: dict) -> str:
     """The README's accuracy tables, from the printed results and the profile's LOPO table."""
-    pct = lambda v: f"{v * 100:.1f} %"  # noqa: E731
-    signed = lambda v: f"{v * 100:+.1f} %"  # noqa: E731
+    pct = lambda v: "-" if math.isnan(v) else f"{v * 100:.1f} %"  # noqa: E731  (no row predicted: "-")
+    signed = lambda v: "-" if math.isnan(v) else f"{v * 100:+.1f} %"  # noqa: E731
     lines = [BEGIN, "", "| published rows | rows | used by the shipped fit? | median abs. error | max abs. error "
              "| signed mean error |", "|---|---|---|---|---|---|"]
     for name, table_role, rows in results:

@@ -197,11 +197,20 @@ def test_stored_residual_summary_matches_its_rows():
     assert sum(int(t.rsplit("(", 1)[1].rstrip(")")) for t in doc["tables"]) == n
 
 
-def test_shipped_residuals_are_what_benchmarks_residuals_recomputes(validation_path):
-    from benchmarks.residuals import calibration_files, predicted_rows, residuals_by_gpu
+@pytest.fixture(scope="module")
+def predicted(validation_path):
+    """Every end-to-end row predicted once (`benchmarks.residuals.predicted_rows`, about 15 s here), for the
+    tests of this module that need them."""
+    from benchmarks.residuals import calibration_files, predicted_rows
+
+    return predicted_rows(calibration_files())
+
+
+def test_shipped_residuals_are_what_benchmarks_residuals_recomputes(predicted):
+    from benchmarks.residuals import calibration_files, residuals_by_gpu
 
     files = calibration_files()
-    rows, _ = predicted_rows(files)
+    rows, _ = predicted
     fresh = residuals_by_gpu(rows, list(files))
     assert set(fresh) == set(files)
     for gpu in files:
@@ -323,10 +332,12 @@ def test_clusters_names_where_every_presets_numbers_come_from(capsys):
     assert "end-to-end" in flat and "widened" in flat and "carried over from" in flat
 
 
-def test_residuals_script_prints_every_gpu(capsys, validation_path):
-    from benchmarks.residuals import main as residuals_main
+def test_residuals_script_prints_every_gpu(capsys, monkeypatch, predicted):
+    import benchmarks.residuals as residuals
 
-    assert residuals_main([]) == 0
+    # the script as it runs, on the rows the fixture predicted with the same files
+    monkeypatch.setattr(residuals, "predicted_rows", lambda files: predicted)
+    assert residuals.main([]) == 0
     out = capsys.readouterr().out
     for gpu in ("a100-80gb", "a100-40gb", "h100-sxm", "h200", "b200", "gb200", "gb300"):
         assert f"\n{gpu}: " in out

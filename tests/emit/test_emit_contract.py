@@ -58,6 +58,7 @@ ALLOWED_REFUSALS = {
 }
 ALLOWED_REFUSALS["megatron-deepspeed"] = ALLOWED_REFUSALS["deepspeed"]
 LAUNCH_EVERY = 10  # bash -n one launch script in ten (a subprocess each)
+_INITIALIZED: set[tuple] = set()  # deepspeed.initialize inputs already built into an engine and checked
 FULL_PARSE_EVERY = 10  # torchtitan's full ConfigManager.parse_args for one in ten; its TOML conversion for all
 
 
@@ -126,9 +127,16 @@ def _check_with_real_library(backend, plan, data, text, tmp_path, i):
         args = data["megatron_deepspeed_args"] if backend == "deepspeed" else data["args"]
         check_deepspeed(plan, data["config"], args)
         # deepspeed.initialize too (bf16 without offload: DeepSpeed's CPU accelerator has no fp16 engine,
-        # and offload's DeepSpeedCPUAdam is built in its own slow test)
+        # and offload's DeepSpeedCPUAdam is built in its own slow test), once per distinct engine: the same
+        # config at the same degrees builds the same engine, and what it is checked against (the plan's
+        # batch, micro-batches, ZeRO stage and precisions) is in the key
         if backend == "deepspeed" and plan.train.precision == "bf16" and not plan.strategy.offload_optimizer:
-            check_deepspeed_initialize(plan, data["config"])
+            s, t = plan.strategy, plan.train
+            key = (json.dumps(data["config"], sort_keys=True), s.dp, s.tp, s.pp, s.micro_batch_size, s.zero_stage,
+                   t.global_batch_size, t.precision, t.grad_precision)
+            if key not in _INITIALIZED:
+                check_deepspeed_initialize(plan, data["config"])
+                _INITIALIZED.add(key)
     elif backend == "colossalai":
         check_colossalai(plan, data)
     elif backend == "torchtitan":

@@ -36,6 +36,7 @@ network bytes differ from alltoall's, which `CommModel.all_to_all_s` applies to 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -130,3 +131,162 @@ def tier_scales(dispatcher: str, experts: int, top_k: int, ep, local, groups: in
         mask = (ep_a == e) & (local_a == lo)
         intra[mask], inter[mask] = _scales(dispatcher, experts, top_k, e, lo, groups, group_topk)
     return intra, inter
+
+
+# ---- measured dispatchers -----------------------------------------------------------------------
+#: Megatron-core's default SMs of each flex backend (TransformerConfig `moe_deepep_num_sms` 20,
+#: `moe_hybridep_num_sms` 16; megatron/core/transformer/transformer_config.py, core_v0.16.1): the
+#: measured rates are read at this SM count (linear between the measured counts, the nearest outside).
+DEFAULT_SMS = {"deepep": 20, "hybridep": 16}
+DIRECTIONS = ("dispatch", "combine")
+TIERS = ("nvlink", "network")
+
+
+@dataclass(frozen=True)
+class DispatchCurve:
+    """One dispatcher's measured calls on one tier, by expert-parallel group size: a fixed cost per call
+    (the Python API's time beyond its kernel's) and seconds per byte (the kernel's rate), each linear in
+    log2(ep) between the measured sizes and the nearest measured value outside them."""
+
+    log2_ep: np.ndarray
+    fixed_s: dict[str, np.ndarray]  # direction -> seconds per call at each measured ep
+    per_byte_s: dict[str, np.ndarray]  # direction -> seconds per byte at each measured ep
+
+    def call_s(self, direction: str, ep, nbytes) -> np.ndarray:
+        """Seconds of one `direction` call of a group of `ep` ranks moving `nbytes` per rank (the bytes
+        the table's rates count: NVLink receive bytes, or network send bytes)."""
+        x = np.log2(np.maximum(np.asarray(ep, dtype=float), 1.0))
+        return (np.interp(x, self.log2_ep, self.fixed_s[direction])
+                + np.asarray(nbytes, dtype=float) * np.interp(x, self.log2_ep, self.per_byte_s[direction]))
+
+
+@dataclass(frozen=True)
+class DispatchTable:
+    """A GPU's measured flex dispatchers (profiles/kernels/dispatch/<name>.yaml): a curve per
+    (dispatcher, tier) it has measurements of."""
+
+    name: str
+    curves: dict[tuple[str, str], DispatchCurve]
+
+    def curve(self, dispatcher: str, tier: str) -> DispatchCurve | None:
+        return self.curves.get((dispatcher, tier))
+
+    def exchange_s(self, dispatcher: str, nbytes, size, members, intra_scale, inter_scale) -> np.ndarray:
+        """Seconds of one dispatch and one combine of a group of `size` ranks with `members` of them per
+        NVLink domain, each rank routing `nbytes` (the all-to-all's bytes: a token once per routed expert);
+        `intra_scale`, `inter_scale` as `tier_scales` gives them. Inside one domain the table's NVLink
+        bytes are the tokens a rank receives, once per destination GPU: nbytes x intra_scale. Across
+        domains its network bytes are those a rank sends to other domains, once per destination domain:
+        nbytes x inter_scale x (domains - 1) / domains. NaN where the table has no curve for the tier (the
+        caller keeps the collective curves there); 0 for a group of one.
+
+        Qwen3-30B-A3B on 8 GB200s (HybridEP, ep 8): 16,384 tokens of hidden 2048 sent to 5.34 GPUs each
+        (358 MB received per rank and call) take 1.28 ms for the dispatch and the combine together:
+
+        >>> t = dispatch_table("gb200")
+        >>> intra, inter = tier_scales("hybridep", 128, 8, 8, 8)
+        >>> nbytes = 16384 * 8 * 2048 * 2
+        >>> round(float(t.exchange_s("hybridep", nbytes, 8, 8, intra, inter)) * 1e3, 2)
+        1.28
+        """
+        nbytes, size, members, intra_scale, inter_scale = np.broadcast_arrays(
+            *(np.asarray(v, dtype=float) for v in (nbytes, size, members, intra_scale, inter_scale)))
+        out = np.full(size.shape, np.nan)
+        inside = members >= size
+        nv, ib = self.curve(dispatcher, "nvlink"), self.curve(dispatcher, "network")
+        if nv is not None and inside.any():
+            b, e = nbytes[inside] * intra_scale[inside], size[inside]
+            out[inside] = nv.call_s("dispatch", e, b) + nv.call_s("combine", e, b)
+        span = ~inside
+        if ib is not None and span.any():
+            domains = size[span] / np.maximum(members[span], 1.0)
+            b, e = nbytes[span] * inter_scale[span] * (domains - 1) / domains, size[span]
+            out[span] = ib.call_s("dispatch", e, b) + ib.call_s("combine", e, b)
+        return np.where(size > 1, out, 0.0)
+
+
+def _bench_bytes(bench: dict, tier: str, ep: int, where: str) -> float:
+    """Bytes per rank and call of the table's benchmark at group size `ep`, as its bandwidth counts them:
+    NVLink, the tokens a rank receives once per destination GPU, its own included; network, the tokens
+    it sends once per remote node holding one of their experts (DeepEP tests/test_hybrid_ep.py)."""
+    from planner.errors import SpecError
+
+    tokens, hidden, k, local = (bench[f] for f in ("tokens", "hidden", "top_k", "local_experts"))
+    per_token = hidden * bench["bytes_per_element"]
+    if tier == "nvlink":
+        return tokens * expected_distinct(ep, local, k) * per_token
+    per_node = bench.get("ranks_per_node")
+    if not per_node or ep % per_node or ep // per_node < 2:
+        raise SpecError(f"{where}: a network row needs bench.ranks_per_node dividing ep ({ep}) into two or more nodes")
+    nodes = ep // per_node
+    return tokens * expected_distinct(nodes, local * per_node, k) * (nodes - 1) / nodes * per_token
+
+
+def _interp_sms(rows: list[dict], sms: int, key: str) -> float | None:
+    """`key` of the rows (one group size) at `sms` SMs: linear between the measured SM counts, the nearest
+    outside; None when no row has it."""
+    have = sorted((r["sms"], float(r[key])) for r in rows if r.get(key) is not None)
+    if not have:
+        return None
+    return float(np.interp(sms, [h[0] for h in have], [h[1] for h in have]))
+
+
+def dispatch_table_from(data: dict, name: str) -> DispatchTable:
+    """Parse a dispatch table (see profiles/kernels/dispatch/*.yaml); SpecError naming the field on a bad one."""
+    from planner.errors import SpecError
+
+    where = f"dispatch table {name}"
+    bench = data.get("bench")
+    need = ("tokens", "hidden", "top_k", "local_experts", "bytes_per_element")
+    if not isinstance(bench, dict) or any(not isinstance(bench.get(f), (int, float)) or bench[f] <= 0 for f in need):
+        raise SpecError(f"{where}: bench needs positive {', '.join(need)}")
+    curves: dict[tuple[str, str], DispatchCurve] = {}
+    for dispatcher in DISPATCHERS:
+        for tier, rows in (data.get(dispatcher) or {}).items():
+            if tier not in TIERS:
+                raise SpecError(f"{where}: {dispatcher}: unknown tier {tier!r}; known: {', '.join(TIERS)}")
+            by_ep: dict[int, list[dict]] = {}
+            for r in rows or []:
+                if not isinstance(r, dict) or not isinstance(r.get("ep"), int) or r["ep"] < 2 \
+                        or not isinstance(r.get("sms"), int) or r["sms"] < 1:
+                    raise SpecError(f"{where}: {dispatcher}.{tier}: every row needs an integer ep >= 2 and sms >= 1")
+                for d in DIRECTIONS:
+                    for kind in ("torch", "kernel"):
+                        v = r.get(f"{d}_{kind}")
+                        if (v is None and kind == "torch") or (v is not None and (not isinstance(v, (int, float)) or v <= 0)):
+                            raise SpecError(f"{where}: {dispatcher}.{tier} ep {r['ep']}: {d}_{kind} must be a positive "
+                                            f"rate in GB/s" + (" (required)" if kind == "torch" else ""))
+                by_ep.setdefault(r["ep"], []).append(r)
+            if not by_ep:
+                continue
+            eps = sorted(by_ep)
+            fixed = {d: [] for d in DIRECTIONS}
+            per_byte = {d: [] for d in DIRECTIONS}
+            for ep in eps:
+                nbytes = _bench_bytes(bench, tier, ep, f"{where}: {dispatcher}.{tier}")
+                for d in DIRECTIONS:
+                    torch_rate = _interp_sms(by_ep[ep], DEFAULT_SMS[dispatcher], f"{d}_torch") * 1e9
+                    kernel = _interp_sms(by_ep[ep], DEFAULT_SMS[dispatcher], f"{d}_kernel")
+                    kernel_rate = torch_rate if kernel is None else kernel * 1e9
+                    if kernel_rate < torch_rate:
+                        raise SpecError(f"{where}: {dispatcher}.{tier} ep {ep}: {d}_kernel is below {d}_torch (the API "
+                                        f"cannot outrun its own kernel)")
+                    fixed[d].append(nbytes / torch_rate - nbytes / kernel_rate)
+                    per_byte[d].append(1.0 / kernel_rate)
+            curves[(dispatcher, tier)] = DispatchCurve(np.log2(np.array(eps, dtype=float)),
+                                                      {d: np.array(v) for d, v in fixed.items()},
+                                                      {d: np.array(v) for d, v in per_byte.items()})
+    return DispatchTable(name, curves)
+
+
+@lru_cache(maxsize=None)
+def dispatch_table(name: str | None) -> DispatchTable | None:
+    """The GPU table set `name`'s measured dispatchers, parsed once; None when it has no dispatch table."""
+    from profiles.tables import kernel_table
+
+    data = kernel_table("dispatch", name)
+    if data is None:
+        return None
+    if "alias_of" in data:
+        return dispatch_table(data["alias_of"])
+    return dispatch_table_from(data, str(name))

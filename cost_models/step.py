@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays
 from cost_models.blocks import Attention, DenseMLP, Gemm, Micro, ModelBlocks, model_blocks, padded_vocab
 from cost_models.collectives import comm_model_for
 from cost_models.comm import CommModel
-from cost_models.dispatch import tier_scales
+from cost_models.dispatch import DispatchTable, dispatch_table, tier_scales
 from cost_models.compute import LayerTimes, gemm_time, head_times, layer_times, selective_recompute_s
 from cost_models.elementwise import elementwise_model
 from cost_models.layout import ParallelLayout
@@ -324,20 +324,30 @@ def exposed_s(comm_s, window_s, overlap: float):
 
 
 def _moe_exchange_s(layer, x: Micro, comm: CommModel, lay: ParallelLayout,
-                    pairs: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+                    pairs: tuple[np.ndarray, np.ndarray] | None = None, table: DispatchTable | None = None
+                    ) -> np.ndarray:
     """One direction's token exchange of an MoE layer (forward, or the same again in backward):
-    the dispatch and the combine all-to-all over ep, and with etp > 1 the all-gather before
-    the experts and the reduce-scatter after, over etp."""
+    the dispatch and the combine over ep, and with etp > 1 the all-gather before the experts and
+    the reduce-scatter after, over etp. A flex dispatcher (DeepEP, HybridEP) whose calls the GPU's
+    dispatch table measured on the group's tier runs at those rates (`DispatchTable.exchange_s`);
+    otherwise the exchange is the collective curves' all-to-all of the dispatcher's copies."""
     ep_size, ep_stride = lay.expert_group("ep")
     etp_size, etp_stride = lay.expert_group("etp")
     moe = layer.moe()
-    intra, inter = tier_scales(x.moe_dispatcher, moe.num_experts, moe.top_k, ep_size,
-                               comm.domain_members(ep_size, ep_stride), moe.router_groups, moe.router_group_topk)
+    members = comm.domain_members(ep_size, ep_stride)
+    intra, inter = tier_scales(x.moe_dispatcher, moe.num_experts, moe.top_k, ep_size, members,
+                               moe.router_groups, moe.router_group_topk)
+    measured = table is not None and x.moe_dispatcher != "alltoall"
     total, n = 0.0, len(lay)
     for c in layer.comms(x):  # `pairs`: the distinct (layout, shape) pairs, whose bytes and groups these are
         if np.any(c.ep_a2a_bytes):
-            total = total + 2 * spread(pairs, n, comm.all_to_all_s, np.broadcast_to(c.ep_a2a_bytes, (n,)),
-                                       ep_size, ep_stride, intra, inter)
+            nbytes = np.broadcast_to(c.ep_a2a_bytes, (n,))
+            a2a = 2 * spread(pairs, n, comm.all_to_all_s, nbytes, ep_size, ep_stride, intra, inter)
+            if measured:
+                flex = spread(pairs, n, partial(table.exchange_s, x.moe_dispatcher), nbytes, ep_size, members,
+                              intra, inter)
+                a2a = np.where(np.isnan(flex), a2a, flex)
+            total = total + a2a
             total = total + 2 * spread(pairs, n, comm.gather_scatter_s, np.broadcast_to(c.etp_bytes, (n,)),
                                        etp_size, etp_stride)
     return np.broadcast_to(total, (len(lay),))
@@ -402,7 +412,8 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     cp_hop = np.stack([hop for _, hop in kinds])
     cp_raw = np.where(st.cp > 1, (st.cp - 1) * cp_hop, 0.0)
     cp_fwd = np.where(st.cp > 1, exposed_s(cp_raw, lt.attn_core_fwd_s, comm_overlap), 0.0)
-    ep_one = np.stack([_moe_exchange_s(layer, x, comm, lay, pairs) if layer.is_moe else np.zeros(n)
+    table = dispatch_table(getattr(gpu, "kernel_tables", None))
+    ep_one = np.stack([_moe_exchange_s(layer, x, comm, lay, pairs, table) if layer.is_moe else np.zeros(n)
                        for layer in blocks.all_kinds])
     # the shared experts hide the dispatch with the all-to-all dispatcher only (megatron-core refuses
     # --moe-shared-expert-overlap with the flex dispatcher)

@@ -9,6 +9,7 @@ collective curves from `meshplan profile`. Topics:
   elementwise   achieved bandwidth of element-wise, norm and optimizer kernels, launch and host overhead
   collectives   bus bandwidth by message size, group size and tier
   memory        allocator, communication-buffer and context memory
+  dispatch      MoE token dispatchers (DeepEP, HybridEP): dispatch and combine bandwidth by group size
 
 A file may instead say `same_as: <other set>` with a `source:` giving the reason (the H200 runs the
 H100's GEMM kernels on the same die); the other set's table is then used, its source appended.
@@ -26,7 +27,7 @@ from typing import Any
 
 from planner.errors import SpecError
 
-TOPICS = ("gemm", "attention", "elementwise", "collectives", "memory")
+TOPICS = ("gemm", "attention", "elementwise", "collectives", "memory", "dispatch")
 KINDS = ("public", "measured")
 
 

@@ -129,3 +129,79 @@ def test_other_frameworks_refuse_the_flex_dispatcher(backend):
     framework_run = evaluate(MIXTRAL_LIKE, "dgx-h100", 64, 256, 4096, strategy=dict(ep=8, zero_stage=1),
                              moe_dispatcher="deepep", framework=backend)
     assert not framework_run.valid and any("moe_dispatcher" in r for r in framework_run.reasons)
+
+
+# ---- measured dispatchers (profiles/kernels/dispatch) ----------------------------------------------
+QWEN_GB200 = dict(model="qwen3-30b-a3b", cluster="gb200-nvl72", num_gpus=8, global_batch_size=512, seq_len=4096,
+                  precision="fp8", fp8_recipe="mxfp8", moe_load_imbalance=1.0,
+                  strategy=dict(ep=8, micro_batch_size=4, zero_stage=1, recompute="none"))
+
+
+def test_a_dispatch_table_returns_its_measured_points():
+    """At the benchmark's own call (4096 tokens of hidden 7168, top-8, 8 local experts per rank) a call takes
+    the measured Python-API time; a call of no bytes keeps the API's own cost, the API time less the kernel's."""
+    from cost_models.dispatch import _bench_bytes, dispatch_table
+
+    table = dispatch_table("b200")
+    bench = {"tokens": 4096, "hidden": 7168, "top_k": 8, "local_experts": 8, "bytes_per_element": 2}
+    nbytes = _bench_bytes(bench, "nvlink", 8, "t")
+    assert nbytes == pytest.approx(4096 * expected_distinct(8, 8, 8) * 7168 * 2)
+    curve = table.curve("hybridep", "nvlink")
+    assert float(curve.call_s("dispatch", 8, nbytes)) == pytest.approx(nbytes / 535.94e9)
+    assert float(curve.call_s("combine", 8, nbytes)) == pytest.approx(nbytes / 530.86e9)
+    assert float(curve.call_s("dispatch", 8, 0)) == pytest.approx(nbytes / 535.94e9 - nbytes / 734.95e9)
+    h100 = dispatch_table("h100-sxm").curve("hybridep", "network")
+    ib = _bench_bytes(bench | {"ranks_per_node": 8}, "network", 32, "t")  # 4 nodes: 3 remote, once each
+    assert ib == pytest.approx(4096 * expected_distinct(4, 64, 8) * 3 / 4 * 7168 * 2)
+    assert float(h100.call_s("combine", 32, ib)) == pytest.approx(ib / 52.53e9)
+    # group sizes between measured ones: linear in log2(ep); outside: the nearest measured size
+    gb200 = dispatch_table("gb200").curve("hybridep", "nvlink")
+    mid = float(gb200.call_s("dispatch", 12, 1e8))
+    assert min(float(gb200.call_s("dispatch", 8, 1e8)), float(gb200.call_s("dispatch", 16, 1e8))) <= mid
+    assert mid <= max(float(gb200.call_s("dispatch", 8, 1e8)), float(gb200.call_s("dispatch", 16, 1e8)))
+    assert float(gb200.call_s("dispatch", 72, 1e8)) == float(gb200.call_s("dispatch", 36, 1e8))
+    # GB300 and H200 name their twin's table and say so
+    assert dispatch_table("gb300") is dispatch_table("gb200")
+    assert dispatch_table("h200").curve("hybridep", "network") is not None
+    assert dispatch_table("a100-80gb") is None
+
+
+def test_a_measured_dispatcher_sets_the_exchange_and_a_tier_without_measurements_keeps_the_curves(monkeypatch):
+    """Qwen3-30B on 8 GB200s with HybridEP: the expert-parallel time is the table's dispatch and combine per
+    layer and micro-batch (both directions); the all-to-all dispatcher, which the table does not measure,
+    and HybridEP across DGX-B200 nodes (no network measurement) keep the collective curves."""
+    import cost_models.step as step
+    from cost_models.dispatch import dispatch_table
+
+    with_table = evaluate(**QWEN_GB200, moe_dispatcher="hybridep")
+    monkeypatch.setattr(step, "dispatch_table", lambda name: None)
+    curves = evaluate(**QWEN_GB200, moe_dispatcher="hybridep")
+    alltoall = evaluate(**QWEN_GB200, moe_dispatcher="alltoall")
+    b200_two_nodes = dict(QWEN_GB200, cluster="dgx-b200", num_gpus=16, strategy=dict(QWEN_GB200["strategy"], ep=16))
+    b200_curves = evaluate(**b200_two_nodes, moe_dispatcher="hybridep")
+    monkeypatch.undo()
+    assert evaluate(**QWEN_GB200, moe_dispatcher="alltoall").time_s["ep_comm"] == alltoall.time_s["ep_comm"]
+    assert evaluate(**b200_two_nodes, moe_dispatcher="hybridep").time_s["ep_comm"] == b200_curves.time_s["ep_comm"]
+    intra, inter = tier_scales("hybridep", 128, 8, 8, 8)
+    per_call = float(dispatch_table("gb200").exchange_s("hybridep", 16384 * 8 * 2048 * 2, 8, 8, intra, inter))
+    calls = 48 * with_table.num_microbatches * 2  # every MoE layer, every micro-batch, forward and backward
+    assert with_table.time_s["ep_comm"] == pytest.approx(calls * per_call, rel=1e-6)
+    assert with_table.time_s["ep_comm"] != pytest.approx(curves.time_s["ep_comm"], rel=0.01)
+
+
+def test_a_malformed_dispatch_table_names_the_field():
+    from cost_models.dispatch import dispatch_table_from
+
+    good = {"bench": {"tokens": 4096, "hidden": 7168, "top_k": 8, "local_experts": 8, "bytes_per_element": 2},
+            "hybridep": {"nvlink": [{"ep": 8, "sms": 16, "dispatch_torch": 500, "combine_torch": 500}]}}
+    assert dispatch_table_from(good, "t").curve("hybridep", "nvlink") is not None
+    row = good["hybridep"]["nvlink"][0]
+    for bad, match in (({"bench": {"tokens": 4096}}, "bench needs positive"),
+                       ({"hybridep": {"pcie": [row]}}, "unknown tier 'pcie'"),
+                       ({"hybridep": {"nvlink": [row | {"dispatch_kernel": 400}]}}, "dispatch_kernel is below"),
+                       ({"hybridep": {"nvlink": [{k: v for k, v in row.items() if k != "combine_torch"}]}},
+                        "combine_torch must be a positive rate in GB/s \\(required\\)"),
+                       ({"hybridep": {"nvlink": [row | {"ep": 1}]}}, "integer ep >= 2"),
+                       ({"hybridep": {"network": [row | {"ep": 16}]}}, "ranks_per_node")):
+        with pytest.raises(SpecError, match=match):
+            dispatch_table_from(good | bad, "t")

@@ -17,6 +17,11 @@ t0 = `kernel_fixed_us`, h = `host_per_kernel_us`, n = kernels of a layer's forwa
   adds `host_per_expert_forward_us` (backward: `host_per_expert_backward_us`) of host set-up per
   local expert (buffers, pointers and quantizers per expert), which is what makes fine-grained MoE
   layers with many local experts host-bound;
+- Transformer Engine's grouped linear (the `GroupedLinear` Megatron's TEGroupedMLP runs) issues one
+  cuBLASLt GEMM per local expert, round-robin over its compute streams: each costs the host
+  `host_per_expert_gemm_us` beyond the one launch a grouped GEMM is counted as, two per expert in the
+  forward (fc1, fc2) and four in the backward (their input and weight gradients)
+  (`EXPERT_GEMMS_FORWARD`, `EXPERT_GEMMS_BACKWARD`; Megatron-core's layer only, `moe_host_floor`);
 - Megatron-core's MoE layer (`moe_host_floor`, the megatron framework): with the alltoall dispatcher
   its router and token dispatcher issue the operations `benchmarks/host_ops.py` counts on the
   installed code (`moe_host_ops`: before the host's wait on the token counts, after it, backward),
@@ -64,7 +69,7 @@ SCALE_BYTES = {"blockwise": FP32, "mxfp8": E8M0}
 GRAD_BUFFER_PASSES = 2
 
 _FIELDS = ("hbm_fraction", "kernel_fixed_us", "host_per_kernel_us", "backward_kernels_per_forward",
-           "host_per_expert_forward_us", "host_per_expert_backward_us", "moe_host_ops",
+           "host_per_expert_forward_us", "host_per_expert_backward_us", "host_per_expert_gemm_us", "moe_host_ops",
            "optimizer_hbm_fraction", "fp8_recipes", "fp8_transpose")
 
 #: The keys of a table's `moe_host_ops` (operations of one MoE layer's router and token dispatcher).
@@ -77,6 +82,11 @@ ROUTING_KERNELS = 4
 #: Kernels of the routed experts in the idealised count, all issued after the host's wait: the two
 #: grouped GEMMs (one launch each, `layer_kernels`) and the activation.
 EXPERT_KERNELS = 3
+#: cuBLASLt GEMMs Transformer Engine's grouped linear issues per local expert: fc1 and fc2 in the forward,
+#: the input and the weight gradient of each in the backward (grouped_linear.py, one call per expert
+#: in `general_grouped_gemm`'s multi-stream loop).
+EXPERT_GEMMS_FORWARD = 2
+EXPERT_GEMMS_BACKWARD = 4
 
 
 @dataclass(frozen=True)
@@ -167,6 +177,7 @@ class ElementwiseModel:
     host_per_expert_fwd_s: float = 0.0  # e_f: host set-up of one local expert in a grouped MLP's forward
     host_per_expert_bwd_s: float = 0.0  # e_b: the same in its backward
     moe_host_ops: MoeHostOps | None = None  # Megatron-core's router and dispatcher, counted
+    host_per_expert_gemm_s: float = 0.0  # g: one per-expert cuBLASLt GEMM of the grouped linear
 
     def time_s(self, nbytes, num_kernels) -> np.ndarray:
         """GPU seconds of `num_kernels` memory-bound kernels moving `nbytes` in all.
@@ -236,9 +247,9 @@ class ElementwiseModel:
         idealised count (without it, for the DeepEP and HybridEP dispatchers, whose operations were not
         counted, those kernels stay, all before the wait); the forward is `synced_forward_s` of its
         part before the dispatcher's wait and the part after (GPU: the routed experts' GEMMs,
-        `experts_fwd_s`; host: the operations after the wait, the experts' kernels and their
-        per-expert set-up). The backward has no wait (the all-to-alls reuse the split sizes already
-        on the host): max(GPU, host) as in `host_floor`.
+        `experts_fwd_s`; host: the operations after the wait, the experts' kernels, their
+        per-expert set-up and the grouped linear's per-expert GEMM calls). The backward has no wait
+        (the all-to-alls reuse the split sizes already on the host): max(GPU, host) as in `host_floor`.
 
         >>> ops = MoeHostOps(41, 9, 24)
         >>> m = ElementwiseModel("x", 3e12, 3e-6, 6.5e-6, 2.0, 2.4e12, ("delayed",), True, 18.8e-6, 32.8e-6, ops)
@@ -252,10 +263,12 @@ class ElementwiseModel:
         ops = self.moe_host_ops if counted else MoeHostOps(ROUTING_KERNELS, 0, r * ROUTING_KERNELS)
         experts = np.asarray(local_experts)
         kernels = fwd_kernels - ROUTING_KERNELS
-        host_after = (ops.forward_after_sync + EXPERT_KERNELS) * h + experts * self.host_per_expert_fwd_s
+        g = self.host_per_expert_gemm_s
+        host_after = ((ops.forward_after_sync + EXPERT_KERNELS) * h
+                      + experts * (self.host_per_expert_fwd_s + EXPERT_GEMMS_FORWARD * g))
         host_before = (kernels - EXPERT_KERNELS + ops.forward_before_sync) * h
         fwd = synced_forward_s(fwd_s - experts_fwd_s, experts_fwd_s, host_before, host_after)
-        host_bwd = (r * kernels + ops.backward) * h + experts * self.host_per_expert_bwd_s
+        host_bwd = (r * kernels + ops.backward) * h + experts * (self.host_per_expert_bwd_s + EXPERT_GEMMS_BACKWARD * g)
         return fwd, np.maximum(bwd_s, host_bwd)
 
     def optimizer_step_s(self, params: np.ndarray, traffic_bytes_per_param: float, grad_bytes: int) -> np.ndarray:
@@ -294,7 +307,7 @@ def _load(name: str, hbm_bw_bytes_per_s: float, gpu_name: str) -> ElementwiseMod
         if not 0 < float(table[field]) <= 1:
             raise SpecError(f"{where}: {field} must be in (0, 1], got {table[field]!r}")
     for field in ("kernel_fixed_us", "host_per_kernel_us", "backward_kernels_per_forward",
-                  "host_per_expert_forward_us", "host_per_expert_backward_us"):
+                  "host_per_expert_forward_us", "host_per_expert_backward_us", "host_per_expert_gemm_us"):
         if float(table[field]) < 0:
             raise SpecError(f"{where}: {field} must be >= 0, got {table[field]!r}")
     ops = table["moe_host_ops"]
@@ -318,4 +331,5 @@ def _load(name: str, hbm_bw_bytes_per_s: float, gpu_name: str) -> ElementwiseMod
         host_per_expert_fwd_s=float(table["host_per_expert_forward_us"]) * MICRO,
         host_per_expert_bwd_s=float(table["host_per_expert_backward_us"]) * MICRO,
         moe_host_ops=MoeHostOps(**{k: float(ops[k]) for k in MOE_HOST_OPS_KEYS}),
+        host_per_expert_gemm_s=float(table["host_per_expert_gemm_us"]) * MICRO,
     )

@@ -162,6 +162,9 @@ def elementwise_table_profile(raw: dict[str, Any], hbm_bw_bytes_per_s: float, so
         "host_per_expert_backward_us": carried["host_per_expert_backward_us"],
         "host_per_expert_source": f"{carry} (host set-up per local expert of Transformer Engine's grouped MLP, "
                                   f"which the profile does not run)",
+        "host_per_expert_gemm_us": carried["host_per_expert_gemm_us"],
+        "host_per_expert_gemm_source": f"{carry} (host time of one per-expert GEMM call of Transformer Engine's "
+                                       f"grouped linear, which the profile does not run)",
         "moe_host_ops": carried["moe_host_ops"],
         "moe_host_ops_source": f"{carry} (operations Megatron-core's MoE router and token dispatcher issue, "
                                f"counted by benchmarks/host_ops.py: a property of the code, not of the GPU)",

@@ -153,3 +153,4 @@ def test_grace_hosts_issue_work_at_the_measured_ratio_to_x86_hosts():
         table = elementwise_model(_gpu(gpu))
         assert grace.host_per_expert_fwd_s / table.host_per_expert_fwd_s == pytest.approx(ratio, rel=0.02)
         assert grace.host_per_expert_bwd_s / table.host_per_expert_bwd_s == pytest.approx(ratio, rel=0.02)
+        assert grace.host_per_expert_gemm_s / table.host_per_expert_gemm_s == pytest.approx(ratio, rel=0.02)

@@ -94,19 +94,40 @@ def test_moe_host_floor_uses_the_tables_counts(gpu):
     kernels, experts = np.array(30), 16
     fwd, bwd = table.moe_host_floor(tiny, tiny, kernels, experts, tiny / 2)
     counted = kernels - ROUTING_KERNELS + ops.forward_before_sync + ops.forward_after_sync
-    assert float(fwd) == pytest.approx(counted * h + experts * table.host_per_expert_fwd_s, rel=1e-6)
+    g = table.host_per_expert_gemm_s
+    assert float(fwd) == pytest.approx(counted * h + experts * (table.host_per_expert_fwd_s + 2 * g), rel=1e-6)
     assert float(bwd) == pytest.approx((table.backward_kernels_per_forward * (kernels - ROUTING_KERNELS)
-                                        + ops.backward) * h + experts * table.host_per_expert_bwd_s)
+                                        + ops.backward) * h + experts * (table.host_per_expert_bwd_s + 4 * g))
     more = dataclasses.replace(table, moe_host_ops=MoeHostOps(ops.forward_before_sync + 10,
                                                               ops.forward_after_sync, ops.backward + 20))
     fwd2, bwd2 = more.moe_host_floor(tiny, tiny, kernels, experts, tiny / 2)
     assert float(fwd2 - fwd) == pytest.approx(10 * h) and float(bwd2 - bwd) == pytest.approx(20 * h)
 
 
+@pytest.mark.parametrize("gpu", ["dgx-h100", "dgx-b200", "gb200-nvl72"])
+def test_grouped_linear_pays_each_local_experts_gemm_calls_on_the_host(gpu):
+    """Transformer Engine's grouped linear issues one cuBLASLt GEMM per local expert (PR 3134's multi-stream
+    loop): two per expert in the forward, four in the backward, each `host_per_expert_gemm_s` on the host. Only
+    Megatron-core's layer (TE GroupedLinear) pays them; the framework-neutral floor keeps the set-up alone."""
+    table = elementwise_model(load_cluster(gpu).gpu)
+    g = table.host_per_expert_gemm_s
+    assert g > table.host_per_kernel_s  # a cuBLASLt call with its descriptors costs more than one plain op
+    tiny, kernels = np.array(1e-9), np.array(30)
+    few = table.moe_host_floor(tiny, tiny, kernels, 2, tiny / 2)
+    many = table.moe_host_floor(tiny, tiny, kernels, 16, tiny / 2)
+    assert float(many[0] - few[0]) == pytest.approx(14 * (table.host_per_expert_fwd_s + 2 * g))
+    assert float(many[1] - few[1]) == pytest.approx(14 * (table.host_per_expert_bwd_s + 4 * g))
+    neutral_few, neutral_many = (table.host_floor(tiny, tiny, kernels, e) for e in (2, 16))
+    assert float(neutral_many[0] - neutral_few[0]) == pytest.approx(14 * table.host_per_expert_fwd_s)
+    without = dataclasses.replace(table, host_per_expert_gemm_s=0.0).moe_host_floor(tiny, tiny, kernels, 16, tiny / 2)
+    assert float(many[0]) > float(without[0]) and float(many[1]) > float(without[1])
+
+
 def test_wait_adds_the_host_time_after_it_to_the_gpu_time_before_it():
     table = elementwise_model(load_cluster("dgx-h100").gpu)
     ops, h, experts = table.moe_host_ops, table.host_per_kernel_s, 16
-    host_after = (ops.forward_after_sync + EXPERT_KERNELS) * h + experts * table.host_per_expert_fwd_s
+    host_after = ((ops.forward_after_sync + EXPERT_KERNELS) * h
+                  + experts * (table.host_per_expert_fwd_s + 2 * table.host_per_expert_gemm_s))
     gpu_before, gpu_after = np.array(2e-3), np.array(1e-5)  # attention GPU-bound, experts host-bound
     fwd, _ = table.moe_host_floor(gpu_before + gpu_after, np.array(1.0), np.array(30), experts, gpu_after)
     assert float(fwd) == pytest.approx(float(gpu_before + host_after))
@@ -138,7 +159,8 @@ def test_only_megatrons_moe_layers_take_the_counted_host_ops_and_the_wait():
     assert moe
     for i in moe:  # Qwen3-30B-A3B, 1 x 256 tokens and 16 local experts: host-bound
         assert megatron.fwd_s[i, 0] > deepep.fwd_s[i, 0] > torchtitan.fwd_s[i, 0]  # counted ops; the wait
-        assert megatron.bwd_s[i, 0] > torchtitan.bwd_s[i, 0] == deepep.bwd_s[i, 0]  # no wait in the backward
+        # no wait in the backward: what Megatron's layers add there is TE's per-expert GEMM calls
+        assert megatron.bwd_s[i, 0] > deepep.bwd_s[i, 0] > torchtitan.bwd_s[i, 0]
     dense_megatron, _ = _layers("megatron", name="llama3-8b")
     dense_torchtitan, _ = _layers("torchtitan", name="llama3-8b")  # dense layers: the same host floor
     assert np.array_equal(dense_megatron.fwd_s, dense_torchtitan.fwd_s)
@@ -150,4 +172,6 @@ def test_uncounted_dispatchers_keep_the_idealised_host_total():
     tiny, kernels, experts = np.array(1e-9), np.array(30), 16
     synced = table.moe_host_floor(tiny, tiny, kernels, experts, tiny / 2, counted=False)
     plain = table.host_floor(tiny, tiny, kernels, experts)
-    assert float(synced[0]) == pytest.approx(float(plain[0])) and float(synced[1]) == pytest.approx(float(plain[1]))
+    g = table.host_per_expert_gemm_s  # the grouped linear's GEMM calls come on top, in either dispatcher
+    assert float(synced[0]) == pytest.approx(float(plain[0]) + experts * 2 * g)
+    assert float(synced[1]) == pytest.approx(float(plain[1]) + experts * 4 * g)

@@ -209,6 +209,8 @@ DESCRIPTIONS = {
                              "`benchmarks/data/`)",
     "Megatron-Bridge 26.06.01": "Megatron-Bridge 26.06.01 on GB200 / GB300 (DeepSeek-V3, GPT-OSS, Qwen3 MXFP8: every row ran the "
                                 "CuTeDSL fused grouped MLP and is refused; `benchmarks/data/`)",
+    "Megatron-Bridge skill cards (H100)": "Megatron-Bridge's measured EP-overlap A/B (Qwen3-30B-A3B BF16 on 16 H100s, "
+                                          "EP 16, HybridEP, overlap off and on; `benchmarks/data/`)",
     "torchtitan H100 (2024-12)": "torchtitan on 8-512 H100s (Llama 3.1 8B-405B, FSDP / CP / TP / PP, Float8; "
                                  "`benchmarks/data/`)",
     "torchtitan H200 (2025-06)": "torchtitan FSDP2 on 32-64 H200s (Llama 3.1 8B; `benchmarks/data/`)",

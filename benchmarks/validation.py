@@ -214,6 +214,8 @@ PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     "mbridge_26_04_01": ("Megatron-Bridge 26.04.01", BRIDGE),
     "mbridge_26_06": ("Megatron-Bridge 26.06", BRIDGE),
     "mbridge_26_06_01": ("Megatron-Bridge 26.06.01", BRIDGE),
+    # Megatron-Bridge's own measured A/B runs (its performance skill cards), run with its performance recipes
+    "mbridge_skills": ("Megatron-Bridge skill cards (H100)", BRIDGE),
     # torchtitan runs on its own schedule, reductions and op-level selective recompute, and computes the loss with
     # PyTorch's cross_entropy over fp32 logits, not Megatron's fused kernel (framework torchtitan: its profile's
     # cross_entropy_fusion false, profiles/frameworks/torchtitan.yaml). Its attention

@@ -34,7 +34,8 @@ from benchmarks.calibration import (
     sc21_zero3,
     table_errors,
 )
-from benchmarks.generations import calibration_rows
+from benchmarks.ep_overlap import FIT_ROWS as EP_OVERLAP_FIT_ROWS
+from benchmarks.generations import GENERATION_FITS, calibration_rows
 from benchmarks.validation import PUBLIC_SETS, generation, predict, public_runs, zero_table1
 from cost_models.memory import model_state_bytes
 from profiles import PROFILES_DIR, load_model
@@ -61,6 +62,7 @@ class RunError(RowError):
 
 
 GENERATION_FIT_TABLE = "H100 / B200 / GB200 / GB300 fit rows"
+EP_OVERLAP_FIT_TABLE = "EP-overlap fit rows (H100)"
 
 
 def shipped_fit() -> str:
@@ -90,9 +92,11 @@ def public_rows(name: str, skip: frozenset[str] = frozenset()) -> list[RowError]
     return step_rows([c for c in runs.cases if c.label not in skip]) + refused
 
 
-def generation_fit_rows() -> list[RowError]:
-    """The rows the newer GPUs' `sustained_compute_fraction` was fitted on (benchmarks/generations.py)."""
-    fitted = calibration_rows()
+def generation_fit_rows(fitted: set[tuple[str, str]] | None = None) -> list[RowError]:
+    """The rows the newer GPUs' `sustained_compute_fraction` was fitted on (benchmarks/generations.py), or
+    the (set, label) rows `fitted` names."""
+    if fitted is None:
+        fitted = {row for f in GENERATION_FITS.values() for row in f.rows}
     out = []
     for name in PUBLIC_SETS:
         labels = {label for s, label in fitted if s == name}
@@ -147,6 +151,7 @@ def tables(fit_key: str) -> list[tuple[str, str, list[RowError]]]:
     out.append(("SC'21 Table 2 ZeRO-3", "held out", step_rows(sc21_zero3())))
     fitted = calibration_rows()
     out.append((GENERATION_FIT_TABLE, "fitted", generation_fit_rows()))
+    out.append((EP_OVERLAP_FIT_TABLE, "fitted", generation_fit_rows(set(EP_OVERLAP_FIT_ROWS))))
     for name, (table, _) in PUBLIC_SETS.items():
         out.append((table, "held out", public_rows(name, frozenset(label for s, label in fitted if s == name))))
     return out
@@ -209,8 +214,11 @@ DESCRIPTIONS = {
                              "`benchmarks/data/`)",
     "Megatron-Bridge 26.06.01": "Megatron-Bridge 26.06.01 on GB200 / GB300 (DeepSeek-V3, GPT-OSS, Qwen3 MXFP8: every row ran the "
                                 "CuTeDSL fused grouped MLP and is refused; `benchmarks/data/`)",
-    "Megatron-Bridge skill cards (H100)": "Megatron-Bridge's measured EP-overlap A/B (Qwen3-30B-A3B BF16 on 16 H100s, "
-                                          "EP 16, HybridEP, overlap off and on; `benchmarks/data/`)",
+    EP_OVERLAP_FIT_TABLE: "Megatron-Bridge's measured EP-overlap A/B (Qwen3-30B-A3B BF16 on 16 H100s, EP 16, HybridEP, "
+                          "overlap off and on; skill cards, `benchmarks/data/mbridge_skills.json`): the rows "
+                          "`ep_comm_overlap` is fitted on (`python -m benchmarks.ep_overlap`)",
+    "Megatron-Bridge skill cards (H100)": "Megatron-Bridge skill cards (`benchmarks/data/mbridge_skills.json`): its two rows "
+                                          "are the EP-overlap fit's, above",
     "torchtitan H100 (2024-12)": "torchtitan on 8-512 H100s (Llama 3.1 8B-405B, FSDP / CP / TP / PP, Float8; "
                                  "`benchmarks/data/`)",
     "torchtitan H200 (2025-06)": "torchtitan FSDP2 on 32-64 H200s (Llama 3.1 8B; `benchmarks/data/`)",

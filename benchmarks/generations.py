@@ -83,8 +83,11 @@ GENERATION_FITS = {k: replace(f, why=f.why.replace("{offload}", OFFLOAD)) for k,
 
 
 def calibration_rows() -> set[tuple[str, str]]:
-    """Every (set, label) some generation fit uses: the accuracy report prints them as fitted."""
-    return {row for f in GENERATION_FITS.values() for row in f.rows}
+    """Every (set, label) some fit uses (the generations' `sustained_compute_fraction`, the EP-overlap share
+    of benchmarks/ep_overlap.py): the accuracy report prints them as fitted."""
+    from benchmarks.ep_overlap import FIT_ROWS
+
+    return {row for f in GENERATION_FITS.values() for row in f.rows} | set(FIT_ROWS)
 
 
 def cases_of(fit: GenerationFit) -> list[StepCase]:

@@ -202,7 +202,8 @@ def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st
     mem_rows = stage_memory(s)
     total = sum(mem_rows.values())
     binding = np.argmax(total, axis=0)
-    pl = per_layer_times(model, train, s.gpu, s.comm, st, cluster.overlap_efficiency, s, cluster.tp_comm_overlap)
+    pl = per_layer_times(model, train, s.gpu, s.comm, st, cluster.overlap_efficiency, s, cluster.tp_comm_overlap,
+                         cluster.ep_overlap_efficiency)
     mb = microbatch_times(s, pl)
     slow = np.argmax(sum(mb.values()), axis=0)
     t_mb = _pick(sum(mb.values()), slow)
@@ -354,7 +355,8 @@ def _moe_exchange_s(layer, x: Micro, comm: CommModel, lay: ParallelLayout,
 
 
 def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: CommModel, st: StrategyArrays, comm_overlap: float = 1.0,
-                    s: Setup | None = None, tp_overlap: float = 0.0) -> PerLayerTimes:
+                    s: Setup | None = None, tp_overlap: float = 0.0, ep_overlap: float | None = None
+                    ) -> PerLayerTimes:
     """Per-layer compute and exposed TP/CP/EP communication of every layer kind and candidate.
 
     MoE: the dispatch and combine are on the critical path (Megatron-core's all-to-all
@@ -362,7 +364,8 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     experts Megatron's `--moe-shared-expert-overlap` runs the shared experts' GEMMs
     concurrently with them (the emitters set that flag); with `overlap_moe_comm` (Megatron's
     `--overlap-moe-expert-parallel-comm`) they hide behind another micro-batch's compute of the
-    layer instead. DeepSeek's DualPipe is not modelled: for such runs the prediction is
+    layer instead, of which `ep_overlap` (cluster.ep_comm_overlap, measured end to end; None:
+    `comm_overlap`) is hidden. DeepSeek's DualPipe is not modelled: for such runs the prediction is
     pessimistic by up to the whole `ep_comm` term.
 
     TP: with sequence parallelism and `tp_overlap` > 0 (cluster.tp_comm_overlap: Transformer
@@ -423,7 +426,9 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     # Megatron's --overlap-moe-expert-parallel-comm runs one micro-batch's forward beside another's
     # backward, layer by layer: each layer's dispatch and combine (both directions) hide behind the
     # other micro-batch's compute of that layer instead of the shared experts.
-    across = exposed_s(2 * ep_one, lt.fwd_s + lt.bwd_s, comm_overlap) / 2
+    # The share hidden is measured (cluster.ep_comm_overlap): the schedule pairs each exchange with one
+    # sub-module of the other micro-batch and its kernels contend for the SMs, so less hides than fits.
+    across = exposed_s(2 * ep_one, lt.fwd_s + lt.bwd_s, comm_overlap if ep_overlap is None else ep_overlap) / 2
     ep_fwd = np.where(st.overlap_moe_comm, across, ep_fwd)
     ep_bwd = np.where(st.overlap_moe_comm, across, ep_bwd)
     rc = st.recompute

@@ -191,6 +191,13 @@ class ClusterSpec(Spec):
         "training framework pipelines with the GEMMs beside them (Transformer Engine userbuffers, Megatron's "
         "--tp-comm-overlap, which the Megatron emitter then sets); 0: TP communication is on the critical path.",
     )
+    ep_comm_overlap: float | None = Field(
+        None, ge=0, le=1,
+        description="Share of the MoE token exchange (dispatch and combine, both directions) that Megatron's "
+        "--overlap-moe-expert-parallel-comm hides behind the other micro-batch's compute, contention and the "
+        "schedule's own dependencies included (measured end to end); None: `overlap_efficiency`, as for any "
+        "overlapped communication.",
+    )
     moe_load_imbalance: float = Field(
         1.0, ge=1, le=MAX_HEADS,
         description="MoE: tokens the busiest expert rank receives over the mean (1 = perfect balance); the "
@@ -218,3 +225,9 @@ class ClusterSpec(Spec):
         comm_overlap / (1 + comm_compute_slowdown). With hidden time h beside compute W ≥ h
         slowed by σ, the step takes W + h·σ/(1+σ): h/(1+σ) of h is really hidden."""
         return self.comm_overlap / (1.0 + self.comm_compute_slowdown)
+
+    @property
+    def ep_overlap_efficiency(self) -> float:
+        """Share of the MoE exchange that --overlap-moe-expert-parallel-comm hides: `ep_comm_overlap` where
+        the profile measured it, else `overlap_efficiency`."""
+        return self.overlap_efficiency if self.ep_comm_overlap is None else self.ep_comm_overlap

@@ -324,6 +324,10 @@ def test_clusters_names_where_every_presets_numbers_come_from(capsys):
         band = gpu.step_time_residuals
         kind = "estimate" if band is None else ("end-to-end" if band.end_to_end else "widened")
         assert kind in where["error_band"] and where["error_band_basis"]
+        # the EP-overlap share says whether it was fitted there, carried, or is the generic overlap efficiency
+        assert r["ep_overlap"].endswith(("(fitted)", "(carried)", "(measured)", "(generic overlap)")), r
+    by_name = {r["name"]: r["ep_overlap"] for r in rows}
+    assert by_name["dgx-h100"] == "0.54 (fitted)" and by_name["gb200-nvl72"] == "0.54 (carried)"
     code, out, _ = run(capsys, "clusters")
     assert "where each GPU's numbers come from" in out
     for r in rows:

@@ -569,6 +569,7 @@ def clusters_cmd(fmt: FormatOpt = Format.table) -> None:
                      "nvlink_domain": c.domain_size, "intra_gb_per_s": round(c.intra_node.bw_bytes_per_s / 1e9),
                      "inter_gb_per_s": round(c.inter_node.bw_bytes_per_s / 1e9),
                      "efficiencies": calibration_status(c.gpu.calibration),
+                     "ep_overlap": ep_overlap_status(name, c),
                      "provenance": {k: v for k, v in where.items() if k != "gpu"}})
     if fmt is not Format.table:
         flat = [{k: v for k, v in r.items() if k != "provenance"} | {f"provenance.{k}": v
@@ -590,6 +591,19 @@ PROVENANCE_LEGEND = (
     "error_band: step-time error (predicted / measured - 1) behind every estimate's band: end-to-end = residuals "
     "of published runs on this GPU, widened = no end-to-end check on this GPU (other GPUs' band widened), "
     "estimate = no residuals; `--format json` gives the full notes")
+
+
+def ep_overlap_status(name: str, cluster) -> str:
+    """The share of the MoE exchange Megatron's EP overlap hides on `cluster` and where it comes from: the
+    first word of its preset's `ep_comm_overlap_source` (fitted, carried, measured), or the generic overlap
+    efficiency where the preset has none."""
+    from profiles import _resolve, read_yaml
+
+    if cluster.ep_comm_overlap is None:
+        return f"{cluster.overlap_efficiency:.2f} (generic overlap)"
+    doc = read_yaml(_resolve("clusters", name), f"cluster {name}")
+    how = str(doc.get("ep_comm_overlap_source", "")).split(" ", 1)[0].strip(":,;") or "stated"
+    return f"{cluster.ep_comm_overlap:.2f} ({how})"
 
 
 def calibration_status(text: str) -> str:

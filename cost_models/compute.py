@@ -27,7 +27,7 @@ from cost_models.gemm_tables import gemm_table
 from cost_models.attention_kernels import flash_core_times
 from cost_models.blocks import (DenseMLP, Gemm, Head, LatentAttention, Layer, Micro, ModelBlocks, MoE, Norm,
                                  gated_activation)
-from cost_models.elementwise import elementwise_model, layer_kernels
+from cost_models.elementwise import EXPERT_KERNELS, elementwise_model, fp8_cast_launches, layer_kernels
 from cost_models.units import ACTIVATION_BYTES, FP8, WEIGHT_BYTES
 
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
@@ -154,8 +154,11 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
         kernels = ew_kernels + layer_kernels(gemms, core, x, tp_exchanges)
         if moe and x.framework == "megatron":  # Megatron-core's MoELayer: a host wait in its dispatcher,
             experts_s = sum(t for g, t in zip(gemms, gemm_ts) if g.grouped)  # counted ops for alltoall
+            # the experts' FP8 casts are issued after the wait, with their GEMMs
+            casts = fp8_cast_launches(gemms, x.fp8_recipe, grouped=True, per_expert=False) if prec == "fp8" else 0
             fwd, bwd = table.moe_host_floor(fwd, bwd, kernels, local_experts, experts_s,
-                                            counted=x.moe_dispatcher == "alltoall")
+                                            counted=x.moe_dispatcher == "alltoall",
+                                            expert_kernels=EXPERT_KERNELS + casts)
         else:
             fwd, bwd = table.host_floor(fwd, bwd, kernels, local_experts)
     shared_s = sum((gemm_time(g, gpu, prec) for g in moe.shared_gemms(x)), ZERO_S) if moe else ZERO_S

@@ -162,6 +162,31 @@ def fp8_cast_kernels(recipe: str) -> int:
     return 2 if recipe == "tensorwise" else 1
 
 
+def fp8_cast_launches(gemms: list[Gemm], recipe: str, grouped: bool | None = None,
+                      per_expert: bool = True) -> np.ndarray:
+    """Cast kernels one direction of a layer launches for its quantised GEMMs (`grouped`: only the grouped
+    ones, or only the others; None: all). A grouped GEMM's input is split per local expert, and Transformer
+    Engine quantises the splits in one fused launch only under delayed scaling (`split_quantize` ->
+    `multi_tensor_quantize_impl`, whose one fused kernel, `nvte_multi_cast_transpose`, serves FP8 delayed
+    scaling alone; every other recipe quantises each split apart: transformer_engine/pytorch/csrc/extensions/
+    cast.cpp at v2.9), so its casts are `fp8_cast_kernels` per expert on the GPU. The host issues those
+    launches from one C++ loop inside one call: with `per_expert` False a grouped GEMM's casts count as
+    one call's (the per-expert part of their host time is in `host_per_expert_*`, whose measurement
+    includes the quantizers' set-up).
+
+    >>> from cost_models.blocks import Gemm
+    >>> fc = Gemm(1.0, 256, 1536, 2048, count=16, grouped=True)
+    >>> [int(fp8_cast_launches([fc], r)) for r in ("delayed", "mxfp8", "tensorwise")]
+    [1, 16, 32]
+    >>> int(fp8_cast_launches([fc], "mxfp8", per_expert=False))
+    1
+    """
+    quantised = [g for g in gemms if g.quantised and (grouped is None or g.grouped == grouped)]
+    per_cast = fp8_cast_kernels(recipe)
+    split = per_expert and recipe != "delayed"
+    return sum((per_cast * (np.asarray(g.count) if g.grouped and split else 1) for g in quantised), np.zeros(()))
+
+
 @dataclass(frozen=True)
 class ElementwiseModel:
     """One GPU's element-wise table in SI units (see the module docstring)."""
@@ -196,14 +221,14 @@ class ElementwiseModel:
             raise SpecError(f"fp8_recipe {recipe!r} is not supported on {self.name} (its kernels run "
                             f"{', '.join(self.fp8_recipes)}); mxfp8 needs a Blackwell GPU")
 
-    def fp8_casts(self, gemms: list[Gemm], recipe: str) -> tuple[np.ndarray, np.ndarray, int]:
-        """(forward bytes, backward bytes, kernels each way) of the FP8 casts of one layer: the input
+    def fp8_casts(self, gemms: list[Gemm], recipe: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(forward bytes, backward bytes, GPU kernels each way) of the FP8 casts of one layer: the input
         (m×k) of each quantised GEMM in the forward, its output gradient (m×n) in the backward."""
         per_element = fp8_cast_bytes_per_element(recipe, self.fp8_transpose)
         quantised = [g for g in gemms if g.quantised]
         fwd = sum((per_element * g.count * g.m * g.k for g in quantised), np.zeros(()))
         bwd = sum((per_element * g.count * g.m * g.n for g in quantised), np.zeros(()))
-        return fwd, bwd, fp8_cast_kernels(recipe) * len(quantised)
+        return fwd, bwd, fp8_cast_launches(gemms, recipe)
 
     def fp8_weight_cast_s(self, weight_elements: np.ndarray, recipe: str) -> np.ndarray:
         """Seconds to cast a rank's FP8 GEMM weights once per step (cached across micro-batches)."""
@@ -211,17 +236,19 @@ class ElementwiseModel:
 
     def layer_s(self, ew: Elementwise, gemms: list[Gemm], x: Micro, backward_factor: float
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(forward s, backward s, forward kernels) of a layer's element-wise kernels and FP8 casts.
+        """(forward s, backward s, forward host calls) of a layer's element-wise kernels and FP8 casts.
         The backward of the element-wise kernels moves `backward_factor` times their forward bytes
-        in as many kernels."""
+        in as many kernels. The GPU times count every cast kernel (a grouped GEMM's per expert); the
+        host calls count a grouped GEMM's casts once (`fp8_cast_launches`)."""
         fwd_bytes, bwd_bytes, kernels = ew.bytes, backward_factor * ew.bytes, ew.num_kernels
-        cast_kernels = 0
+        cast_kernels = cast_calls = 0
         if x.precision == "fp8":
             self.check_recipe(x.fp8_recipe)
             cast_fwd, cast_bwd, cast_kernels = self.fp8_casts(gemms, x.fp8_recipe)
+            cast_calls = fp8_cast_launches(gemms, x.fp8_recipe, per_expert=False)
             fwd_bytes, bwd_bytes = fwd_bytes + cast_fwd, bwd_bytes + cast_bwd
         return (self.time_s(fwd_bytes, kernels + cast_kernels), self.time_s(bwd_bytes, kernels + cast_kernels),
-                np.asarray(kernels + cast_kernels))
+                np.asarray(kernels + cast_calls))
 
     def host_floor(self, fwd_s: np.ndarray, bwd_s: np.ndarray, fwd_kernels: np.ndarray, local_experts=0
                    ) -> tuple[np.ndarray, np.ndarray]:
@@ -241,14 +268,16 @@ class ElementwiseModel:
                 np.maximum(bwd_s, self.backward_kernels_per_forward * host_fwd + experts * self.host_per_expert_bwd_s))
 
     def moe_host_floor(self, fwd_s: np.ndarray, bwd_s: np.ndarray, fwd_kernels: np.ndarray, local_experts,
-                       experts_fwd_s: np.ndarray, counted: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                       experts_fwd_s: np.ndarray, counted: bool = True, expert_kernels=EXPERT_KERNELS
+                       ) -> tuple[np.ndarray, np.ndarray]:
         """`host_floor` for a Megatron-core MoE layer: with `counted` (the alltoall dispatcher) the
         router and dispatcher issue the counted `moe_host_ops` in place of the `ROUTING_KERNELS` of the
         idealised count (without it, for the DeepEP and HybridEP dispatchers, whose operations were not
         counted, those kernels stay, all before the wait); the forward is `synced_forward_s` of its
         part before the dispatcher's wait and the part after (GPU: the routed experts' GEMMs,
-        `experts_fwd_s`; host: the operations after the wait, the experts' kernels, their
-        per-expert set-up and the grouped linear's per-expert GEMM calls). The backward has no wait
+        `experts_fwd_s`; host: the operations after the wait, the experts' kernels (`expert_kernels` of
+        `fwd_kernels`: their GEMMs, activation and FP8 casts), their per-expert set-up and the grouped
+        linear's per-expert GEMM calls). The backward has no wait
         (the all-to-alls reuse the split sizes already on the host): max(GPU, host) as in `host_floor`.
 
         >>> ops = MoeHostOps(41, 9, 24)
@@ -264,9 +293,9 @@ class ElementwiseModel:
         experts = np.asarray(local_experts)
         kernels = fwd_kernels - ROUTING_KERNELS
         g = self.host_per_expert_gemm_s
-        host_after = ((ops.forward_after_sync + EXPERT_KERNELS) * h
+        host_after = ((ops.forward_after_sync + expert_kernels) * h
                       + experts * (self.host_per_expert_fwd_s + EXPERT_GEMMS_FORWARD * g))
-        host_before = (kernels - EXPERT_KERNELS + ops.forward_before_sync) * h
+        host_before = (kernels - expert_kernels + ops.forward_before_sync) * h
         fwd = synced_forward_s(fwd_s - experts_fwd_s, experts_fwd_s, host_before, host_after)
         host_bwd = (r * kernels + ops.backward) * h + experts * (self.host_per_expert_bwd_s + EXPERT_GEMMS_BACKWARD * g)
         return fwd, np.maximum(bwd_s, host_bwd)

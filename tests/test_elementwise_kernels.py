@@ -154,3 +154,45 @@ def test_grace_hosts_issue_work_at_the_measured_ratio_to_x86_hosts():
         assert grace.host_per_expert_fwd_s / table.host_per_expert_fwd_s == pytest.approx(ratio, rel=0.02)
         assert grace.host_per_expert_bwd_s / table.host_per_expert_bwd_s == pytest.approx(ratio, rel=0.02)
         assert grace.host_per_expert_gemm_s / table.host_per_expert_gemm_s == pytest.approx(ratio, rel=0.02)
+
+
+def test_grouped_gemm_inputs_are_quantised_per_expert_except_under_delayed_scaling():
+    """Transformer Engine's split_quantize fuses the experts' casts into one launch only for FP8 delayed scaling
+    (multi_tensor_quantize_impl, cast.cpp at v2.9); MXFP8, current and block scaling launch one per expert. The
+    launches cost GPU time each; the host issues them in one call, after the dispatcher's wait."""
+    from cost_models.blocks import Gemm
+    from cost_models.elementwise import EXPERT_KERNELS, fp8_cast_launches, fp8_cast_kernels
+
+    dense = Gemm(1.0, 4096, 2048, 2048)
+    experts = Gemm(1.0, 256, 1536, 2048, count=16, grouped=True)
+    for recipe in ("delayed", "tensorwise", "blockwise", "mxfp8"):
+        per = fp8_cast_kernels(recipe)
+        n = int(fp8_cast_launches([dense, experts], recipe))
+        assert n == per * (2 if recipe == "delayed" else 17), recipe
+        assert int(fp8_cast_launches([dense, experts], recipe, grouped=True)) == n - per
+        # the host issues a grouped GEMM's casts from one C++ loop: one call (their per-expert host time is in
+        # host_per_expert_*, measured with the quantizers' set-up)
+        assert int(fp8_cast_launches([dense, experts], recipe, per_expert=False)) == 2 * per
+    table = elementwise_model(_gpu("b200"))
+    tiny = np.array(1e-9)
+    base = table.moe_host_floor(tiny, tiny, np.array(60), 16, tiny / 2)
+    moved = table.moe_host_floor(tiny, tiny, np.array(60), 16, tiny / 2, expert_kernels=EXPERT_KERNELS + 16)
+    assert float(moved[0]) == pytest.approx(float(base[0]))  # the same kernels, issued after the wait instead
+    gpu_before, gpu_after = np.array(5e-3), np.array(1e-6)  # the part before the wait hides its host time
+    early = table.moe_host_floor(gpu_before + gpu_after, tiny, np.array(60), 16, gpu_after)
+    late = table.moe_host_floor(gpu_before + gpu_after, tiny, np.array(60), 16, gpu_after,
+                                expert_kernels=EXPERT_KERNELS + 16)
+    assert float(late[0]) > float(early[0])
+
+
+def test_per_expert_casts_cost_gpu_time_but_one_host_call():
+    from cost_models.blocks import Elementwise, Gemm, Micro
+
+    table = elementwise_model(_gpu("b200"))
+    ew = Elementwise(np.array(1e6), 4)
+    x = Micro(4096, np.array([1]), np.array([1]), np.array([1]), np.array([False]), "fp8", "flash",
+              np.array([8]), np.array([1]), 1.0, True, "mxfp8", "alltoall")
+    few = table.layer_s(ew, [Gemm(1.0, 256, 1536, 2048, count=2, grouped=True)], x, 1.5)
+    many = table.layer_s(ew, [Gemm(1.0, 32, 1536, 2048, count=16, grouped=True)], x, 1.5)  # same bytes
+    assert float(many[0] - few[0]) == pytest.approx(14 * table.kernel_fixed_s)
+    assert float(many[2]) == float(few[2])

@@ -44,3 +44,15 @@ def test_a_smaller_share_leaves_more_of_the_exchange_exposed():
     none, half, full = _exposed(0.0), _exposed(0.5), _exposed(1.0)
     assert none > half > full >= 0
     assert half == pytest.approx((none + full) / 2)  # linear in the share (the fit relies on it)
+
+
+@pytest.mark.parametrize("value,rule", [(1.5, "less than or equal to 1"), ("fast", "valid number")])
+def test_a_bad_share_is_refused_naming_the_field(value, rule):
+    import yaml
+
+    from planner.errors import SpecError
+    from profiles import PROFILES_DIR
+
+    doc = yaml.safe_load((PROFILES_DIR / "clusters" / "dgx-h100.yaml").read_text())
+    with pytest.raises(SpecError, match=rf"ep_comm_overlap.*{rule}"):
+        load_cluster(doc | {"ep_comm_overlap": value})

@@ -92,11 +92,9 @@ def public_rows(name: str, skip: frozenset[str] = frozenset()) -> list[RowError]
     return step_rows([c for c in runs.cases if c.label not in skip]) + refused
 
 
-def generation_fit_rows(fitted: set[tuple[str, str]] | None = None) -> list[RowError]:
-    """The rows the newer GPUs' `sustained_compute_fraction` was fitted on (benchmarks/generations.py), or
-    the (set, label) rows `fitted` names."""
-    if fitted is None:
-        fitted = {row for f in GENERATION_FITS.values() for row in f.rows}
+def fitted_rows(fitted: set[tuple[str, str]]) -> list[RowError]:
+    """The published rows a fit used, named as (set, label): the newer GPUs' `sustained_compute_fraction`
+    (benchmarks/generations.py), the EP-overlap share (benchmarks/ep_overlap.py)."""
     out = []
     for name in PUBLIC_SETS:
         labels = {label for s, label in fitted if s == name}
@@ -150,8 +148,8 @@ def tables(fit_key: str) -> list[tuple[str, str, list[RowError]]]:
         out.append((t.name, role(spec, t) if spec else "unknown fit", rows))
     out.append(("SC'21 Table 2 ZeRO-3", "held out", step_rows(sc21_zero3())))
     fitted = calibration_rows()
-    out.append((GENERATION_FIT_TABLE, "fitted", generation_fit_rows()))
-    out.append((EP_OVERLAP_FIT_TABLE, "fitted", generation_fit_rows(set(EP_OVERLAP_FIT_ROWS))))
+    out.append((GENERATION_FIT_TABLE, "fitted", fitted_rows({row for f in GENERATION_FITS.values() for row in f.rows})))
+    out.append((EP_OVERLAP_FIT_TABLE, "fitted", fitted_rows(set(EP_OVERLAP_FIT_ROWS))))
     for name, (table, _) in PUBLIC_SETS.items():
         out.append((table, "held out", public_rows(name, frozenset(label for s, label in fitted if s == name))))
     return out

@@ -30,6 +30,7 @@ import yaml
 from scipy.optimize import minimize_scalar
 
 from benchmarks.calibration import base_cluster, with_parameters
+from benchmarks.ep_overlap import FIT_ROWS as EP_OVERLAP_FIT_ROWS
 from benchmarks.validation import StepCase, predict, public_runs
 from profiles import PROFILES_DIR
 
@@ -85,9 +86,7 @@ GENERATION_FITS = {k: replace(f, why=f.why.replace("{offload}", OFFLOAD)) for k,
 def calibration_rows() -> set[tuple[str, str]]:
     """Every (set, label) some fit uses (the generations' `sustained_compute_fraction`, the EP-overlap share
     of benchmarks/ep_overlap.py): the accuracy report prints them as fitted."""
-    from benchmarks.ep_overlap import FIT_ROWS
-
-    return {row for f in GENERATION_FITS.values() for row in f.rows} | set(FIT_ROWS)
+    return {row for f in GENERATION_FITS.values() for row in f.rows} | set(EP_OVERLAP_FIT_ROWS)
 
 
 def cases_of(fit: GenerationFit) -> list[StepCase]:

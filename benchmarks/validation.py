@@ -344,7 +344,9 @@ def _public_label(r: dict[str, Any], legacy: bool) -> str:
             .replace(" vp?", ""))
 
 
-#: The published FP8 recipe names -> TrainSpec.fp8_recipe; a recipe not stated keeps the default (delayed).
+#: The published FP8 recipe names -> TrainSpec.fp8_recipe. Where the table does not name the recipe, a row's
+#: `fp8_recipe_preset` (the recipe its release's performance preset runs, read at the release's tag and
+#: named in the set's source) gives it; a recipe neither states keeps the default (delayed).
 FP8_RECIPES = {"FP8-CS": "tensorwise", "FP8-MX": "mxfp8", "MXFP8": "mxfp8",
                "torchao float8 tensorwise dynamic": "tensorwise",
                # Composer's amp_fp8: Transformer Engine's DelayedScaling (HYBRID, amax history 16, max)
@@ -427,8 +429,13 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
         return refuse(f"grad_precision {r['grad_precision']!r} is not one of {sorted(GRAD_PRECISIONS)}")
     train: dict[str, Any] = {"precision": r["precision"], "grad_precision": r.get("grad_precision", "fp32"),
                              "attention_kernel": kernel}
-    if r["precision"] == "fp8" and r.get("fp8_recipe") in FP8_RECIPES:
-        train["fp8_recipe"] = FP8_RECIPES[r["fp8_recipe"]]
+    if r["precision"] == "fp8":
+        published = r.get("fp8_recipe")
+        recipe = published if published in FP8_RECIPES else r.get("fp8_recipe_preset")
+        if recipe is not None and recipe not in FP8_RECIPES:
+            return refuse(f"fp8_recipe_preset {recipe!r} is not one of {sorted(FP8_RECIPES)}")
+        if recipe is not None:
+            train["fp8_recipe"] = FP8_RECIPES[recipe]
     if "cross_entropy_fusion" in r:
         train["cross_entropy_fusion"] = bool(r["cross_entropy_fusion"])
     if "framework" in r:

@@ -118,10 +118,28 @@ def test_gradient_precision_is_the_rows_or_its_sets():
                                            ({"attn_impl": "torch"}, "attn_impl 'torch'"),
                                            ({"grad_precision": "fp8"}, "grad_precision 'fp8'"),
                                            ({"recipe_disagrees": "vp 5 in the recipe"}, "disagrees with its recipe: vp 5"),
-                                           ({"unmodelled": "a fused grouped MLP"}, "not modelled: a fused grouped MLP")])
+                                           ({"unmodelled": "a fused grouped MLP"}, "not modelled: a fused grouped MLP"),
+                                           ({"fp8_recipe_preset": "FP8-XX"}, "fp8_recipe_preset 'FP8-XX'")])
 def test_inconsistent_or_unmodelled_rows_are_refused_with_the_reason(change, reason):
     out = _public_case(ROW | change, "t", None, legacy=False)
     assert reason in out.reason and out.measured_step_s > 0
+
+
+def test_a_recipe_the_table_does_not_name_is_its_presets():
+    """A table's plain "FP8" takes the recipe of the release's preset (`fp8_recipe_preset`); a recipe the table
+    names wins over it; with neither the default (delayed) stays."""
+    def recipe(**row):
+        return _public_case(ROW | row, "t", None, legacy=False).train_options.get("fp8_recipe")
+
+    assert recipe(fp8_recipe="FP8 (recipe not stated)", fp8_recipe_preset="FP8-CS") == "tensorwise"
+    assert recipe(fp8_recipe="FP8-MX", fp8_recipe_preset="FP8-CS", cluster="dgx-b200") == "mxfp8"
+    assert recipe(fp8_recipe="FP8 (recipe not stated)") is None
+    # Megatron-Bridge 26.02 .. 26.06 offer no delayed scaling: every plain FP8 row there runs current scaling
+    for name in ("mbridge_26_02", "mbridge_26_02_01", "mbridge_26_04", "mbridge_26_04_01", "mbridge_26_06"):
+        plain = [c for c in public_runs(name).cases if c.train_options["precision"] == "fp8" and " fp8 " in c.label]
+        assert plain and all(c.train_options["fp8_recipe"] == "tensorwise" for c in plain), name
+    # 25.09's scripts defaulted to delayed scaling (--fp8_recipe ds): its plain rows keep the default
+    assert all("fp8_recipe" not in c.train_options for c in public_runs("mbridge_25_09").cases if " fp8 " in c.label)
 
 
 def test_a_refused_row_keeps_its_model_kind():

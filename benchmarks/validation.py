@@ -200,7 +200,12 @@ def torchtitan_fsdp2() -> list[StepCase]:
 #: first ones (NVIDIA-NeMo/Megatron-Bridge@568b3a3e, 2025-08-28, scripts/performance/llm/configs/*_pretrain_overrides.yaml)
 #: and `cfg.ddp.grad_reduce_in_fp32 = False` in `_benchmark_common` since (src/megatron/bridge/perf_recipes/_common.py
 #: at 067f987d), so Megatron's main-gradient buffers are BF16 (grad_precision bf16), not the FP32 of its default.
-BRIDGE = {"fp8_param_gather": True, "grad_precision": "bf16"}
+#: Its performance runs compute the loss with Transformer Engine's cross-entropy: `cross_entropy_fusion_impl: "te"` in every
+#: model yaml of the first scripts (v0.1.0rc4 scripts/performance/configs/*/*_llm_pretrain.yaml), then
+#: `recipe.model.cross_entropy_fusion_impl = "te"` for every recipe (v0.2.0 scripts/performance/utils/helpers.py, v0.3.0 ..
+#: v0.5.0 scripts/performance/utils/overrides.py) and `_benchmark_common(cfg, cross_entropy_impl="te")` at 067f987d
+#: (src/megatron/bridge/perf_recipes/_common.py), with cross_entropy_loss_fusion on (GPTModelProvider's default).
+BRIDGE = {"fp8_param_gather": True, "grad_precision": "bf16", "cross_entropy_fusion_impl": "te"}
 PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     # NeMo's interleaved pipelines overlap their transfers, as Strategy.overlap_p2p_comm defaults: the NeMo Framework
     # Launcher's llama2_70b training config (tp 4, pp 4, vp 20, this table's layout) sets overlap_p2p_comm: true,
@@ -246,6 +251,7 @@ GENERATIONS = {"a100-40gb": "A100", "a100-80gb": "A100", "h100-sxm": "H100-H200"
                "b200": "B200", "gb200": "GB200", "gb300": "GB300"}
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 GRAD_PRECISIONS = ("bf16", "fp16", "fp32")  # what TrainSpec.grad_precision accepts
+CROSS_ENTROPY_IMPLS = ("native", "te")  # what TrainSpec.cross_entropy_fusion_impl accepts
 ACTIVATION_CHECKPOINTING = {"no": {"recompute": "none"},
                             "full": {"recompute": "full", "recompute_num_layers": None},
                             # torchtitan's op-level policy: its selective recompute (framework torchtitan)
@@ -438,6 +444,11 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
             train["fp8_recipe"] = FP8_RECIPES[recipe]
     if "cross_entropy_fusion" in r:
         train["cross_entropy_fusion"] = bool(r["cross_entropy_fusion"])
+    if "cross_entropy_fusion_impl" in r:
+        if r["cross_entropy_fusion_impl"] not in CROSS_ENTROPY_IMPLS:
+            return refuse(f"cross_entropy_fusion_impl {r['cross_entropy_fusion_impl']!r} is not one of "
+                          f"{sorted(CROSS_ENTROPY_IMPLS)}")
+        train["cross_entropy_fusion_impl"] = r["cross_entropy_fusion_impl"]
     if "framework" in r:
         train["framework"] = r["framework"]
     if "compile" in r:  # torch.compile on or off (torchtitan's [compile])

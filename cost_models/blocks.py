@@ -64,6 +64,7 @@ class Micro:
     moe_dispatcher: str = "alltoall"  # MoE token dispatcher (cost_models.dispatch)
     framework: str = "megatron"  # the training framework whose code runs the layers (its host operations)
     eager: bool = False  # element-wise work as torchtitan's eager PyTorch operators (torch_compile false)
+    cross_entropy_impl: str = "native"  # Megatron's --cross-entropy-fusion-impl (see Head.loss_bytes)
 
     @cached_property
     def tokens(self) -> np.ndarray:
@@ -772,9 +773,10 @@ class Head(_Quiet):
 
     def elementwise(self, x: Micro) -> Elementwise:
         """Final norm (read + write) and the loss: read the logits, write fp32 probabilities
-        and their gradient."""
+        and their gradient (Transformer Engine's: read the 16-bit logits twice, write the gradient over them)."""
         v = padded_vocab(self.vocab, x.tp) / x.tp
-        return Elementwise(2 * x.act * x.tokens * self.hidden / x.seq_split + (x.act + FP32 + FP32) * x.tokens * v, 2)
+        per_logit = 3 * x.act if x.cross_entropy_fusion and x.cross_entropy_impl == "te" else x.act + FP32 + FP32
+        return Elementwise(2 * x.act * x.tokens * self.hidden / x.seq_split + per_logit * x.tokens * v, 2)
 
     def loss_bytes(self, x: Micro) -> tuple[np.ndarray, np.ndarray, int, int]:
         """(forward bytes, backward bytes, forward kernels, backward kernels) of
@@ -789,15 +791,26 @@ class Head(_Quiet):
         megatron/core/fusions/fused_cross_entropy.py): the cast and max in one kernel (read 2,
         write 4), subtract-exp-sum in one (read 4, write 4), the division in one (read 4, write 4):
         22 bytes in 3 kernels; the backward is one fused kernel (read 4, write 4) and the cast: 14
-        bytes in 2 kernels. (The final norm is `self.norm.elementwise`.)
+        bytes in 2 kernels. Transformer Engine's (`--cross-entropy-fusion-impl te`, Megatron's
+        `te_parallel_cross_entropy`; transformer_engine/pytorch/triton/cross_entropy.py at v2.9) never
+        leaves the 16-bit logits: an online-softmax kernel reads them once for each row's max and sum
+        (read 2), a second reads them again and writes each gradient over its logit (read 2, write 2):
+        6 bytes in 2 kernels; the backward scales that gradient in place by the per-token loss gradient
+        Megatron passes (`element_mul_kernel`, read 2, write 2): 4 bytes in 1 kernel. (The final norm is
+        `self.norm.elementwise`.)
 
         >>> head = Head(4096, 128256, Norm(4096, False), False)
         >>> x = Micro(8192, np.array([1]), np.array([1]), np.array([1]), np.array([False]), "bf16", "flash")
         >>> [round(float(b[0]) / (8192 * 128256)) for b in head.loss_bytes(x)[:2]]  # bytes per logit, fused
         [22, 14]
+        >>> te = head.loss_bytes(replace(x, cross_entropy_impl="te"))
+        >>> [round(float(b[0]) / (8192 * 128256)) for b in te[:2]], te[2:]
+        ([6, 4], (2, 1))
         """
         v = padded_vocab(self.vocab, x.tp) / x.tp
         logits = x.tokens * v
+        if x.cross_entropy_fusion and x.cross_entropy_impl == "te":
+            return 3 * x.act * logits, 2 * x.act * logits, 2, 1
         to_fp32 = x.act + FP32
         softmax_passes = FP32 + 2 * FP32 + 2 * FP32 + FP32 + 2 * FP32  # max, subtract, exp, sum, divide
         fused_passes = 2 * FP32 + 2 * FP32  # subtract-exp-sum, divide

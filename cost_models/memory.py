@@ -287,7 +287,8 @@ def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, la
     embed = rows.has_embedding * lay.inflight_microbatches(rows.rank, num_microbatches) * blocks.embedding.input_bytes(x)
     head_act = blocks.head.activations(x)
     fw = framework_profile(x.framework)
-    per_logit = cross_entropy_bytes_per_logit(x.act, fw.cross_entropy_memory, x.cross_entropy_fusion, np.asarray(x.tp) > 1)
+    per_logit = cross_entropy_bytes_per_logit(x.act, fw.cross_entropy_memory, x.cross_entropy_fusion, np.asarray(x.tp) > 1,
+                                              x.cross_entropy_impl)
     logits = per_logit * x.tokens * padded_vocab(blocks.head.vocab, x.tp) / x.tp
     head_in = head_act.replicated / x.seq_split
     if fw.tp_head_saves_gathered_input:  # the output layer's input: all-gathered over tp, saved whole
@@ -474,7 +475,8 @@ def fp8_weight_memory(dense: np.ndarray, experts: np.ndarray, zero_stage: np.nda
 
 
 # ---- the loss ----------------------------------------------------------------------------------
-def cross_entropy_bytes_per_logit(act_bytes: int, impl: str = "megatron", fused=False, loss_parallel=False):
+def cross_entropy_bytes_per_logit(act_bytes: int, impl: str = "megatron", fused=False, loss_parallel=False,
+                                  fusion_impl: str = "native"):
     """Peak bytes per logit element (one token, one vocabulary entry of this rank's shard) while
     the loss of one micro-batch is computed; `impl` is the framework's `cross_entropy_memory`
     (profiles/frameworks/), `fused` the plan's `cross_entropy_fusion`, `loss_parallel` (tp > 1)
@@ -488,6 +490,11 @@ def cross_entropy_bytes_per_logit(act_bytes: int, impl: str = "megatron", fused=
     three fp32 tensors (3·FP32). The peak is the larger. Megatron's fused vocab-parallel cross
     entropy (`_VocabParallelCrossEntropy`) writes its backward in place and peaks in the forward
     (act + 2·FP32), at most 2 bytes less per element; the larger figure is kept for both.
+
+    megatron with `fused` and `fusion_impl` te (`--cross-entropy-fusion-impl te`: Transformer Engine's Triton
+    parallel cross-entropy, transformer_engine/pytorch/triton/cross_entropy.py at v2.9): the forward writes
+    each logit's gradient over it in place and saves that tensor for the backward, which scales it in place;
+    beside the 16-bit logits only fp32 per-token statistics (max, sum, target logit, loss) live: act.
 
     pytorch with `loss_parallel` (torchtitan's loss_parallel, on whenever tp > 1: the output layer
     leaves its logits sharded over the vocabulary and torch/distributed/tensor/parallel/loss.py runs
@@ -507,12 +514,14 @@ def cross_entropy_bytes_per_logit(act_bytes: int, impl: str = "megatron", fused=
     (12, 12)
     >>> [int(cross_entropy_bytes_per_logit(2, "pytorch", f, lp)) for f, lp in ((False, False), (False, True), (True, True))]
     [12, 16, 4]
+    >>> cross_entropy_bytes_per_logit(2, "megatron", True, fusion_impl="te"), cross_entropy_bytes_per_logit(2, "megatron", False, fusion_impl="te")
+    (2, 12)
     """
     forward = act_bytes + (FP32 if act_bytes < FP32 else 0) + FP32
     backward = 3 * FP32
     plain = max(forward, backward)
     if impl != "pytorch":
-        return plain
+        return act_bytes if fused and fusion_impl == "te" else plain
     if fused:
         return 2 * act_bytes
     parallel = max(act_bytes + (FP32 if act_bytes < FP32 else 0) + 2 * FP32, 4 * FP32)

@@ -186,7 +186,7 @@ def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None =
                  train.attention_kernel, st.ep, st.etp, float(imbalance),
                  getattr(train, "cross_entropy_fusion", True), getattr(train, "fp8_recipe", "delayed"),
                  getattr(train, "moe_dispatcher", "alltoall"), getattr(train, "framework", "megatron"),
-                 not getattr(train, "torch_compile", True))
+                 not getattr(train, "torch_compile", True), getattr(train, "cross_entropy_fusion_impl", "native"))
 
 
 def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> Setup:

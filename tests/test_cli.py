@@ -23,10 +23,12 @@ PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "-
 # breaking change for users' scripts: extend it, never rename.
 FROZEN = {
     "plan": ["--attention-kernel", "--cluster", "--constraint", "--constraints", "--cross-entropy-fusion",
+             "--cross-entropy-fusion-impl",
              "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size",
              "--gpus", "--grad-precision", "--headroom", "--model", "--moe-dispatcher", "--moe-load-imbalance", "--optimizer", "--precision",
              "--seq-len", "--top", "--torch-compile", "--wide", "--zero3-impl"],
-    "evaluate": ["--attention-kernel", "--cluster", "--cp", "--cross-entropy-fusion", "--dp", "--embedding-as-layer",
+    "evaluate": ["--attention-kernel", "--cluster", "--cp", "--cross-entropy-fusion", "--cross-entropy-fusion-impl",
+                 "--dp", "--embedding-as-layer",
                  "--ep", "--etp", "--first-stage-layers", "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",
                  "--grad-precision", "--last-stage-layers", "--loss-as-layer", "--mbs", "--model", "--moe-dispatcher", "--moe-load-imbalance",
                  "--offload-activation-layers", "--offload-optimizer", "--optimizer", "--overlap-grad-reduce",

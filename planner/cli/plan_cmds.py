@@ -31,6 +31,7 @@ from planner.cli.common import (
     Zero3ImplOpt,
     Fp8ParamGatherOpt,
     Fp8RecipeOpt,
+    CeFusionImplOpt,
     CeFusionOpt,
     TorchCompileOpt,
     OptimizerOpt,
@@ -78,6 +79,7 @@ def plan_cmd(
     fp8_recipe: Fp8RecipeOpt = "delayed",
     fp8_param_gather: Fp8ParamGatherOpt = False,
     cross_entropy_fusion: CeFusionOpt = None,
+    cross_entropy_fusion_impl: CeFusionImplOpt = None,
     framework: FrameworkOpt = "megatron",
     moe_dispatcher: MoeDispatcherOpt = "alltoall",
     torch_compile: TorchCompileOpt = None,
@@ -93,7 +95,8 @@ def plan_cmd(
                   headroom=parse_headroom(headroom), **train_options(grad_precision, attention_kernel, optimizer,
                                                                       moe_load_imbalance, zero3_impl, fp8_recipe,
                                                                       cross_entropy_fusion, framework, moe_dispatcher,
-                                                                      fp8_param_gather, torch_compile))
+                                                                      fp8_param_gather, torch_compile,
+                                                                      cross_entropy_fusion_impl))
     with searching(f"searching strategies for {gpus:,} GPUs"):
         result = api_plan(**kwargs)
     if fmt is Format.json:
@@ -381,7 +384,8 @@ def _one_strategy_command(render):
         optimizer: OptimizerOpt = "adam", moe_load_imbalance: MoeImbalanceOpt = None,
         zero3_impl: Zero3ImplOpt = None, fp8_recipe: Fp8RecipeOpt = "delayed",
         fp8_param_gather: Fp8ParamGatherOpt = False,
-        cross_entropy_fusion: CeFusionOpt = None, framework: FrameworkOpt = "megatron",
+        cross_entropy_fusion: CeFusionOpt = None, cross_entropy_fusion_impl: CeFusionImplOpt = None,
+        framework: FrameworkOpt = "megatron",
         moe_dispatcher: MoeDispatcherOpt = "alltoall", torch_compile: TorchCompileOpt = None,
         plan_file: PlanFileOpt = None, rank: RankOpt = 1,
         fmt: FormatOpt = Format.table,
@@ -411,7 +415,8 @@ def _one_strategy_command(render):
                            seq_len=seq_len, precision=precision.value, strategy=strategy,
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
                                            zero3_impl, fp8_recipe, cross_entropy_fusion, framework,
-                                           moe_dispatcher, fp8_param_gather, torch_compile))
+                                           moe_dispatcher, fp8_param_gather, torch_compile,
+                                           cross_entropy_fusion_impl))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)

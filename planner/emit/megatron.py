@@ -153,6 +153,7 @@ FLAGS: dict[str, Flag] = {
     "fp8_param_gather": Flag("--fp8-param-gather", "switch"),
     "reuse_grad_buf_for_mxfp8_param_ag": Flag("--reuse-grad-buf-for-mxfp8-param-ag", "switch"),
     "cross_entropy_loss_fusion": Flag("--cross-entropy-loss-fusion", "switch"),
+    "cross_entropy_fusion_impl": Flag("--cross-entropy-fusion-impl", "str"),
     # model shape
     "num_layers": Flag("--num-layers", "int"),
     "hidden_size": Flag("--hidden-size", "int"),
@@ -380,6 +381,8 @@ def _precision(f: PlanFacts) -> dict[str, Any]:
         out |= _fp8_param_gather(f)
     if f.train.cross_entropy_fusion:
         out["cross_entropy_loss_fusion"] = True
+        if f.train.cross_entropy_fusion_impl != "native":  # megatron-core's default (ModelParallelConfig)
+            out["cross_entropy_fusion_impl"] = f.train.cross_entropy_fusion_impl
     return out
 
 
@@ -650,7 +653,7 @@ _PARALLEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size"
 _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
                        "normalization", "add_bias_linear", "add_qkv_bias", "attention_dropout", "hidden_dropout",
                        "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
-                       "fp8", "fp8_recipe", "cross_entropy_loss_fusion",
+                       "fp8", "fp8_recipe", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
                        "fp8_amax_history_len", "fp8_amax_compute_algo", "attention_backend",
                        "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
                        "account_for_loss_in_pipeline_split",

@@ -61,7 +61,7 @@ _MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "
                  "moe_router_group_topk", "moe_router_load_balancing_type", "moe_router_pre_softmax",
                  "mtp_num_layers", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
                  "qk_pos_emb_head_dim", "v_head_dim", "window_size", "window_attn_skip_freq", "softmax_type",
-                 "overlap_p2p_comm", "batch_p2p_comm")
+                 "overlap_p2p_comm", "batch_p2p_comm", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")
 _DDP_FIELDS = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32",
                "use_megatron_fsdp", "data_parallel_sharding_strategy")
 _OPTIMIZER_FIELDS = ("optimizer", "use_distributed_optimizer", "optimizer_cpu_offload", "optimizer_offload_fraction",
@@ -72,7 +72,11 @@ _ALWAYS_MODEL = {"virtual_pipeline_model_parallel_size": None, "num_layers_in_fi
                  "num_layers_in_last_pipeline_stage": None, "pipeline_model_parallel_layout": None,
                  "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
                  "context_parallel_size": 1, "expert_model_parallel_size": 1, "sequence_parallel": False,
-                 "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
+                 "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
+                 # the loss the plan was costed with: Megatron-Bridge's GPT providers turn the fusion on and its Llama
+                 # and DeepSeek providers pick Transformer Engine's implementation, so megatron-core's defaults are
+                 # written too
+                 "cross_entropy_loss_fusion": False, "cross_entropy_fusion_impl": "native"}
 #: strings Hydra's override grammar takes unquoted
 _BARE = re.compile(r"[A-Za-z0-9_.\-]+")
 #: TrainSpec.precision -> Megatron-Bridge mixed-precision recipe (bridge.training.mixed_precision); fp8 below

@@ -56,6 +56,13 @@ class TrainSpec(Spec):
         description="Fused vocabulary-parallel cross-entropy (Megatron's --cross-entropy-loss-fusion; NeMo and "
         "Megatron-Bridge recipes turn it on, Megatron-LM's own default is off): fewer fp32 passes over the logits.",
     )
+    cross_entropy_fusion_impl: Literal["native", "te"] = Field(
+        "native",
+        description="Which fused cross-entropy runs with cross_entropy_fusion under framework megatron (Megatron's "
+        "--cross-entropy-fusion-impl; megatron-core's default native): native, Megatron's fused vocabulary-parallel "
+        "kernel over fp32 copies of the logits; te, Transformer Engine's Triton parallel cross-entropy, which reads the "
+        "16-bit logits and writes their gradient over them in place (what Megatron-Bridge's performance recipes run).",
+    )
     torch_compile: bool = Field(
         True,
         description="torch.compile of a PyTorch-native model (framework torchtitan, its [compile] section): true costs "
@@ -94,6 +101,17 @@ class TrainSpec(Spec):
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError(f"fp8_param_gather needs precision 'fp8' (precision is {self.precision!r}): only "
                             "FP8 training has FP8 weights to keep and gather")
+        return self
+
+    @model_validator(mode="after")
+    def _check_cross_entropy_impl(self) -> "TrainSpec":
+        if self.cross_entropy_fusion_impl == "te":
+            if self.framework != "megatron":
+                raise SpecError(f"cross_entropy_fusion_impl 'te' is Megatron's --cross-entropy-fusion-impl te; framework "
+                                f"{self.framework!r} does not run Transformer Engine's cross-entropy")
+            if not self.cross_entropy_fusion:
+                raise SpecError("cross_entropy_fusion_impl 'te' needs cross_entropy_fusion (Megatron runs the fused "
+                                "implementation it names only with --cross-entropy-loss-fusion)")
         return self
 
     @property

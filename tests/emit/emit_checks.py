@@ -92,6 +92,8 @@ def check_megatron(plan: Plan, argv: list[str]) -> None:
                                    s.recompute_num_layers or 1)}[s.recompute]
     assert (tc.recompute_granularity, tc.recompute_method, tc.recompute_num_layers) == expected_recompute
     check_megatron_activation_offload(plan, tc)
+    assert tc.cross_entropy_loss_fusion == t.cross_entropy_fusion
+    assert tc.cross_entropy_fusion_impl == (t.cross_entropy_fusion_impl if t.cross_entropy_fusion else "native")
     assert tc.fp8 == ("hybrid" if t.precision == "fp8" else None)
     assert tc.fp8_param == ddp.fp8_param_gather == t.fp8_param_gather  # FP8 parameters, gathered in FP8
     assert ddp.reuse_grad_buf_for_mxfp8_param_ag == (t.fp8_param_gather and t.fp8_recipe == "mxfp8"

@@ -112,6 +112,17 @@ def test_fp8_param_gather_is_written_and_megatron_core_builds_it():
                                                                  precision="fp8"))
 
 
+def test_transformer_engines_cross_entropy_is_written_and_megatron_core_builds_it():
+    """A plan costed with Transformer Engine's cross-entropy asks Megatron for it; megatron-core's own default
+    (native) is left unwritten."""
+    te = make_plan(*LLAMA, strategy=dict(tp=8, pp=2, zero_stage=1), cross_entropy_fusion_impl="te")
+    argv = megatron_args(te)
+    assert argv[argv.index("--cross-entropy-fusion-impl") + 1] == "te" and "--cross-entropy-loss-fusion" in argv
+    check_megatron(te, argv)  # TransformerConfig(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+    native = megatron_args(make_plan(*LLAMA, strategy=dict(tp=8, pp=2, zero_stage=1)))
+    assert "--cross-entropy-loss-fusion" in native and "--cross-entropy-fusion-impl" not in native
+
+
 @pytest.mark.parametrize("zero,reuse", [(1, True), (2, False), (3, False)])
 def test_mxfp8_parameters_reuse_the_gradient_buffer_on_the_distributed_optimizer(zero, reuse):
     """megatron-core's OptimizerConfig warns of "significant" extra memory for mxfp8 without the flag;

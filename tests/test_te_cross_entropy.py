@@ -61,3 +61,17 @@ def test_cli_takes_the_implementation_and_refuses_a_contradiction(capsys):
     assert code != 0 and "cross_entropy_fusion_impl 'te'" in err and "Traceback" not in err
     code, out, err = run("--cross-entropy-fusion-impl", "xla")
     assert code != 0 and "cross_entropy_fusion_impl" in err and "Traceback" not in err
+
+
+def test_validate_refuses_a_plan_costed_with_te_loss(capsys, tmp_path):
+    """The CPU runs compute PyTorch's cross-entropy: a plan costed with Transformer Engine's is refused before any
+    run starts, naming the field."""
+    code = main(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch-size", "16",
+                 "--seq-len", "4096", "--top", "1", "--cross-entropy-fusion-impl", "te", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    plan_file = tmp_path / "plans.json"
+    plan_file.write_text(out)
+    code = main(["validate", "--plan", str(plan_file), "--steps", "1"])
+    out, err = capsys.readouterr()
+    assert code != 0 and "cross_entropy_fusion_impl 'te'" in err and "Traceback" not in err

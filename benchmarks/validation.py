@@ -205,7 +205,11 @@ def torchtitan_fsdp2() -> list[StepCase]:
 #: `recipe.model.cross_entropy_fusion_impl = "te"` for every recipe (v0.2.0 scripts/performance/utils/helpers.py, v0.3.0 ..
 #: v0.5.0 scripts/performance/utils/overrides.py) and `_benchmark_common(cfg, cross_entropy_impl="te")` at 067f987d
 #: (src/megatron/bridge/perf_recipes/_common.py), with cross_entropy_loss_fusion on (GPTModelProvider's default).
-BRIDGE = {"fp8_param_gather": True, "grad_precision": "bf16", "cross_entropy_fusion_impl": "te"}
+#: And they run HybridEP on 32 SMs: `recipe.model.moe_hybridep_num_sms = 32` wherever the backend is hybridep (v0.2.0
+#: scripts/performance/utils/helpers.py, v0.3.0 .. v0.5.0 scripts/performance/utils/overrides.py; `_benchmark_common` at
+#: 067f987d), against megatron-core's default 16; applied to the rows whose dispatcher is hybridep.
+BRIDGE = {"fp8_param_gather": True, "grad_precision": "bf16", "cross_entropy_fusion_impl": "te",
+          "moe_hybridep_num_sms": 32}
 PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     # NeMo's interleaved pipelines overlap their transfers, as Strategy.overlap_p2p_comm defaults: the NeMo Framework
     # Launcher's llama2_70b training config (tp 4, pp 4, vp 20, this table's layout) sets overlap_p2p_comm: true,
@@ -460,6 +464,8 @@ def _public_case(r: dict[str, Any], table: str, moe_load_imbalance: float | None
         train["fp8_param_gather"] = True
     if "moe_dispatcher" in r:
         train["moe_dispatcher"] = r["moe_dispatcher"]
+    if r.get("moe_dispatcher") == "hybridep" and "moe_hybridep_num_sms" in r:
+        train["moe_flex_num_sms"] = int(r["moe_hybridep_num_sms"])
     if r.get("overlap_moe_comm"):
         cons["overlap_moe_comm"] = True
     if moe_load_imbalance is not None and model.num_experts > 0:

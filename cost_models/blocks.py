@@ -65,6 +65,7 @@ class Micro:
     framework: str = "megatron"  # the training framework whose code runs the layers (its host operations)
     eager: bool = False  # element-wise work as torchtitan's eager PyTorch operators (torch_compile false)
     cross_entropy_impl: str = "native"  # Megatron's --cross-entropy-fusion-impl (see Head.loss_bytes)
+    moe_flex_sms: int | None = None  # SMs of the flex dispatcher's kernels (None: Megatron's default; cost_models.dispatch)
 
     @cached_property
     def tokens(self) -> np.ndarray:

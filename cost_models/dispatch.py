@@ -136,7 +136,8 @@ def tier_scales(dispatcher: str, experts: int, top_k: int, ep, local, groups: in
 # ---- measured dispatchers -----------------------------------------------------------------------
 #: Megatron-core's default SMs of each flex backend (TransformerConfig `moe_deepep_num_sms` 20,
 #: `moe_hybridep_num_sms` 16; megatron/core/transformer/transformer_config.py, core_v0.16.1): the
-#: measured rates are read at this SM count (linear between the measured counts, the nearest outside).
+#: measured rates are read at this SM count, or at the plan's (TrainSpec.moe_flex_num_sms), linear
+#: between the measured counts and the nearest measured count outside them.
 DEFAULT_SMS = {"deepep": 20, "hybridep": 16}
 DIRECTIONS = ("dispatch", "combine")
 TIERS = ("nvlink", "network")
@@ -231,8 +232,9 @@ def _interp_sms(rows: list[dict], sms: int, key: str) -> float | None:
     return float(np.interp(sms, [h[0] for h in have], [h[1] for h in have]))
 
 
-def dispatch_table_from(data: dict, name: str) -> DispatchTable:
-    """Parse a dispatch table (see profiles/kernels/dispatch/*.yaml); SpecError naming the field on a bad one."""
+def dispatch_table_from(data: dict, name: str, sms: dict[str, int] | None = None) -> DispatchTable:
+    """Parse a dispatch table (see profiles/kernels/dispatch/*.yaml), its rates read at `sms` SMs per dispatcher
+    (`DEFAULT_SMS` for one `sms` does not name); SpecError naming the field on a bad one."""
     from planner.errors import SpecError
 
     where = f"dispatch table {name}"
@@ -262,11 +264,12 @@ def dispatch_table_from(data: dict, name: str) -> DispatchTable:
             eps = sorted(by_ep)
             fixed = {d: [] for d in DIRECTIONS}
             per_byte = {d: [] for d in DIRECTIONS}
+            at = (sms or {}).get(dispatcher, DEFAULT_SMS[dispatcher])
             for ep in eps:
                 nbytes = _bench_bytes(bench, tier, ep, f"{where}: {dispatcher}.{tier}")
                 for d in DIRECTIONS:
-                    torch_rate = _interp_sms(by_ep[ep], DEFAULT_SMS[dispatcher], f"{d}_torch") * 1e9
-                    kernel = _interp_sms(by_ep[ep], DEFAULT_SMS[dispatcher], f"{d}_kernel")
+                    torch_rate = _interp_sms(by_ep[ep], at, f"{d}_torch") * 1e9
+                    kernel = _interp_sms(by_ep[ep], at, f"{d}_kernel")
                     kernel_rate = torch_rate if kernel is None else kernel * 1e9
                     if kernel_rate < torch_rate:
                         raise SpecError(f"{where}: {dispatcher}.{tier} ep {ep}: {d}_kernel is below {d}_torch (the API "
@@ -280,13 +283,21 @@ def dispatch_table_from(data: dict, name: str) -> DispatchTable:
 
 
 @lru_cache(maxsize=None)
-def dispatch_table(name: str | None) -> DispatchTable | None:
-    """The GPU table set `name`'s measured dispatchers, parsed once; None when it has no dispatch table."""
+def dispatch_table(name: str | None, dispatcher: str | None = None, sms: int | None = None) -> DispatchTable | None:
+    """The GPU table set `name`'s measured dispatchers, parsed once per SM count; None when it has no dispatch
+    table. `sms` (with its `dispatcher`): read that dispatcher's rates at that many SMs instead of Megatron's
+    default.
+
+    >>> hybrid = dispatch_table("gb200").curve("hybridep", "nvlink")
+    >>> wide = dispatch_table("gb200", "hybridep", 32).curve("hybridep", "nvlink")
+    >>> bool(wide.per_byte_s["combine"][0] < hybrid.per_byte_s["combine"][0])  # more SMs, a faster kernel
+    True
+    """
     from profiles.tables import kernel_table
 
     data = kernel_table("dispatch", name)
     if data is None:
         return None
     if "alias_of" in data:
-        return dispatch_table(data["alias_of"])
-    return dispatch_table_from(data, str(name))
+        return dispatch_table(data["alias_of"], dispatcher, sms) if sms else dispatch_table(data["alias_of"])
+    return dispatch_table_from(data, str(name), {dispatcher: sms} if dispatcher and sms else None)

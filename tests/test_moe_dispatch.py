@@ -174,7 +174,7 @@ def test_a_measured_dispatcher_sets_the_exchange_and_a_tier_without_measurements
     from cost_models.dispatch import dispatch_table
 
     with_table = evaluate(**QWEN_GB200, moe_dispatcher="hybridep")
-    monkeypatch.setattr(step, "dispatch_table", lambda name: None)
+    monkeypatch.setattr(step, "dispatch_table", lambda *args: None)
     curves = evaluate(**QWEN_GB200, moe_dispatcher="hybridep")
     alltoall = evaluate(**QWEN_GB200, moe_dispatcher="alltoall")
     b200_two_nodes = dict(QWEN_GB200, cluster="dgx-b200", num_gpus=16, strategy=dict(QWEN_GB200["strategy"], ep=16))
@@ -205,3 +205,37 @@ def test_a_malformed_dispatch_table_names_the_field():
                        ({"hybridep": {"network": [row | {"ep": 16}]}}, "ranks_per_node")):
         with pytest.raises(SpecError, match=match):
             dispatch_table_from(good | bad, "t")
+
+
+def test_the_flex_dispatchers_sm_count_reads_the_rates_there():
+    """HybridEP on 32 SMs (Megatron-Bridge's performance recipes) runs at the GB200 table's 32-SM rates, faster
+    than megatron-core's default 16; an SM count outside the measured ones takes the nearest (H100: 16); the
+    alltoall dispatcher has no SM count to set, and the emitted job asks for the count the plan was costed at."""
+    from cost_models.dispatch import dispatch_table
+    from planner.emit.megatron import megatron_args
+    from planner.specs import TrainSpec
+
+    gb200 = dispatch_table("gb200")
+    wide = dispatch_table("gb200", "hybridep", 32)
+    def both(table):  # one dispatch and one combine of 1 GB on 8 ranks
+        curve = table.curve("hybridep", "nvlink")
+        return float(curve.call_s("dispatch", 8, 1e9) + curve.call_s("combine", 8, 1e9))
+
+    assert both(wide) < both(gb200)
+    h100 = dispatch_table("h100-sxm").curve("hybridep", "network")
+    assert float(dispatch_table("h100-sxm", "hybridep", 32).curve("hybridep", "network").call_s("dispatch", 16, 1e8)) \
+        == float(h100.call_s("dispatch", 16, 1e8))
+    default = evaluate(**QWEN_GB200, moe_dispatcher="hybridep")
+    at_32 = evaluate(**QWEN_GB200, moe_dispatcher="hybridep", moe_flex_num_sms=32)
+    assert at_32.time_s["ep_comm"] < default.time_s["ep_comm"]
+    with pytest.raises(SpecError, match="moe_flex_num_sms.*flex dispatcher"):
+        TrainSpec(global_batch_size=8, seq_len=4096, moe_flex_num_sms=32)
+    from emit_plans import make_plan
+
+    plan = make_plan("qwen3-30b-a3b", "gb200-nvl72", 8, 512, 4096, strategy=dict(ep=8, micro_batch_size=4, zero_stage=1),
+                     precision="fp8", fp8_recipe="mxfp8", moe_dispatcher="hybridep", moe_flex_num_sms=32)
+    argv = megatron_args(plan)
+    assert argv[argv.index("--moe-hybridep-num-sms") + 1] == "32"
+    assert "--moe-hybridep-num-sms" not in megatron_args(make_plan(
+        "qwen3-30b-a3b", "gb200-nvl72", 8, 512, 4096, strategy=dict(ep=8, micro_batch_size=4, zero_stage=1),
+        precision="fp8", fp8_recipe="mxfp8", moe_dispatcher="hybridep"))

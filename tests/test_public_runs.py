@@ -210,3 +210,15 @@ def test_by_generation_groups_rows_and_skips_fitted_tables():
     c = RunError("c", 1.0, 1.1)
     groups = by_generation([("x", "held out", [a, b, c]), ("fit", "fitted", [RunError("d", 1.0, 2.0)])])
     assert groups["B200"] == [a, b] and groups["A100"] == [c] and groups["GB200"] == []
+
+
+def test_bridge_rows_run_te_loss_and_hybridep_on_32_sms():
+    """Megatron-Bridge's performance scripts compute the loss with Transformer Engine's cross-entropy and run
+    HybridEP on 32 SMs; rows of other dispatchers set no SM count, other sets keep megatron-core's loss."""
+    for name in ("mbridge_25_11", "mbridge_26_04_01", "mbridge_skills"):
+        cases = public_runs(name).cases
+        assert all(c.train_options["cross_entropy_fusion_impl"] == "te" for c in cases), name
+        for c in cases:
+            dispatcher = c.train_options.get("moe_dispatcher", "alltoall")
+            assert c.train_options.get("moe_flex_num_sms") == (32 if dispatcher == "hybridep" else None), c.label
+    assert all("cross_entropy_fusion_impl" not in c.train_options for c in public_runs("nemo_h100_fp8").cases)

@@ -91,6 +91,11 @@ CeFusionImplOpt = Annotated[Optional[str], typer.Option(
     help="Which fused cross-entropy Megatron runs (its --cross-entropy-fusion-impl): native (megatron-core's "
     "default) or te (Transformer Engine's, in place over the 16-bit logits; Megatron-Bridge's recipes).")]
 
+FlexSmsOpt = Annotated[Optional[int], typer.Option(
+    "--moe-flex-num-sms",
+    help="SMs of the flex dispatcher's kernels with --moe-dispatcher deepep or hybridep (Megatron's "
+    "--moe-deepep-num-sms / --moe-hybridep-num-sms; default megatron-core's, 20 and 16).")]
+
 TorchCompileOpt = Annotated[Optional[bool], typer.Option(
     "--torch-compile/--no-torch-compile",
     help="torch.compile of the model (framework torchtitan; default on, as the emitted job runs): "
@@ -105,13 +110,16 @@ def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
                   moe_load_imbalance: float | None = None, zero3_impl: str | None = None, fp8_recipe: str = "delayed",
                   cross_entropy_fusion: bool | None = None, framework: str = "megatron",
                   moe_dispatcher: str = "alltoall", fp8_param_gather: bool = False,
-                  torch_compile: bool | None = None, cross_entropy_fusion_impl: str | None = None) -> dict[str, Any]:
+                  torch_compile: bool | None = None, cross_entropy_fusion_impl: str | None = None,
+                  moe_flex_num_sms: int | None = None) -> dict[str, Any]:
     """TrainSpec options from the CLI; --zero3-impl only when given (a framework may fix it)."""
     out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer,
            "fp8_recipe": fp8_recipe, "framework": framework,
            "moe_dispatcher": moe_dispatcher, "fp8_param_gather": fp8_param_gather}
     if cross_entropy_fusion is not None:  # else the framework's loss (planner.api)
         out["cross_entropy_fusion"] = cross_entropy_fusion
+    if moe_flex_num_sms is not None:
+        out["moe_flex_num_sms"] = moe_flex_num_sms
     if cross_entropy_fusion_impl is not None:
         out["cross_entropy_fusion_impl"] = cross_entropy_fusion_impl
     if zero3_impl is not None:

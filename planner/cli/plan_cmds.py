@@ -33,6 +33,7 @@ from planner.cli.common import (
     Fp8RecipeOpt,
     CeFusionImplOpt,
     CeFusionOpt,
+    FlexSmsOpt,
     TorchCompileOpt,
     OptimizerOpt,
     Precision,
@@ -82,6 +83,7 @@ def plan_cmd(
     cross_entropy_fusion_impl: CeFusionImplOpt = None,
     framework: FrameworkOpt = "megatron",
     moe_dispatcher: MoeDispatcherOpt = "alltoall",
+    moe_flex_num_sms: FlexSmsOpt = None,
     torch_compile: TorchCompileOpt = None,
     headroom: HeadroomOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column (bands, tokens/s, TFLOP/s, headroom); the "
@@ -96,7 +98,7 @@ def plan_cmd(
                                                                       moe_load_imbalance, zero3_impl, fp8_recipe,
                                                                       cross_entropy_fusion, framework, moe_dispatcher,
                                                                       fp8_param_gather, torch_compile,
-                                                                      cross_entropy_fusion_impl))
+                                                                      cross_entropy_fusion_impl, moe_flex_num_sms))
     with searching(f"searching strategies for {gpus:,} GPUs"):
         result = api_plan(**kwargs)
     if fmt is Format.json:
@@ -386,7 +388,8 @@ def _one_strategy_command(render):
         fp8_param_gather: Fp8ParamGatherOpt = False,
         cross_entropy_fusion: CeFusionOpt = None, cross_entropy_fusion_impl: CeFusionImplOpt = None,
         framework: FrameworkOpt = "megatron",
-        moe_dispatcher: MoeDispatcherOpt = "alltoall", torch_compile: TorchCompileOpt = None,
+        moe_dispatcher: MoeDispatcherOpt = "alltoall", moe_flex_num_sms: FlexSmsOpt = None,
+        torch_compile: TorchCompileOpt = None,
         plan_file: PlanFileOpt = None, rank: RankOpt = 1,
         fmt: FormatOpt = Format.table,
     ) -> None:
@@ -416,7 +419,7 @@ def _one_strategy_command(render):
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
                                            zero3_impl, fp8_recipe, cross_entropy_fusion, framework,
                                            moe_dispatcher, fp8_param_gather, torch_compile,
-                                           cross_entropy_fusion_impl))
+                                           cross_entropy_fusion_impl, moe_flex_num_sms))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)

@@ -184,6 +184,8 @@ FLAGS: dict[str, Flag] = {
     "moe_grouped_gemm": Flag("--moe-grouped-gemm", "switch"),
     "moe_token_dispatcher_type": Flag("--moe-token-dispatcher-type", "str"),
     "moe_flex_dispatcher_backend": Flag("--moe-flex-dispatcher-backend", "str"),
+    "moe_deepep_num_sms": Flag("--moe-deepep-num-sms", "int"),
+    "moe_hybridep_num_sms": Flag("--moe-hybridep-num-sms", "int"),
     "moe_router_num_groups": Flag("--moe-router-num-groups", "int"),
     "moe_router_group_topk": Flag("--moe-router-group-topk", "int"),
     "moe_router_load_balancing_type": Flag("--moe-router-load-balancing-type", "str"),
@@ -210,7 +212,8 @@ TRANSFORMER_CONFIG_FLAGS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_share
                             "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_router_num_groups",
                             "moe_router_group_topk",
                             "moe_router_pre_softmax", "mtp_num_layers", "multi_latent_attention", "softmax_type",
-                            "cpu_offloading_num_layers")
+                            "cpu_offloading_num_layers", "moe_deepep_num_sms", "moe_hybridep_num_sms",
+                            "cross_entropy_fusion_impl")
 
 # planner vocabulary -> Megatron values
 _ZERO_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -477,6 +480,8 @@ def _moe(f: PlanFacts) -> dict[str, Any]:
     out |= MOE_SETTINGS
     if f.train.moe_dispatcher != "alltoall":  # the flex dispatcher and its backend (cost_models.dispatch)
         out |= {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": f.train.moe_dispatcher}
+        if f.train.moe_flex_num_sms is not None:  # the SMs the plan's dispatch rates were read at
+            out[f"moe_{f.train.moe_dispatcher}_num_sms"] = f.train.moe_flex_num_sms
     if m.moe_router_num_groups:
         out |= {"moe_router_num_groups": m.moe_router_num_groups, "moe_router_group_topk": m.moe_router_group_topk}
     if m.moe_top_k == 1:  # megatron-core: softmax over one selected expert has no gradient
@@ -660,7 +665,7 @@ _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_atte
                        "moe_layer_freq", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                        "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "moe_grouped_gemm",
                        "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_router_num_groups",
-                       "moe_router_group_topk",
+                       "moe_router_group_topk", "moe_deepep_num_sms", "moe_hybridep_num_sms",
                        "moe_router_load_balancing_type", "moe_router_pre_softmax", "mtp_num_layers",
                        "window_size", "window_attn_skip_freq", "softmax_type", "multi_latent_attention")
 #: MLATransformerConfig fields, with Megatron-LM's argument defaults (arguments.py `_add_mla_args`)

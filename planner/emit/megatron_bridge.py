@@ -61,7 +61,8 @@ _MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "
                  "moe_router_group_topk", "moe_router_load_balancing_type", "moe_router_pre_softmax",
                  "mtp_num_layers", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
                  "qk_pos_emb_head_dim", "v_head_dim", "window_size", "window_attn_skip_freq", "softmax_type",
-                 "overlap_p2p_comm", "batch_p2p_comm", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")
+                 "overlap_p2p_comm", "batch_p2p_comm", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
+                 "moe_deepep_num_sms", "moe_hybridep_num_sms")
 _DDP_FIELDS = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32",
                "use_megatron_fsdp", "data_parallel_sharding_strategy")
 _OPTIMIZER_FIELDS = ("optimizer", "use_distributed_optimizer", "optimizer_cpu_offload", "optimizer_offload_fraction",

@@ -83,6 +83,13 @@ class TrainSpec(Spec):
         "send it once per destination GPU, and across nodes once per destination node, forwarding inside the node "
         "over NVLink (cost_models.dispatch).",
     )
+    moe_flex_num_sms: int | None = Field(
+        None, ge=1, le=1024,
+        description="SMs the flex dispatcher's kernels run on (Megatron's --moe-deepep-num-sms or "
+        "--moe-hybridep-num-sms, whichever moe_dispatcher names); None: megatron-core's default (DeepEP 20, "
+        "HybridEP 16). The measured dispatch rates are read at this count (cost_models.dispatch). Megatron-Bridge's "
+        "performance recipes run HybridEP on 32.",
+    )
     fp8_param_gather: bool = Field(
         False,
         description="With precision fp8: keep the weights of the FP8 GEMMs in FP8 only (no bf16 copy; the fp32 "
@@ -101,6 +108,13 @@ class TrainSpec(Spec):
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError(f"fp8_param_gather needs precision 'fp8' (precision is {self.precision!r}): only "
                             "FP8 training has FP8 weights to keep and gather")
+        return self
+
+    @model_validator(mode="after")
+    def _check_flex_sms(self) -> "TrainSpec":
+        if self.moe_flex_num_sms is not None and self.moe_dispatcher == "alltoall":
+            raise SpecError("moe_flex_num_sms sets the SMs of the flex dispatcher (moe_dispatcher deepep or hybridep); "
+                            "the alltoall dispatcher runs NCCL's all-to-all, whose SMs Megatron does not set")
         return self
 
     @model_validator(mode="after")

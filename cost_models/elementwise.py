@@ -187,6 +187,27 @@ def fp8_cast_launches(gemms: list[Gemm], recipe: str, grouped: bool | None = Non
     return sum((per_cast * (np.asarray(g.count) if g.grouped and split else 1) for g in quantised), np.zeros(()))
 
 
+#: GEMMs the backward runs for each forward GEMM (the input gradient and the weight gradient).
+BACKWARD_GEMMS = 2
+
+
+def mxfp8_swizzle_kernels(gemms: list[Gemm]) -> np.ndarray:
+    """Scale-swizzle kernels the forward of a layer's quantised GEMMs launches under MXFP8. cuBLAS reads
+    MXFP8 block scales in its own tiled layout, and Transformer Engine rearranges both operands' scales
+    before every GEMM (transformer_engine/pytorch/csrc/extensions/gemm.cpp at v2.9: `swizzle_scaling_factors`
+    of A and of B, one `nvte_swizzle_scaling_factors` kernel each; a grouped GEMM swizzles all its experts'
+    scales of one operand in one `multi_tensor_swizzle_scaling_factors` launch): two per GEMM, a grouped
+    GEMM's experts together, and `BACKWARD_GEMMS` times as many in the backward. The scales are 1/32 of the
+    elements: each kernel costs its launch, not its bytes. They run inside the GEMM's own call, so the host
+    issues no extra call for them.
+
+    >>> from cost_models.blocks import Gemm
+    >>> int(mxfp8_swizzle_kernels([Gemm(1.0, 256, 1536, 2048), Gemm(1.0, 256, 1536, 2048, count=16, grouped=True)]))
+    4
+    """
+    return 2 * sum((1 if g.grouped else np.asarray(g.count)) for g in gemms if g.quantised)
+
+
 @dataclass(frozen=True)
 class ElementwiseModel:
     """One GPU's element-wise table in SI units (see the module docstring)."""
@@ -221,14 +242,19 @@ class ElementwiseModel:
             raise SpecError(f"fp8_recipe {recipe!r} is not supported on {self.name} (its kernels run "
                             f"{', '.join(self.fp8_recipes)}); mxfp8 needs a Blackwell GPU")
 
-    def fp8_casts(self, gemms: list[Gemm], recipe: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(forward bytes, backward bytes, GPU kernels each way) of the FP8 casts of one layer: the input
-        (m×k) of each quantised GEMM in the forward, its output gradient (m×n) in the backward."""
+    def fp8_casts(self, gemms: list[Gemm], recipe: str
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(forward bytes, backward bytes, forward GPU kernels, backward GPU kernels) of the FP8 casts of one
+        layer: the input (m×k) of each quantised GEMM in the forward, its output gradient (m×n) in the
+        backward; under MXFP8 also the swizzles of the block scales into cuBLAS's layout
+        (`mxfp8_swizzle_kernels`)."""
         per_element = fp8_cast_bytes_per_element(recipe, self.fp8_transpose)
         quantised = [g for g in gemms if g.quantised]
         fwd = sum((per_element * g.count * g.m * g.k for g in quantised), np.zeros(()))
         bwd = sum((per_element * g.count * g.m * g.n for g in quantised), np.zeros(()))
-        return fwd, bwd, fp8_cast_launches(gemms, recipe)
+        casts = fp8_cast_launches(gemms, recipe)
+        swizzles = mxfp8_swizzle_kernels(gemms) if recipe == "mxfp8" else 0
+        return fwd, bwd, casts + swizzles, casts + BACKWARD_GEMMS * swizzles
 
     def fp8_weight_cast_s(self, weight_elements: np.ndarray, recipe: str) -> np.ndarray:
         """Seconds to cast a rank's FP8 GEMM weights once per step (cached across micro-batches)."""
@@ -244,10 +270,12 @@ class ElementwiseModel:
         cast_kernels = cast_calls = 0
         if x.precision == "fp8":
             self.check_recipe(x.fp8_recipe)
-            cast_fwd, cast_bwd, cast_kernels = self.fp8_casts(gemms, x.fp8_recipe)
+            cast_fwd, cast_bwd, cast_kernels, cast_bwd_kernels = self.fp8_casts(gemms, x.fp8_recipe)
             cast_calls = fp8_cast_launches(gemms, x.fp8_recipe, per_expert=False)
             fwd_bytes, bwd_bytes = fwd_bytes + cast_fwd, bwd_bytes + cast_bwd
-        return (self.time_s(fwd_bytes, kernels + cast_kernels), self.time_s(bwd_bytes, kernels + cast_kernels),
+        else:
+            cast_bwd_kernels = 0
+        return (self.time_s(fwd_bytes, kernels + cast_kernels), self.time_s(bwd_bytes, kernels + cast_bwd_kernels),
                 np.asarray(kernels + cast_calls))
 
     def host_floor(self, fwd_s: np.ndarray, bwd_s: np.ndarray, fwd_kernels: np.ndarray, local_experts=0

@@ -9,7 +9,7 @@ import pytest
 from cost_models.arrays import StrategyArrays
 from cost_models.blocks import model_blocks
 from cost_models.compute import head_times, layer_times
-from cost_models.elementwise import elementwise_model, fp8_cast_bytes_per_element
+from cost_models.elementwise import elementwise_model, fp8_cast_bytes_per_element, fp8_cast_launches
 from cost_models.step import evaluate_arrays, micro_of
 from planner import Strategy, evaluate
 from planner.errors import SpecError
@@ -196,3 +196,18 @@ def test_per_expert_casts_cost_gpu_time_but_one_host_call():
     many = table.layer_s(ew, [Gemm(1.0, 32, 1536, 2048, count=16, grouped=True)], x, 1.5)  # same bytes
     assert float(many[0] - few[0]) == pytest.approx(14 * table.kernel_fixed_s)
     assert float(many[2]) == float(few[2])
+
+
+def test_mxfp8_swizzles_its_scales_before_every_gemm():
+    """Transformer Engine rearranges both operands' MXFP8 block scales before each GEMM (gemm.cpp at v2.9):
+    two launches per forward GEMM (a grouped GEMM's experts in one), twice as many in the backward; the
+    per-tensor recipes have no block scales to swizzle."""
+    from cost_models.blocks import Gemm
+
+    table = elementwise_model(load_cluster("dgx-b200").gpu)
+    gemms = [Gemm(1.0, 4096, 4096, 4096), Gemm(1.0, 256, 1536, 2048, count=16, grouped=True)]
+    mx = table.fp8_casts(gemms, "mxfp8")
+    tw = table.fp8_casts(gemms, "tensorwise")
+    casts_mx, casts_tw = int(fp8_cast_launches(gemms, "mxfp8")), int(fp8_cast_launches(gemms, "tensorwise"))
+    assert (int(mx[2]), int(mx[3])) == (casts_mx + 4, casts_mx + 8)
+    assert (int(tw[2]), int(tw[3])) == (casts_tw, casts_tw)

@@ -67,6 +67,11 @@ class Micro:
     cross_entropy_impl: str = "native"  # Megatron's --cross-entropy-fusion-impl (see Head.loss_bytes)
     moe_flex_sms: int | None = None  # SMs of the flex dispatcher's kernels (None: Megatron's default; cost_models.dispatch)
 
+    @property
+    def te_cross_entropy(self) -> bool:
+        """Whether the loss is Transformer Engine's fused cross-entropy (see Head.loss_bytes)."""
+        return self.cross_entropy_fusion and self.cross_entropy_impl == "te"
+
     @cached_property
     def tokens(self) -> np.ndarray:
         """Tokens of the micro-batch on this rank: s / c · b."""
@@ -776,7 +781,7 @@ class Head(_Quiet):
         """Final norm (read + write) and the loss: read the logits, write fp32 probabilities
         and their gradient (Transformer Engine's: read the 16-bit logits twice, write the gradient over them)."""
         v = padded_vocab(self.vocab, x.tp) / x.tp
-        per_logit = 3 * x.act if x.cross_entropy_fusion and x.cross_entropy_impl == "te" else x.act + FP32 + FP32
+        per_logit = 3 * x.act if x.te_cross_entropy else x.act + FP32 + FP32
         return Elementwise(2 * x.act * x.tokens * self.hidden / x.seq_split + per_logit * x.tokens * v, 2)
 
     def loss_bytes(self, x: Micro) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -810,7 +815,7 @@ class Head(_Quiet):
         """
         v = padded_vocab(self.vocab, x.tp) / x.tp
         logits = x.tokens * v
-        if x.cross_entropy_fusion and x.cross_entropy_impl == "te":
+        if x.te_cross_entropy:
             return 3 * x.act * logits, 2 * x.act * logits, 2, 1
         to_fp32 = x.act + FP32
         softmax_passes = FP32 + 2 * FP32 + 2 * FP32 + FP32 + 2 * FP32  # max, subtract, exp, sum, divide

@@ -282,22 +282,26 @@ def dispatch_table_from(data: dict, name: str, sms: dict[str, int] | None = None
     return DispatchTable(name, curves)
 
 
-@lru_cache(maxsize=None)
 def dispatch_table(name: str | None, dispatcher: str | None = None, sms: int | None = None) -> DispatchTable | None:
     """The GPU table set `name`'s measured dispatchers, parsed once per SM count; None when it has no dispatch
     table. `sms` (with its `dispatcher`): read that dispatcher's rates at that many SMs instead of Megatron's
-    default.
+    default (no `sms`: the default table, whatever `dispatcher` says).
 
     >>> hybrid = dispatch_table("gb200").curve("hybridep", "nvlink")
     >>> wide = dispatch_table("gb200", "hybridep", 32).curve("hybridep", "nvlink")
     >>> bool(wide.per_byte_s["combine"][0] < hybrid.per_byte_s["combine"][0])  # more SMs, a faster kernel
     True
     """
+    return _dispatch_table(name, dispatcher, sms) if dispatcher and sms else _dispatch_table(name, None, None)
+
+
+@lru_cache(maxsize=None)
+def _dispatch_table(name: str | None, dispatcher: str | None, sms: int | None) -> DispatchTable | None:
     from profiles.tables import kernel_table
 
     data = kernel_table("dispatch", name)
     if data is None:
         return None
     if "alias_of" in data:
-        return dispatch_table(data["alias_of"], dispatcher, sms) if sms else dispatch_table(data["alias_of"])
-    return dispatch_table_from(data, str(name), {dispatcher: sms} if dispatcher and sms else None)
+        return dispatch_table(data["alias_of"], dispatcher, sms)
+    return dispatch_table_from(data, str(name), {dispatcher: sms} if sms else None)

@@ -267,14 +267,12 @@ class ElementwiseModel:
         in as many kernels. The GPU times count every cast kernel (a grouped GEMM's per expert); the
         host calls count a grouped GEMM's casts once (`fp8_cast_launches`)."""
         fwd_bytes, bwd_bytes, kernels = ew.bytes, backward_factor * ew.bytes, ew.num_kernels
-        cast_kernels = cast_calls = 0
+        cast_kernels = cast_bwd_kernels = cast_calls = 0
         if x.precision == "fp8":
             self.check_recipe(x.fp8_recipe)
             cast_fwd, cast_bwd, cast_kernels, cast_bwd_kernels = self.fp8_casts(gemms, x.fp8_recipe)
             cast_calls = fp8_cast_launches(gemms, x.fp8_recipe, per_expert=False)
             fwd_bytes, bwd_bytes = fwd_bytes + cast_fwd, bwd_bytes + cast_bwd
-        else:
-            cast_bwd_kernels = 0
         return (self.time_s(fwd_bytes, kernels + cast_kernels), self.time_s(bwd_bytes, kernels + cast_bwd_kernels),
                 np.asarray(kernels + cast_calls))
 

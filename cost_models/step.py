@@ -416,8 +416,7 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     cp_hop = np.stack([hop for _, hop in kinds])
     cp_raw = np.where(st.cp > 1, (st.cp - 1) * cp_hop, 0.0)
     cp_fwd = np.where(st.cp > 1, exposed_s(cp_raw, lt.attn_core_fwd_s, comm_overlap), 0.0)
-    name = getattr(gpu, "kernel_tables", None)
-    table = dispatch_table(name, x.moe_dispatcher, x.moe_flex_sms) if x.moe_flex_sms else dispatch_table(name)
+    table = dispatch_table(getattr(gpu, "kernel_tables", None), x.moe_dispatcher, x.moe_flex_sms)
     ep_one = np.stack([_moe_exchange_s(layer, x, comm, lay, pairs, table) if layer.is_moe else np.zeros(n)
                        for layer in blocks.all_kinds])
     # the shared experts hide the dispatch with the all-to-all dispatcher only (megatron-core refuses

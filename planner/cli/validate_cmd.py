@@ -184,7 +184,7 @@ def validate_cmd(
                           **train_options(grad_precision, attention_kernel, optimizer))
         spec_model, spec_cluster, train, num_gpus = result.model, result.cluster, result.train, result.num_gpus
         strategies = [p.strategy for p in result.plans]
-    if train.cross_entropy_fusion and train.cross_entropy_fusion_impl == "te":
+    if train.cross_entropy_fusion_impl == "te":
         raise SpecError("the plan was costed with Transformer Engine's cross-entropy (cross_entropy_fusion_impl 'te'), "
                         "which the CPU runs cannot execute (they compute PyTorch's cross_entropy over fp32 logits, "
                         "as Megatron's native loss holds them); plan with cross_entropy_fusion_impl 'native' to validate")

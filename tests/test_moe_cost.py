@@ -248,14 +248,17 @@ def test_host_setup_per_local_expert_slows_fine_grained_moe():
     assert many[1] - few[1] == pytest.approx(62 * table.host_per_expert_bwd_s)
 
 
-@pytest.mark.parametrize("experts,m,measured", [(8, 4096, 627.903), (16, 2048, 553.945)])
+@pytest.mark.parametrize("experts,m,measured", [
+    pytest.param(8, 4096, 627.903, marks=pytest.mark.xfail(strict=True, reason=(
+        "-10.8 % since the H100 sustained fraction was refitted with Transformer Engine's cross-entropy in its fit "
+        "rows (0.6793 -> 0.6707; -9.6 % before): outside 10 %, not resolved"))),
+    (16, 2048, 553.945)])
 def test_grouped_gemm_rate_matches_transformer_engines_published_multi_stream_benchmark(experts, m, measured):
     """Transformer Engine PR 2045 (NVIDIA/TransformerEngine, 2025-08; yaox12's table for TE 2.7, CUDA 12.9, H100):
     `general_grouped_gemm` over multi-stream cuBLAS runs (g, m, n, k) = (8, 4096, 768, 2048) at 627.9 TFLOP/s and
     (16, 2048, 768, 2048) at 553.9 BF16. The model (the measured per-shape table, GROUPED_GEMM_STREAMS experts
-    sharing the waves, the fitted sustained fraction) lands within 12 %: -10.8 % and -3.1 % with the H100 fraction
-    fitted since the fit rows compute their loss with Transformer Engine's cross-entropy (0.6707; -9.6 % and -1.8 %
-    at 0.6793 before); one expert at a time would be 21-30 % slow."""
+    sharing the waves, the fitted sustained fraction) should land within 10 %: the second does (-3.1 %), the first
+    (-10.8 %) no longer does and is marked as a known failure; one expert at a time would be 21-30 % slow."""
     from cost_models.blocks import Gemm
     from cost_models.compute import gemm_time
     from profiles import load_gpu
@@ -263,7 +266,7 @@ def test_grouped_gemm_rate_matches_transformer_engines_published_multi_stream_be
     n, k = 768, 2048
     flop = 2.0 * experts * m * n * k
     rate = flop / float(np.ravel(gemm_time(Gemm(flop, m, n, k, True, experts, True), load_gpu("h100-sxm"), "bf16"))[0])
-    assert rate / 1e12 == pytest.approx(measured, rel=0.12)
+    assert rate / 1e12 == pytest.approx(measured, rel=0.10)
 
 
 def test_megatrons_expert_output_bias_is_a_per_expert_pass_over_the_routed_tokens():

@@ -155,7 +155,7 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
         if moe and x.framework == "megatron":  # Megatron-core's MoELayer: a host wait in its dispatcher,
             experts_s = sum(t for g, t in zip(gemms, gemm_ts) if g.grouped)  # counted ops for alltoall
             # the experts' FP8 casts are issued after the wait, with their GEMMs
-            casts = fp8_cast_launches(gemms, x.fp8_recipe, grouped=True, per_expert=False) if prec == "fp8" else 0
+            casts = fp8_cast_launches(gemms, x.fp8_recipe, grouped=True, host=True) if prec == "fp8" else 0
             fwd, bwd = table.moe_host_floor(fwd, bwd, kernels, local_experts, experts_s,
                                             counted=x.moe_dispatcher == "alltoall",
                                             expert_kernels=EXPERT_KERNELS + casts)

@@ -158,32 +158,40 @@ def fp8_cast_bytes_per_element(recipe: str, transpose: bool) -> float:
 
 
 def fp8_cast_kernels(recipe: str) -> int:
-    """Kernels one cast takes: a fused cast(-transpose) with the amax, plus the amax pass of current scaling."""
-    return 2 if recipe == "tensorwise" else 1
+    """GPU kernels one cast launches. One fused cast(-transpose) kernel, which also records the amax, under
+    delayed, block and MXFP8 scaling; current scaling computes the scale from this tensor's own amax first:
+    `Float8CurrentScalingQuantizer::quantize_impl` (transformer_engine/pytorch/csrc/quantizer.cpp at v2.9)
+    launches `zero_amax_kernel` and `amax_kernel` (nvte_compute_amax, common/recipe/current_scaling.cu),
+    `compute_scale_from_amax_kernel` (one thread) and the cast (nvte_quantize_v2): four.
+
+    >>> [fp8_cast_kernels(r) for r in ("delayed", "tensorwise", "blockwise", "mxfp8")]
+    [1, 4, 1, 1]
+    """
+    return 4 if recipe == "tensorwise" else 1
 
 
 def fp8_cast_launches(gemms: list[Gemm], recipe: str, grouped: bool | None = None,
-                      per_expert: bool = True) -> np.ndarray:
+                      host: bool = False) -> np.ndarray:
     """Cast kernels one direction of a layer launches for its quantised GEMMs (`grouped`: only the grouped
     ones, or only the others; None: all). A grouped GEMM's input is split per local expert, and Transformer
     Engine quantises the splits in one fused launch only under delayed scaling (`split_quantize` ->
     `multi_tensor_quantize_impl`, whose one fused kernel, `nvte_multi_cast_transpose`, serves FP8 delayed
     scaling alone; every other recipe quantises each split apart: transformer_engine/pytorch/csrc/extensions/
-    cast.cpp at v2.9), so its casts are `fp8_cast_kernels` per expert on the GPU. The host issues those
-    launches from one C++ loop inside one call: with `per_expert` False a grouped GEMM's casts count as
-    one call's (the per-expert part of their host time is in `host_per_expert_*`, whose measurement
-    includes the quantizers' set-up).
+    cast.cpp at v2.9), so its casts are `fp8_cast_kernels` per expert on the GPU. With `host` the count is
+    of the host's calls instead: one quantize call per quantised GEMM, whose kernels (current scaling's
+    four, a grouped GEMM's per-expert casts, from one C++ loop) are launched inside it (the per-expert part
+    of their host time is in `host_per_expert_*`, whose measurement includes the quantizers' set-up).
 
     >>> from cost_models.blocks import Gemm
     >>> fc = Gemm(1.0, 256, 1536, 2048, count=16, grouped=True)
     >>> [int(fp8_cast_launches([fc], r)) for r in ("delayed", "mxfp8", "tensorwise")]
-    [1, 16, 32]
-    >>> int(fp8_cast_launches([fc], "mxfp8", per_expert=False))
-    1
+    [1, 16, 64]
+    >>> [int(fp8_cast_launches([fc], r, host=True)) for r in ("mxfp8", "tensorwise")]
+    [1, 1]
     """
     quantised = [g for g in gemms if g.quantised and (grouped is None or g.grouped == grouped)]
-    per_cast = fp8_cast_kernels(recipe)
-    split = per_expert and recipe != "delayed"
+    per_cast = 1 if host else fp8_cast_kernels(recipe)
+    split = not host and recipe != "delayed"
     return sum((per_cast * (np.asarray(g.count) if g.grouped and split else 1) for g in quantised), np.zeros(()))
 
 
@@ -271,7 +279,7 @@ class ElementwiseModel:
         if x.precision == "fp8":
             self.check_recipe(x.fp8_recipe)
             cast_fwd, cast_bwd, cast_kernels, cast_bwd_kernels = self.fp8_casts(gemms, x.fp8_recipe)
-            cast_calls = fp8_cast_launches(gemms, x.fp8_recipe, per_expert=False)
+            cast_calls = fp8_cast_launches(gemms, x.fp8_recipe, host=True)
             fwd_bytes, bwd_bytes = fwd_bytes + cast_fwd, bwd_bytes + cast_bwd
         return (self.time_s(fwd_bytes, kernels + cast_kernels), self.time_s(bwd_bytes, kernels + cast_bwd_kernels),
                 np.asarray(kernels + cast_calls))

@@ -170,9 +170,10 @@ def test_grouped_gemm_inputs_are_quantised_per_expert_except_under_delayed_scali
         n = int(fp8_cast_launches([dense, experts], recipe))
         assert n == per * (2 if recipe == "delayed" else 17), recipe
         assert int(fp8_cast_launches([dense, experts], recipe, grouped=True)) == n - per
-        # the host issues a grouped GEMM's casts from one C++ loop: one call (their per-expert host time is in
-        # host_per_expert_*, measured with the quantizers' set-up)
-        assert int(fp8_cast_launches([dense, experts], recipe, per_expert=False)) == 2 * per
+        # the host makes one quantize call per GEMM: a grouped GEMM's casts come from one C++ loop (their
+        # per-expert host time is in host_per_expert_*, measured with the quantizers' set-up), and current
+        # scaling's amax, scale and cast kernels are launched inside the one call
+        assert int(fp8_cast_launches([dense, experts], recipe, host=True)) == 2
     table = elementwise_model(_gpu("b200"))
     tiny = np.array(1e-9)
     base = table.moe_host_floor(tiny, tiny, np.array(60), 16, tiny / 2)
@@ -211,3 +212,27 @@ def test_mxfp8_swizzles_its_scales_before_every_gemm():
     casts_mx, casts_tw = int(fp8_cast_launches(gemms, "mxfp8")), int(fp8_cast_launches(gemms, "tensorwise"))
     assert (int(mx[2]), int(mx[3])) == (casts_mx + 4, casts_mx + 8)
     assert (int(tw[2]), int(tw[3])) == (casts_tw, casts_tw)
+
+
+def test_current_scaling_casts_launch_four_kernels_from_one_host_call():
+    """Per-tensor current scaling (Megatron's --fp8-recipe tensorwise) zeroes the amax, reduces it, turns it into
+    a scale and casts: four kernels (Float8CurrentScalingQuantizer::quantize_impl, quantizer.cpp at Transformer
+    Engine v2.9) against delayed scaling's one fused cast, all launched inside one quantize call."""
+    from cost_models.blocks import Elementwise, Gemm, Micro
+    from cost_models.elementwise import fp8_cast_bytes_per_element, fp8_cast_kernels
+
+    assert fp8_cast_kernels("tensorwise") == 4 and fp8_cast_kernels("delayed") == 1
+    table = elementwise_model(load_cluster("dgx-h100").gpu)
+    ew = Elementwise(np.array(1e6), 4)
+    gemm = Gemm(1.0, 4096, 2048, 2048)
+
+    def micro(recipe):
+        return Micro(4096, np.array([1]), np.array([1]), np.array([1]), np.array([False]), "fp8", "flash",
+                     np.array([1]), np.array([1]), 1.0, True, recipe, "alltoall")
+
+    cs = table.layer_s(ew, [gemm], micro("tensorwise"), 1.5)
+    ds = table.layer_s(ew, [gemm], micro("delayed"), 1.5)
+    extra_bytes = (fp8_cast_bytes_per_element("tensorwise", True) - fp8_cast_bytes_per_element("delayed", True))
+    expected = extra_bytes * 4096 * 2048 / table.bw_bytes_per_s + 3 * table.kernel_fixed_s
+    assert float(cs[0] - ds[0]) == pytest.approx(expected, rel=1e-6)
+    assert float(cs[2]) == float(ds[2])  # the host makes the same one call per cast

@@ -355,6 +355,13 @@ def _moe_exchange_s(layer, x: Micro, comm: CommModel, lay: ParallelLayout,
     return np.broadcast_to(total, (len(lay),))
 
 
+def amax_reductions(x: Micro, st: StrategyArrays) -> np.ndarray:
+    """1 where a candidate's FP8 casts all-reduce their amax over the TP group (Transformer Engine's per-tensor
+    current scaling, Megatron's --fp8-recipe tensorwise, with sequence parallelism and tp > 1), else 0."""
+    on = x.precision == "fp8" and x.fp8_recipe == "tensorwise" and x.framework == "megatron"
+    return np.where(on & (np.asarray(st.tp) > 1) & np.asarray(st.sequence_parallel, dtype=bool), 1.0, 0.0)
+
+
 def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: CommModel, st: StrategyArrays, comm_overlap: float = 1.0,
                     s: Setup | None = None, tp_overlap: float = 0.0, ep_overlap: float | None = None
                     ) -> PerLayerTimes:
@@ -413,6 +420,15 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
         gemm_fwd = lt.fwd_s - lt.attn_core_fwd_s
         tp_fwd = tp_raw - pipelined + exposed_s(pipelined, gemm_fwd, comm_overlap)
         tp_bwd = tp_raw - pipelined + exposed_s(pipelined, gpu.backward_gemm_ratio * gemm_fwd, comm_overlap)
+    # FP8 current scaling with sequence parallelism: Transformer Engine all-reduces each column-parallel
+    # input's amax (forward) and each row-parallel output gradient's (backward) over the TP group before
+    # the cast (`with_amax_reduction`, Linear._customize_quantizers_float8_current_scaling and
+    # Float8CurrentScalingQuantizer::quantize_impl at v2.9): one 4-byte all-reduce per exchange and
+    # direction, on the compute stream, not pipelined with the GEMMs.
+    amax = amax_reductions(x, st) * comm.all_reduce_s(FP32, tp_size, tp_stride)
+    exchanges = np.array([sum(c.tp_exchanges for c in layer.comms(x)) for layer in blocks.all_kinds], dtype=float)
+    amax_s = exchanges[:, None] * np.broadcast_to(amax, (n,))[None, :]
+    tp_raw, tp_fwd, tp_bwd = tp_raw + amax_s, tp_fwd + amax_s, tp_bwd + amax_s
     cp_hop = np.stack([hop for _, hop in kinds])
     cp_raw = np.where(st.cp > 1, (st.cp - 1) * cp_hop, 0.0)
     cp_fwd = np.where(st.cp > 1, exposed_s(cp_raw, lt.attn_core_fwd_s, comm_overlap), 0.0)

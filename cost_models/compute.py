@@ -62,11 +62,12 @@ class LayerTimes:
     shared_expert_fwd_s: np.ndarray  # MoE: the shared experts' forward GEMMs (what can hide the dispatch)
 
 
-def gemm_time(g: Gemm, gpu: GpuSpec, precision: str) -> np.ndarray:
+def gemm_time(g: Gemm, gpu: GpuSpec, precision: str, recipe: str | None = None) -> np.ndarray:
     """Roofline time of one GEMM, seconds, plus the kernel overhead. Non-quantised GEMMs
     run at the unquantised precision's peak under FP8 training. The achieved fraction of the
-    peak is the GPU's measured table at this shape (`cost_models.gemm_tables`) where it has one,
-    else its calibrated `gemm_efficiency`.
+    peak is the GPU's measured table at this shape (`cost_models.gemm_tables`) where it has one
+    (a quantised GEMM at FP8 `recipe`'s rate, `GemmTable.recipe_rate`), else its calibrated
+    `gemm_efficiency`.
 
     An 8192³ bf16 GEMM is compute-bound: 2·8192³ FLOP at 312 TFLOP/s · 0.65, plus 5 µs.
 
@@ -79,13 +80,13 @@ def gemm_time(g: Gemm, gpu: GpuSpec, precision: str) -> np.ndarray:
     """
     prec = precision if g.quantised else UNQUANTISED[precision]
     if not g.grouped:
-        efficiency = gemm_efficiency(g.m, g.n, g.k, gpu, prec)
+        efficiency = gemm_efficiency(g.m, g.n, g.k, gpu, prec, recipe)
     elif _has_table(gpu, prec):
         # Transformer Engine's grouped linear launches one GEMM per local expert, round-robin over
         # GROUPED_GEMM_STREAMS streams: at most that many experts' tiles share the GPU's waves,
         # so it runs like one GEMM that many experts tall, at the measured efficiency of that shape
         rows = g.m * np.minimum(g.count, GROUPED_GEMM_STREAMS)
-        efficiency = gemm_efficiency(rows, g.n, g.k, gpu, prec)
+        efficiency = gemm_efficiency(rows, g.n, g.k, gpu, prec, recipe)
     else:  # a calibrated GPU: one kernel over all experts, at the profile's grouped-GEMM efficiency
         efficiency = gemm_efficiency(g.m * g.count, g.n, g.k, gpu, prec) * gpu.grouped_gemm_efficiency
     compute = g.flop / (gpu.peak(prec) * efficiency)
@@ -100,32 +101,32 @@ def _has_table(gpu: GpuSpec, precision: str) -> bool:
     return table is not None and table.has(precision)
 
 
-def gemm_efficiency(m, n, k, gpu: GpuSpec, precision: str):
-    """Achieved fraction of `precision`'s dense peak for an (m, n, k) GEMM on `gpu`."""
+def gemm_efficiency(m, n, k, gpu: GpuSpec, precision: str, recipe: str | None = None):
+    """Achieved fraction of `precision`'s dense peak for an (m, n, k) GEMM on `gpu` (FP8: under `recipe`)."""
     if _has_table(gpu, precision):
-        return gemm_table(gpu.kernel_tables).efficiency(m, n, k, precision) * gpu.sustained_compute_fraction
+        return gemm_table(gpu.kernel_tables).efficiency(m, n, k, precision, recipe) * gpu.sustained_compute_fraction
     return gpu.gemm_efficiency
 
 
-def gemm_backward_time(g: Gemm, gpu: GpuSpec, precision: str) -> np.ndarray:
+def gemm_backward_time(g: Gemm, gpu: GpuSpec, precision: str, recipe: str | None = None) -> np.ndarray:
     """Backward of one GEMM: the input gradient (m×n)·(n×k) and the weight gradient (k×m)·(m×n),
     each as many FLOPs as the forward, timed at their own shapes on a GPU with a GEMM table; on
     one without, `backward_gemm_ratio` times the forward (the calibrated ratio)."""
     prec = precision if g.quantised else UNQUANTISED[precision]
     if not _has_table(gpu, prec):
-        return gpu.backward_gemm_ratio * gemm_time(g, gpu, precision)
+        return gpu.backward_gemm_ratio * gemm_time(g, gpu, precision, recipe)
     dgrad = Gemm(g.flop, g.m, g.k, g.n, g.quantised, g.count, g.grouped)
     wgrad = Gemm(g.flop, g.k, g.n, g.m, g.quantised, g.count, g.grouped)
-    return gemm_time(dgrad, gpu, precision) + gemm_time(wgrad, gpu, precision)
+    return gemm_time(dgrad, gpu, precision, recipe) + gemm_time(wgrad, gpu, precision, recipe)
 
 
 def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     prec = x.precision
     hbm = gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency
     gemms = layer.gemms(x)
-    gemm_ts = [gemm_time(g, gpu, prec) for g in gemms]
+    gemm_ts = [gemm_time(g, gpu, prec, x.fp8_recipe) for g in gemms]
     gemm_s = sum(gemm_ts)
-    gemm_bwd_s = sum(gemm_backward_time(g, gpu, prec) for g in gemms)
+    gemm_bwd_s = sum(gemm_backward_time(g, gpu, prec, x.fp8_recipe) for g in gemms)
     core = layer.attention().core(x)
     flash = flash_core_times(layer.attention(), x, gpu)  # measured fused-attention throughput, if the GPU has a table
     if flash is None:
@@ -161,7 +162,7 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
                                             expert_kernels=EXPERT_KERNELS + casts)
         else:
             fwd, bwd = table.host_floor(fwd, bwd, kernels, local_experts)
-    shared_s = sum((gemm_time(g, gpu, prec) for g in moe.shared_gemms(x)), ZERO_S) if moe else ZERO_S
+    shared_s = sum((gemm_time(g, gpu, prec, x.fp8_recipe) for g in moe.shared_gemms(x)), ZERO_S) if moe else ZERO_S
     return LayerTimes(fwd_s=fwd, bwd_s=bwd, attn_core_fwd_s=core_s + softmax_s,
                       fwd_flop=sum(g.flop for g in gemms) + core.flop, attn_core_flop=core.flop,
                       shared_expert_fwd_s=shared_s)
@@ -190,20 +191,20 @@ def head_times(head: Head, x: Micro, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarr
     if index is not None:
         return tuple(_expand(v, index) for v in head_times(head, small, gpu))
     (g,) = head.gemms(x)
-    gemm_s = gemm_time(g, gpu, x.precision)
+    gemm_s = gemm_time(g, gpu, x.precision, x.fp8_recipe)
     table = elementwise_model(gpu)
     if table is not None:  # measured bandwidth; fused or unfused cross-entropy (Head.loss_bytes)
         norm = head.norm.elementwise(x)
         loss_fwd, loss_bwd, fwd_kernels, bwd_kernels = head.loss_bytes(x)
         fwd = gemm_s + table.time_s(norm.bytes + loss_fwd, norm.num_kernels + fwd_kernels)
-        bwd = (gemm_backward_time(g, gpu, x.precision)
+        bwd = (gemm_backward_time(g, gpu, x.precision, x.fp8_recipe)
                + table.time_s(BACKWARD_ELEMENTWISE_FACTOR * norm.bytes + loss_bwd, norm.num_kernels + bwd_kernels))
         return fwd, bwd, g.flop
     ew = head.elementwise(x)
     loss_s = ew.bytes / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
     overhead = ew.num_kernels * gpu.kernel_overhead_s
     fwd = gemm_s + loss_s + overhead
-    bwd = gemm_backward_time(g, gpu, x.precision) + BACKWARD_ELEMENTWISE_FACTOR * loss_s + overhead
+    bwd = gemm_backward_time(g, gpu, x.precision, x.fp8_recipe) + BACKWARD_ELEMENTWISE_FACTOR * loss_s + overhead
     return fwd, bwd, g.flop
 
 
@@ -217,7 +218,7 @@ def module_times(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray,
     hbm = gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency
 
     def gemms_s(gs) -> np.ndarray:
-        return sum((gemm_time(g, gpu, prec) for g in gs), ZERO_S)
+        return sum((gemm_time(g, gpu, prec, x.fp8_recipe) for g in gs), ZERO_S)
 
     table = elementwise_model(gpu)
 

@@ -25,6 +25,11 @@ FP8 on a GPU whose table has no trustworthy FP8 column (`fp8_from_bf16` in the f
 efficiency at the same shape times the ratio of a measured FP8 curve (by k, at one m = n) to the
 BF16 table at that m, n, so the k dependence is measured and the m, n dependence borrowed.
 
+Block-scaled FP8 (`recipe_rates` in the file): the table's FP8 column is per-tensor scaled FP8; a
+recipe whose GEMMs run another kernel (MXFP8's block-scaled GEMM on Blackwell) runs at a measured
+fraction of that column's rate, the same at every shape (one ratio over a model's twelve GEMMs is
+what is published). A recipe the file does not name runs at the column's rate.
+
 Lookups are vectorised; the cost model calls them once per distinct micro-batch shape
 (`cost_models.blocks.Micro.distinct`), not once per candidate.
 """
@@ -55,20 +60,32 @@ class GemmTable:
     log_k: np.ndarray
     eff: dict[str, np.ndarray]  # column -> (M, N, K) grid
     source: str
+    recipe_rates: tuple[tuple[str, float], ...] = ()  # FP8 recipe -> its GEMMs' rate / the fp8 column's
+
+    def recipe_rate(self, precision: str, recipe: str | None) -> float:
+        """The rate of `recipe`'s quantised GEMMs relative to the table's FP8 column (1 for other
+        precisions and for recipes the table does not name)."""
+        if COLUMN.get(precision) != "fp8" or recipe is None:
+            return 1.0
+        return dict(self.recipe_rates).get(recipe, 1.0)
 
     def has(self, precision: str) -> bool:
         return COLUMN.get(precision) in self.eff
 
-    def efficiency(self, m, n, k, precision: str) -> np.ndarray:
-        """Achieved fraction of the dense peak of an (m, n, k) GEMM in `precision` (arrays broadcast).
+    def efficiency(self, m, n, k, precision: str, recipe: str | None = None) -> np.ndarray:
+        """Achieved fraction of the dense peak of an (m, n, k) GEMM in `precision` (arrays broadcast),
+        under FP8 `recipe` (`recipe_rate`).
 
         >>> t = gemm_table("h100-sxm")
         >>> round(float(t.efficiency(8192, 8192, 8192, "bf16")), 3) > round(float(t.efficiency(1024, 1024, 1024, "bf16")), 3)
         True
+        >>> b = gemm_table("b200")
+        >>> round(float(b.efficiency(8192, 8192, 8192, "fp8", "mxfp8") / b.efficiency(8192, 8192, 8192, "fp8")), 3)
+        0.951
         """
         grid = self.eff[COLUMN[precision]]
         m, n, k = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (m, n, k)))
-        return self._lookup(grid, m, n, k)
+        return self._lookup(grid, m, n, k) * self.recipe_rate(precision, recipe)
 
     def _lookup(self, grid, m, n, k) -> np.ndarray:
         m = np.maximum(m, 1.0)
@@ -155,7 +172,31 @@ def gemm_table(name: str | None) -> GemmTable | None:
     derived = data.get("fp8_from_bf16")
     if derived is not None and "bf16" in eff:
         eff["fp8"] = _fp8_from_bf16(eff["bf16"], axes, derived, peaks.get("fp8"), what)
-    return GemmTable(*axes, eff=eff, source=str(data["source"]))
+    return GemmTable(*axes, eff=eff, source=str(data["source"]), recipe_rates=_recipe_rates(data, what))
+
+
+def _recipe_rates(data: dict, what: str) -> tuple[tuple[str, float], ...]:
+    """The file's `recipe_rates` (FP8 recipe -> rate relative to its FP8 column), checked; each needs
+    `recipe_rates_source`."""
+    from cost_models.elementwise import FP8_RECIPES
+
+    raw = data.get("recipe_rates")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not str(data.get("recipe_rates_source", "")).strip():
+        raise SpecError(f"{what}: recipe_rates must map FP8 recipes to rates and come with recipe_rates_source")
+    out = []
+    for recipe, rate in raw.items():
+        if recipe not in FP8_RECIPES:
+            raise SpecError(f"{what}: recipe_rates names {recipe!r}, not an FP8 recipe ({', '.join(FP8_RECIPES)})")
+        try:
+            value = float(rate)
+        except (TypeError, ValueError):
+            raise SpecError(f"{what}: recipe_rates[{recipe!r}] must be a number, got {rate!r}") from None
+        if not 0.0 < value <= 1.5:
+            raise SpecError(f"{what}: recipe_rates[{recipe!r}] must be in (0, 1.5], got {value}")
+        out.append((str(recipe), value))
+    return tuple(sorted(out))
 
 
 def _fp8_from_bf16(bf16: np.ndarray, axes, spec: dict, fp8_peak: float | None, what: str) -> np.ndarray:

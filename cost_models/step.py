@@ -503,7 +503,7 @@ def op_sac_recompute_s(layer, x: Micro, gpu: GpuSpec) -> np.ndarray | None:
     small, index = x.distinct
     if index is not None:
         return op_sac_recompute_s(layer, small, gpu)[..., index]
-    gemm_s = sum(gemm_time(g, gpu, x.precision) for g in gemms)
+    gemm_s = sum(gemm_time(g, gpu, x.precision, x.fp8_recipe) for g in gemms)
     ew = layer.elementwise(x)
     table = elementwise_model(gpu)
     if table is not None:

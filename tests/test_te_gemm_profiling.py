@@ -1,0 +1,48 @@
+"""The FP8 GEMM and cast terms against Transformer Engine's published GEMM profiling (B300 and H200 NVL,
+benchmarks/data/te_gemm_profiling.json): kernel-level figures."""
+
+import pytest
+
+from benchmarks.te_gemm_profiling import layer_shapes, model_cast_ms, model_gemm_ms, rows
+from cost_models.gemm_tables import _recipe_rates, gemm_table
+from planner.errors import SpecError
+
+SHAPES = layer_shapes(4096, 16384, 15872)
+
+
+def test_mxfp8_gemms_run_at_the_measured_fraction_of_per_tensor_fp8():
+    """TE's pre-quantised B300 profile: 6.812 ms per-tensor FP8 against 7.161 ms MXFP8 for the same twelve
+    GEMMs; the Blackwell tables carry the ratio (b200.yaml recipe_rates), the Hopper ones have no MXFP8."""
+    for cluster in ("dgx-b200", "gb200-nvl72", "gb300-nvl72"):
+        per_tensor = model_gemm_ms(cluster, SHAPES, "fp8", "tensorwise")
+        mx = model_gemm_ms(cluster, SHAPES, "fp8", "mxfp8")
+        assert per_tensor / mx == pytest.approx(6.812 / 7.161, rel=0.01), cluster  # kernel overheads aside
+        assert model_gemm_ms(cluster, SHAPES, "fp8", "delayed") == pytest.approx(per_tensor)
+    assert gemm_table("h100-sxm").recipe_rate("fp8", "mxfp8") == 1.0
+    assert gemm_table("b200").recipe_rate("bf16", "mxfp8") == 1.0  # unquantised GEMMs keep their rate
+
+
+def test_cast_costs_order_the_recipes_as_measured():
+    """Autocast minus pre-quantised time (the quantisation work of casting every call's input and weight):
+    B300 delayed 0.99 < MXFP8 1.82 < current scaling 2.33 ms; H200 NVL delayed 2.19 < current 3.50 ms."""
+    b300 = {r: model_cast_ms("gb300-nvl72", SHAPES, r) for r in ("delayed", "mxfp8", "tensorwise")}
+    assert b300["delayed"] < b300["mxfp8"] < b300["tensorwise"]
+    h200 = {r: model_cast_ms("dgx-h200", SHAPES, r) for r in ("delayed", "tensorwise")}
+    assert h200["delayed"] < h200["tensorwise"]
+
+
+def test_every_modelled_term_is_within_a_factor_of_one_and_a_half_of_the_measurement():
+    for r in rows():
+        assert 1 / 1.5 < r["model"] / r["measured"] < 1.5, r
+
+
+@pytest.mark.parametrize("data,rule", [
+    ({"recipe_rates": {"mxfp8": 0.95}}, "recipe_rates_source"),
+    ({"recipe_rates": {"nvfp4": 0.9}, "recipe_rates_source": "x"}, "not an FP8 recipe"),
+    ({"recipe_rates": {"mxfp8": 0}, "recipe_rates_source": "x"}, "(0, 1.5]"),
+    ({"recipe_rates": {"mxfp8": "fast"}, "recipe_rates_source": "x"}, "must be a number"),
+])
+def test_a_bad_recipe_rate_is_refused_naming_the_field(data, rule):
+    with pytest.raises(SpecError, match="recipe_rates") as err:
+        _recipe_rates(data, "GEMM table t")
+    assert rule in str(err.value)

@@ -23,7 +23,8 @@ A GPU whose kernel-table set has a `gemm` table (`profiles/kernels/gemm/<set>.ya
 
 FP8 on a GPU whose table has no trustworthy FP8 column (`fp8_from_bf16` in the file): the BF16
 efficiency at the same shape times the ratio of a measured FP8 curve (by k, at one m = n) to the
-BF16 table at that m, n, so the k dependence is measured and the m, n dependence borrowed.
+BF16 table at that m, n, so the k dependence is measured and the m, n dependence borrowed; the
+ratio's level may be set by a second measurement of cuBLAS's FP8 / BF16 ratio (`level`).
 
 Block-scaled FP8 (`recipe_rates` in the file): the table's FP8 column is per-tensor scaled FP8; a
 recipe whose GEMMs run another kernel (MXFP8's block-scaled GEMM on Blackwell) runs at a measured
@@ -150,7 +151,12 @@ def gemm_table(name: str | None) -> GemmTable | None:
     data = kernel_table("gemm", name)
     if data is None:
         return None
-    what = f"GEMM table {name}"
+    return build_gemm_table(data, f"GEMM table {name}")
+
+
+def build_gemm_table(data: dict, what: str) -> GemmTable:
+    """A GemmTable from a parsed table file (`gemm_table` caches it per set; the FP8-level fit of
+    benchmarks/te_gemm_profiling.py builds variants)."""
     try:
         columns = list(data["columns"])
         rows = np.asarray(data["rows"], dtype=float)
@@ -200,16 +206,22 @@ def _recipe_rates(data: dict, what: str) -> tuple[tuple[str, float], ...]:
 
 
 def _fp8_from_bf16(bf16: np.ndarray, axes, spec: dict, fp8_peak: float | None, what: str) -> np.ndarray:
-    """FP8 grid = BF16 grid × (measured FP8 efficiency / BF16 table efficiency) at the measured
-    (m, n), the ratio interpolated in log2(k) and capped at 1 (FP8 is never credited more than
-    BF16's fraction of its own, doubled, peak)."""
+    """FP8 grid = BF16 grid × level × (measured FP8 efficiency / BF16 table efficiency) at the
+    measured (m, n), the ratio interpolated in log2(k) and capped at 1 (FP8 is never credited more
+    than BF16's fraction of its own, doubled, peak). `level` (default 1) scales the measured curve
+    to another measurement's FP8 / BF16 ratio; the spec says where it comes from (`level_source`)."""
     if fp8_peak is None:
         raise SpecError(f"{what}: fp8_from_bf16 needs peak_tflops.fp8")
+    level = spec.get("level", 1.0)
+    if not isinstance(level, (int, float)) or isinstance(level, bool) or not 0.5 <= level <= 2.0:
+        raise SpecError(f"{what}: fp8_from_bf16.level must be a number in [0.5, 2], got {level!r}")
+    if "level" in spec and not str(spec.get("level_source", "")).strip():
+        raise SpecError(f"{what}: fp8_from_bf16.level needs level_source (where it comes from)")
     log_m, log_n, log_k = axes
     table = GemmTable(log_m, log_n, log_k, {"bf16": bf16}, "")
     ks = np.asarray(spec["k"], dtype=float)
     fp8_eff = np.asarray(spec["tflops"], dtype=float) * TERA / fp8_peak
     bf16_eff = table.efficiency(float(spec["m"]), float(spec["n"]), ks, "bf16")
-    ratio = np.minimum(fp8_eff / bf16_eff, 1.0)
+    ratio = np.minimum(float(level) * fp8_eff / bf16_eff, 1.0)
     grid_ratio = np.interp(log_k, np.log2(ks), ratio)
     return monotone(bf16 * grid_ratio[None, None, :])

@@ -46,3 +46,31 @@ def test_a_bad_recipe_rate_is_refused_naming_the_field(data, rule):
     with pytest.raises(SpecError, match="recipe_rates") as err:
         _recipe_rates(data, "GEMM table t")
     assert rule in str(err.value)
+
+
+def test_the_h100_fp8_level_is_the_fit_of_the_measured_ratio():
+    """profiles/kernels/gemm/h100-sxm.yaml's fp8_from_bf16.level reproduces cuBLAS's BF16 / FP8 time ratio of TE's
+    twelve GEMMs on the H200 NVL (31.968 / 16.785 ms); the unscaled tilelang curve gives a smaller one."""
+    from benchmarks.te_gemm_profiling import fit_h100_fp8_level
+
+    level, target, shipped = fit_h100_fp8_level()
+    assert target == pytest.approx(31.968 / 16.785)
+    assert shipped == pytest.approx(level, abs=0.01)
+    assert level > 1.0
+    ratio = model_gemm_ms("dgx-h200", SHAPES, "bf16") / model_gemm_ms("dgx-h200", SHAPES, "fp8", "tensorwise")
+    assert ratio == pytest.approx(target, rel=0.01)
+
+
+@pytest.mark.parametrize("level,source,rule", [(3.0, "x", "[0.5, 2]"), ("high", "x", "[0.5, 2]"), (1.1, "", "level_source")])
+def test_a_bad_fp8_level_is_refused_naming_the_field(level, source, rule):
+    import copy
+
+    from cost_models.gemm_tables import build_gemm_table
+    from profiles.tables import kernel_table
+
+    raw = copy.deepcopy(kernel_table("gemm", "h100-sxm"))
+    raw["fp8_from_bf16"]["level"] = level
+    raw["fp8_from_bf16"]["level_source"] = source
+    with pytest.raises(SpecError, match="fp8_from_bf16.level") as err:
+        build_gemm_table(raw, "GEMM table t")
+    assert rule in str(err.value)

@@ -18,6 +18,7 @@ def test_mxfp8_gemms_run_at_the_measured_fraction_of_per_tensor_fp8():
         mx = model_gemm_ms(cluster, SHAPES, "fp8", "mxfp8")
         assert per_tensor / mx == pytest.approx(6.812 / 7.161, rel=0.01), cluster  # kernel overheads aside
         assert model_gemm_ms(cluster, SHAPES, "fp8", "delayed") == pytest.approx(per_tensor)
+    assert gemm_table("b200").recipe_rate("fp8", "blockwise") == gemm_table("b200").recipe_rate("fp8", "mxfp8")
     assert gemm_table("h100-sxm").recipe_rate("fp8", "mxfp8") == 1.0
     assert gemm_table("b200").recipe_rate("bf16", "mxfp8") == 1.0  # unquantised GEMMs keep their rate
 

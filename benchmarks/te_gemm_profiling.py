@@ -59,13 +59,14 @@ def data() -> dict:
     return json.loads(DATA.read_text())
 
 
-def _ratio(table, shapes) -> float:
-    """BF16 over per-tensor FP8 time of `shapes` from the table's efficiencies (compute-bound GEMMs: the
-    sustained fraction, kernel overheads and HBM traffic do not enter the ratio at these sizes)."""
+def _ratio(table, peaks: dict, shapes) -> float:
+    """BF16 over per-tensor FP8 time of `shapes` from the table's efficiencies and the measured GPU's dense
+    peaks (`peak_tflops` of the table file; compute-bound GEMMs: the sustained fraction, kernel overheads and
+    HBM traffic do not enter the ratio at these sizes)."""
     m, k, n = (np.array(v, dtype=float) for v in zip(*shapes))
     flop = 2 * m * n * k
-    bf16 = np.sum(flop / (table.efficiency(m, n, k, "bf16") * 1.0))
-    fp8 = np.sum(flop / (table.efficiency(m, n, k, "fp8") * 2.0))  # Hopper: the FP8 dense peak is twice BF16's
+    bf16 = np.sum(flop / (table.efficiency(m, n, k, "bf16") * float(peaks["bf16"])))
+    fp8 = np.sum(flop / (table.efficiency(m, n, k, "fp8") * float(peaks["fp8"])))
     return float(bf16 / fp8)
 
 
@@ -86,7 +87,7 @@ def fit_h100_fp8_level() -> tuple[float, float, float]:
         variant = copy.deepcopy(raw)
         variant["fp8_from_bf16"]["level"] = level
         variant["fp8_from_bf16"]["level_source"] = "fit"
-        return _ratio(build_gemm_table(variant, "fit"), shapes)
+        return _ratio(build_gemm_table(variant, "fit"), raw["peak_tflops"], shapes)
 
     lo, hi = 0.5, 2.0
     for _ in range(60):

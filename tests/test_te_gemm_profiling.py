@@ -76,3 +76,13 @@ def test_a_bad_fp8_level_is_refused_naming_the_field(level, source, rule):
     with pytest.raises(SpecError, match="fp8_from_bf16.level") as err:
         build_gemm_table(raw, "GEMM table t")
     assert rule in str(err.value)
+
+
+def test_the_source_is_exact():
+    import json
+
+    from benchmarks.te_gemm_profiling import DATA
+
+    src = json.loads(DATA.read_text())["source"]
+    assert src["repo"] == "NVIDIA/TransformerEngine" and len(src["commit"]) == 40
+    assert src["path"].startswith("docs/examples/gemm_profiling/gemm_profiling.rst")

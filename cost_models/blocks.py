@@ -66,6 +66,7 @@ class Micro:
     eager: bool = False  # element-wise work as torchtitan's eager PyTorch operators (torch_compile false)
     cross_entropy_impl: str = "native"  # Megatron's --cross-entropy-fusion-impl (see Head.loss_bytes)
     moe_flex_sms: int | None = None  # SMs of the flex dispatcher's kernels (None: Megatron's default; cost_models.dispatch)
+    moe_router_padding: bool = False  # Megatron's --moe-router-padding-for-quantization (MoE.quantization_padding)
 
     @property
     def te_cross_entropy(self) -> bool:
@@ -634,8 +635,35 @@ class MoE:
         activation = per * routed * self.ffn / x.etp
         shared = self.shared.elementwise(x) if self.shared else Elementwise(ZERO, 0)
         bias = self.expert_output_bias(x)
-        return Elementwise(router + permute + sort.bytes + activation + shared.bytes + bias.bytes,
-                          3 + kernels + sort.num_kernels + shared.num_kernels + bias.num_kernels)
+        pad = self.quantization_padding(x)
+        return Elementwise(router + permute + sort.bytes + activation + shared.bytes + bias.bytes + pad.bytes,
+                          3 + kernels + sort.num_kernels + shared.num_kernels + bias.num_kernels + pad.num_kernels)
+
+    def quantization_padding(self, x: Micro) -> Elementwise:
+        """Megatron-core's grouped MLP under FP8 pads each local expert's rows to the quantised GEMMs' alignment
+        before the experts and drops the padding after them (`TEGroupedMLP.forward`: `quantization_padding` of the
+        permuted tokens and of their probabilities, `quantization_unpadding` of the output, core_v0.16.1 to
+        core_v0.19.0), unless the router already padded the routing map (`moe_router_padding_for_quantization`).
+        Transformer Engine's Fp8Padding and Fp8Unpadding copy the whole tensor (`fused_multi_row_padding`, one
+        kernel) whenever any expert's count is off the alignment (16 rows, MXFP8 32: `fp8_padding.py` at v2.9),
+        which dropless routing makes the rule: the routed tokens are read and written twice (in, out), the
+        probabilities once. Nothing in BF16, under another framework, with the router's padding, or with the
+        HybridEP dispatcher, whose dispatch kernel writes each expert's rows at the alignment itself
+        (`_HybridEPManager.dispatch` passes `pad_multiple` under FP8, token_dispatcher.py core_v0.16.1).
+
+        >>> x = Micro(4096, np.array([1]), np.array([1]), np.ones(1), np.zeros(1, bool), "fp8", "flash",
+        ...           ep=np.array([8]), etp=np.array([1]), fp8_recipe="mxfp8")
+        >>> moe = MoE(2048, 128, 8, 768, True, 0, 0, False, False)
+        >>> p = moe.quantization_padding(x)
+        >>> round(float(p.bytes[0]) / 1e6, 1), int(p.num_kernels)  # 32768 routed tokens x 2048, twice, + probs
+        (537.1, 3)
+        >>> float(moe.quantization_padding(replace(x, moe_router_padding=True)).bytes)
+        0.0
+        """
+        if x.framework != "megatron" or x.precision != "fp8" or x.moe_router_padding or x.moe_dispatcher == "hybridep":
+            return Elementwise(ZERO, 0)
+        routed = self.routed_tokens(x)
+        return Elementwise(2 * 2 * x.act * routed * self.hidden + 2 * FP32 * routed, 3)
 
     def sort_by_local_expert(self, x: Micro) -> Elementwise:
         """Megatron-core's all-to-all dispatcher receives each source rank's tokens in one chunk and,

@@ -187,7 +187,7 @@ def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None =
                  getattr(train, "cross_entropy_fusion", True), getattr(train, "fp8_recipe", "delayed"),
                  getattr(train, "moe_dispatcher", "alltoall"), getattr(train, "framework", "megatron"),
                  not getattr(train, "torch_compile", True), getattr(train, "cross_entropy_fusion_impl", "native"),
-                 getattr(train, "moe_flex_num_sms", None))
+                 getattr(train, "moe_flex_num_sms", None), getattr(train, "moe_router_padding_for_quantization", False))
 
 
 def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> Setup:

@@ -96,6 +96,11 @@ FlexSmsOpt = Annotated[Optional[int], typer.Option(
     help="SMs of the flex dispatcher's kernels with --moe-dispatcher deepep or hybridep (Megatron's "
     "--moe-deepep-num-sms / --moe-hybridep-num-sms; default megatron-core's, 20 and 16).")]
 
+RouterPaddingOpt = Annotated[bool, typer.Option(
+    "--moe-router-padding-for-quantization",
+    help="With --precision fp8: the router pads each expert's tokens to the FP8 alignment (Megatron's "
+    "--moe-router-padding-for-quantization), so the grouped MLP copies nothing to pad them (default: it does).")]
+
 TorchCompileOpt = Annotated[Optional[bool], typer.Option(
     "--torch-compile/--no-torch-compile",
     help="torch.compile of the model (framework torchtitan; default on, as the emitted job runs): "
@@ -111,7 +116,7 @@ def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
                   cross_entropy_fusion: bool | None = None, framework: str = "megatron",
                   moe_dispatcher: str = "alltoall", fp8_param_gather: bool = False,
                   torch_compile: bool | None = None, cross_entropy_fusion_impl: str | None = None,
-                  moe_flex_num_sms: int | None = None) -> dict[str, Any]:
+                  moe_flex_num_sms: int | None = None, router_padding: bool = False) -> dict[str, Any]:
     """TrainSpec options from the CLI; --zero3-impl only when given (a framework may fix it)."""
     out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer,
            "fp8_recipe": fp8_recipe, "framework": framework,
@@ -120,6 +125,8 @@ def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
         out["cross_entropy_fusion"] = cross_entropy_fusion
     if moe_flex_num_sms is not None:
         out["moe_flex_num_sms"] = moe_flex_num_sms
+    if router_padding:
+        out["moe_router_padding_for_quantization"] = True
     if cross_entropy_fusion_impl is not None:
         out["cross_entropy_fusion_impl"] = cross_entropy_fusion_impl
     if zero3_impl is not None:

@@ -34,6 +34,7 @@ from planner.cli.common import (
     CeFusionImplOpt,
     CeFusionOpt,
     FlexSmsOpt,
+    RouterPaddingOpt,
     TorchCompileOpt,
     OptimizerOpt,
     Precision,
@@ -84,6 +85,7 @@ def plan_cmd(
     framework: FrameworkOpt = "megatron",
     moe_dispatcher: MoeDispatcherOpt = "alltoall",
     moe_flex_num_sms: FlexSmsOpt = None,
+    moe_router_padding_for_quantization: RouterPaddingOpt = False,
     torch_compile: TorchCompileOpt = None,
     headroom: HeadroomOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column (bands, tokens/s, TFLOP/s, headroom); the "
@@ -98,7 +100,8 @@ def plan_cmd(
                                                                       moe_load_imbalance, zero3_impl, fp8_recipe,
                                                                       cross_entropy_fusion, framework, moe_dispatcher,
                                                                       fp8_param_gather, torch_compile,
-                                                                      cross_entropy_fusion_impl, moe_flex_num_sms))
+                                                                      cross_entropy_fusion_impl, moe_flex_num_sms,
+                                                                      moe_router_padding_for_quantization))
     with searching(f"searching strategies for {gpus:,} GPUs"):
         result = api_plan(**kwargs)
     if fmt is Format.json:
@@ -389,6 +392,7 @@ def _one_strategy_command(render):
         cross_entropy_fusion: CeFusionOpt = None, cross_entropy_fusion_impl: CeFusionImplOpt = None,
         framework: FrameworkOpt = "megatron",
         moe_dispatcher: MoeDispatcherOpt = "alltoall", moe_flex_num_sms: FlexSmsOpt = None,
+        moe_router_padding_for_quantization: RouterPaddingOpt = False,
         torch_compile: TorchCompileOpt = None,
         plan_file: PlanFileOpt = None, rank: RankOpt = 1,
         fmt: FormatOpt = Format.table,
@@ -419,7 +423,8 @@ def _one_strategy_command(render):
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
                                            zero3_impl, fp8_recipe, cross_entropy_fusion, framework,
                                            moe_dispatcher, fp8_param_gather, torch_compile,
-                                           cross_entropy_fusion_impl, moe_flex_num_sms))
+                                           cross_entropy_fusion_impl, moe_flex_num_sms,
+                                           moe_router_padding_for_quantization))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)

@@ -186,6 +186,7 @@ FLAGS: dict[str, Flag] = {
     "moe_flex_dispatcher_backend": Flag("--moe-flex-dispatcher-backend", "str"),
     "moe_deepep_num_sms": Flag("--moe-deepep-num-sms", "int"),
     "moe_hybridep_num_sms": Flag("--moe-hybridep-num-sms", "int"),
+    "moe_router_padding_for_quantization": Flag("--moe-router-padding-for-quantization", "switch"),
     "moe_router_num_groups": Flag("--moe-router-num-groups", "int"),
     "moe_router_group_topk": Flag("--moe-router-group-topk", "int"),
     "moe_router_load_balancing_type": Flag("--moe-router-load-balancing-type", "str"),
@@ -213,7 +214,7 @@ TRANSFORMER_CONFIG_FLAGS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_share
                             "moe_router_group_topk",
                             "moe_router_pre_softmax", "mtp_num_layers", "multi_latent_attention", "softmax_type",
                             "cpu_offloading_num_layers", "moe_deepep_num_sms", "moe_hybridep_num_sms",
-                            "cross_entropy_fusion_impl")
+                            "cross_entropy_fusion_impl", "moe_router_padding_for_quantization")
 
 # planner vocabulary -> Megatron values
 _ZERO_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -482,6 +483,8 @@ def _moe(f: PlanFacts) -> dict[str, Any]:
         out |= {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": f.train.moe_dispatcher}
         if f.train.moe_flex_num_sms is not None:  # the SMs the plan's dispatch rates were read at
             out[f"moe_{f.train.moe_dispatcher}_num_sms"] = f.train.moe_flex_num_sms
+    if f.train.moe_router_padding_for_quantization:  # the grouped MLP's padding copies are then not costed
+        out["moe_router_padding_for_quantization"] = True
     if m.moe_router_num_groups:
         out |= {"moe_router_num_groups": m.moe_router_num_groups, "moe_router_group_topk": m.moe_router_group_topk}
     if m.moe_top_k == 1:  # megatron-core: softmax over one selected expert has no gradient
@@ -666,7 +669,7 @@ _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_atte
                        "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm", "moe_grouped_gemm",
                        "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_router_num_groups",
                        "moe_router_group_topk", "moe_deepep_num_sms", "moe_hybridep_num_sms",
-                       "moe_router_load_balancing_type", "moe_router_pre_softmax", "mtp_num_layers",
+                       "moe_router_padding_for_quantization", "moe_router_load_balancing_type", "moe_router_pre_softmax", "mtp_num_layers",
                        "window_size", "window_attn_skip_freq", "softmax_type", "multi_latent_attention")
 #: MLATransformerConfig fields, with Megatron-LM's argument defaults (arguments.py `_add_mla_args`)
 _MLA_FIELDS = {"q_lora_rank": None, "kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}

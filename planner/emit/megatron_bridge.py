@@ -62,7 +62,7 @@ _MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "
                  "mtp_num_layers", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
                  "qk_pos_emb_head_dim", "v_head_dim", "window_size", "window_attn_skip_freq", "softmax_type",
                  "overlap_p2p_comm", "batch_p2p_comm", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
-                 "moe_deepep_num_sms", "moe_hybridep_num_sms")
+                 "moe_deepep_num_sms", "moe_hybridep_num_sms", "moe_router_padding_for_quantization")
 _DDP_FIELDS = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32",
                "use_megatron_fsdp", "data_parallel_sharding_strategy")
 _OPTIMIZER_FIELDS = ("optimizer", "use_distributed_optimizer", "optimizer_cpu_offload", "optimizer_offload_fraction",
@@ -77,7 +77,10 @@ _ALWAYS_MODEL = {"virtual_pipeline_model_parallel_size": None, "num_layers_in_fi
                  # the loss the plan was costed with: Megatron-Bridge's GPT providers turn the fusion on and its Llama
                  # and DeepSeek providers pick Transformer Engine's implementation, so megatron-core's defaults are
                  # written too
-                 "cross_entropy_loss_fusion": False, "cross_entropy_fusion_impl": "native"}
+                 "cross_entropy_loss_fusion": False, "cross_entropy_fusion_impl": "native",
+                 # the grouped MLP's FP8 padding the plan was costed with (Megatron-Bridge's gpt-oss and DeepSeek
+                 # performance recipes turn the router's padding on)
+                 "moe_router_padding_for_quantization": False}
 #: strings Hydra's override grammar takes unquoted
 _BARE = re.compile(r"[A-Za-z0-9_.\-]+")
 #: TrainSpec.precision -> Megatron-Bridge mixed-precision recipe (bridge.training.mixed_precision); fp8 below

@@ -90,6 +90,14 @@ class TrainSpec(Spec):
         "HybridEP 16). The measured dispatch rates are read at this count (cost_models.dispatch). Megatron-Bridge's "
         "performance recipes run HybridEP on 32.",
     )
+    moe_router_padding_for_quantization: bool = Field(
+        False,
+        description="With precision fp8 under Megatron: the router pads each expert's token count to the FP8 "
+        "alignment (16, MXFP8 32) in its routing map (Megatron's --moe-router-padding-for-quantization, formerly "
+        "--moe-router-padding-for-fp8). Without it, megatron-core's grouped MLP pads the routed tokens to that "
+        "alignment and unpads the experts' output with a copy of each (Transformer Engine's Fp8Padding and "
+        "Fp8Unpadding); the cost model charges those copies.",
+    )
     fp8_param_gather: bool = Field(
         False,
         description="With precision fp8: keep the weights of the FP8 GEMMs in FP8 only (no bf16 copy; the fp32 "
@@ -108,6 +116,17 @@ class TrainSpec(Spec):
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError(f"fp8_param_gather needs precision 'fp8' (precision is {self.precision!r}): only "
                             "FP8 training has FP8 weights to keep and gather")
+        return self
+
+    @model_validator(mode="after")
+    def _check_router_padding(self) -> "TrainSpec":
+        if self.moe_router_padding_for_quantization:
+            if self.framework != "megatron":
+                raise SpecError(f"moe_router_padding_for_quantization is Megatron's --moe-router-padding-for-quantization; "
+                                f"framework {self.framework!r} has no such router")
+            if self.precision != "fp8":
+                raise SpecError(f"moe_router_padding_for_quantization needs precision 'fp8' (precision is "
+                                f"{self.precision!r}): megatron-core pads for quantised GEMMs only and refuses it otherwise")
         return self
 
     @model_validator(mode="after")

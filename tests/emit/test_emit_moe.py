@@ -132,14 +132,17 @@ def test_generated_flags_are_megatron_core_transformer_config_fields():
     from megatron.core.transformer import TransformerConfig
 
     fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+    literal = typing.get_type_hints(TransformerConfig)
     for dest in TRANSFORMER_CONFIG_FLAGS:
         flag, field = FLAGS[dest], fields[dest]
         assert flag.flag == "--" + dest.replace("_", "-")
-        if field.type in (bool, "bool"):
+        hint = literal[dest]  # the factory reads Optional[X] as X (argument_utils.py)
+        if typing.get_origin(hint) is typing.Union and type(None) in typing.get_args(hint):
+            hint = typing.get_args(hint)[0]
+        if hint is bool:
             assert field.default is False and flag.kind == "switch", dest
         else:
             assert flag.kind in ("int", "str"), dest
-    literal = typing.get_type_hints(TransformerConfig)
     assert "alltoall" in typing.get_args(literal["moe_token_dispatcher_type"])
     assert "learnable" in typing.get_args(literal["softmax_type"])
 
@@ -293,3 +296,18 @@ def test_overlap_moe_comm_reaches_megatron_and_is_refused_elsewhere():
     for backend in ("torchtitan", "colossalai"):
         with pytest.raises(NotExpressibleError, match="overlap_moe_comm"):
             REGISTRY.get(backend).data(plan, EmitOptions())
+
+
+def test_the_routers_fp8_padding_is_written_when_the_plan_has_it():
+    """--moe-router-padding-for-quantization: the router pads, so the plan was costed without the grouped MLP's
+    padding copies; Megatron-Bridge overrides always carry the field (its gpt-oss and DeepSeek recipes set it)."""
+    from planner.emit.megatron_bridge import bridge_overrides
+
+    kwargs = dict(strategy=dict(ep=8, micro_batch_size=4, zero_stage=1), precision="fp8", fp8_recipe="mxfp8",
+                  moe_dispatcher="hybridep", fp8_param_gather=True)  # what Bridge's MXFP8 recipe sets
+    on = make_plan("qwen3-30b-a3b", "gb200-nvl72", 8, 512, 4096, moe_router_padding_for_quantization=True, **kwargs)
+    off = make_plan("qwen3-30b-a3b", "gb200-nvl72", 8, 512, 4096, **kwargs)
+    assert "--moe-router-padding-for-quantization" in megatron_args(on)
+    assert "--moe-router-padding-for-quantization" not in megatron_args(off)
+    assert "model.moe_router_padding_for_quantization=true" in bridge_overrides(on)
+    assert "model.moe_router_padding_for_quantization=false" in bridge_overrides(off)

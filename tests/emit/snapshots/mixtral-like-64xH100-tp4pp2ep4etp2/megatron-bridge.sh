@@ -37,6 +37,7 @@ OVERRIDES=(
   model.batch_p2p_comm=true
   model.cross_entropy_loss_fusion=true
   model.cross_entropy_fusion_impl=native
+  model.moe_router_padding_for_quantization=false
   model.seq_length=4096
   model.position_embedding_type=rope
   model.share_embeddings_and_output_weights=false

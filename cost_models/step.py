@@ -402,18 +402,19 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     def layer_comm(layer):
         # Each exchange is an all-reduce, or with SP an all-gather before and a reduce-scatter
         # after (the same volume, but their own bandwidth).
-        tp, hop = 0.0, 0.0
+        tp, hop, exchanges = 0.0, 0.0, 0
         for c in layer.comms(x):
             if c.tp_exchanges:
+                exchanges += c.tp_exchanges
                 tp = tp + c.tp_exchanges * spread(pairs, n, exchange_s, np.broadcast_to(c.tp_bytes, (n,)),
                                                   st.sequence_parallel, tp_size, tp_stride)
             if np.any(c.cp_hop_bytes):
                 hop = hop + spread(pairs, n, comm.p2p_s, np.broadcast_to(c.cp_hop_bytes, (n,)), cp_stride,
                                    cp_size * cp_stride)
-        return np.broadcast_to(tp, (n,)), np.broadcast_to(hop, (n,))
+        return np.broadcast_to(tp, (n,)), np.broadcast_to(hop, (n,)), exchanges
 
     kinds = [layer_comm(layer) for layer in blocks.all_kinds]
-    tp_raw = np.stack([tp for tp, _ in kinds])
+    tp_raw = np.stack([tp for tp, _, _ in kinds])
     tp_fwd = tp_bwd = tp_raw
     if tp_overlap > 0:
         pipelined = np.where(st.sequence_parallel & (st.tp > 1), tp_overlap * tp_raw, 0.0)
@@ -425,11 +426,12 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     # the cast (`with_amax_reduction`, Linear._customize_quantizers_float8_current_scaling and
     # Float8CurrentScalingQuantizer::quantize_impl at v2.9): one 4-byte all-reduce per exchange and
     # direction, on the compute stream, not pipelined with the GEMMs.
-    amax = amax_reductions(x, st) * comm.all_reduce_s(FP32, tp_size, tp_stride)
-    exchanges = np.array([sum(c.tp_exchanges for c in layer.comms(x)) for layer in blocks.all_kinds], dtype=float)
-    amax_s = exchanges[:, None] * np.broadcast_to(amax, (n,))[None, :]
-    tp_raw, tp_fwd, tp_bwd = tp_raw + amax_s, tp_fwd + amax_s, tp_bwd + amax_s
-    cp_hop = np.stack([hop for _, hop in kinds])
+    reduces = amax_reductions(x, st)
+    if reduces.any():  # only current-scaling FP8 plans with sequence-parallel TP pay the extra collective
+        amax = reduces * comm.all_reduce_s(FP32, tp_size, tp_stride)
+        amax_s = np.array([e for _, _, e in kinds], dtype=float)[:, None] * np.broadcast_to(amax, (n,))[None, :]
+        tp_raw, tp_fwd, tp_bwd = tp_raw + amax_s, tp_fwd + amax_s, tp_bwd + amax_s
+    cp_hop = np.stack([hop for _, hop, _ in kinds])
     cp_raw = np.where(st.cp > 1, (st.cp - 1) * cp_hop, 0.0)
     cp_fwd = np.where(st.cp > 1, exposed_s(cp_raw, lt.attn_core_fwd_s, comm_overlap), 0.0)
     table = dispatch_table(getattr(gpu, "kernel_tables", None), x.moe_dispatcher, x.moe_flex_sms)

@@ -2,7 +2,10 @@
 
 The plan comes from `meshplan plan --format json` (a file, or `-` for stdin;
 `--rank` picks one, default the best) or is searched here from the same plan
-options `meshplan plan` takes.
+options `meshplan plan` takes, ranked by the costs of the framework the backend
+runs (`BACKEND_FRAMEWORK`: DeepSpeed's config is searched as `plan --framework
+deepspeed` would search it). Search options given with a plan file are refused:
+its plans were searched already.
 """
 
 from __future__ import annotations
@@ -17,20 +20,30 @@ from pydantic import ValidationError
 from planner.cli.app import app
 from planner.cli.common import (
     AttentionOpt,
+    CeFusionImplOpt,
+    CeFusionOpt,
     ClusterOpt,
     ExitWith,
+    FlexSmsOpt,
     Fp8ParamGatherOpt,
+    Fp8RecipeOpt,
     GbsOpt,
     GpusOpt,
     GradPrecisionOpt,
+    HeadroomOpt,
     ModelOpt,
+    MoeDispatcherOpt,
+    MoeImbalanceOpt,
     OptimizerOpt,
     PlanFileOpt,
-    Precision,
     PrecisionOpt,
+    RouterPaddingOpt,
     SeqOpt,
+    TorchCompileOpt,
+    Zero3ImplOpt,
     emit_json,
     parse_constraints,
+    parse_headroom,
     plan_result_from_json,
     read_text_arg,
     train_options,
@@ -51,6 +64,17 @@ class LaunchFor(str, Enum):
     torchtitan = "torchtitan"
 
 
+#: The framework whose costs rank the plans a backend's in-line search returns (`TrainSpec.framework`):
+#: what runs the emitted flags or config. The launch scripts start the framework named by --launch-for.
+BACKEND_FRAMEWORK = {"megatron": "megatron", "megatron-bridge": "megatron", "deepspeed": "deepspeed",
+                     "megatron-deepspeed": "deepspeed", "colossalai": "colossalai", "torchtitan": "torchtitan"}
+
+EmitFrameworkOpt = Annotated[Optional[str], typer.Option(
+    "--framework", help="Framework whose costs rank the searched plans: megatron, torchtitan, deepspeed or "
+    "colossalai; default: the one --backend runs (megatron-deepspeed: deepspeed; torchrun and slurm: --launch-for's). "
+    "A framework other than the backend's is refused.")]
+
+
 def _backend_help() -> str:
     from planner.emit import backends
 
@@ -69,13 +93,24 @@ def emit_cmd(
     gpus: GpusOpt = None,
     global_batch_size: GbsOpt = None,
     seq_len: SeqOpt = None,
-    precision: PrecisionOpt = Precision.bf16,
+    precision: PrecisionOpt = None,
     constraint: Annotated[Optional[list[str]], typer.Option("--constraint", "-C", help="Fix or restrict a Strategy field when searching: tp=8, pp=2,4 (repeatable).")] = None,
     constraints: Annotated[Optional[str], typer.Option("--constraints", help='Constraints as a JSON object, e.g. \'{"tp": 8}\'.')] = None,
-    grad_precision: GradPrecisionOpt = "fp32",
-    attention_kernel: AttentionOpt = "flash",
-    optimizer: OptimizerOpt = "adam",
+    grad_precision: GradPrecisionOpt = None,
+    attention_kernel: AttentionOpt = None,
+    optimizer: OptimizerOpt = None,
     fp8_param_gather: Fp8ParamGatherOpt = False,
+    moe_load_imbalance: MoeImbalanceOpt = None,
+    zero3_impl: Zero3ImplOpt = None,
+    fp8_recipe: Fp8RecipeOpt = None,
+    cross_entropy_fusion: CeFusionOpt = None,
+    cross_entropy_fusion_impl: CeFusionImplOpt = None,
+    framework: EmitFrameworkOpt = None,
+    moe_dispatcher: MoeDispatcherOpt = None,
+    moe_flex_num_sms: FlexSmsOpt = None,
+    moe_router_padding_for_quantization: RouterPaddingOpt = False,
+    torch_compile: TorchCompileOpt = None,
+    headroom: HeadroomOpt = None,
     launch_for: Annotated[LaunchFor, typer.Option("--launch-for", help="Framework the torchrun/slurm scripts start.")] = LaunchFor.megatron,
     script: Annotated[Optional[str], typer.Option("--script", help="Training entry point the torchrun/slurm scripts run (default depends on --launch-for).")] = None,
     master_port: Annotated[int, typer.Option("--master-port", help="Rendezvous TCP port on the first node.")] = 29500,
@@ -97,10 +132,20 @@ def emit_cmd(
         raise SpecError(f"--rank must be >= 1 (got {rank})")
     search = {"--model": model, "--cluster": cluster, "--gpus": gpus, "--global-batch-size": global_batch_size,
               "--seq-len": seq_len}
+    # options that only shape the search: given with PLAN_JSON they would be ignored, so they are refused
+    search_only = {"--precision": precision, "--constraint": constraint, "--constraints": constraints,
+                   "--grad-precision": grad_precision, "--attention-kernel": attention_kernel, "--optimizer": optimizer,
+                   "--fp8-param-gather": fp8_param_gather or None, "--moe-load-imbalance": moe_load_imbalance,
+                   "--zero3-impl": zero3_impl, "--fp8-recipe": fp8_recipe, "--cross-entropy-fusion": cross_entropy_fusion,
+                   "--cross-entropy-fusion-impl": cross_entropy_fusion_impl, "--framework": framework,
+                   "--moe-dispatcher": moe_dispatcher, "--moe-flex-num-sms": moe_flex_num_sms,
+                   "--moe-router-padding-for-quantization": moe_router_padding_for_quantization or None,
+                   "--torch-compile": torch_compile, "--headroom": headroom}
     if plan_json is not None:
-        given = [k for k, v in search.items() if v is not None] + ["--fp8-param-gather"] * fp8_param_gather
+        given = [k for k, v in {**search, **search_only}.items() if v is not None]
         if given:
-            raise SpecError(f"give either PLAN_JSON or plan options, not both (got PLAN_JSON and {', '.join(given)})")
+            raise SpecError(f"give either PLAN_JSON or plan options, not both (got PLAN_JSON and {', '.join(given)}): "
+                            "the plan file's plans were searched already")
         result, single = plan_result_from_json(read_text_arg(plan_json), plan_json)
         source = repr(plan_json)
         if single:  # one Plan's JSON: emit it, whatever its rank
@@ -112,11 +157,19 @@ def emit_cmd(
                             "options --model --cluster --gpus --global-batch-size --seq-len")
         if missing:
             raise SpecError(f"missing plan option(s) {', '.join(missing)} (or give PLAN_JSON instead)")
+        runs = backend_framework(backend, launch_for)
+        if framework is not None and framework != runs:
+            raise SpecError(f"--framework {framework} disagrees with --backend {backend}, which runs framework {runs}: "
+                            f"the plans would be ranked by costs of a framework the emitted "
+                            f"{'script starts' if backend in ('torchrun', 'slurm') else 'config'} does not run "
+                            f"(drop --framework, or emit for {framework}'s backend)")
         top_k = max(rank, SEARCH_DEPTH) if best_expressible else rank
-        result, source = _search(model, cluster, gpus, global_batch_size, seq_len, precision.value, top_k,
-                                 parse_constraints(constraint, constraints),
-                                 train_options(grad_precision, attention_kernel, optimizer,
-                                               fp8_param_gather=fp8_param_gather)), "the search"
+        train = train_options(grad_precision or "fp32", attention_kernel or "flash", optimizer or "adam",
+                              moe_load_imbalance, zero3_impl, fp8_recipe or "delayed", cross_entropy_fusion, runs,
+                              moe_dispatcher or "alltoall", fp8_param_gather, torch_compile, cross_entropy_fusion_impl,
+                              moe_flex_num_sms, moe_router_padding_for_quantization)
+        result, source = _search(model, cluster, gpus, global_batch_size, seq_len, (precision or "bf16"), top_k,
+                                 parse_constraints(constraint, constraints), train, parse_headroom(headroom)), "the search"
     try:
         options = EmitOptions(launch_for=launch_for.value, script=script, master_port=master_port, job_name=job_name)
     except ValidationError as exc:
@@ -151,12 +204,18 @@ def _text(emitter, chosen: Plan, options, backend: str, allow_partial: bool) -> 
 SEARCH_DEPTH = 2000
 
 
-def _search(model: str, cluster: str, gpus: int, gbs: int, seq: int, precision: str, top_k: int,
-            constraints: dict[str, Any], train: dict[str, Any]) -> PlanResult:
+def backend_framework(backend: str, launch_for: LaunchFor) -> str:
+    """The framework that runs what `backend` emits (`BACKEND_FRAMEWORK`; a launch script's is --launch-for's)."""
+    return BACKEND_FRAMEWORK.get(backend, launch_for.value)
+
+
+def _search(model: str, cluster: str, gpus: int, gbs: int, seq: int, precision, top_k: int,
+            constraints: dict[str, Any], train: dict[str, Any], headroom: float | None) -> PlanResult:
     from planner.api import plan as api_plan
 
     return api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=gbs, seq_len=seq,
-                    precision=precision, constraints=constraints, top_k=top_k, **train)
+                    precision=getattr(precision, "value", precision), constraints=constraints, top_k=top_k,
+                    headroom=headroom, **train)
 
 
 def _best_expressible(result: PlanResult, chosen: Plan, backend: str, options) -> Plan:
@@ -177,8 +236,10 @@ def pick(result: PlanResult, rank: int, source: str) -> Plan:
         if p.rank == rank:
             return p
     if not result.plans:
-        from planner.cli.plan_cmds import no_fit_message
+        from planner.cli.plan_cmds import no_fit_message, no_valid_message
 
+        if not result.stats.num_valid:  # every candidate breaks a rule (the framework's among them): as `plan`
+            raise ExitWith(2, no_valid_message(result))
         raise ExitWith(1, f"{source}: " + no_fit_message(result))
     ranks = [p.rank for p in result.plans]
     listed = (f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 3 and ranks == list(range(ranks[0], ranks[-1] + 1))

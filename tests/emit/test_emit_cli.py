@@ -17,9 +17,13 @@ from planner.emit import emit, omissions
 PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
              "--seq-len", "4096"]
 # Frozen `emit` surface: extend it, never rename (users' scripts depend on it).
-FROZEN_EMIT = ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--cluster", "--constraint", "--constraints", "--format",
-               "--fp8-param-gather", "--global-batch-size", "--gpus", "--grad-precision", "--job-name", "--launch-for", "--master-port",
-               "--model", "--optimizer", "--plan", "--precision", "--rank", "--script", "--seq-len"]
+FROZEN_EMIT = ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--cluster",
+               "--constraint", "--constraints", "--cross-entropy-fusion", "--cross-entropy-fusion-impl",
+               "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",
+               "--grad-precision", "--headroom", "--job-name", "--launch-for", "--master-port", "--model",
+               "--moe-dispatcher", "--moe-flex-num-sms", "--moe-load-imbalance",
+               "--moe-router-padding-for-quantization", "--optimizer", "--plan", "--precision", "--rank",
+               "--script", "--seq-len", "--torch-compile", "--zero3-impl"]
 
 
 def run(capsys, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
@@ -109,10 +113,78 @@ def test_not_json_and_not_a_plan(capsys, tmp_path):
     assert code == 2 and "is not a meshplan plan" in err
 
 
-def test_not_expressible_is_a_clear_error(capsys):
+def test_not_expressible_is_a_clear_error(capsys, result, plan_file):
+    # searched here, DeepSpeed's own rules reject the constrained layout: no valid strategy, as `plan` says it
     code, out, err = run(capsys, "emit", "-B", "deepspeed", *PLAN_ARGS, "-C", "cp=2", "-C", "tp=1")
     assert code == 2 and out == ""
+    assert err.startswith("error: 0 valid strategies for 16 GPUs") and "not expressible in deepspeed: cp > 1" in err
+    # a plan file searched for Megatron: the DeepSpeed emitter refuses the plan it cannot run
+    cp = plan(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096, top_k=1,
+              constraints={"cp": 2, "tp": 1})
+    plan_file.write_text(json.dumps(cp.model_dump(mode="json")))
+    code, out, err = run(capsys, "emit", str(plan_file), "-B", "deepspeed")
+    assert code == 2 and out == ""
     assert err.startswith("error: not expressible in DeepSpeed: cp (2) > 1")
+
+
+@pytest.mark.parametrize("backend,launch_for,framework", [
+    ("deepspeed", None, "deepspeed"), ("megatron-deepspeed", None, "deepspeed"), ("colossalai", None, "colossalai"),
+    ("torchtitan", None, "torchtitan"), ("megatron-bridge", None, "megatron"),
+    ("torchrun", "torchtitan", "torchtitan"), ("slurm", "deepspeed", "deepspeed")])
+def test_searched_plans_are_ranked_by_the_backends_framework(capsys, backend, launch_for, framework):
+    """Plans searched by `emit` are costed and filtered as the framework that runs the emitted text runs them
+    (`plan --framework`), not as Megatron does. Llama 3 8B at 8K on 8 H100s: Megatron's best plan (tp2, ZeRO 1)
+    is not the other frameworks' (tp4, ZeRO 2-3)."""
+    args = dict(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=32, seq_len=8192)
+    launch = ["--launch-for", launch_for] if launch_for else []
+    code, out, err = run(capsys, "emit", "-B", backend, *launch, "--allow-partial", "--model", "llama3-8b",
+                         "--cluster", "dgx-h100", "--gpus", "8", "--global-batch-size", "32", "--seq-len", "8192")
+    assert code == 0, err
+    best = plan(top_k=1, framework=framework, **args).plans[0]
+    assert best.train.framework == framework
+    if framework != "megatron":  # the case tells the frameworks apart
+        assert best.strategy != plan(top_k=1, **args).plans[0].strategy
+    from planner.emit import EmitOptions
+
+    assert out == emit(best, backend, EmitOptions(launch_for=launch_for) if launch_for else None)
+
+
+def test_a_framework_other_than_the_backends_is_refused(capsys):
+    code, out, err = run(capsys, "emit", "-B", "deepspeed", "--framework", "megatron", *PLAN_ARGS)
+    assert code == 2 and out == ""
+    assert "--framework megatron disagrees with --backend deepspeed, which runs framework deepspeed" in err
+    code, out, err = run(capsys, "emit", "-B", "torchtitan", "--framework", "torchtitan", *PLAN_ARGS)
+    assert code == 0, err
+
+
+def test_search_options_reach_the_search(capsys):
+    """Every `plan` search option shapes `emit`'s search the same way: an FP8 recipe, the MoE dispatcher,
+    the headroom and the other training options."""
+    args = ["--model", "qwen3-30b-a3b", "--cluster", "dgx-b200", "--gpus", "8", "--global-batch-size", "64",
+            "--seq-len", "4096", "--precision", "fp8", "--fp8-recipe", "mxfp8", "--moe-dispatcher", "hybridep",
+            "--moe-router-padding-for-quantization", "--moe-load-imbalance", "1.2", "--headroom", "10%",
+            "--cross-entropy-fusion-impl", "te", "-C", "ep=8"]
+    code, out, err = run(capsys, "emit", "-B", "megatron", "-f", "json", *args)
+    assert code == 0, err
+    best = plan(model="qwen3-30b-a3b", cluster="dgx-b200", num_gpus=8, global_batch_size=64, seq_len=4096,
+                precision="fp8", fp8_recipe="mxfp8", moe_dispatcher="hybridep",
+                moe_router_padding_for_quantization=True, moe_load_imbalance=1.2, headroom=0.10,
+                cross_entropy_fusion_impl="te", constraints={"ep": 8}, top_k=1).plans[0]
+    emitted = json.loads(out)["args"]
+    assert emitted == best.to_megatron_args()
+    for flag in ("--fp8-recipe", "--moe-flex-dispatcher-backend", "--moe-router-padding-for-quantization"):
+        assert flag in emitted, flag
+    assert emitted[emitted.index("--fp8-recipe") + 1] == "mxfp8"
+
+
+@pytest.mark.parametrize("option", [["--precision", "fp8"], ["--fp8-recipe", "mxfp8"], ["--framework", "megatron"],
+                                    ["--moe-dispatcher", "hybridep"], ["--headroom", "10%"], ["-C", "tp=2"],
+                                    ["--grad-precision", "bf16"], ["--moe-router-padding-for-quantization"]])
+def test_search_options_with_a_plan_file_are_refused(capsys, plan_file, option):
+    """A plan file's plans were searched already: a search option beside it would be ignored, so it is refused."""
+    code, out, err = run(capsys, "emit", str(plan_file), *option)
+    assert code == 2 and out == ""
+    assert "give either PLAN_JSON or plan options, not both (got PLAN_JSON and " + option[0].replace("-C", "--constraint") in err
 
 
 def test_nothing_fits_exits_1(capsys):
@@ -121,12 +193,17 @@ def test_nothing_fits_exits_1(capsys):
     assert code == 1 and out == "" and "no strategy fits" in err
 
 
-def test_best_expressible_walks_down_the_ranking(capsys):
+def test_best_expressible_walks_down_the_ranking(capsys, tmp_path):
     # Llama 3.1 405B on 64 H100s: the top plans pipeline with ZeRO 2-3 or interleave, which DeepSpeed's
     # pipeline engine cannot run; a lower-ranked plan without them can
     args = ["--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch-size", "256",
             "--seq-len", "8192"]
-    code, out, err = run(capsys, "emit", "-B", "deepspeed", "--best-expressible", "-f", "json", *args)
+    # a Megatron-ranked plan file: its best plans pipeline with ZeRO 2-3 or interleave
+    ranked = plan(model="llama3.1-405b", cluster="dgx-h100", num_gpus=64, global_batch_size=256, seq_len=8192,
+                  top_k=200)
+    path = tmp_path / "plans.json"
+    path.write_text(json.dumps(ranked.model_dump(mode="json")))
+    code, out, err = run(capsys, "emit", str(path), "-B", "deepspeed", "--best-expressible", "-f", "json")
     assert code == 0, err
     assert err.startswith("emitting plan ") and "are not expressible in DeepSpeed (" in err
     # the skipped plans are counted by reason ("reason: count, ..."), whichever reasons the ranking has today
@@ -134,11 +211,15 @@ def test_best_expressible_walks_down_the_ranking(capsys):
     rank = int(err.split()[2])
     counts = [int(n) for n in re.findall(r": (\d+)(?=, |$)", reasons)]
     assert counts and sum(counts) == rank - 1, reasons  # every skipped plan counted under one reason
-    best = plan(model="llama3.1-405b", cluster="dgx-h100", num_gpus=64, global_batch_size=256, seq_len=8192,
-                top_k=rank).plans[rank - 1]
-    assert json.loads(out)["config"] == best.to_deepspeed_config()
+    assert json.loads(out)["config"] == ranked.plans[rank - 1].to_deepspeed_config()
     code, out, err = run(capsys, "emit", "-B", "megatron", "--best-expressible", "--format", "json", *args)
     assert code == 0 and err == ""  # rank 1 is expressible: nothing skipped
+    # searched here for DeepSpeed, its own rules have removed what its engine cannot run: nothing skipped
+    code, out, err = run(capsys, "emit", "-B", "deepspeed", "--best-expressible", "--format", "json", *args)
+    assert code == 0 and err == "", err
+    best = plan(model="llama3.1-405b", cluster="dgx-h100", num_gpus=64, global_batch_size=256, seq_len=8192,
+                top_k=1, framework="deepspeed").plans[0]
+    assert json.loads(out)["config"] == best.to_deepspeed_config()
 
 
 def test_best_expressible_with_too_short_a_file(capsys, tmp_path):

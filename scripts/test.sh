@@ -27,4 +27,6 @@ BPIP=("$BRIDGE_VENV/bin/python" -m pip install --quiet --disable-pip-version-che
 "${BPIP[@]}" --no-deps "megatron-bridge==0.3.1" "triton==3.9.0"
 export MESHPLAN_BRIDGE_PYTHON="$(cd "$BRIDGE_VENV" && pwd)/bin/python"
 
-"$PY" -m pytest -q "$@"
+# Two workers (pytest-xdist): the tests that start processes run one after another on one of them
+# (tests/conftest.py), the rest of the suite on both.
+"$PY" -m pytest -q -n 2 --dist loadgroup "$@"

@@ -3,9 +3,10 @@
 The plan comes from `meshplan plan --format json` (a file, or `-` for stdin;
 `--rank` picks one, default the best) or is searched here from the same plan
 options `meshplan plan` takes, ranked by the costs of the framework the backend
-runs (`BACKEND_FRAMEWORK`: DeepSpeed's config is searched as `plan --framework
-deepspeed` would search it). Search options given with a plan file are refused:
-its plans were searched already.
+runs (`planner.emit.runs_framework`: DeepSpeed's config is searched as `plan
+--framework deepspeed` would search it). Search options given with a plan file
+are refused: its plans were searched already; a plan of the file costed for
+another framework than the backend's is emitted with a note saying so.
 """
 
 from __future__ import annotations
@@ -64,11 +65,6 @@ class LaunchFor(str, Enum):
     torchtitan = "torchtitan"
 
 
-#: The framework whose costs rank the plans a backend's in-line search returns (`TrainSpec.framework`):
-#: what runs the emitted flags or config. The launch scripts start the framework named by --launch-for.
-BACKEND_FRAMEWORK = {"megatron": "megatron", "megatron-bridge": "megatron", "deepspeed": "deepspeed",
-                     "megatron-deepspeed": "deepspeed", "colossalai": "colossalai", "torchtitan": "torchtitan"}
-
 EmitFrameworkOpt = Annotated[Optional[str], typer.Option(
     "--framework", help="Framework whose costs rank the searched plans: megatron, torchtitan, deepspeed or "
     "colossalai; default: the one --backend runs (megatron-deepspeed: deepspeed; torchrun and slurm: --launch-for's). "
@@ -121,7 +117,7 @@ def emit_cmd(
 ) -> None:
     """Emit a plan as Megatron-LM flags, Megatron-Bridge overrides, a DeepSpeed JSON, Colossal-AI plugin
     kwargs, a torchtitan TOML, or a torchrun / Slurm launch script."""
-    from planner.emit import EmitOptions, get_emitter
+    from planner.emit import EmitOptions, costed_elsewhere, get_emitter, runs_framework
 
     emitter = get_emitter(backend)
     if plan_file is not None:  # --plan FILE is PLAN_JSON by name, as evaluate and explain take it
@@ -157,7 +153,7 @@ def emit_cmd(
                             "options --model --cluster --gpus --global-batch-size --seq-len")
         if missing:
             raise SpecError(f"missing plan option(s) {', '.join(missing)} (or give PLAN_JSON instead)")
-        runs = backend_framework(backend, launch_for)
+        runs = runs_framework(backend, EmitOptions(launch_for=launch_for.value))
         if framework is not None and framework != runs:
             raise SpecError(f"--framework {framework} disagrees with --backend {backend}, which runs framework {runs}: "
                             f"the plans would be ranked by costs of a framework the emitted "
@@ -179,19 +175,31 @@ def emit_cmd(
     chosen = pick(result, rank, source)
     if best_expressible:
         chosen = _best_expressible(result, chosen, backend, options)
+    # a plan file's plan ranked for another framework: its prediction is not this one's, said once it is emitted
+    note = costed_elsewhere(chosen, runs_framework(backend, options))
     if fmt is EmitFormat.json:
-        emit_json(emitter.data(chosen, options))
+        data = emitter.data(chosen, options)
+        _note(note)
+        emit_json(data)
     else:
-        _text(emitter, chosen, options, backend, allow_partial)
+        _text(emitter, chosen, options, backend, allow_partial, note)
 
 
-def _text(emitter, chosen: Plan, options, backend: str, allow_partial: bool) -> None:
+def _note(note: str | None) -> None:
+    if note:
+        from planner.cli.common import stderr
+
+        stderr.print(f"note: {note}", markup=False, highlight=False)
+
+
+def _text(emitter, chosen: Plan, options, backend: str, allow_partial: bool, note: str | None = None) -> None:
     """The text form; what it cannot carry of the plan goes to stderr, and without --allow-partial
     nothing is printed and the exit code is 2."""
     from planner.cli.common import stderr
     from planner.emit import omissions
 
     text = emitter.render(chosen, options)
+    _note(note)
     dropped = omissions(chosen, backend, options)
     for reason in dropped:
         stderr.print(f"{backend} text drops part of plan {chosen.rank}: {reason}", markup=False, highlight=False)
@@ -202,11 +210,6 @@ def _text(emitter, chosen: Plan, options, backend: str, allow_partial: bool) -> 
 
 #: plans searched for --best-expressible when the plan comes from plan options
 SEARCH_DEPTH = 2000
-
-
-def backend_framework(backend: str, launch_for: LaunchFor) -> str:
-    """The framework that runs what `backend` emits (`BACKEND_FRAMEWORK`; a launch script's is --launch-for's)."""
-    return BACKEND_FRAMEWORK.get(backend, launch_for.value)
 
 
 def _search(model: str, cluster: str, gpus: int, gbs: int, seq: int, precision, top_k: int,

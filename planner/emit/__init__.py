@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.emit.base import REGISTRY, EmitOptions, Emitter, NotExpressibleError, Registry
+from planner.emit.base import (REGISTRY, EmitOptions, Emitter, NotExpressibleError, Registry, costed_elsewhere,  # noqa: F401
+                                runs_framework)
 from planner.specs import Plan
 
 # Importing a backend module registers its emitters (order = `backends()` order).

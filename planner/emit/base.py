@@ -234,11 +234,33 @@ def check_plan(plan: Plan, framework: str) -> PlanFacts:
     return f
 
 
-def describe(plan: Plan) -> str:
-    """One comment line naming the plan: model, GPUs, cluster and strategy."""
+#: The framework (`TrainSpec.framework`, whose costs and rules `plan --framework` applies) that runs what
+#: each backend emits; the launch scripts start `EmitOptions.launch_for`'s.
+BACKEND_FRAMEWORK = {"megatron": "megatron", "megatron-bridge": "megatron", "deepspeed": "deepspeed",
+                     "megatron-deepspeed": "deepspeed", "colossalai": "colossalai", "torchtitan": "torchtitan"}
+
+
+def runs_framework(backend: str, options: EmitOptions | None = None) -> str:
+    """The framework that runs what `backend` emits (a launch script's is `options.launch_for`)."""
+    return BACKEND_FRAMEWORK.get(backend, (options or EmitOptions()).launch_for)
+
+
+def costed_elsewhere(plan: Plan, runs: str) -> str | None:
+    """Why the plan's prediction is not for the framework `runs` when it was costed for another (else None)."""
+    costed = plan.train.framework
+    if costed == runs:
+        return None
+    return (f"plan {plan.rank} was costed and ranked as {costed} runs it, not {runs}: its predicted step time and "
+            f"memory are {costed}'s (`meshplan plan --framework {runs}` costs and ranks the plans as {runs} runs them)")
+
+
+def describe(plan: Plan, runs: str | None = None) -> str:
+    """One comment line naming the plan: model, GPUs, cluster and strategy, and its prediction, said to be
+    another framework's when it was costed for one other than `runs`, the framework the output is for."""
     est = plan.estimate
+    costed = "" if runs is None or plan.train.framework == runs else f" (as {plan.train.framework} runs it, not {runs})"
     return (f"plan {plan.rank}: {plan.model.name} on {plan.num_gpus}x {plan.cluster.gpu.name} ({plan.cluster.name}), "
-            f"{facts(plan).strategy.short()}; predicted {est.step_time_s:.3g} s/step, {100 * est.mfu:.1f}% MFU, "
+            f"{facts(plan).strategy.short()}; predicted{costed} {est.step_time_s:.3g} s/step, {100 * est.mfu:.1f}% MFU, "
             f"{est.peak_memory_bytes / 2**30:.1f} GiB peak per GPU")
 
 

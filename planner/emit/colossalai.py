@@ -231,7 +231,7 @@ def _py(value: Any, key: str = "") -> str:
 def python_snippet(plan: Plan) -> str:
     spec = plugin_spec(plan)
     kwargs, training = spec["kwargs"], spec["training"]
-    lines = [f"# Colossal-AI {describe(plan)}",
+    lines = [f"# Colossal-AI {describe(plan, 'colossalai')}",
              "# Paste into your training script, where model, optimizer and dataset are defined."]
     lines += [f"# note: {n}" for n in spec["notes"]]
     lines.append("import torch")

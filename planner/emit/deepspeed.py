@@ -248,7 +248,7 @@ class MegatronDeepSpeedEmitter:
         return {"args": megatron_deepspeed_args(plan), "config": ds_config(plan)}
 
     def render(self, plan: Plan, options: EmitOptions) -> str:
-        return (f"# Megatron-DeepSpeed {describe(plan)}\n"
+        return (f"# Megatron-DeepSpeed {describe(plan, 'deepspeed')}\n"
                 f"# Save `meshplan emit --backend deepspeed` as {CONFIG_PATH}; add your model-shape, data, tokenizer\n"
                 "# and learning-rate flags, then run torchrun ... pretrain_gpt.py \"${MEGATRON_DS_ARGS[@]}\" ...\n"
                 + shell_array("MEGATRON_DS_ARGS", megatron_deepspeed_args(plan)))

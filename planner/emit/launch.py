@@ -85,7 +85,7 @@ def _preamble(w: Workload) -> str:
 def torchrun_script(plan: Plan, options: EmitOptions) -> str:
     f = _layout(plan, "torchrun")
     w = workload(plan, options)
-    head = f"#!/usr/bin/env bash\n# torchrun for {describe(plan)}\n"
+    head = f"#!/usr/bin/env bash\n# torchrun for {describe(plan, options.launch_for)}\n"
     if f.num_nodes == 1:
         launcher = f"torchrun --standalone --nnodes 1 --nproc-per-node {f.gpus_per_node}"
         rendezvous = ""
@@ -110,7 +110,7 @@ def slurm_script(plan: Plan, options: EmitOptions) -> str:
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --gpus-per-node={f.gpus_per_node}",
         "#SBATCH --exclusive",
-        f"# {describe(plan)}",
+        f"# {describe(plan, options.launch_for)}",
         "set -euo pipefail",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export MASTER_ADDR",

@@ -800,7 +800,7 @@ class MegatronEmitter:
     def render(self, plan: Plan, options: EmitOptions) -> str:
         args = megatron_args(plan)
         env = environment(plan)
-        head = (f"# Megatron-LM {describe(plan)}\n"
+        head = (f"# Megatron-LM {describe(plan, 'megatron')}\n"
                 "# Add your data, tokenizer, learning-rate and checkpoint flags, then run\n"
                 "#   torchrun ... pretrain_gpt.py \"${MEGATRON_ARGS[@]}\" ...\n")
         exports = "".join(f"export {k}={v}\n" for k, v in env.items())

@@ -186,7 +186,7 @@ class MegatronBridgeEmitter:
     def render(self, plan: Plan, options: EmitOptions) -> str:
         lines = bridge_overrides(plan)
         body = "".join(f"  {shlex.quote(line)}\n" for line in lines)
-        return (f"# Megatron-Bridge {describe(plan)}\n"
+        return (f"# Megatron-Bridge {describe(plan, 'megatron')}\n"
                 "# Append to a Megatron-Bridge recipe script: python <recipe>.py \"${OVERRIDES[@]}\"\n"
                 f"OVERRIDES=(\n{body})\n")
 

@@ -277,7 +277,7 @@ def _toml_table(prefix: str, table: dict[str, Any], out: list[str]) -> None:
 
 def to_toml(plan: Plan) -> str:
     sections, notes = job_config(plan)
-    out = [f"# torchtitan {describe(plan)}", f"# run: torchrun ... -m torchtitan.train --job.config_file {CONFIG_PATH}"]
+    out = [f"# torchtitan {describe(plan, 'torchtitan')}", f"# run: torchrun ... -m torchtitan.train --job.config_file {CONFIG_PATH}"]
     out += [f"# note: {n}" for n in notes]
     out.append("")
     for name, table in sections.items():

@@ -59,7 +59,15 @@ def test_emit_from_plan_file_matches_the_api(capsys, result, plan_file, backend)
     code, out, err = run(capsys, "emit", str(plan_file), "--backend", backend, "--rank", "2", "--allow-partial")
     assert code == 0, err
     assert out == emit(result.plans[1], backend)
-    assert err == "".join(f"{backend} text drops part of plan 2: {r}\n" for r in omissions(result.plans[1], backend))
+    # the file's plans were ranked as Megatron-LM runs them: emitted for torchtitan, a note says so first
+    note = ("note: plan 2 was costed and ranked as megatron runs it, not torchtitan: its predicted step time and memory "
+            "are megatron's (`meshplan plan --framework torchtitan` costs and ranks the plans as torchtitan runs them)\n")
+    assert err == (note if backend == "torchtitan" else "") + "".join(
+        f"{backend} text drops part of plan 2: {r}\n" for r in omissions(result.plans[1], backend))
+    if backend == "torchtitan":
+        assert "# torchtitan plan 2: " in out and "; predicted (as megatron runs it, not torchtitan) " in out
+    else:
+        assert "; predicted (as" not in out
 
 
 def test_emit_from_stdin_and_json_format(capsys, result, plan_file):
@@ -205,10 +213,12 @@ def test_best_expressible_walks_down_the_ranking(capsys, tmp_path):
     path.write_text(json.dumps(ranked.model_dump(mode="json")))
     code, out, err = run(capsys, "emit", str(path), "-B", "deepspeed", "--best-expressible", "-f", "json")
     assert code == 0, err
-    assert err.startswith("emitting plan ") and "are not expressible in DeepSpeed (" in err
+    skipped, note = err.splitlines()
+    assert skipped.startswith("emitting plan ") and "are not expressible in DeepSpeed (" in skipped
     # the skipped plans are counted by reason ("reason: count, ..."), whichever reasons the ranking has today
-    reasons = err.split("in DeepSpeed (", 1)[1].rsplit(")", 1)[0]
-    rank = int(err.split()[2])
+    reasons = skipped.split("in DeepSpeed (", 1)[1].rsplit(")", 1)[0]
+    rank = int(skipped.split()[2])
+    assert note.startswith(f"note: plan {rank} was costed and ranked as megatron runs it, not deepspeed: ")
     counts = [int(n) for n in re.findall(r": (\d+)(?=, |$)", reasons)]
     assert counts and sum(counts) == rank - 1, reasons  # every skipped plan counted under one reason
     assert json.loads(out)["config"] == ranked.plans[rank - 1].to_deepspeed_config()
@@ -242,7 +252,7 @@ def test_text_that_drops_part_of_the_plan_exits_2_unless_allowed(capsys, tmp_pat
     """DeepSpeed's bare ds_config.json has no key for tp or sequence parallelism: emit says so on
     stderr and prints nothing (exit 2); --allow-partial prints it; --format json carries both parts."""
     result = plan(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096, top_k=1,
-                  constraints={"tp": 4, "sequence_parallel": True, "zero_stage": 1})
+                  constraints={"tp": 4, "sequence_parallel": True, "zero_stage": 1}, framework="deepspeed")
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(result.model_dump(mode="json")))
     code, out, err = run(capsys, "emit", str(path), "-B", "deepspeed")

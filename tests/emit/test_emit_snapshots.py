@@ -30,7 +30,7 @@ SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("MESHPLAN_UPDATE_SNAPSHOTS") == "1"
 PLANS = PUBLISHED | ARCHITECTURES
 SUFFIX = {"shell": "sh", "json": "json", "toml": "toml", "python": "py.txt"}  # snippets, not modules
-ESTIMATE = re.compile(r"predicted [^\n]*? GiB peak per GPU")
+ESTIMATE = re.compile(r"(predicted(?: \(as \w+ runs it, not \w+\))?) [^\n]*? GiB peak per GPU")
 
 
 def _render(plan, backend: str) -> tuple[str, str]:
@@ -41,7 +41,7 @@ def _render(plan, backend: str) -> tuple[str, str]:
         text = emit(plan, backend)
     except NotExpressibleError as exc:
         return "refused.txt", f"{exc}\n"
-    return SUFFIX[emitter.syntax], ESTIMATE.sub("predicted <estimate>", text)
+    return SUFFIX[emitter.syntax], ESTIMATE.sub(r"\1 <estimate>", text)
 
 
 def _compare(path: Path, text: str) -> None:

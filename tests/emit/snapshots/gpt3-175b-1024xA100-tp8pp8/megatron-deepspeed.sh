@@ -1,4 +1,4 @@
-# Megatron-DeepSpeed plan 1: gpt3-175b on 1024x A100-SXM4-80GB (dgx-a100-80gb), dp16 tp8 pp8 z0 mbs1 rc=full; predicted <estimate>
+# Megatron-DeepSpeed plan 1: gpt3-175b on 1024x A100-SXM4-80GB (dgx-a100-80gb), dp16 tp8 pp8 z0 mbs1 rc=full; predicted (as megatron runs it, not deepspeed) <estimate>
 # Save `meshplan emit --backend deepspeed` as ds_config.json; add your model-shape, data, tokenizer
 # and learning-rate flags, then run torchrun ... pretrain_gpt.py "${MEGATRON_DS_ARGS[@]}" ...
 MEGATRON_DS_ARGS=(

@@ -118,6 +118,7 @@ def emit_cmd(
     """Emit a plan as Megatron-LM flags, Megatron-Bridge overrides, a DeepSpeed JSON, Colossal-AI plugin
     kwargs, a torchtitan TOML, or a torchrun / Slurm launch script."""
     from planner.emit import EmitOptions, costed_elsewhere, get_emitter, runs_framework
+    from planner.emit.base import BACKEND_FRAMEWORK
 
     emitter = get_emitter(backend)
     if plan_file is not None:  # --plan FILE is PLAN_JSON by name, as evaluate and explain take it
@@ -154,6 +155,9 @@ def emit_cmd(
         if missing:
             raise SpecError(f"missing plan option(s) {', '.join(missing)} (or give PLAN_JSON instead)")
         runs = runs_framework(backend, EmitOptions(launch_for=launch_for.value))
+        frameworks = sorted(set(BACKEND_FRAMEWORK.values()))
+        if framework is not None and framework not in frameworks:
+            raise SpecError(f"--framework must be one of {', '.join(frameworks)} (got {framework!r})")
         if framework is not None and framework != runs:
             raise SpecError(f"--framework {framework} disagrees with --backend {backend}, which runs framework {runs}: "
                             f"the plans would be ranked by costs of a framework the emitted "

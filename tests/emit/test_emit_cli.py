@@ -163,6 +163,9 @@ def test_a_framework_other_than_the_backends_is_refused(capsys):
     assert "--framework megatron disagrees with --backend deepspeed, which runs framework deepspeed" in err
     code, out, err = run(capsys, "emit", "-B", "torchtitan", "--framework", "torchtitan", *PLAN_ARGS)
     assert code == 0, err
+    code, out, err = run(capsys, "emit", "-B", "megatron", "--framework", "megatorn", *PLAN_ARGS)
+    assert code == 2 and out == ""
+    assert "--framework must be one of colossalai, deepspeed, megatron, torchtitan (got 'megatorn')" in err
 
 
 def test_search_options_reach_the_search(capsys):

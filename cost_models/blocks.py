@@ -267,6 +267,26 @@ def eager_rotary_bytes(act: int) -> int:
     return (act + FP32) + 2 * FP32 + (FP32 + act)
 
 
+#: megatron-core's unfused rotary (`_apply_rotary_pos_emb_bshd`, models/common/embeddings/rope_utils.py, core_v0.16.1),
+#: which runs where the fused one may not: Megatron-LM turns apply_rope_fusion off for any position_embedding_type
+#: but rope (training/arguments.py), Megatron-Bridge likewise (utils/fusions.py validate_rope_fusion_compatibility),
+#: and `apply_rotary_pos_emb` falls back to it for a YaRN mscale != 1 even with fusion on. Per call (Q, then K):
+#: cos and sin of the frequencies times mscale, cast to the activation type (six small kernels on the
+#: sequence x head-width table, bytes negligible), then per element of the tensor: t * cos (read, write), the
+#: rotated half's negation (half read, half write), its cat (read, write), times sin (read, write), the add (two
+#: reads, one write) and the final cat with the empty pass-through part (read, write).
+UNFUSED_ROTARY_KERNELS = 2 * (6 + 6)
+
+
+def unfused_rotary_bytes(act: int) -> int:
+    """Bytes per element of Q and K of megatron-core's unfused rotary (see above).
+
+    >>> unfused_rotary_bytes(2)  # against 2 x 2 inside a fused QKV epilogue
+    24
+    """
+    return 2 * act + act + 2 * act + 2 * act + 3 * act + 2 * act
+
+
 @dataclass(frozen=True)
 class Norm(_Quiet):
     """LayerNorm (weight + bias) or RMSNorm (weight), replicated over TP. Reads and writes
@@ -333,6 +353,7 @@ class Attention:
     dropout: bool
     window: int = 0  # sliding window (tokens); 0 = global attention
     sinks: bool = False  # one learned sink logit per head (gpt-oss); parameters only, its FLOPs are negligible
+    yarn: bool = False  # YaRN-scaled rotary frequencies: megatron-core's unfused rotary (`unfused_rotary_bytes`)
 
     def params(self) -> int:
         h, q, k = self.hidden, self.q_width, self.kv_width
@@ -364,12 +385,16 @@ class Attention:
     def elementwise(self, x: Micro) -> Elementwise:
         """Rotary on Q and K, applied inside the QKV epilogue (no kernel of its own); eager (torchtitan without
         torch.compile) its own kernels (`eager_rotary_bytes`), and the core's head-major output copied back to
-        token-major (`.transpose(1, 2).contiguous()`: read and write the output, one kernel)."""
+        token-major (`.transpose(1, 2).contiguous()`: read and write the output, one kernel). With YaRN under
+        megatron-core, its unfused rotary's kernels (`unfused_rotary_bytes`)."""
         if x.eager:
             qk = x.tokens * (self.q_width + self.kv_width) / x.tp
             rotary = eager_rotary_bytes(x.act) * qk if self.rope else ZERO
             copy = 2 * x.act * x.tokens * self.q_width / x.tp
             return Elementwise(rotary + copy, (EAGER_ROTARY_KERNELS if self.rope else 0) + 1)
+        if self.rope and self.yarn and x.framework == "megatron":
+            qk = x.tokens * (self.q_width + self.kv_width) / x.tp
+            return Elementwise(unfused_rotary_bytes(x.act) * qk, UNFUSED_ROTARY_KERNELS)
         rotary = 2 * x.act * x.tokens * (self.q_width + self.kv_width) / x.tp if self.rope else ZERO
         return Elementwise(rotary, 0)
 
@@ -959,7 +984,8 @@ def _attention(model: ModelSpec, window: int) -> Attention | LatentAttention:
     q, k = model.q_width, model.kv_width
     bias = (q + 2 * k + model.hidden_size) if model.linear_bias else (q + 2 * k) if model.qkv_bias else 0
     return Attention(model.hidden_size, model.num_attention_heads, q, k, bias, model.position_embedding == "rope",
-                     model.dropout, window, getattr(model, "attention_sinks", False))
+                     model.dropout, window, getattr(model, "attention_sinks", False),
+                     getattr(model, "rope_scaling", "none") == "yarn")
 
 
 def _mlp(model: ModelSpec, moe: bool) -> DenseMLP | MoE:

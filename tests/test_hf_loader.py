@@ -96,6 +96,29 @@ def test_gpt_oss_reads_biases_sinks_and_layer_types():
     assert m.moe_router_bias and m.moe_expert_bias and m.attention_sinks and m.linear_bias
     assert m.sliding_window == 128
     assert m.local_attention_mask() == (True, False) * 18  # layer_types: sliding first
+    assert m.rope_scaling == "yarn"
+
+
+@pytest.mark.parametrize("name,scaling", [("gpt-oss-20b", "yarn"), ("deepseek-v3", "yarn"),
+                                          ("deepseek-v2-lite", "yarn"), ("llama-3.1-8b", "none"),
+                                          ("mistral-7b", "none")])
+def test_rope_scaling_reads_yarn_and_nothing_else(name, scaling):
+    """YaRN (rope_scaling's rope_type, or the older `type`) is read; llama3 and linear scaling change only
+    the frequencies and read as none, as a config without rope_scaling does."""
+    assert read(fixture(name)).rope_scaling == scaling
+
+
+def test_rope_scaling_in_rope_parameters_and_without_rotary_embeddings():
+    base = raw("llama-3.1-8b")
+    del base["rope_scaling"]
+    assert read({**base, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}}).rope_scaling == "yarn"
+    assert read({**base, "rope_scaling": None}).rope_scaling == "none"
+    assert read({**base, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}).rope_scaling == "none"
+    from planner.specs import ModelSpec
+
+    with pytest.raises(SpecError, match="rope_scaling 'yarn' scales rotary embeddings, but position_embedding is 'learned'"):
+        ModelSpec(name="x", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, vocab_size=100,
+                  position_embedding="learned", rope_scaling="yarn")
 
 
 def test_gpt_oss_top_k_spellings_must_agree():

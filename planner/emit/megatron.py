@@ -768,12 +768,20 @@ def rope_base(model) -> int | None:
 
 
 def rope_omissions(plan: Plan) -> list[str]:
-    """The RoPE base, when the model spec cannot say it (Megatron would use its default silently)."""
+    """The RoPE base, when the model spec cannot say it (Megatron would use its default silently), and YaRN
+    scaling of standard attention, which the flags cannot carry (they would run plain RoPE)."""
     m = plan.model
+    out = []
     if m.position_embedding == "rope" and not m.is_mla and rope_base(m) is None:
-        return [f"--rotary-base: model {m.name} has no rope_theta in its spec, so Megatron's default "
-                f"{MEGATRON_ROTARY_BASE} would apply; add --rotary-base <rope_theta of its config.json>"]
-    return []
+        out.append(f"--rotary-base: model {m.name} has no rope_theta in its spec, so Megatron's default "
+                   f"{MEGATRON_ROTARY_BASE} would apply; add --rotary-base <rope_theta of its config.json>")
+    if getattr(m, "rope_scaling", "none") == "yarn" and not m.is_mla:
+        out.append(f"YaRN rotary scaling: model {m.name}'s rotary embedding is YaRN-scaled, which these flags do not "
+                   "carry: megatron-core 0.16's pretrain_gpt.py has no yarn position embedding for standard attention "
+                   "(--rope-type yarn is multi-latent attention's; Megatron-LM core_v0.19 adds --position-embedding-type "
+                   "yarn with --yarn-* factors, which the model spec does not hold), so they run plain RoPE; "
+                   "Megatron-Bridge's recipe for the model sets YaRN itself")
+    return out
 
 
 def environment(plan: Plan) -> dict[str, str]:

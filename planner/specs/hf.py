@@ -173,6 +173,15 @@ class _Cfg:
             raise SpecError(f"{self._where()}: rope_theta must be a positive number (got {short_repr(value)})")
         return float(value)
 
+    def rope_scaling(self) -> str:
+        """`yarn` where rope_scaling (transformers 5: rope_parameters) names YaRN as its type, else `none`: the
+        other types (llama3, linear, dynamic, ...) change only the rotary frequencies, which the costs do not see."""
+        for key in ("rope_scaling", "rope_parameters"):
+            params = self.raw(key)
+            if isinstance(params, dict) and (params.get("rope_type") or params.get("type")) == "yarn":
+                return "yarn"
+        return "none"
+
     def opt_int(self, key: str, minimum: int = 1) -> int | None:
         return None if self.raw(key) is None else self.int(key, minimum=minimum)
 
@@ -228,6 +237,7 @@ def _decoder(c: _Cfg, **overrides: Any) -> dict[str, Any]:
         max_position_embeddings=c.int("max_position_embeddings", 4096), norm="rmsnorm",
         linear_bias=False, qkv_bias=False, dropout=c.dropout("attention_dropout"),
         rope_theta=c.rope_theta(10000.0),  # transformers' LlamaConfig default
+        rope_scaling=c.rope_scaling(),
     )
     attention_bias, mlp_bias = c.bool("attention_bias"), c.bool("mlp_bias")
     if mlp_bias:  # ModelSpec has one switch for all linear biases (attention biases too: q+2k+h per layer)

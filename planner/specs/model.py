@@ -42,6 +42,10 @@ class ModelSpec(Spec):
     rope_theta: float | None = Field(None, gt=0, le=1e12, description="Base of the rotary position embedding "
         "(Hugging Face rope_theta; Llama 3: 500000); None where the model has no rotary embedding or the spec does "
         "not say. Not used by the cost model; the Megatron-LM emitter writes it as --rotary-base.")
+    rope_scaling: Literal["none", "yarn"] = Field("none", description="Scaling of the rotary frequencies (Hugging "
+        "Face rope_scaling's type): yarn (gpt-oss, DeepSeek) or none. It is costed where it changes the kernels: "
+        "megatron-core applies YaRN to standard attention in its unfused rotary (position_embedding_type yarn turns "
+        "apply_rope_fusion off); other scalings (llama3, linear) change only the frequencies and read as none.")
     norm: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="Normalisation: LayerNorm (weight+bias) or RMSNorm (weight).")
     linear_bias: bool = Field(False, description="Biases on all linear layers (GPT-2/3, NeoX).")
     qkv_bias: bool = Field(False, description="Biases on the QKV projection only (Qwen2); implied by linear_bias.")
@@ -98,6 +102,9 @@ class ModelSpec(Spec):
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads}) unless head_dim is given"
             )
+        if self.rope_scaling != "none" and self.position_embedding != "rope":
+            raise SpecError(f"rope_scaling {self.rope_scaling!r} scales rotary embeddings, but position_embedding is "
+                            f"{self.position_embedding!r}")
         self._check_moe()
         self._check_mla()
         self._check_window()

@@ -208,7 +208,7 @@ def _text(emitter, chosen: Plan, options, backend: str, allow_partial: bool, not
     for reason in dropped:
         stderr.print(f"{backend} text drops part of plan {chosen.rank}: {reason}", markup=False, highlight=False)
     if dropped and not allow_partial:
-        raise ExitWith(2, "not emitted: pass --allow-partial to print it anyway, or use --format json")
+        raise ExitWith(2, "not emitted: pass --allow-partial to print it anyway")  # each reason says where else it goes
     sys.stdout.write(text)
 
 

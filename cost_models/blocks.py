@@ -387,16 +387,13 @@ class Attention:
         torch.compile) its own kernels (`eager_rotary_bytes`), and the core's head-major output copied back to
         token-major (`.transpose(1, 2).contiguous()`: read and write the output, one kernel). With YaRN under
         megatron-core, its unfused rotary's kernels (`unfused_rotary_bytes`)."""
+        qk = x.tokens * (self.q_width + self.kv_width) / x.tp if self.rope else ZERO  # elements of Q and K
         if x.eager:
-            qk = x.tokens * (self.q_width + self.kv_width) / x.tp
-            rotary = eager_rotary_bytes(x.act) * qk if self.rope else ZERO
             copy = 2 * x.act * x.tokens * self.q_width / x.tp
-            return Elementwise(rotary + copy, (EAGER_ROTARY_KERNELS if self.rope else 0) + 1)
+            return Elementwise(eager_rotary_bytes(x.act) * qk + copy, (EAGER_ROTARY_KERNELS if self.rope else 0) + 1)
         if self.rope and self.yarn and x.framework == "megatron":
-            qk = x.tokens * (self.q_width + self.kv_width) / x.tp
             return Elementwise(unfused_rotary_bytes(x.act) * qk, UNFUSED_ROTARY_KERNELS)
-        rotary = 2 * x.act * x.tokens * (self.q_width + self.kv_width) / x.tp if self.rope else ZERO
-        return Elementwise(rotary, 0)
+        return Elementwise(2 * x.act * qk, 0)
 
     def activations(self, x: Micro) -> Activations:
         """QKV input (replicated); Q, K, V and the projection input (split); scores: unfused

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, get_args
 
 import typer
 from pydantic import ValidationError
@@ -50,7 +50,7 @@ from planner.cli.common import (
     train_options,
 )
 from planner.errors import SpecError
-from planner.specs import Plan, PlanResult
+from planner.specs import Plan, PlanResult, TrainSpec
 
 
 class EmitFormat(str, Enum):
@@ -118,7 +118,6 @@ def emit_cmd(
     """Emit a plan as Megatron-LM flags, Megatron-Bridge overrides, a DeepSpeed JSON, Colossal-AI plugin
     kwargs, a torchtitan TOML, or a torchrun / Slurm launch script."""
     from planner.emit import EmitOptions, costed_elsewhere, get_emitter, runs_framework
-    from planner.emit.base import BACKEND_FRAMEWORK
 
     emitter = get_emitter(backend)
     if plan_file is not None:  # --plan FILE is PLAN_JSON by name, as evaluate and explain take it
@@ -155,7 +154,7 @@ def emit_cmd(
         if missing:
             raise SpecError(f"missing plan option(s) {', '.join(missing)} (or give PLAN_JSON instead)")
         runs = runs_framework(backend, EmitOptions(launch_for=launch_for.value))
-        frameworks = sorted(set(BACKEND_FRAMEWORK.values()))
+        frameworks = sorted(get_args(TrainSpec.model_fields["framework"].annotation))
         if framework is not None and framework not in frameworks:
             raise SpecError(f"--framework must be one of {', '.join(frameworks)} (got {framework!r})")
         if framework is not None and framework != runs:

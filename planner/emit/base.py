@@ -73,6 +73,9 @@ class Emitter(Protocol):
     """Registry key and `meshplan emit --backend` choice, e.g. `megatron`."""
     framework: str
     """Human name used in messages, e.g. `Megatron-LM`."""
+    runs: str | None
+    """The `TrainSpec.framework` whose costs and rules describe how the output runs (None: a launch script,
+    whose is `EmitOptions.launch_for`)."""
     syntax: str
     """What `render` returns: shell, json, toml or python."""
 
@@ -234,15 +237,10 @@ def check_plan(plan: Plan, framework: str) -> PlanFacts:
     return f
 
 
-#: The framework (`TrainSpec.framework`, whose costs and rules `plan --framework` applies) that runs what
-#: each backend emits; the launch scripts start `EmitOptions.launch_for`'s.
-BACKEND_FRAMEWORK = {"megatron": "megatron", "megatron-bridge": "megatron", "deepspeed": "deepspeed",
-                     "megatron-deepspeed": "deepspeed", "colossalai": "colossalai", "torchtitan": "torchtitan"}
-
-
 def runs_framework(backend: str, options: EmitOptions | None = None) -> str:
-    """The framework that runs what `backend` emits (a launch script's is `options.launch_for`)."""
-    return BACKEND_FRAMEWORK.get(backend, (options or EmitOptions()).launch_for)
+    """The framework (`TrainSpec.framework`, whose costs and rules `plan --framework` applies) that runs what
+    `backend` emits: its emitter's `runs`, or for a launch script (`runs` None) `options.launch_for`."""
+    return REGISTRY.get(backend).runs or (options or EmitOptions()).launch_for
 
 
 def costed_elsewhere(plan: Plan, runs: str) -> str | None:

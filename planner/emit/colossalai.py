@@ -54,6 +54,7 @@ from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFa
 from planner.specs import Plan
 
 FRAMEWORK = "Colossal-AI"
+RUNS = "colossalai"  # the TrainSpec.framework whose costs describe the plugin's run
 CONFIG_PATH = "colossalai_plugin.json"
 #: planner precision -> Colossal-AI `precision` and `use_fp8`
 _PRECISION = {"bf16": ("bf16", False), "fp16": ("fp16", False), "fp8": ("bf16", True)}
@@ -231,7 +232,7 @@ def _py(value: Any, key: str = "") -> str:
 def python_snippet(plan: Plan) -> str:
     spec = plugin_spec(plan)
     kwargs, training = spec["kwargs"], spec["training"]
-    lines = [f"# Colossal-AI {describe(plan, 'colossalai')}",
+    lines = [f"# Colossal-AI {describe(plan, RUNS)}",
              "# Paste into your training script, where model, optimizer and dataset are defined."]
     lines += [f"# note: {n}" for n in spec["notes"]]
     lines.append("import torch")
@@ -259,6 +260,7 @@ def python_snippet(plan: Plan) -> str:
 class ColossalAIEmitter:
     name = "colossalai"
     framework = FRAMEWORK
+    runs = RUNS
     syntax = "python"
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFa
 from planner.specs import Plan
 
 FRAMEWORK = "DeepSpeed"
+RUNS = "deepspeed"  # the TrainSpec.framework whose costs describe its run (Megatron-DeepSpeed for tp/pp)
 CONFIG_PATH = "ds_config.json"
 
 #: DeepSpeed's fp16 dynamic loss scaling, as its documentation configures it
@@ -217,6 +218,7 @@ def needs_megatron_deepspeed(plan: Plan) -> bool:
 class DeepSpeedEmitter:
     name = "deepspeed"
     framework = FRAMEWORK
+    runs = RUNS
     syntax = "json"
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
@@ -242,13 +244,14 @@ class DeepSpeedEmitter:
 class MegatronDeepSpeedEmitter:
     name = "megatron-deepspeed"
     framework = FRAMEWORK
+    runs = RUNS
     syntax = "shell"
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
         return {"args": megatron_deepspeed_args(plan), "config": ds_config(plan)}
 
     def render(self, plan: Plan, options: EmitOptions) -> str:
-        return (f"# Megatron-DeepSpeed {describe(plan, 'deepspeed')}\n"
+        return (f"# Megatron-DeepSpeed {describe(plan, RUNS)}\n"
                 f"# Save `meshplan emit --backend deepspeed` as {CONFIG_PATH}; add your model-shape, data, tokenizer\n"
                 "# and learning-rate flags, then run torchrun ... pretrain_gpt.py \"${MEGATRON_DS_ARGS[@]}\" ...\n"
                 + shell_array("MEGATRON_DS_ARGS", megatron_deepspeed_args(plan)))

@@ -138,6 +138,7 @@ def _omissions(plan: Plan, options: EmitOptions) -> list[str]:
 class TorchrunEmitter:
     name = "torchrun"
     framework = "torchrun"
+    runs = None  # the framework the script starts: EmitOptions.launch_for
     syntax = "shell"
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
@@ -153,6 +154,7 @@ class TorchrunEmitter:
 class SlurmEmitter:
     name = "slurm"
     framework = "Slurm"
+    runs = None  # the framework the script starts: EmitOptions.launch_for
     syntax = "shell"
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:

@@ -86,6 +86,7 @@ from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFa
 from planner.specs import Plan
 
 FRAMEWORK = "Megatron-LM"
+RUNS = "megatron"  # the TrainSpec.framework whose costs describe its run
 
 
 @dataclass(frozen=True)
@@ -775,7 +776,7 @@ def rope_omissions(plan: Plan) -> list[str]:
     if m.position_embedding == "rope" and not m.is_mla and rope_base(m) is None:
         out.append(f"--rotary-base: model {m.name} has no rope_theta in its spec, so Megatron's default "
                    f"{MEGATRON_ROTARY_BASE} would apply; add --rotary-base <rope_theta of its config.json>")
-    if getattr(m, "rope_scaling", "none") == "yarn" and not m.is_mla:
+    if m.rope_scaling == "yarn" and not m.is_mla:
         out.append(f"YaRN rotary scaling: model {m.name}'s rotary embedding is YaRN-scaled, which these flags do not "
                    "carry: megatron-core 0.16's pretrain_gpt.py has no yarn position embedding for standard attention "
                    "(--rope-type yarn is multi-latent attention's; Megatron-LM core_v0.19 adds --position-embedding-type "
@@ -800,6 +801,7 @@ def megatron_args(plan: Plan) -> list[str]:
 class MegatronEmitter:
     name = "megatron"
     framework = FRAMEWORK
+    runs = RUNS
     syntax = "shell"
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
@@ -808,7 +810,7 @@ class MegatronEmitter:
     def render(self, plan: Plan, options: EmitOptions) -> str:
         args = megatron_args(plan)
         env = environment(plan)
-        head = (f"# Megatron-LM {describe(plan, 'megatron')}\n"
+        head = (f"# Megatron-LM {describe(plan, RUNS)}\n"
                 "# Add your data, tokenizer, learning-rate and checkpoint flags, then run\n"
                 "#   torchrun ... pretrain_gpt.py \"${MEGATRON_ARGS[@]}\" ...\n")
         exports = "".join(f"export {k}={v}\n" for k, v in env.items())

@@ -41,6 +41,7 @@ from planner.emit.megatron import core_config_kwargs, settings
 from planner.specs import Plan
 
 FRAMEWORK = "Megatron-Bridge"
+RUNS = "megatron"  # Megatron-Bridge runs megatron-core: Megatron's costs
 
 # mapping table: megatron-core config -> Megatron-Bridge section, and the fields it carries
 _MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
@@ -178,6 +179,7 @@ def bridge_overrides(plan: Plan) -> list[str]:
 class MegatronBridgeEmitter:
     name = "megatron-bridge"
     framework = FRAMEWORK
+    runs = RUNS
     syntax = "shell"
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
@@ -186,7 +188,7 @@ class MegatronBridgeEmitter:
     def render(self, plan: Plan, options: EmitOptions) -> str:
         lines = bridge_overrides(plan)
         body = "".join(f"  {shlex.quote(line)}\n" for line in lines)
-        return (f"# Megatron-Bridge {describe(plan, 'megatron')}\n"
+        return (f"# Megatron-Bridge {describe(plan, RUNS)}\n"
                 "# Append to a Megatron-Bridge recipe script: python <recipe>.py \"${OVERRIDES[@]}\"\n"
                 f"OVERRIDES=(\n{body})\n")
 

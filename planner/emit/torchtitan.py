@@ -69,6 +69,7 @@ from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFa
 from planner.specs import Plan
 
 FRAMEWORK = "torchtitan"
+RUNS = "torchtitan"  # the TrainSpec.framework whose costs describe its run
 CONFIG_PATH = "meshplan_torchtitan.toml"
 
 #: meshplan model preset -> torchtitan (model.name, model.flavor)
@@ -277,7 +278,7 @@ def _toml_table(prefix: str, table: dict[str, Any], out: list[str]) -> None:
 
 def to_toml(plan: Plan) -> str:
     sections, notes = job_config(plan)
-    out = [f"# torchtitan {describe(plan, 'torchtitan')}", f"# run: torchrun ... -m torchtitan.train --job.config_file {CONFIG_PATH}"]
+    out = [f"# torchtitan {describe(plan, RUNS)}", f"# run: torchrun ... -m torchtitan.train --job.config_file {CONFIG_PATH}"]
     out += [f"# note: {n}" for n in notes]
     out.append("")
     for name, table in sections.items():
@@ -288,6 +289,7 @@ def to_toml(plan: Plan) -> str:
 class TorchtitanEmitter:
     name = "torchtitan"
     framework = FRAMEWORK
+    runs = RUNS
     syntax = "toml"
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:

@@ -354,14 +354,27 @@ class Attention:
     window: int = 0  # sliding window (tokens); 0 = global attention
     sinks: bool = False  # one learned sink logit per head (gpt-oss); parameters only, its FLOPs are negligible
     yarn: bool = False  # YaRN-scaled rotary frequencies: megatron-core's unfused rotary (`unfused_rotary_bytes`)
+    qk_norm: str = "none"  # ModelSpec.qk_norm: none, per_head (each head's width) or full (all heads together)
+    layernorm: bool = False  # the model's norm kind, which its query/key norms share (weight + bias, or weight)
+
+    def _qk_norm_params(self) -> int:
+        """Weights of the query and key norms: one head's width each (per_head, the same for every head), or the
+        whole query and key widths (full)."""
+        per = 2 if self.layernorm else 1
+        if self.qk_norm == "per_head":
+            return per * 2 * (self.q_width // self.num_heads)
+        return per * (self.q_width + self.kv_width) if self.qk_norm == "full" else 0
 
     def params(self) -> int:
         h, q, k = self.hidden, self.q_width, self.kv_width
         sinks = self.num_heads if self.sinks else 0
-        return h * q + 2 * h * k + q * h + self.bias + sinks  # Wq, Wk, Wv, Wo (+ biases, sinks)
+        # Wq, Wk, Wv, Wo (+ biases, sinks, query/key norms)
+        return h * q + 2 * h * k + q * h + self.bias + sinks + self._qk_norm_params()
 
     def params_per_rank(self, tp: np.ndarray) -> np.ndarray:
-        return self.params() / tp
+        """Split over TP, but a per-head query/key norm's weights, which every rank holds whole."""
+        whole = self._qk_norm_params() if self.qk_norm == "per_head" else 0
+        return (self.params() - whole) / tp + whole
 
     def gemms(self, x: Micro) -> list[Gemm]:
         h, q, k, t, n = self.hidden, self.q_width, self.kv_width, x.tp, x.tokens
@@ -386,14 +399,35 @@ class Attention:
         """Rotary on Q and K, applied inside the QKV epilogue (no kernel of its own); eager (torchtitan without
         torch.compile) its own kernels (`eager_rotary_bytes`), and the core's head-major output copied back to
         token-major (`.transpose(1, 2).contiguous()`: read and write the output, one kernel). With YaRN under
-        megatron-core, its unfused rotary's kernels (`unfused_rotary_bytes`)."""
-        qk = x.tokens * (self.q_width + self.kv_width) / x.tp if self.rope else ZERO  # elements of Q and K
+        megatron-core, its unfused rotary's kernels (`unfused_rotary_bytes`). Query/key norms (`qk_norm`) are
+        two norm kernels of their own over Q and K (megatron-core's q_layernorm and k_layernorm, applied
+        between the QKV projection and the rotary: `SelfAttention.get_query_key_value_tensors`), eager RMSNorm's
+        where the layers run eager."""
+        qk_all = x.tokens * (self.q_width + self.kv_width) / x.tp  # elements of Q and K
+        qk = qk_all if self.rope else ZERO
+        norms = self.qk_norm_elementwise(x, qk_all)
         if x.eager:
             copy = 2 * x.act * x.tokens * self.q_width / x.tp
-            return Elementwise(eager_rotary_bytes(x.act) * qk + copy, (EAGER_ROTARY_KERNELS if self.rope else 0) + 1)
+            return Elementwise(eager_rotary_bytes(x.act) * qk + copy + norms.bytes,
+                               (EAGER_ROTARY_KERNELS if self.rope else 0) + 1 + norms.num_kernels)
         if self.rope and self.yarn and x.framework == "megatron":
-            return Elementwise(unfused_rotary_bytes(x.act) * qk, UNFUSED_ROTARY_KERNELS)
-        return Elementwise(2 * x.act * qk, 0)
+            return Elementwise(unfused_rotary_bytes(x.act) * qk + norms.bytes, UNFUSED_ROTARY_KERNELS + norms.num_kernels)
+        return Elementwise(2 * x.act * qk + norms.bytes, norms.num_kernels)
+
+    def qk_norm_elementwise(self, x: Micro, qk_elements) -> Elementwise:
+        """The query and key norms (one kernel each, reading and writing Q or K), nothing without them.
+
+        >>> x = Micro(4096, np.array([1]), np.array([1]), np.ones(1), np.zeros(1, bool), "bf16", "flash")
+        >>> att = Attention(2048, 32, 4096, 512, 0, True, False, qk_norm="per_head")
+        >>> n = att.qk_norm_elementwise(x, 4096 * (4096 + 512))
+        >>> round(float(n.bytes) / 1e6, 1), n.num_kernels  # 4096 tokens x 4608 elements, read and write
+        (75.5, 2)
+        """
+        if self.qk_norm == "none":
+            return Elementwise(ZERO, 0)
+        if x.eager and not self.layernorm:
+            return Elementwise(eager_rmsnorm_bytes(x.act) * qk_elements, 2 * EAGER_RMSNORM_KERNELS)
+        return Elementwise(2 * x.act * qk_elements, 2)
 
     def activations(self, x: Micro) -> Activations:
         """QKV input (replicated); Q, K, V and the projection input (split); scores: unfused
@@ -405,7 +439,8 @@ class Attention:
             scores = probs * self.num_heads * n * x.keys(self.window)
         else:
             scores = FP32 * self.num_heads * n
-        return Activations(n * gin * self.hidden, n * (act * (q + k) + act * k + gin * q), scores)
+        norms = act * (q + k) if self.qk_norm != "none" else 0  # the query/key norms keep their inputs
+        return Activations(n * gin * self.hidden, n * (act * (q + k) + act * k + gin * q + norms), scores)
 
     def comm(self, x: Micro) -> Comm:
         """One TP exchange of the output; context parallelism passes K and V around the ring."""
@@ -982,7 +1017,8 @@ def _attention(model: ModelSpec, window: int) -> Attention | LatentAttention:
     bias = (q + 2 * k + model.hidden_size) if model.linear_bias else (q + 2 * k) if model.qkv_bias else 0
     return Attention(model.hidden_size, model.num_attention_heads, q, k, bias, model.position_embedding == "rope",
                      model.dropout, window, getattr(model, "attention_sinks", False),
-                     getattr(model, "rope_scaling", "none") == "yarn")
+                     getattr(model, "rope_scaling", "none") == "yarn", getattr(model, "qk_norm", "none"),
+                     model.norm == "layernorm")
 
 
 def _mlp(model: ModelSpec, moe: bool) -> DenseMLP | MoE:

@@ -83,7 +83,7 @@ def build(cfg: RunConfig, kw: dict[str, Any]):
     tkw = _resolve(kw["transformer"]) | {"hidden_dropout": 0.0, "attention_dropout": 0.0,
                                          "use_cpu_initialization": True}
     config = TransformerConfig(**tkw)
-    spec = get_gpt_layer_local_spec(normalization=tkw.get("normalization"))
+    spec = get_gpt_layer_local_spec(qk_layernorm=bool(tkw.get("qk_layernorm")), normalization=tkw.get("normalization"))
     vpp = par.get("virtual_pipeline_model_parallel_size") or 1
     models = []
     for v in range(vpp):

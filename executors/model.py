@@ -32,10 +32,11 @@ from planner.specs import ModelSpec
 INIT_STD = 0.02  # GPT-2/Megatron default init_method_std
 
 
-def _norm(spec: ModelSpec) -> nn.Module:
+def _norm(spec: ModelSpec, width: int | None = None) -> nn.Module:
+    """The model's norm over `width` features (default: the hidden size)."""
     if spec.norm == "layernorm":
-        return nn.LayerNorm(spec.hidden_size, eps=1e-5)
-    return nn.RMSNorm(spec.hidden_size, eps=1e-5)
+        return nn.LayerNorm(width or spec.hidden_size, eps=1e-5)
+    return nn.RMSNorm(width or spec.hidden_size, eps=1e-5)
 
 
 def rope_tables(seq_len: int, head_dim: int, device, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,6 +64,11 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, kv, bias=qkv_bias)
         self.wv = nn.Linear(h, kv, bias=qkv_bias)
         self.wo = nn.Linear(q, h, bias=spec.linear_bias)
+        # query/key norms (ModelSpec.qk_norm): over each head's width, or over all query (key) heads together
+        self.qk_norm = spec.qk_norm
+        widths = {"per_head": (self.head_dim, self.head_dim), "full": (q, kv)}.get(spec.qk_norm)
+        self.q_norm = _norm(spec, widths[0]) if widths else None
+        self.k_norm = _norm(spec, widths[1]) if widths else None
         self.recompute_core = False  # selective recompute: the attention core is recomputed in backward
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -71,8 +77,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         b, s, _ = x.shape
         d = self.head_dim
-        q = self.wq(x).view(b, s, -1, d).transpose(1, 2)
-        k = self.wk(x).view(b, s, -1, d).transpose(1, 2)
+        q, k = self.wq(x), self.wk(x)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.view(b, s, -1, d), k.view(b, s, -1, d)
+        if self.qk_norm == "per_head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, s, -1, d).transpose(1, 2)
         if cos is not None:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

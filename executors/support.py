@@ -38,6 +38,10 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
     dp, tp, pp, cp = st.dp, st.tp, st.pp, st.cp
     reasons += moe_reasons(model, st)
     reasons += attention_reasons(model)
+    if model.qk_norm != "none" and tp > 1:
+        reasons.append(f"qk_norm {model.qk_norm!r} with tp ({tp}) > 1: the query/key norm weights are replicated over "
+                       "the tensor-parallel ranks, whose gradients this executor does not all-reduce over tp "
+                       "(megatron-core's finalize_model_grads does)")
     if cp > 1 and device != "cuda":
         reasons.append(CPU_ONLY_MISSING["cp"].format(cp=cp))
     if st.offload_optimizer:

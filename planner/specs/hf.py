@@ -18,8 +18,11 @@ A `model_type` it does not know that has the standard decoder fields
 `vocab_size`) and no MoE fields is read as a dense Llama-style decoder, with a
 `ConfigWarning` saying so (the CLI prints it once on stderr).
 
+Query/key norms are read from the family: per head for Qwen3 (and Qwen3-MoE) and Gemma 3,
+over all heads together for OLMo 2 (`ModelSpec.qk_norm`).
+
 Small extras that the ModelSpec does not carry, under 0.1% of any model here:
-Qwen3 / Gemma 3 / OLMo 2 query-key norms, Gemma 2/3's two extra norms per layer,
+Gemma 2/3's two extra norms per layer,
 Qwen2-MoE's shared-expert gate (h per layer), DeepSeek-V3's routing-correction bias
 (E per layer, not trained by gradients), OLMo's weightless LayerNorm, the output
 projection bias of a Llama config with attention_bias (h per layer).
@@ -295,7 +298,9 @@ def _qwen2(c: _Cfg) -> dict[str, Any]:
 
 
 def _qwen3(c: _Cfg) -> dict[str, Any]:
-    out = _decoder(c)
+    """Qwen3 (and Qwen3-MoE): an RMSNorm over each head's query and key (Qwen3Attention's q_norm / k_norm,
+    head_dim wide)."""
+    out = _decoder(c) | {"qk_norm": "per_head"}
     return out | _qwen_window(c, out["num_layers"])
 
 
@@ -312,12 +317,18 @@ def _gemma2(c: _Cfg) -> dict[str, Any]:
 
 def _gemma3(c: _Cfg) -> dict[str, Any]:
     """Every `sliding_window_pattern`-th layer global, the rest local (Gemma3DecoderLayer)."""
-    out = _decoder(c)
+    out = _decoder(c) | {"qk_norm": "per_head"}  # Gemma3Attention's q_norm / k_norm, head_dim wide
     return out | _window(c, out["num_layers"], every=c.int("sliding_window_pattern"))
 
 
 def _olmo(c: _Cfg) -> dict[str, Any]:
     return _decoder(c)  # OLMo's LayerNorm has no weights (3h per layer fewer than counted here)
+
+
+def _olmo2(c: _Cfg) -> dict[str, Any]:
+    """OLMo 2: RMSNorms over all query heads together and all key heads together (Olmo2Attention's q_norm,
+    num_attention_heads x head_dim wide, and k_norm, num_key_value_heads x head_dim)."""
+    return _decoder(c) | {"qk_norm": "full"}
 
 
 def _starcoder2(c: _Cfg) -> dict[str, Any]:
@@ -467,7 +478,7 @@ FAMILIES: dict[str, tuple[Callable[[_Cfg], dict[str, Any]], frozenset[str]]] = {
     "gemma2": (_gemma2, frozenset()),
     "gemma3_text": (_gemma3, frozenset()),
     "olmo": (_olmo, frozenset()),
-    "olmo2": (_olmo, frozenset()),
+    "olmo2": (_olmo2, frozenset()),
     "starcoder2": (_starcoder2, frozenset()),
     "mixtral": (_mixtral, frozenset({"num_local_experts", "num_experts_per_tok"})),
     "qwen2_moe": (lambda c: _qwen_moe(c, shared=True), _QWEN_MOE_KEYS | {"shared_expert_intermediate_size"}),

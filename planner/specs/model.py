@@ -47,6 +47,9 @@ class ModelSpec(Spec):
         "megatron-core applies YaRN to standard attention in its unfused rotary (position_embedding_type yarn turns "
         "apply_rope_fusion off); other scalings (llama3, linear) change only the frequencies and read as none.")
     norm: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="Normalisation: LayerNorm (weight+bias) or RMSNorm (weight).")
+    qk_norm: Literal["none", "per_head", "full"] = Field("none", description="Normalisation of the queries and keys "
+        "after the QKV projection, of the model's `norm` kind: per_head over each head's width (Qwen3, Gemma 3; "
+        "Megatron's --qk-layernorm), full over all query heads together and all key heads together (OLMo 2), or none.")
     linear_bias: bool = Field(False, description="Biases on all linear layers (GPT-2/3, NeoX).")
     qkv_bias: bool = Field(False, description="Biases on the QKV projection only (Qwen2); implied by linear_bias.")
     dropout: bool = Field(False, description="Hidden/attention dropout is active (stores 1-byte masks; GPT-3 style).")
@@ -102,6 +105,9 @@ class ModelSpec(Spec):
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads}) unless head_dim is given"
             )
+        if self.qk_norm != "none" and self.kv_lora_rank is not None:
+            raise SpecError(f"qk_norm {self.qk_norm!r} normalises per-head queries and keys, but the model uses "
+                            "multi-head latent attention (kv_lora_rank is set), which normalises its latents instead")
         if self.rope_scaling != "none" and self.position_embedding != "rope":
             raise SpecError(f"rope_scaling {self.rope_scaling!r} scales rotary embeddings, but position_embedding is "
                             f"{self.position_embedding!r}")

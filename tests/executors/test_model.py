@@ -23,11 +23,30 @@ GPT_LIKE = ModelSpec(name="gpt-like", num_layers=2, hidden_size=64, num_attentio
 QWEN_LIKE = ModelSpec(name="qwen-like", num_layers=2, hidden_size=64, num_attention_heads=8, num_kv_heads=2,
                       ffn_hidden_size=96, gated_mlp=True, vocab_size=300, tie_embeddings=False, qkv_bias=True)
 
+QWEN3_LIKE = QWEN_LIKE.model_copy(update={"name": "qwen3-like", "qkv_bias": False, "qk_norm": "per_head"})
+OLMO2_LIKE = QWEN_LIKE.model_copy(update={"name": "olmo2-like", "qkv_bias": False, "qk_norm": "full"})
 
-@pytest.mark.parametrize("spec", [TINY, GPT_LIKE, QWEN_LIKE], ids=lambda s: s.name)
+
+@pytest.mark.parametrize("spec", [TINY, GPT_LIKE, QWEN_LIKE, QWEN3_LIKE, OLMO2_LIKE], ids=lambda s: s.name)
 def test_parameter_count_matches_the_spec(spec):
     model = build_model(spec, seq_len=32, seed=0)
     assert sum(p.numel() for p in model.parameters()) == spec.num_params()
+
+
+@pytest.mark.parametrize("spec", [QWEN3_LIKE, OLMO2_LIKE], ids=lambda s: s.name)
+def test_query_key_norms_normalise_what_the_spec_says(spec):
+    """Per head: each head's query has unit RMS (weights 1 at initialisation); whole width: only the heads
+    together do."""
+    model = build_model(spec, seq_len=32, seed=0)
+    att = model.layers["0"].attn
+    seen = {}
+    att.q_norm.register_forward_hook(lambda mod, args, out: seen.setdefault("q", out.detach()))
+    model(torch.randint(0, spec.vocab_size, (2, 16)))
+    q = seen["q"].reshape(2, 16, spec.num_attention_heads, spec.head_size).float()
+    per_head_rms = q.pow(2).mean(-1).sqrt()
+    whole_rms = q.pow(2).mean((-1, -2)).sqrt()
+    assert torch.allclose(whole_rms, torch.ones_like(whole_rms), atol=1e-3)
+    assert torch.allclose(per_head_rms, torch.ones_like(per_head_rms), atol=1e-3) == (spec.qk_norm == "per_head")
 
 
 def test_same_seed_same_weights_and_causal_output():

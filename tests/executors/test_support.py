@@ -108,3 +108,14 @@ def test_validate_reports_an_offloading_plan_unsupported_and_launches_nothing(tm
     assert run.outcome == "unsupported" and "offload_activation_layers (2)" in run.reason
     assert report.comparisons[0].outcome == "unsupported"
     assert list(tmp_path.iterdir()) == []  # no reference, no run directory
+
+
+def test_query_key_norms_with_tensor_parallelism_are_refused():
+    """Their weights are whole on every tp rank; the executor does not all-reduce their gradients over tp."""
+    from planner.specs import ModelSpec
+
+    spec = ModelSpec(name="qwen3-like", num_layers=2, hidden_size=64, num_attention_heads=8, num_kv_heads=2,
+                     ffn_hidden_size=96, vocab_size=300, qk_norm="per_head")
+    assert not unsupported_reasons(spec, TRAIN, Strategy(dp=2, micro_batch_size=1))
+    reasons = unsupported_reasons(spec, TRAIN, Strategy(dp=1, tp=2, micro_batch_size=1))
+    assert any(r.startswith("qk_norm 'per_head' with tp (2) > 1") for r in reasons), reasons

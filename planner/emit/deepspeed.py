@@ -39,7 +39,8 @@ What DeepSpeed cannot run as planned (each raises NotExpressibleError):
   names the ep_size to pass. With ep = etp = 1 an MoE, latent-attention or
   windowed model runs on the JSON alone (tp = pp = 1: the architecture is the
   model code's); with tp or pp > 1 it would need Megatron-DeepSpeed MoE/MLA/window
-  flags, which are not emitted, so it is refused.
+  flags, which are not emitted, so it is refused, as are query/key norms (Qwen3), which
+  Megatron-DeepSpeed's GPT has no flag for.
 
 Bucket sizes follow the rule Hugging Face's DeepSpeed integration uses for
 "auto": reduce and all-gather buckets of hidden² elements, a ZeRO-3 prefetch
@@ -108,11 +109,13 @@ def _refuse_unsupported(f: PlanFacts) -> None:
         refuse(f"etp ({s.etp}) > 1; DeepSpeed shards experts over tensor-parallel ranks only inside deepspeed.moe "
                "(model code), not in its config")
     m = f.model
-    if (s.tp > 1 or s.pp > 1) and (m.is_moe or m.is_mla or any(m.local_attention_mask())):
+    qk_norm = m.qk_norm != "none"
+    if (s.tp > 1 or s.pp > 1) and (m.is_moe or m.is_mla or any(m.local_attention_mask()) or qk_norm):
         what = ", ".join(n for n, on in (("MoE", m.is_moe), ("latent attention", m.is_mla),
-                                         ("sliding-window attention", any(m.local_attention_mask()))) if on)
+                                         ("sliding-window attention", any(m.local_attention_mask())),
+                                         (f"query/key norms (qk_norm {m.qk_norm})", qk_norm)) if on)
         refuse(f"{what} with tp ({s.tp}) or pp ({s.pp}) > 1; the Megatron-DeepSpeed flags emitted here build a "
-               "dense, full-attention GPT")
+               "dense, full-attention GPT without query/key norms")
 
 
 def ds_config(plan: Plan) -> dict[str, Any]:

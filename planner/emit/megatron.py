@@ -165,6 +165,7 @@ FLAGS: dict[str, Flag] = {
     "num_query_groups": Flag("--num-query-groups", "int"),
     "swiglu": Flag("--swiglu", "switch"),
     "normalization": Flag("--normalization", "str"),
+    "qk_layernorm": Flag("--qk-layernorm", "switch"),
     "position_embedding_type": Flag("--position-embedding-type", "str"),
     "max_position_embeddings": Flag("--max-position-embeddings", "int"),
     "rotary_base": Flag("--rotary-base", "int"),
@@ -424,6 +425,8 @@ def _model_shape(f: PlanFacts) -> dict[str, Any]:
     if m.gated_mlp:
         out["swiglu"] = True
     out["normalization"] = _NORM[m.norm]
+    if m.qk_norm == "per_head":  # megatron-core's q_layernorm / k_layernorm: hidden_size_per_attention_head wide
+        out["qk_layernorm"] = True
     out["position_embedding_type"] = _POSITION[m.position_embedding]
     table = m.max_position_embeddings
     out["max_position_embeddings"] = table if m.position_embedding == "learned" else max(table, t.seq_len)
@@ -660,8 +663,8 @@ _PARALLEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size"
                     "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
                     "tp_comm_overlap")
 _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
-                       "normalization", "add_bias_linear", "add_qkv_bias", "attention_dropout", "hidden_dropout",
-                       "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+                       "normalization", "qk_layernorm", "add_bias_linear", "add_qkv_bias", "attention_dropout",
+                       "hidden_dropout", "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
                        "fp8", "fp8_recipe", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
                        "fp8_amax_history_len", "fp8_amax_compute_algo", "attention_backend",
                        "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
@@ -769,10 +772,16 @@ def rope_base(model) -> int | None:
 
 
 def rope_omissions(plan: Plan) -> list[str]:
-    """The RoPE base, when the model spec cannot say it (Megatron would use its default silently), and YaRN
-    scaling of standard attention, which the flags cannot carry (they would run plain RoPE)."""
+    """The RoPE base, when the model spec cannot say it (Megatron would use its default silently), YaRN
+    scaling of standard attention, which the flags cannot carry (they would run plain RoPE), and query/key norms
+    over all heads together (OLMo 2), which megatron-core's --qk-layernorm (one head wide) does not build."""
     m = plan.model
     out = []
+    if m.qk_norm == "full":
+        out.append(f"query/key norms: model {m.name} normalises all query heads together and all key heads together "
+                   "(qk_norm full, OLMo 2); megatron-core's --qk-layernorm normalises each head on its own "
+                   "(q_layernorm / k_layernorm are hidden_size_per_attention_head wide), so these flags build the "
+                   "model without query/key norms")
     if m.position_embedding == "rope" and not m.is_mla and rope_base(m) is None:
         out.append(f"--rotary-base: model {m.name} has no rope_theta in its spec, so Megatron's default "
                    f"{MEGATRON_ROTARY_BASE} would apply; add --rotary-base <rope_theta of its config.json>")

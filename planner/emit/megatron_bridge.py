@@ -53,8 +53,8 @@ _MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "
                  "cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_weights",
                  "gradient_accumulation_fusion",
                  "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
-                 "num_query_groups", "gated_linear_unit", "normalization", "add_bias_linear", "add_qkv_bias",
-                 "attention_dropout", "hidden_dropout",
+                 "num_query_groups", "gated_linear_unit", "normalization", "qk_layernorm", "add_bias_linear",
+                 "add_qkv_bias", "attention_dropout", "hidden_dropout",
                  "num_moe_experts", "moe_layer_freq", "moe_router_topk", "moe_ffn_hidden_size",
                  "moe_shared_expert_intermediate_size", "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm",
                  "moe_grouped_gemm",
@@ -75,6 +75,8 @@ _ALWAYS_MODEL = {"virtual_pipeline_model_parallel_size": None, "num_layers_in_fi
                  "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
                  "context_parallel_size": 1, "expert_model_parallel_size": 1, "sequence_parallel": False,
                  "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
+                 # the query/key norms the plan's model has or lacks (Bridge's Qwen3 providers turn them on)
+                 "qk_layernorm": False,
                  # the loss the plan was costed with: Megatron-Bridge's GPT providers turn the fusion on and its Llama
                  # and DeepSeek providers pick Transformer Engine's implementation, so megatron-core's defaults are
                  # written too
@@ -191,6 +193,16 @@ class MegatronBridgeEmitter:
         return (f"# Megatron-Bridge {describe(plan, RUNS)}\n"
                 "# Append to a Megatron-Bridge recipe script: python <recipe>.py \"${OVERRIDES[@]}\"\n"
                 f"OVERRIDES=(\n{body})\n")
+
+    def omissions(self, plan: Plan, options: EmitOptions) -> list[str]:
+        """Query/key norms over all heads together, which megatron-core's qk_layernorm (one head wide) cannot
+        build; the recipe's own rotary settings stand, so the Megatron-LM flags' RoPE omissions do not apply."""
+        overrides(plan)
+        if plan.model.qk_norm != "full":
+            return []
+        return [f"query/key norms: model {plan.model.name} normalises all query heads together and all key heads "
+                "together (qk_norm full, OLMo 2); megatron-core's qk_layernorm normalises each head on its own, so "
+                "model.qk_layernorm is written false and the model is built without them"]
 
 
 REGISTRY.register(MegatronBridgeEmitter())

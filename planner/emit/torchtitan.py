@@ -153,7 +153,7 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
 
 
 def _architecture_notes(m) -> list[str]:
-    """What the torchtitan model chosen for an MoE, latent-attention or windowed model must have."""
+    """What the torchtitan model chosen for an MoE, latent-attention, windowed or query/key-normed model must have."""
     notes = []
     if m.is_moe:
         dense = m.moe_layer_mask().count(False)
@@ -166,6 +166,11 @@ def _architecture_notes(m) -> list[str]:
     if any(m.local_attention_mask()):
         notes.append(f"sliding window {m.sliding_window} on {m.local_attention_mask().count(True)} of "
                      f"{m.num_layers} layers (torchtitan's gpt_oss)")
+    if m.qk_norm == "per_head":
+        notes.append("query/key norms: an RMSNorm over each head's query and key (torchtitan's qwen3)")
+    elif m.qk_norm == "full":
+        notes.append("query/key norms over all query heads together and all key heads together (OLMo 2): none of "
+                     "torchtitan's models has them, so the chosen model must add them")
     return notes
 
 

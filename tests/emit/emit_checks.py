@@ -120,13 +120,15 @@ def check_megatron(plan: Plan, argv: list[str]) -> None:
 
 
 def check_megatron_moe_and_attention(plan: Plan, tc) -> None:
-    """The MoE layers, latent attention and attention windows megatron-core builds are the model's:
+    """The MoE layers, latent attention, query/key norms and attention windows megatron-core builds are the model's:
     which layers are MoE (`get_transformer_layer_spec`'s reading of moe_layer_freq) and which attend
     locally (`is_layer_window_attention`), the expert, shared-expert and MLA widths, ep and etp."""
     from megatron.core.transformer import MLATransformerConfig
     from megatron.core.transformer.utils import is_layer_window_attention
 
     m, s = plan.model, facts(plan).strategy
+    # per-head query/key norms are megatron-core's q_layernorm / k_layernorm; OLMo 2's whole-width ones it cannot build
+    assert tc.qk_layernorm == (m.qk_norm == "per_head")
     if m.is_moe:
         assert (tc.num_moe_experts, tc.moe_router_topk, tc.moe_ffn_hidden_size) == (m.num_experts, m.moe_top_k,
                                                                                      m.expert_ffn)

@@ -81,6 +81,14 @@ GEMMA2_LIKE = ModelSpec(
     source="google/gemma-2-9b config.json: hidden_size 3584, intermediate_size 14336, 42 layers, 16 heads, 8 KV "
            "heads, head_dim 256, vocab_size 256000, sliding_window 4096 on every other layer (layer 0 local)")
 
+QWEN3_LIKE = ModelSpec(
+    name="qwen3-8b-like", num_layers=36, hidden_size=4096, num_attention_heads=32, num_kv_heads=8, head_dim=128,
+    ffn_hidden_size=12288, gated_mlp=True, vocab_size=151936, tie_embeddings=False, max_position_embeddings=40960,
+    rope_theta=1000000, qk_norm="per_head",
+    source="Qwen/Qwen3-8B config.json: hidden_size 4096, intermediate_size 12288, 36 layers, 32 heads, 8 KV heads, "
+           "head_dim 128, vocab_size 151936, rope_theta 1000000, untied; Qwen3Attention's q_norm / k_norm are "
+           "RMSNorms over each head's 128 features")
+
 
 def deepseek_v3_like() -> Plan:
     """DeepSeek-V3-like on 256 H100: pp 8 (7 layers first, 6 last, 8 in between), ep 8, dp 32, ZeRO-1,
@@ -105,9 +113,16 @@ def gemma2_like() -> Plan:
                      strategy=dict(tp=2, sequence_parallel=True, zero_stage=1, offload_optimizer=True))
 
 
+def qwen3_like() -> Plan:
+    """Qwen3-8B-like (per-head query/key norms) on 16 H100: tp 2 with sequence parallelism, ZeRO-1."""
+    return make_plan(QWEN3_LIKE, "dgx-h100", 16, 64, 4096,
+                     strategy=dict(tp=2, sequence_parallel=True, zero_stage=1))
+
+
 ARCHITECTURES = {"deepseek-v3-like-256xH100-pp8ep8": deepseek_v3_like,
                  "mixtral-like-64xH100-tp4pp2ep4etp2": mixtral_like_etp,
-                 "gemma2-like-16xH100-tp2-offload": gemma2_like}
+                 "gemma2-like-16xH100-tp2-offload": gemma2_like,
+                 "qwen3-like-16xH100-tp2": qwen3_like}
 
 
 # ---- the search's own output --------------------------------------------------------------

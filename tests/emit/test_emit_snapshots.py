@@ -7,7 +7,8 @@
   other frameworks' refusals
 - Architectures of issue 8 (tests/emit/emit_plans.py ARCHITECTURES): a DeepSeek-V3-like MoE with
   latent attention and multi-token prediction on pp 8 / ep 8, a Mixtral-like MoE with etp 2 under
-  tp 4, and a Gemma-2-like windowed model with the optimizer offloaded to the CPU
+  tp 4, a Gemma-2-like windowed model with the optimizer offloaded to the CPU, and a Qwen3-like dense
+  model with per-head query/key norms on tp 2
 
 The predicted step time, MFU and memory in each header come from the cost model and are
 masked, so calibration changes do not churn the snapshots. Regenerate after an intended

@@ -27,6 +27,7 @@ OVERRIDES=(
   model.num_query_groups=8
   model.gated_linear_unit=true
   model.normalization=RMSNorm
+  model.qk_layernorm=false
   model.add_bias_linear=false
   model.attention_dropout=0.0
   model.hidden_dropout=0.0

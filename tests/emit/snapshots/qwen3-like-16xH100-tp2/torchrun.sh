@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# torchrun for plan 1: qwen3-8b-like on 16x H100-SXM5-80GB (dgx-h100), dp8 tp2 pp1 sp z1 mbs1 rc=none; predicted <estimate>
+# Run this on each of the 2 nodes with NODE_RANK=0..1 and MASTER_ADDR set to node 0's address.
+set -euo pipefail
+: "${MASTER_ADDR:?set MASTER_ADDR to node 0's hostname or IP}"
+: "${NODE_RANK:?set NODE_RANK to this node's rank, 0..1}"
+export MASTER_PORT=${MASTER_PORT:-29500}
+# export NCCL_SOCKET_IFNAME=...   # the interface that reaches the other nodes (site-specific)
+# export NCCL_IB_HCA=...          # InfiniBand adapters to use (site-specific)
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+MEGATRON_ARGS=(
+  --tensor-model-parallel-size 2
+  --pipeline-model-parallel-size 1
+  --context-parallel-size 1
+  --sequence-parallel
+  --tp-comm-overlap
+  --micro-batch-size 1
+  --global-batch-size 64
+  --seq-length 4096
+  --use-distributed-optimizer
+  --overlap-grad-reduce
+  --overlap-param-gather
+  --optimizer adam
+  --bf16
+  --cross-entropy-loss-fusion
+  --num-layers 36
+  --hidden-size 4096
+  --ffn-hidden-size 12288
+  --num-attention-heads 32
+  --group-query-attention
+  --num-query-groups 8
+  --swiglu
+  --normalization RMSNorm
+  --qk-layernorm
+  --position-embedding-type rope
+  --max-position-embeddings 40960
+  --rotary-base 1000000
+  --untie-embeddings-and-output-weights
+  --disable-bias-linear
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+  --attention-backend auto
+)
+torchrun --nnodes 2 --nproc-per-node 8 --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
+  pretrain_gpt.py "${MEGATRON_ARGS[@]}"

@@ -530,9 +530,9 @@ def cross_entropy_bytes_per_logit(act_bytes: int, impl: str = "megatron", fused=
 
 # ---- memory outside the model's tensors ------------------------------------------------------
 #: terms that no tensor of the model holds; a measurement of allocated tensors excludes them
-RUNTIME_TERMS = ("framework_reserve", "cuda_context", "nccl_buffers", "allocator_slack")
+RUNTIME_TERMS = ("framework_reserve", "cuda_context", "nccl_buffers", "dispatcher_buffers", "allocator_slack")
 #: terms outside PyTorch's caching allocator (a `max_memory_reserved` reading excludes them)
-OUTSIDE_ALLOCATOR_TERMS = ("framework_reserve", "cuda_context", "nccl_buffers")
+OUTSIDE_ALLOCATOR_TERMS = ("framework_reserve", "cuda_context", "nccl_buffers", "dispatcher_buffers")
 
 
 @dataclass(frozen=True)
@@ -607,9 +607,8 @@ def nccl_buffer_bytes(st: StrategyArrays, table: MemoryTable, domain: int | None
     Without `domain` every peer counts as inside it (the upper bound). Only the all-to-all dispatcher
     (`alltoall`) opens the expert peers' connections: the flex dispatchers (DeepEP, HybridEP) move tokens
     through their own NVLink / RDMA buffers (megatron-core transformer/moe/fused_a2a.py `get_buffer`: a
-    deep_ep Buffer sized by DeepEP's `get_nvl_buffer_size_hint` / `get_rdma_buffer_size_hint`), which
-    this term does not count (they are sized by the token chunks DeepEP's configs keep in flight, far
-    below the all-to-all's channels per peer).
+    deep_ep Buffer sized by DeepEP's `get_nvl_buffer_size_hint` / `get_rdma_buffer_size_hint`; HybridEP's
+    own buffers), which are the `dispatcher_buffers` term (`dispatcher_buffer_bytes`), not this one.
     """
     ring = 2 * ((st.tp > 1).astype(float) + (st.cp > 1) + (st.dp * st.cp > 1)) + 2.0 * (st.pp > 1)
     peers = np.maximum(st.ep - 1, 0).astype(float) * (1.0 if alltoall else 0.0)
@@ -618,22 +617,94 @@ def nccl_buffer_bytes(st: StrategyArrays, table: MemoryTable, domain: int | None
     return channels * table.nccl_connection_bytes
 
 
+#: DeepEP's peers reached over NVLink (NUM_MAX_NVL_PEERS in csrc/kernels/configs.cuh, v1.2.1): larger groups
+#: reach the others by RDMA, through their own buffer.
+DEEPEP_NVL_PEERS = 8
+#: DeepEP's receive chunk (tokens per channel and peer) of its recommended NVLink configs by group size
+#: (`Buffer.get_dispatch_config` / `get_combine_config`, deep_ep/buffer.py v1.2.1: 256 up to 8 ranks, 288 for
+#: 16 to 64, 560 for 128, 720 for 144 and 160; the dispatch and combine configs agree on it), read as a step
+#: over the group sizes between; its RDMA receive chunk is 128 tokens at every size.
+DEEPEP_NVL_RECV_TOKENS = ((8, 256), (64, 288), (128, 560), (1 << 30, 720))
+DEEPEP_RDMA_RECV_TOKENS = 128
+#: DeepEP's per-token extras in its buffers (config.hpp `get_*_buffer_size_hint`): up to 128 top-k indices
+#: (int64) and weights (fp32), 128 fp32 scales, and the 8-byte SourceMeta (internode.cu)
+DEEPEP_TOKEN_EXTRA_BYTES = 128 * 8 + 128 * 4 + 128 * 4 + 8
+
+
+def dispatcher_buffer_bytes(dispatcher: str, tokens: np.ndarray, hidden: int, experts: int, ep: np.ndarray,
+                            members: np.ndarray, sms: int | None = None) -> np.ndarray:
+    """Device memory one rank's flex MoE dispatcher allocates for itself, outside PyTorch's caching allocator
+    (arrays over candidates), bytes; 0 for the all-to-all dispatcher (NCCL's buffers, `nccl_buffer_bytes`).
+
+    `tokens`: the rank's tokens per micro-batch at the MoE layer (after sequence parallelism), `members`: the
+    expert-parallel ranks inside one NVLink domain, `sms`: the dispatcher's SMs (None: megatron-core's default).
+
+    DeepEP (megatron-core `fused_a2a.get_buffer`: the larger of its dispatch and combine configs' size hints,
+    deep_ep v1.2.1 csrc/config.hpp): per channel (two SMs each) and NVLink peer (at most 8), a receive
+    chunk of tokens, each its hidden bytes (16-bit, `get_hidden_bytes`) plus `DEEPEP_TOKEN_EXTRA_BYTES`;
+    beyond 8 ranks, per channel and RDMA peer (ep / 8), twice a 128-token chunk of the same plus 16 bytes.
+    Independent of the batch: DeepEP streams tokens through the chunks.
+
+    HybridEP (megatron-core `fused_a2a.init_hybrid_ep_buffer` with `max_num_of_tokens_per_rank` the
+    micro-batch's tokens; DeepEP hybrid-ep branch at 1dddd19, csrc/hybrid_ep/hybrid_ep.cu `allocate_buffer`
+    and internode.cu): a receive buffer for the worst case that every rank's tokens come to this one,
+    tokens x ep rows of 16-bit hidden, fp32 probabilities for the domain's experts and fp32 scaling factors
+    per 128 values, shared by the dispatch and the combine; across NVLink domains (N = ep / members) also
+    the RDMA staging buffers: the rank's own tokens with probabilities for all experts, and three more
+    buffers of its tokens per other domain (the dispatch's group buffer with scaling factors, the combine's
+    reduction and group buffers).
+
+    DeepSeek-V3 (hidden 7168) at ep 8 with 20 SMs: 10 channels x 8 peers x 256 tokens x 16,392 bytes:
+
+    >>> int(dispatcher_buffer_bytes("deepep", np.array([4096]), 7168, 256, np.array([8]), np.array([8]))[0]) // 2**20
+    320
+    >>> int(dispatcher_buffer_bytes("hybridep", np.array([16384]), 2048, 128, np.array([8]), np.array([8]))[0]) // 2**20
+    584
+    """
+    tokens, ep, members = (np.asarray(v, dtype=float) for v in (tokens, ep, members))
+    zero = np.zeros(np.broadcast(tokens, ep, members).shape)
+    if dispatcher == "deepep":
+        channels = (sms or 20) // 2
+        nvl = np.minimum(ep, DEEPEP_NVL_PEERS)
+        rdma = np.maximum(ep // DEEPEP_NVL_PEERS, 1)
+        recv = np.select([ep <= limit for limit, _ in DEEPEP_NVL_RECV_TOKENS], [n for _, n in DEEPEP_NVL_RECV_TOKENS])
+        token = 2 * hidden + DEEPEP_TOKEN_EXTRA_BYTES
+        nvl_bytes = channels * nvl * (recv * token + (2 * rdma + 3) * 4)
+        rdma_bytes = np.where(ep > DEEPEP_NVL_PEERS, channels * rdma * (2 * DEEPEP_RDMA_RECV_TOKENS * (token + 16)
+                                                                          + (2 * DEEPEP_NVL_PEERS + 2) * 2 * 4), 0.0)
+        return np.where(ep > 1, zero + nvl_bytes + rdma_bytes, 0.0)
+    if dispatcher == "hybridep":
+        local = experts / np.maximum(ep, 1)
+        inside = np.minimum(members, ep)
+        domains = np.maximum(ep / np.maximum(inside, 1), 1)
+        scales = 4 * (hidden // 128)
+        intra = tokens * ep * (2 * hidden + 4 * local * inside + scales)
+        row = 2 * hidden + 4 * local * inside
+        rdma = np.where(domains > 1, tokens * (2 * hidden + 4 * local * inside * domains + scales)
+                        + tokens * (domains - 1) * (row + scales) + 2 * tokens * (domains - 1) * row, 0.0)
+        return np.where(ep > 1, zero + intra + rdma, 0.0)
+    return zero
+
+
 def runtime_memory_bytes(tensor_bytes: np.ndarray, st: StrategyArrays, gpu, domain: int | None = None,
-                         alltoall: bool = True) -> dict[str, np.ndarray]:
+                         alltoall: bool = True, dispatcher_bytes: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Memory of one rank that no model tensor holds, by term (arrays shaped like `tensor_bytes`,
     the sum of the tensor terms of each stage row), bytes.
 
     With a memory table for the GPU (`gpu.kernel_tables`):
-        cuda_context    = the table's context size
-        nccl_buffers    = `nccl_buffer_bytes`
-        allocator_slack = allocator_slack_fraction · tensor_bytes
-    Without one, the profile's flat `framework_reserve` (how the calibrated presets were fitted).
+        cuda_context       = the table's context size
+        nccl_buffers       = `nccl_buffer_bytes`
+        dispatcher_buffers = `dispatcher_bytes` (a flex MoE dispatcher's own buffers, `dispatcher_buffer_bytes`)
+        allocator_slack    = allocator_slack_fraction · tensor_bytes
+    Without one, the profile's flat `framework_reserve` (how the calibrated presets were fitted), and the
+    dispatcher's buffers, which no calibrated preset's runs had.
     """
     zero = np.zeros_like(tensor_bytes)
+    flex = zero if dispatcher_bytes is None else zero + dispatcher_bytes
     table = memory_table(getattr(gpu, "kernel_tables", None))
     if table is None:
         return {"framework_reserve": zero + gpu.framework_reserve_bytes, "cuda_context": zero,
-                "nccl_buffers": zero, "allocator_slack": zero}
+                "nccl_buffers": zero, "dispatcher_buffers": flex, "allocator_slack": zero}
     return {"framework_reserve": zero, "cuda_context": zero + table.cuda_context_bytes,
-            "nccl_buffers": zero + nccl_buffer_bytes(st, table, domain, alltoall),
+            "nccl_buffers": zero + nccl_buffer_bytes(st, table, domain, alltoall), "dispatcher_buffers": flex,
             "allocator_slack": table.allocator_slack_fraction * tensor_bytes}

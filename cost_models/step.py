@@ -34,7 +34,7 @@ from cost_models.compute import LayerTimes, gemm_time, head_times, layer_times, 
 from cost_models.elementwise import elementwise_model
 from cost_models.layout import ParallelLayout
 from cost_models.sharding import framework_of, zero3_comm_s, zero3_impl_of
-from cost_models.memory import (RUNTIME_TERMS, fp8_weight_memory, kind_quantised_weights, model_state_bytes,
+from cost_models.memory import (RUNTIME_TERMS, dispatcher_buffer_bytes, fp8_weight_memory, kind_quantised_weights, model_state_bytes,
                                 param_gather_saving_per_element, per_row, runtime_memory_bytes,
                                 offloaded_activation_bytes, offloaded_layers, stage_activation_bytes,
                                 stage_expert_params, stage_kind_counts, stage_params,
@@ -263,8 +263,14 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
                             + zero3_head_bytes(s.blocks, st, lay, train.precision, framework_of(train).zero3_head_unsharded))
     mem["comm_buffers"] = p2p_buffers
     tensors = sum(np.broadcast_to(v, params.shape) for v in mem.values())
-    mem |= runtime_memory_bytes(tensors, st, s.gpu, s.cluster.domain_size,
-                                alltoall=getattr(train, "moe_dispatcher", "alltoall") == "alltoall")
+    dispatcher = getattr(train, "moe_dispatcher", "alltoall")
+    flex = None
+    if s.has_experts and dispatcher != "alltoall":  # DeepEP's or HybridEP's own buffers, on every expert rank
+        ep_size, ep_stride = lay.expert_group("ep")
+        flex = dispatcher_buffer_bytes(dispatcher, x.tokens / x.seq_split, s.model.hidden_size, s.model.num_experts,
+                                       ep_size, s.comm.domain_members(ep_size, ep_stride), x.moe_flex_sms)
+    mem |= runtime_memory_bytes(tensors, st, s.gpu, s.cluster.domain_size, alltoall=dispatcher == "alltoall",
+                                dispatcher_bytes=flex)
     return {k: np.broadcast_to(mem[k], params.shape) for k in MEMORY_TERMS}
 
 

@@ -109,4 +109,32 @@ def test_published_peak_is_not_under_predicted(row):
 
 
 def test_terms_outside_the_allocator_are_named():
-    assert set(OUTSIDE_ALLOCATOR_TERMS) == {"framework_reserve", "cuda_context", "nccl_buffers"}
+    assert set(OUTSIDE_ALLOCATOR_TERMS) == {"framework_reserve", "cuda_context", "nccl_buffers", "dispatcher_buffers"}
+
+
+def test_flex_dispatchers_own_buffers():
+    """DeepEP's buffer is its recommended config's token chunks per channel and peer, whatever the batch;
+    HybridEP's holds the whole expert group's tokens (the worst case of one rank receiving all of them), so it
+    grows with the micro-batch and the group; the all-to-all dispatcher has none (NCCL's are `nccl_buffers`)."""
+    from cost_models.memory import dispatcher_buffer_bytes
+    from planner import Strategy, evaluate
+
+    one = np.array([4096])
+    deepep = dispatcher_buffer_bytes("deepep", one, 7168, 256, np.array([8]), np.array([8]))
+    assert float(deepep[0]) == 10 * 8 * (256 * (2 * 7168 + 128 * 16 + 8) + 5 * 4)  # 20 SMs: 10 channels
+    assert float(dispatcher_buffer_bytes("deepep", 4 * one, 7168, 256, np.array([8]), np.array([8]))[0]) == deepep[0]
+    assert dispatcher_buffer_bytes("deepep", one, 7168, 256, np.array([8]), np.array([8]), sms=32)[0] > deepep[0]
+    across = dispatcher_buffer_bytes("deepep", one, 7168, 256, np.array([32]), np.array([8]))
+    assert across[0] > deepep[0]  # 288-token NVLink chunks and the RDMA chunks of 4 nodes
+    hybrid = dispatcher_buffer_bytes("hybridep", one, 7168, 256, np.array([64]), np.array([64]))
+    assert float(hybrid[0]) == 4096 * 64 * (2 * 7168 + 4 * 4 * 64 + 4 * 56)
+    assert float(dispatcher_buffer_bytes("hybridep", 2 * one, 7168, 256, np.array([64]), np.array([64]))[0]) == 2 * hybrid[0]
+    nodes = dispatcher_buffer_bytes("hybridep", one, 7168, 256, np.array([64]), np.array([8]))
+    intra = 4096 * 64 * (2 * 7168 + 4 * 4 * 8 + 4 * 56)
+    assert nodes[0] > intra  # RDMA staging across 8 domains
+    assert not dispatcher_buffer_bytes("alltoall", one, 7168, 256, np.array([8]), np.array([8])).any()
+    args = dict(num_gpus=64, global_batch_size=256, seq_len=4096, precision="bf16",
+                strategy=Strategy(ep=8, pp=2, micro_batch_size=1))
+    terms = {d: evaluate("qwen3-30b-a3b", "dgx-b200", moe_dispatcher=d, **args).memory_bytes["dispatcher_buffers"]
+             for d in ("alltoall", "deepep", "hybridep")}
+    assert terms["alltoall"] == 0 < terms["deepep"] and terms["hybridep"] > 0

@@ -312,6 +312,7 @@ def _names(model, train, st, lay) -> dict[str, object]:
     out |= {"is_moe": np.bool_(is_moe), "is_mla": np.bool_(bool(getattr(model, "is_mla", False))),
             "local_attention": np.bool_(any(model.local_attention_mask()) if hasattr(model, "local_attention_mask")
                                         else False),
+            "qk_norm": np.bool_(getattr(model, "qk_norm", "none") != "none"),
             "mtp": np.bool_(bool(getattr(model, "num_mtp_layers", 0))), "even_split": even,
             "recompute_layers_divide_chunks": divides, "chunks_equal": chunk.max(axis=0) == chunk.min(axis=0),
             "ep_divides_dp": st.dp % st.ep == 0,

@@ -114,6 +114,14 @@ def test_megatron_deepspeed_refuses_query_key_norms_with_model_parallelism():
     assert emit(alone, "deepspeed")
 
 
+def test_deepspeed_framework_does_not_rank_what_its_flags_cannot_build():
+    """The framework's cannot_run rules agree with the emitter: no tp or pp with query/key norms."""
+    ranked = plan(model=ModelSpec.from_hf_config(QWEN3_8B), cluster="dgx-h100", num_gpus=16, global_batch_size=64,
+                  seq_len=4096, top_k=50, framework="deepspeed").plans
+    assert ranked and all(p.strategy.tp == 1 and p.strategy.pp == 1 for p in ranked)
+    assert all(emit(p, "deepspeed") for p in ranked[:5])
+
+
 def test_torchtitan_notes_name_the_norms():
     notes = emit_data(_plan(ModelSpec.from_hf_config(QWEN3_8B), tp=2), "torchtitan")["notes"]
     assert any("query/key norms" in n and "qwen3" in n for n in notes)

@@ -278,6 +278,22 @@ def eager_rotary_bytes(act: int) -> int:
 UNFUSED_ROTARY_KERNELS = 2 * (6 + 6)
 
 
+#: Megatron-DeepSpeed's rotary (megatron/model/rotary_pos_embedding.py `apply_rotary_pos_emb`, microsoft/Megatron-DeepSpeed
+#: at f4157bea, 2024-12; the cos and sin tables are cached across calls): per element of Q and K, t * cos (read t,
+#: write), the rotated half's negation (read and write half the elements), its cat (read both halves, write), * sin
+#: (read, write) and the add (read two, write one): five kernels each for Q and for K.
+MDS_ROTARY_KERNELS = 10
+
+
+def mds_rotary_bytes(act: int) -> int:
+    """Bytes per element of Q and K of Megatron-DeepSpeed's rotary (see above).
+
+    >>> mds_rotary_bytes(2)  # against 2 x 2 inside a fused QKV epilogue
+    20
+    """
+    return 2 * act + act + 2 * act + 2 * act + 3 * act
+
+
 def unfused_rotary_bytes(act: int) -> int:
     """Bytes per element of Q and K of megatron-core's unfused rotary (see above).
 
@@ -412,7 +428,32 @@ class Attention:
                                (EAGER_ROTARY_KERNELS if self.rope else 0) + 1 + norms.num_kernels)
         if self.rope and self.yarn and x.framework == "megatron":
             return Elementwise(unfused_rotary_bytes(x.act) * qk + norms.bytes, UNFUSED_ROTARY_KERNELS + norms.num_kernels)
+        if x.framework == "deepspeed":
+            mds = self.megatron_deepspeed_elementwise(x)
+            return Elementwise(mds.bytes + norms.bytes, mds.num_kernels + norms.num_kernels)
         return Elementwise(2 * x.act * qk + norms.bytes, norms.num_kernels)
+
+    def megatron_deepspeed_elementwise(self, x: Micro) -> Elementwise:
+        """Megatron-DeepSpeed's attention outside its GEMMs and flash kernel (megatron/model/transformer.py
+        `ParallelAttention.forward` at f4157bea): its unfused rotary on Q and K (`mds_rotary_bytes`); with grouped
+        query attention, K and V repeated to every query head (`repeat_kv`: expand and reshape, a copy that reads
+        the KV heads and writes one per query head); flash-attn's [s, b] to [b, s] layout as contiguous copies of Q,
+        K and V (`rearrange(...).contiguous()`, at the repeated width) and of the output back.
+
+        >>> x = Micro(4096, np.array([1]), np.array([1]), np.ones(1), np.zeros(1, bool), "bf16", "flash",
+        ...           framework="deepspeed")
+        >>> e = Attention(4096, 32, 4096, 1024, 0, True, False).megatron_deepspeed_elementwise(x)
+        >>> round(float(e.bytes[0]) / 1e6, 1), int(e.num_kernels)  # Llama 3 8B: 4096 tokens, 8 KV heads of 32
+        (771.8, 16)
+        """
+        n, act, t, q, k = x.tokens, x.act, x.tp, self.q_width, self.kv_width
+        rotary = mds_rotary_bytes(act) * n * (q + k) / t if self.rope else ZERO
+        repeated = k < q
+        repeat = 2 * act * n * (k + q) / t if repeated else ZERO  # K and V: read the KV heads, write q wide
+        width = q if repeated else k
+        layout = 2 * act * n * (q + 2 * width + q) / t  # Q, K and V to [b, s], the output back
+        kernels = (MDS_ROTARY_KERNELS if self.rope else 0) + (2 if repeated else 0) + 4
+        return Elementwise(rotary + repeat + layout, kernels)
 
     def qk_norm_elementwise(self, x: Micro, qk_elements) -> Elementwise:
         """The query and key norms (one kernel each, reading and writing Q or K), nothing without them.
@@ -440,6 +481,8 @@ class Attention:
         else:
             scores = FP32 * self.num_heads * n
         norms = act * (q + k) if self.qk_norm != "none" else 0  # the query/key norms keep their inputs
+        if x.framework == "deepspeed" and x.attention_kernel != "unfused":
+            k = max(k, q)  # Megatron-DeepSpeed hands flash-attn K and V repeated to every query head, which it keeps
         return Activations(n * gin * self.hidden, n * (act * (q + k) + act * k + gin * q + norms), scores)
 
     def comm(self, x: Micro) -> Comm:
@@ -450,8 +493,8 @@ class Attention:
 
 def gated_activation(gated: bool, x: Micro) -> tuple[int, int]:
     """(bytes per element of the FFN width, kernels) of an MLP's activation: GELU reads and writes once; fused
-    SwiGLU reads gate and up and writes the product; eager (torchtitan `F.silu(w1(x)) * w3(x)`) SiLU reads and
-    writes the gate, then the product reads both and writes.
+    SwiGLU reads gate and up and writes the product; eager (torchtitan `F.silu(w1(x)) * w3(x)`, Megatron-DeepSpeed's
+    `swiglu`) SiLU reads and writes the gate, then the product reads both and writes.
 
     >>> from types import SimpleNamespace as S
     >>> gated_activation(True, S(act=2, eager=False)), gated_activation(True, S(act=2, eager=True))
@@ -459,7 +502,9 @@ def gated_activation(gated: bool, x: Micro) -> tuple[int, int]:
     """
     if not gated:
         return 2 * x.act, 1
-    return (5 * x.act, 2) if x.eager else (3 * x.act, 1)
+    # Megatron-DeepSpeed's swiglu is the same two eager operators (transformer.py ParallelMLP: F.silu(x[0]) * x[1])
+    eager = x.eager or getattr(x, "framework", "megatron") == "deepspeed"
+    return (5 * x.act, 2) if eager else (3 * x.act, 1)
 
 
 @dataclass(frozen=True)

@@ -507,6 +507,14 @@ def gated_activation(gated: bool, x: Micro) -> tuple[int, int]:
     return (5 * x.act, 2) if eager else (3 * x.act, 1)
 
 
+def eager_silu_output(gated: bool, x: Micro) -> int:
+    """Bytes per element of the FFN width Megatron-DeepSpeed's SwiGLU keeps beyond a fused one: its product
+    `F.silu(x[0]) * x[1]` saves the SiLU's output for its backward (fused kernels recompute it from the gate).
+    torchtitan's eager operators keep it too, and fp32 copies in their RMSNorm; under torch_compile false their
+    memory is costed as compiled (a stated convention, tests/test_eager.py)."""
+    return x.act if gated and getattr(x, "framework", "megatron") == "deepspeed" else 0
+
+
 @dataclass(frozen=True)
 class DenseMLP:
     """Plain (2 matrices, GELU) or gated (SwiGLU: fused [gate, up] then down) MLP,
@@ -539,8 +547,9 @@ class DenseMLP:
 
     def activations(self, x: Micro) -> Activations:
         """fc1's input (replicated); fc1's output, the activation's input (2f gated), and fc2's input
-        (split); the GEMM inputs at `Micro.gemm_input` bytes."""
-        inner = ((2 if self.gated else 1) * x.act + x.gemm_input) * self.ffn
+        (split); the GEMM inputs at `Micro.gemm_input` bytes. Megatron-DeepSpeed's SwiGLU also keeps the SiLU's
+        output for the product's backward (f more, `eager_silu_output`)."""
+        inner = ((2 if self.gated else 1) * x.act + eager_silu_output(self.gated, x) + x.gemm_input) * self.ffn
         return Activations(x.tokens * x.gemm_input * self.hidden, x.tokens * inner, ZERO)
 
     def comm(self, x: Micro) -> Comm:
@@ -818,7 +827,7 @@ class MoE:
         experts' activation, so the unpermute keeps no input of its own. The experts' GEMM inputs are
         kept at `Micro.gemm_input` bytes; the MoE input at 16 bits (the router GEMM is not quantised)."""
         routed, act, h, f, gin = self.routed_tokens(x), x.act, self.hidden, self.ffn, x.gemm_input
-        per_token = gin * h + ((2 if self.gated else 1) * act + gin) * f / x.etp
+        per_token = gin * h + ((2 if self.gated else 1) * act + eager_silu_output(self.gated, x) + gin) * f / x.etp
         shared = self.shared.activations(x) if self.shared else Activations(ZERO, ZERO, ZERO)
         router = FP32 * self.num_experts * x.tokens  # divided by tp below, as distinct tokens are n/tp
         return Activations(x.tokens * act * h, router + shared.split, ZERO, routed * per_token)

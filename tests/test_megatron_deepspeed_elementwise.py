@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models.blocks import MDS_ROTARY_KERNELS, Micro, gated_activation, mds_rotary_bytes, model_blocks
+from cost_models.blocks import MDS_ROTARY_KERNELS, DenseMLP, Micro, gated_activation, mds_rotary_bytes, model_blocks
 from planner import Strategy, evaluate
 from profiles import load_model
 
@@ -41,10 +41,13 @@ def test_flash_keeps_the_repeated_keys_and_values():
     assert float(np.ravel(kept)[0]) == 4096 * 2 * 2 * (4096 - 1024)  # K and V at 32 heads instead of 8
 
 
-def test_swiglu_is_two_eager_operators():
+def test_swiglu_is_two_eager_operators_and_keeps_the_silu_output():
     assert gated_activation(True, micro("deepspeed")) == (10, 2)
     assert gated_activation(True, micro("megatron")) == (6, 1)
     assert gated_activation(False, micro("deepspeed")) == (4, 1)  # GELU unchanged
+    mlp = next(b for b in model_blocks(load_model("llama3-8b")).all_kinds[0].blocks if isinstance(b, DenseMLP))
+    kept = mlp.activations(micro("deepspeed")).split - mlp.activations(micro("megatron")).split
+    assert float(np.ravel(kept)[0]) == 4096 * 2 * 14336
 
 
 def test_a_deepspeed_step_of_a_gqa_rope_model_pays_for_them():

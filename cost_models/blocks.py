@@ -437,8 +437,8 @@ class Attention:
         """Megatron-DeepSpeed's attention outside its GEMMs and flash kernel (megatron/model/transformer.py
         `ParallelAttention.forward` at f4157bea): its unfused rotary on Q and K (`mds_rotary_bytes`); with grouped
         query attention, K and V repeated to every query head (`repeat_kv`: expand and reshape, a copy that reads
-        the KV heads and writes one per query head); flash-attn's [s, b] to [b, s] layout as contiguous copies of Q,
-        K and V (`rearrange(...).contiguous()`, at the repeated width) and of the output back.
+        the KV heads and writes one per query head); with flash attention, flash-attn's [s, b] to [b, s] layout as
+        contiguous copies of Q, K and V (`rearrange(...).contiguous()`, at the repeated width) and of the output back.
 
         >>> x = Micro(4096, np.array([1]), np.array([1]), np.ones(1), np.zeros(1, bool), "bf16", "flash",
         ...           framework="deepspeed")
@@ -451,8 +451,9 @@ class Attention:
         repeated = k < q
         repeat = 2 * act * n * (k + q) / t if repeated else ZERO  # K and V: read the KV heads, write q wide
         width = q if repeated else k
-        layout = 2 * act * n * (q + 2 * width + q) / t  # Q, K and V to [b, s], the output back
-        kernels = (MDS_ROTARY_KERNELS if self.rope else 0) + (2 if repeated else 0) + 4
+        flash = x.attention_kernel != "unfused"  # its unfused core attention takes the [s, b] layout as it is
+        layout = 2 * act * n * (q + 2 * width + q) / t if flash else ZERO  # Q, K and V to [b, s], the output back
+        kernels = (MDS_ROTARY_KERNELS if self.rope else 0) + (2 if repeated else 0) + (4 if flash else 0)
         return Elementwise(rotary + repeat + layout, kernels)
 
     def qk_norm_elementwise(self, x: Micro, qk_elements) -> Elementwise:

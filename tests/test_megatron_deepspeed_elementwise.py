@@ -28,6 +28,12 @@ def test_attention_outside_its_gemms_as_megatron_deepspeed_runs_it():
         assert float(e.bytes[0]) == rotary + repeat + layout
         assert int(e.num_kernels) == MDS_ROTARY_KERNELS + 2 + 4
         assert float(e.bytes[0]) > 5 * float(att.elementwise(micro("megatron", tp)).bytes[0])
+    # the unfused core attention takes the [s, b] layout as it is: no layout copies
+    unfused = Micro(4096, np.ones(1, dtype=int), np.ones(1, dtype=int), np.ones(1, dtype=int), np.zeros(1, dtype=bool),
+                    "bf16", "unfused", framework="deepspeed")
+    e = att.elementwise(unfused)
+    assert int(e.num_kernels) == MDS_ROTARY_KERNELS + 2
+    assert float(e.bytes[0]) == mds_rotary_bytes(2) * 4096 * (q + k) + 2 * 2 * 4096 * (k + q)
     # without grouped query attention nothing is repeated, and the copies are of the heads themselves
     mha = model_blocks(load_model("llama2-7b")).all_kinds[0].attention()
     e = mha.elementwise(micro("deepspeed"))

@@ -138,3 +138,18 @@ def test_flex_dispatchers_own_buffers():
     terms = {d: evaluate("qwen3-30b-a3b", "dgx-b200", moe_dispatcher=d, **args).memory_bytes["dispatcher_buffers"]
              for d in ("alltoall", "deepep", "hybridep")}
     assert terms["alltoall"] == 0 < terms["deepep"] and terms["hybridep"] > 0
+
+
+def test_a_stage_of_dense_layers_only_has_no_dispatcher_buffers():
+    """megatron-core allocates the flex dispatcher's buffer at its first call: a pipeline stage holding only
+    DeepSeek-V3's three dense layers never makes one."""
+    from cost_models.step import setup, stage_memory
+    from planner.api import make_inputs
+    from planner.space import StrategyArrays
+    from planner.specs import Strategy
+
+    st = Strategy(pp=4, ep=64, stage_layers=[3, 20, 20, 18], micro_batch_size=1, zero_stage=1).resolve(256)
+    m, c, t = make_inputs("deepseek-v3", "gb200-nvl72", 256, 4096, 4096, "bf16", moe_dispatcher="hybridep")
+    mem = stage_memory(setup(m, c, t, StrategyArrays.from_strategies([st])))["dispatcher_buffers"]
+    rows = mem[:, 0]
+    assert rows[0] == 0 and (rows[1:] > 3 * 2**30).all()

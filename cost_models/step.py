@@ -269,8 +269,7 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
         ep_size, ep_stride = lay.expert_group("ep")
         flex = dispatcher_buffer_bytes(dispatcher, x.tokens / x.seq_split, s.model.hidden_size, s.model.num_experts,
                                        ep_size, s.comm.domain_members(ep_size, ep_stride), x.moe_flex_sms)
-        moe_layers = per_row(s.counts, np.array([float(k.is_moe) for k in s.blocks.all_kinds])[:, None])
-        flex = np.where(moe_layers > 0, flex, 0.0)  # a stage of dense layers only never calls the dispatcher
+        flex = np.where(s.expert_params > 0, flex, 0.0)  # a stage of dense layers only never calls the dispatcher
     mem |= runtime_memory_bytes(tensors, st, s.gpu, s.cluster.domain_size, alltoall=dispatcher == "alltoall",
                                 dispatcher_bytes=flex)
     return {k: np.broadcast_to(mem[k], params.shape) for k in MEMORY_TERMS}

@@ -771,17 +771,23 @@ def rope_base(model) -> int | None:
     return int(theta)
 
 
+def qk_norm_omissions(plan: Plan, switch: str) -> list[str]:
+    """Query/key norms over all heads together (OLMo 2), which megatron-core's `switch` (q_layernorm / k_layernorm,
+    hidden_size_per_attention_head wide) does not build: the output builds the model without them."""
+    m = plan.model
+    if m.qk_norm != "full":
+        return []
+    return [f"query/key norms: model {m.name} normalises all query heads together and all key heads together "
+            f"(qk_norm full, OLMo 2); megatron-core's {switch} normalises each head on its own, so the model is "
+            "built without query/key norms"]
+
+
 def rope_omissions(plan: Plan) -> list[str]:
     """The RoPE base, when the model spec cannot say it (Megatron would use its default silently), YaRN
     scaling of standard attention, which the flags cannot carry (they would run plain RoPE), and query/key norms
     over all heads together (OLMo 2), which megatron-core's --qk-layernorm (one head wide) does not build."""
     m = plan.model
-    out = []
-    if m.qk_norm == "full":
-        out.append(f"query/key norms: model {m.name} normalises all query heads together and all key heads together "
-                   "(qk_norm full, OLMo 2); megatron-core's --qk-layernorm normalises each head on its own "
-                   "(q_layernorm / k_layernorm are hidden_size_per_attention_head wide), so these flags build the "
-                   "model without query/key norms")
+    out = qk_norm_omissions(plan, "--qk-layernorm")
     if m.position_embedding == "rope" and not m.is_mla and rope_base(m) is None:
         out.append(f"--rotary-base: model {m.name} has no rope_theta in its spec, so Megatron's default "
                    f"{MEGATRON_ROTARY_BASE} would apply; add --rotary-base <rope_theta of its config.json>")

@@ -37,7 +37,7 @@ import shlex
 from typing import Any
 
 from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, describe
-from planner.emit.megatron import core_config_kwargs, settings
+from planner.emit.megatron import core_config_kwargs, qk_norm_omissions, settings
 from planner.specs import Plan
 
 FRAMEWORK = "Megatron-Bridge"
@@ -198,11 +198,7 @@ class MegatronBridgeEmitter:
         """Query/key norms over all heads together, which megatron-core's qk_layernorm (one head wide) cannot
         build; the recipe's own rotary settings stand, so the Megatron-LM flags' RoPE omissions do not apply."""
         overrides(plan)
-        if plan.model.qk_norm != "full":
-            return []
-        return [f"query/key norms: model {plan.model.name} normalises all query heads together and all key heads "
-                "together (qk_norm full, OLMo 2); megatron-core's qk_layernorm normalises each head on its own, so "
-                "model.qk_layernorm is written false and the model is built without them"]
+        return qk_norm_omissions(plan, "model.qk_layernorm")
 
 
 REGISTRY.register(MegatronBridgeEmitter())

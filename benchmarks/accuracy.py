@@ -35,7 +35,7 @@ from benchmarks.calibration import (
     table_errors,
 )
 from benchmarks.ep_overlap import FIT_ROWS as EP_OVERLAP_FIT_ROWS
-from benchmarks.generations import GENERATION_FITS, calibration_rows
+from benchmarks.generations import GENERATION_FITS, HOST_FIT, calibration_rows
 from benchmarks.validation import PUBLIC_SETS, generation, predict, public_runs, zero_table1
 from cost_models.memory import model_state_bytes
 from profiles import PROFILES_DIR, load_model
@@ -63,6 +63,7 @@ class RunError(RowError):
 
 GENERATION_FIT_TABLE = "H100 / B200 / GB200 / GB300 fit rows"
 EP_OVERLAP_FIT_TABLE = "EP-overlap fit rows (H100)"
+HOST_FIT_TABLE = "x86 host-time fit rows (B200)"
 
 
 def shipped_fit() -> str:
@@ -149,6 +150,7 @@ def tables(fit_key: str) -> list[tuple[str, str, list[RowError]]]:
     out.append(("SC'21 Table 2 ZeRO-3", "held out", step_rows(sc21_zero3())))
     fitted = calibration_rows()
     out.append((GENERATION_FIT_TABLE, "fitted", fitted_rows({row for f in GENERATION_FITS.values() for row in f.rows})))
+    out.append((HOST_FIT_TABLE, "fitted", fitted_rows(set(HOST_FIT.rows))))
     out.append((EP_OVERLAP_FIT_TABLE, "fitted", fitted_rows(set(EP_OVERLAP_FIT_ROWS))))
     for name, (table, _) in PUBLIC_SETS.items():
         out.append((table, "held out", public_rows(name, frozenset(label for s, label in fitted if s == name))))
@@ -222,6 +224,8 @@ DESCRIPTIONS = {
     "torchtitan H200 (2025-06)": "torchtitan FSDP2 on 32-64 H200s (Llama 3.1 8B; `benchmarks/data/`)",
     "LLM Foundry H100 (MPT)": "LLM Foundry (Composer FSDP, 2023) on 8-512 H100s (MPT 760M-70B, BF16 and FP8, "
                               "512-65k tokens; costed as framework torchtitan; `benchmarks/data/`)",
+    HOST_FIT_TABLE: "Megatron-Bridge 25.11 and 26.02, Qwen3-30B-A3B dropless at micro-batch 1 on one DGX-B200: the "
+                    "rows the x86 hosts' `host_time_scale` is fitted on (`python -m benchmarks.generations`)",
     GENERATION_FIT_TABLE: "Megatron-Bridge 25.11, the largest dense models per GPU generation: the rows "
                           "`sustained_compute_fraction` is fitted on (`python -m benchmarks.generations`)",
 }

@@ -150,6 +150,7 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     bwd = gemm_bwd_s + core_bwd_s + BACKWARD_ELEMENTWISE_FACTOR * softmax_s + ew_bwd
     moe = layer.moe()
     if table is not None:  # the host issues every kernel: a layer is never faster than that
+        table = table.host_scaled(gpu.host_time_scale)  # the fitted host speed (x86 DGX hosts), 1 elsewhere
         tp_exchanges = sum(c.tp_exchanges for c in layer.comms(x))
         local_experts = moe.num_experts / x.ep if moe else 0
         kernels = ew_kernels + layer_kernels(gemms, core, x, tp_exchanges)

@@ -39,7 +39,7 @@ t0 = `kernel_fixed_us`, h = `host_per_kernel_us`, n = kernels of a layer's forwa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -233,6 +233,17 @@ class ElementwiseModel:
     moe_host_ops: MoeHostOps | None = None  # Megatron-core's router and dispatcher, counted
     host_per_expert_gemm_s: float = 0.0  # g: one per-expert cuBLASLt GEMM of the grouped linear
 
+    def host_scaled(self, scale: float) -> "ElementwiseModel":
+        """This table with its host-time figures (per kernel, per-expert set-up, per-expert GEMM call) times
+        `scale` (a GPU's fitted `host_time_scale`); the GPU-side figures are unchanged.
+
+        >>> m = ElementwiseModel("x", 3e12, 3e-6, 6.5e-6, 2.0, 2.4e12, ("delayed",), True, 6.8e-6, 11.9e-6)
+        >>> s = m.host_scaled(2.0)
+        >>> round(s.host_per_kernel_s * 1e6, 1), round(s.host_per_expert_bwd_s * 1e6, 1), s.kernel_fixed_s == m.kernel_fixed_s
+        (13.0, 23.8, True)
+        """
+        return _host_scaled(self, float(scale)) if scale != 1 else self
+
     def time_s(self, nbytes, num_kernels) -> np.ndarray:
         """GPU seconds of `num_kernels` memory-bound kernels moving `nbytes` in all.
 
@@ -346,6 +357,14 @@ def layer_kernels(gemms: list[Gemm], core: Core, x: Micro, tp_exchanges: int) ->
     (an all-reduce, or an all-gather and a reduce-scatter with sequence parallelism)."""
     comm = tp_exchanges * np.where(np.asarray(x.tp) > 1, np.where(x.sequence_parallel, 2, 1), 0)
     return len(gemms) + core.num_kernels + core.softmax_kernels + comm
+
+
+@lru_cache(maxsize=None)
+def _host_scaled(model: ElementwiseModel, scale: float) -> ElementwiseModel:
+    return replace(model, host_per_kernel_s=model.host_per_kernel_s * scale,
+                   host_per_expert_fwd_s=model.host_per_expert_fwd_s * scale,
+                   host_per_expert_bwd_s=model.host_per_expert_bwd_s * scale,
+                   host_per_expert_gemm_s=model.host_per_expert_gemm_s * scale)
 
 
 def elementwise_model(gpu) -> ElementwiseModel | None:

@@ -152,7 +152,7 @@ def _mapping(value: Any, key: str, what: str) -> dict[str, Any]:
 #: The numeric keys of a GPU YAML file.
 GPU_YAML_FIELDS = ("memory_gib", "peak_tflops", "hbm_bw_gb_per_s", "framework_reserve_gib", "gemm_efficiency",
                    "hbm_efficiency", "backward_gemm_ratio", "kernel_overhead_us", "grouped_gemm_efficiency",
-                   "host_link_gb_per_s", "kernel_tables", "sustained_compute_fraction")
+                   "host_link_gb_per_s", "kernel_tables", "sustained_compute_fraction", "host_time_scale")
 
 
 def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
@@ -175,7 +175,7 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
     calib = data.pop("calibration", None)
     for key, conv in (("gemm_efficiency", 1.0), ("hbm_efficiency", 1.0), ("backward_gemm_ratio", 1.0),
                       ("kernel_overhead_us", MICRO), ("grouped_gemm_efficiency", 1.0),
-                      ("sustained_compute_fraction", 1.0)):
+                      ("sustained_compute_fraction", 1.0), ("host_time_scale", 1.0)):
         if key in data:
             fields[key.replace("_us", "_s")] = _num(data.pop(key), key, what) * conv
     if "host_link_gb_per_s" in data:
@@ -209,7 +209,7 @@ def load_gpu(ref: str | GpuSpec) -> GpuSpec:
 
 #: GPU fields a calibration file may set.
 CALIBRATED_FIELDS = ("gemm_efficiency", "hbm_efficiency", "backward_gemm_ratio", "kernel_overhead_us",
-                     "sustained_compute_fraction")
+                     "sustained_compute_fraction", "host_time_scale")
 
 
 def _calibration_for(gpu_key: str) -> dict[str, Any]:
@@ -230,6 +230,11 @@ def _calibration_for(gpu_key: str) -> dict[str, Any]:
             if isinstance(sustained, dict) and "sustained_compute_fraction" in out:
                 rows = len(sustained.get("residuals") or [])
                 out["calibration"] += (f"; sustained_compute_fraction fitted on {rows} end-to-end rows "
+                                       "(benchmarks.generations)")
+            host = calib.get("host_time_scale_fit")
+            if isinstance(host, dict) and "host_time_scale" in out:
+                rows = len(host.get("residuals") or [])
+                out["calibration"] += (f"; host_time_scale fitted on {rows} end-to-end rows "
                                        "(benchmarks.generations)")
             return out
     return {}

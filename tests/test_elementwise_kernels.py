@@ -60,7 +60,7 @@ def _layer(model_name, cluster, seq_len, mbs, precision="bf16", **train):
 
 def test_host_floor_binds_for_a_tiny_model_only():
     gpu = load_cluster("dgx-h100").gpu
-    table = elementwise_model(gpu)
+    table = elementwise_model(gpu).host_scaled(gpu.host_time_scale)  # the host figures the layer is floored by
     tiny, model, x = _layer(TINY, "dgx-h100", 512, 1)
     layer = model_blocks(model).kinds[0]
     kernels = len(layer.gemms(x)) + layer.attention().core(x).num_kernels + layer.elementwise(x).num_kernels

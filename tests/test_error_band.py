@@ -327,7 +327,7 @@ def test_clusters_names_where_every_presets_numbers_come_from(capsys):
         # the EP-overlap share says whether it was fitted there, carried, or is the generic overlap efficiency
         assert r["ep_overlap"].endswith(("(fitted)", "(carried)", "(measured)", "(generic overlap)")), r
     by_name = {r["name"]: r["ep_overlap"] for r in rows}
-    assert by_name["dgx-h100"] == "0.55 (fitted)" and by_name["gb200-nvl72"] == "0.55 (carried)"
+    assert by_name["dgx-h100"] == "0.59 (fitted)" and by_name["gb200-nvl72"] == "0.59 (carried)"
     code, out, _ = run(capsys, "clusters")
     assert "where each GPU's numbers come from" in out
     for r in rows:

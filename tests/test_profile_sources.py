@@ -25,7 +25,8 @@ DATASHEET = {
     "clusters": {"gpus_per_node", "nvlink_domain_size", "max_gpus", "bw_gb_per_s"},
 }
 #: Calibration-file blocks that report the fit (residuals, its uncertainty, held-out errors).
-REPORT_KEYS = {"standard_errors", "residuals", "leave_one_paper_out", "step_time_residuals", "sustained_compute_fraction_fit"}
+REPORT_KEYS = {"standard_errors", "residuals", "leave_one_paper_out", "step_time_residuals", "sustained_compute_fraction_fit",
+               "host_time_scale_fit"}
 MEASURED = "measured by `meshplan profile`"
 
 

@@ -36,8 +36,8 @@ def constants_provenance(gpu: GpuSpec) -> str:
         return f"{MEASURED} (micro-benchmarks on this machine)"
     if not text:
         return "defaults (assumed): no calibration file"
-    sustained = re.search(r"; (sustained_compute_fraction fitted on \d+ end-to-end rows)", text)
-    tail = f"; {sustained[1]}" if sustained else ""
+    fitted = re.findall(r"; ((?:sustained_compute_fraction|host_time_scale) fitted on \d+ end-to-end rows)", text)
+    tail = "".join(f"; {f}" for f in fitted)
     if "carried over" in text:
         m = re.search(r"the (\S+) fit carried over|carried over from (\S+)", text)
         origin = next((g for g in m.groups() if g), None) if m else None

@@ -94,6 +94,13 @@ class GpuSpec(Spec):
         "clock-limited, kernels back to back, beside communication kernels); fitted per GPU generation on the "
         "end-to-end rows its calibration file names. Applies only to the parts timed from kernel tables.",
     )
+    host_time_scale: float = Field(
+        1.0, ge=1, description="Factor on the host-time figures of the GPU's element-wise kernel table (the CPU's "
+        "issue time per kernel, the grouped MLP's per-expert set-up and per-expert GEMM calls): 1 uses the table's "
+        "figures; above 1 the host is that much slower in training than they say. Fitted for the x86 DGX hosts on "
+        "the host-bound end-to-end rows their calibration file names (python -m benchmarks.generations). Only with "
+        "kernel tables.",
+    )
     kernel_tables: str | None = Field(
         None, description="Name of the kernel-table set under profiles/kernels/<topic>/ (see profiles.tables); "
         "None: no tables, every part uses the calibrated constants above.",

@@ -679,6 +679,7 @@ class MoE:
     router_bias: bool
     router_groups: int = 0  # group-limited routing: expert groups (0: none) ...
     router_group_topk: int = 0  # ... and the groups each token may use
+    glu_clamp: float | None = None  # ModelSpec.glu_clamp: the experts' branches clamped before the activation (gpt-oss)
 
     def _expert_params(self) -> int:
         h, f = self.hidden, self.ffn
@@ -748,8 +749,36 @@ class MoE:
         shared = self.shared.elementwise(x) if self.shared else Elementwise(ZERO, 0)
         bias = self.expert_output_bias(x)
         pad = self.quantization_padding(x)
-        return Elementwise(router + permute + sort.bytes + activation + shared.bytes + bias.bytes + pad.bytes,
-                          3 + kernels + sort.num_kernels + shared.num_kernels + bias.num_kernels + pad.num_kernels)
+        clamp = self.clamp_elementwise(x)
+        return Elementwise(router + permute + sort.bytes + activation + shared.bytes + bias.bytes + pad.bytes
+                           + clamp.bytes,
+                           3 + kernels + sort.num_kernels + shared.num_kernels + bias.num_kernels + pad.num_kernels
+                           + clamp.num_kernels)
+
+    def clamp_elementwise(self, x: Micro) -> Elementwise:
+        """Megatron-core clamps the experts' two branches outside its fused activation (`weighted_bias_quick_geglu_impl`
+        with `activation_func_clamp_value`, megatron/core/fusions/fused_bias_geglu.py, core_v0.16.1 to core_v0.19.0):
+        `chunk` (views), the gate's clamp and the linear branch's (each reads and writes one f-wide half), and a `cat`
+        of the two (reads and writes both): 8 values per routed token and f-element of one branch, three eager kernels
+        (their backward is the layer's usual factor on them). Nothing without a clamp or under another framework.
+
+        >>> x = Micro(4096, np.array([1]), np.array([1]), np.ones(1), np.zeros(1, bool), "bf16", "flash",
+        ...           ep=np.array([8]), etp=np.array([1]))
+        >>> moe = MoE(2880, 128, 4, 2880, True, 0, 0, True, True, glu_clamp=7.0)
+        >>> c = moe.clamp_elementwise(x)
+        >>> round(float(c.bytes[0]) / 1e6, 1), int(c.num_kernels)  # 16384 routed tokens x 2880, 8 values of 2 bytes
+        (755.0, 3)
+        """
+        if self.glu_clamp is None or not self.gated or x.framework != "megatron":
+            return Elementwise(ZERO, 0)
+        return Elementwise(8 * x.act * self.routed_tokens(x) * self.ffn / x.etp, 3)
+
+    def clamp_kept_bytes(self, x: Micro) -> np.ndarray:
+        """Per routed token, what megatron-core's clamp keeps beyond a fused activation: the clamps save their inputs
+        (the fc1 output, 2f wide) and the fused activation its own (the clamped copy), so one more 2f-wide tensor."""
+        if self.glu_clamp is None or not self.gated or x.framework != "megatron":
+            return ZERO
+        return 2 * x.act * self.ffn / x.etp
 
     def quantization_padding(self, x: Micro) -> Elementwise:
         """Megatron-core's grouped MLP under FP8 pads each local expert's rows to the quantised GEMMs' alignment
@@ -828,7 +857,8 @@ class MoE:
         experts' activation, so the unpermute keeps no input of its own. The experts' GEMM inputs are
         kept at `Micro.gemm_input` bytes; the MoE input at 16 bits (the router GEMM is not quantised)."""
         routed, act, h, f, gin = self.routed_tokens(x), x.act, self.hidden, self.ffn, x.gemm_input
-        per_token = gin * h + ((2 if self.gated else 1) * act + eager_silu_output(self.gated, x) + gin) * f / x.etp
+        per_token = (gin * h + ((2 if self.gated else 1) * act + eager_silu_output(self.gated, x) + gin) * f / x.etp
+                     + self.clamp_kept_bytes(x))
         shared = self.shared.activations(x) if self.shared else Activations(ZERO, ZERO, ZERO)
         router = FP32 * self.num_experts * x.tokens  # divided by tp below, as distinct tokens are n/tp
         return Activations(x.tokens * act * h, router + shared.split, ZERO, routed * per_token)
@@ -1081,7 +1111,7 @@ def _mlp(model: ModelSpec, moe: bool) -> DenseMLP | MoE:
         return DenseMLP(model.hidden_size, model.ffn_hidden_size, model.gated_mlp, model.linear_bias)
     return MoE(model.hidden_size, model.num_experts, model.moe_top_k, model.expert_ffn, model.gated_mlp,
                model.num_shared_experts, model.shared_expert_ffn, model.moe_expert_bias, model.moe_router_bias,
-               model.moe_router_num_groups, model.moe_router_group_topk)
+               model.moe_router_num_groups, model.moe_router_group_topk, getattr(model, "glu_clamp", None))
 
 
 def decoder_layer(model: ModelSpec, moe: bool = False, local: bool = False) -> Layer:

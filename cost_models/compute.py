@@ -242,7 +242,8 @@ def module_times(layer: Layer, x: Micro, gpu: GpuSpec, core_s: np.ndarray,
         elif isinstance(b, MoE):
             if "moe_act" in out:
                 act_bytes = gated_activation(b.gated, x)[0] * b.routed_tokens(x) * b.ffn / x.etp
-                out["moe_act"] = act_bytes / hbm + gpu.kernel_overhead_s
+                clamp = b.clamp_elementwise(x)  # megatron-core's clamp runs inside the recomputed function
+                out["moe_act"] = (act_bytes + clamp.bytes) / hbm + (1 + clamp.num_kernels) * gpu.kernel_overhead_s
             if "shared_experts" in out and b.shared:
                 out["shared_experts"] = gemms_s(b.shared_gemms(x)) + ew_s(b.shared.elementwise(x))
             if "moe" in out:

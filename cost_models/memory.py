@@ -171,7 +171,9 @@ def module_activation_bytes(layer, x: Micro, modules=RECOMPUTE_MODULES) -> dict[
             out["mlp"] = b.activations(x).split / x.tp
         elif isinstance(b, MoE):
             if "moe_act" in out:
-                out["moe_act"] = b.routed_tokens(x) * x.gemm_input * b.ffn / x.etp  # fc2's kept input
+                # fc2's kept input, and with megatron-core's clamp the clamped copy the fused activation keeps (the
+                # clamps' own input, the fc1 output, is the checkpoint's input and stays)
+                out["moe_act"] = b.routed_tokens(x) * (x.gemm_input * b.ffn / x.etp + b.clamp_kept_bytes(x))
             if "shared_experts" in out and b.shared:
                 out["shared_experts"] = b.shared.activations(x).split / x.tp
             if "moe" in out:

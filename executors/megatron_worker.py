@@ -63,6 +63,9 @@ def _resolve(kwargs: dict[str, Any]) -> dict[str, Any]:
             out[key] = getattr(torch, out[key])
     if out.get("activation_func") == "silu":
         out["activation_func"] = F.silu
+    elif out.get("activation_func") == "quick_gelu":  # Megatron-LM's --quick-geglu
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+        out["activation_func"] = quick_gelu
     return out
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from executors.moe import MLP, MoE
+from executors.moe import MLP, MoE, glu_of
 from planner.specs import ModelSpec
 
 INIT_STD = 0.02  # GPT-2/Megatron default init_method_std
@@ -101,7 +101,7 @@ class Block(nn.Module):
         self.attn = Attention(spec)
         self.norm2 = _norm(spec)
         self.mlp = MoE(spec) if moe else MLP(spec.hidden_size, spec.ffn_hidden_size, spec.gated_mlp,
-                                             spec.linear_bias)
+                                             spec.linear_bias, glu_of(spec))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin)

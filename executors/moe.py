@@ -46,19 +46,35 @@ from torch import nn
 from planner.specs import ModelSpec
 
 
-class MLP(nn.Module):
-    """Plain (GELU) or gated (SwiGLU) MLP: w1 (and w3) h -> f, w2 f -> h."""
+#: ModelSpec.glu_activation -> the gate's activation (quick_gelu: x * sigmoid(1.702 x), gpt-oss's and megatron-core's)
+GLU_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+                   "quick_gelu": lambda t: t * torch.sigmoid(1.702 * t)}
 
-    def __init__(self, hidden: int, ffn: int, gated: bool, bias: bool):
+
+def glu_of(spec: ModelSpec) -> tuple[str, float, float | None]:
+    """A model's gated-MLP activation: (gate activation, linear-branch offset, clamp or None)."""
+    return spec.glu_activation, spec.glu_linear_offset, spec.glu_clamp
+
+
+class MLP(nn.Module):
+    """Plain (GELU) or gated MLP: w1 (and w3) h -> f, w2 f -> h. Gated: act(clamp(w1 x)) * (clamp(w3 x) + offset),
+    the gate clamped to at most `clamp`, the linear branch to +- `clamp` (gpt-oss; no clamp by default)."""
+
+    def __init__(self, hidden: int, ffn: int, gated: bool, bias: bool,
+                 glu: tuple[str, float, float | None] = ("silu", 0.0, None)):
         super().__init__()
         self.gated = gated
+        self.act, self.offset, self.clamp = GLU_ACTIVATIONS[glu[0]], glu[1], glu[2]
         self.w1 = nn.Linear(hidden, ffn, bias=bias)
         self.w3 = nn.Linear(hidden, ffn, bias=bias) if gated else None
         self.w2 = nn.Linear(ffn, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+            gate, up = self.w1(x), self.w3(x)
+            if self.clamp is not None:
+                gate, up = gate.clamp(max=self.clamp), up.clamp(-self.clamp, self.clamp)
+            return self.w2(self.act(gate) * (up + self.offset))
         return self.w2(F.gelu(self.w1(x), approximate="tanh"))
 
 
@@ -88,10 +104,10 @@ class MoE(nn.Module):
         h, e = spec.hidden_size, spec.num_experts
         self.num_experts, self.top_k = e, spec.moe_top_k
         self.router = nn.Linear(h, e, bias=spec.moe_router_bias)
-        self.experts = nn.ModuleDict({str(i): MLP(h, spec.expert_ffn, spec.gated_mlp, spec.moe_expert_bias)
+        self.experts = nn.ModuleDict({str(i): MLP(h, spec.expert_ffn, spec.gated_mlp, spec.moe_expert_bias, glu_of(spec))
                                       for i in range(e)})
         shared = spec.num_shared_experts * spec.shared_expert_ffn if spec.num_shared_experts else 0
-        self.shared = MLP(h, shared, spec.gated_mlp, False) if shared else None
+        self.shared = MLP(h, shared, spec.gated_mlp, False, glu_of(spec)) if shared else None
         self.ep, self.ep_rank, self.ep_group = 1, 0, None
 
     def enable_expert_parallel(self, ep: int, ep_rank: int, group) -> None:

@@ -164,6 +164,7 @@ FLAGS: dict[str, Flag] = {
     "group_query_attention": Flag("--group-query-attention", "switch"),
     "num_query_groups": Flag("--num-query-groups", "int"),
     "swiglu": Flag("--swiglu", "switch"),
+    "quick_geglu": Flag("--quick-geglu", "switch"),
     "normalization": Flag("--normalization", "str"),
     "qk_layernorm": Flag("--qk-layernorm", "switch"),
     "position_embedding_type": Flag("--position-embedding-type", "str"),
@@ -422,8 +423,8 @@ def _model_shape(f: PlanFacts) -> dict[str, Any]:
         out["kv_channels"] = m.head_size
     if m.kv_heads != m.num_attention_heads:
         out |= {"group_query_attention": True, "num_query_groups": m.kv_heads}
-    if m.gated_mlp:
-        out["swiglu"] = True
+    if m.gated_mlp:  # megatron-core 0.16 has flags for SwiGLU and quick-GEGLU only (glu_omissions says the rest)
+        out["quick_geglu" if m.glu_activation == "quick_gelu" else "swiglu"] = True
     out["normalization"] = _NORM[m.norm]
     if m.qk_norm == "per_head":  # megatron-core's q_layernorm / k_layernorm: hidden_size_per_attention_head wide
         out["qk_layernorm"] = True
@@ -724,6 +725,8 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
         transformer |= {k: args.get(k, default) for k, default in _MLA_FIELDS.items()}
     if args.get("swiglu"):
         transformer |= {"gated_linear_unit": True, "activation_func": "silu"}
+    elif args.get("quick_geglu"):  # Megatron-LM: gated_linear_unit and megatron-core's quick_gelu
+        transformer |= {"gated_linear_unit": True, "activation_func": "quick_gelu"}
     grads_fp32 = bool(args.get("accumulate_allreduce_grads_in_fp32")) or (bf16 and not args.get("grad_reduce_in_bf16"))
     ddp = {
         "use_distributed_optimizer": bool(args.get("use_distributed_optimizer")),
@@ -782,12 +785,33 @@ def qk_norm_omissions(plan: Plan, switch: str) -> list[str]:
             "built without query/key norms"]
 
 
+def glu_omissions(plan: Plan, where: str) -> list[str]:
+    """What of a gated MLP's activation `where` (Megatron-LM's flags) cannot say: a GeGLU gate (no flag; built as
+    SwiGLU, same shapes and cost), and gpt-oss's linear offset and clamp (megatron-core's glu_linear_offset and
+    activation_func_clamp_value have no flag in Megatron-LM 0.16; built without them)."""
+    m = plan.model
+    if not m.gated_mlp:
+        return []
+    out = []
+    if m.glu_activation in ("gelu", "gelu_tanh"):
+        out.append(f"GeGLU: model {m.name}'s gated MLP gates with {m.glu_activation}, for which {where} have no switch "
+                   "(--swiglu and --quick-geglu only), so they build SwiGLU (same shapes, parameters and cost)")
+    if m.glu_linear_offset or m.glu_clamp is not None:
+        parts = ([f"glu_linear_offset {m.glu_linear_offset:g}"] if m.glu_linear_offset else []) + \
+                ([f"glu_clamp {m.glu_clamp:g}"] if m.glu_clamp is not None else [])
+        out.append(f"{' and '.join(parts)}: model {m.name}'s gated MLP adds an offset to its linear branch and/or "
+                   f"clamps its branches, which {where} cannot carry (megatron-core's glu_linear_offset and "
+                   "activation_func_clamp_value have no Megatron-LM 0.16 flag), so they build it without; "
+                   "Megatron-Bridge's recipe for the model sets them itself")
+    return out
+
+
 def rope_omissions(plan: Plan) -> list[str]:
     """The RoPE base, when the model spec cannot say it (Megatron would use its default silently), YaRN
     scaling of standard attention, which the flags cannot carry (they would run plain RoPE), and query/key norms
     over all heads together (OLMo 2), which megatron-core's --qk-layernorm (one head wide) does not build."""
     m = plan.model
-    out = qk_norm_omissions(plan, "--qk-layernorm")
+    out = qk_norm_omissions(plan, "--qk-layernorm") + glu_omissions(plan, "these flags")
     if m.position_embedding == "rope" and not m.is_mla and rope_base(m) is None:
         out.append(f"--rotary-base: model {m.name} has no rope_theta in its spec, so Megatron's default "
                    f"{MEGATRON_ROTARY_BASE} would apply; add --rotary-base <rope_theta of its config.json>")

@@ -109,7 +109,9 @@ def overrides(plan: Plan) -> dict[str, Any]:
     except NotExpressibleError as exc:
         raise NotExpressibleError(FRAMEWORK, exc.reason) from None
     tf, ddp, opt, gpt, training = core["transformer"], core["ddp"], core["optimizer"], core["gpt"], core["training"]
-    if tf.get("activation_func") not in (None, "silu"):
+    # the gate's activation (SwiGLU, quick-GEGLU) is the recipe provider's own, as are gpt-oss's offset and clamp
+    # (a callable and two fields the overrides leave to the recipe): only gated_linear_unit is written
+    if tf.get("activation_func") not in (None, "silu", "quick_gelu"):
         raise NotExpressibleError(FRAMEWORK, f"activation {tf['activation_func']!r}")
     tf = _ALWAYS_MODEL | tf
     if tf.get("recompute_granularity") != "selective":

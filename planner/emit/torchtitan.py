@@ -153,7 +153,8 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
 
 
 def _architecture_notes(m) -> list[str]:
-    """What the torchtitan model chosen for an MoE, latent-attention, windowed or query/key-normed model must have."""
+    """What the torchtitan model chosen for an MoE, latent-attention, windowed, query/key-normed or non-SwiGLU model
+    must have."""
     notes = []
     if m.is_moe:
         dense = m.moe_layer_mask().count(False)
@@ -171,6 +172,11 @@ def _architecture_notes(m) -> list[str]:
     elif m.qk_norm == "full":
         notes.append("query/key norms over all query heads together and all key heads together (OLMo 2): none of "
                      "torchtitan's models has them, so the chosen model must add them")
+    if m.gated_mlp and (m.glu_activation != "silu" or m.glu_linear_offset or m.glu_clamp is not None):
+        clamp = f", both branches clamped at {m.glu_clamp:g}" if m.glu_clamp is not None else ""
+        offset = f", the linear branch offset by {m.glu_linear_offset:g}" if m.glu_linear_offset else ""
+        notes.append(f"gated MLP: the gate's activation is {m.glu_activation}{offset}{clamp} (torchtitan's llama3 and "
+                     "qwen3 gate with SiLU; its gpt_oss has gpt-oss's)")
     return notes
 
 

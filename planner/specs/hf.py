@@ -103,10 +103,13 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
                     "moe_intermediate_size": 2048, "num_nextn_predict_layers": 0,
                     "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4},
     "gpt_oss": {"tie_word_embeddings": False, "attention_bias": True, "sliding_window": 128,
-                "num_local_experts": 128, "num_experts_per_tok": 4, "head_dim": 64},
-    "gemma": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False},
-    "gemma2": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False, "sliding_window": 4096},
+                "num_local_experts": 128, "num_experts_per_tok": 4, "head_dim": 64, "swiglu_limit": 7.0},
+    "gemma": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False,
+              "hidden_activation": "gelu_pytorch_tanh"},
+    "gemma2": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False, "sliding_window": 4096,
+               "hidden_activation": "gelu_pytorch_tanh"},
     "gemma3_text": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False,
+                    "hidden_activation": "gelu_pytorch_tanh",
                     "sliding_window": 4096, "sliding_window_pattern": 6, "vocab_size": 262208,
                     "max_position_embeddings": 131072},
     "phi3": {"tie_word_embeddings": False, "sliding_window": None},
@@ -247,7 +250,26 @@ def _decoder(c: _Cfg, **overrides: Any) -> dict[str, Any]:
         out["linear_bias"] = True
     elif attention_bias:  # q, k, v biases (the output projection's h per layer is not counted)
         out["qkv_bias"] = True
-    return out | overrides
+    out |= overrides
+    if out["gated_mlp"] and "glu_activation" not in overrides:
+        out["glu_activation"] = glu_activation(c)
+    return out
+
+
+#: Hugging Face activation names (transformers ACT2FN) of a gated MLP's gate -> ModelSpec.glu_activation.
+GLU_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+                   "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+
+
+def glu_activation(c: _Cfg) -> str:
+    """The gate's activation: `hidden_activation` where the config has it (Gemma's, which its MLP uses), else
+    `hidden_act` (default silu); a name meshplan does not know is refused, naming the field."""
+    gemma = c.raw("hidden_activation") or c.defaults.get("hidden_activation")  # None in a Gemma config: its default
+    key, name = ("hidden_activation", gemma) if gemma is not None else ("hidden_act", c.raw("hidden_act", "silu"))
+    if name not in GLU_ACTIVATIONS:
+        raise SpecError(f"{c._where()}: {key} {name!r} is not a gated-MLP activation meshplan models "
+                        f"({', '.join(sorted(GLU_ACTIVATIONS))})")
+    return GLU_ACTIVATIONS[name]
 
 
 def _window(c: _Cfg, num_layers: int, every: int = 0, local_from: int = 0) -> dict[str, Any]:
@@ -409,8 +431,14 @@ def _gpt_oss(c: _Cfg) -> dict[str, Any]:
         raise SpecError(f"{c._where()}: experts_per_token ({given['experts_per_token']}) and num_experts_per_tok "
                         f"({given['num_experts_per_tok']}) disagree")
     top_k = next(iter(given.values())) if given else c.int("num_experts_per_tok")
+    # its experts' activation is hard-coded (transformers GptOssExperts: alpha 1.702, the linear branch + 1, both
+    # branches clamped by swiglu_limit), whatever hidden_act says
+    limit = c.raw("swiglu_limit")
+    if not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0:
+        raise SpecError(f"{c._where()}: swiglu_limit must be a positive number (got {limit!r})")
     out.update(num_experts=c.int("num_local_experts"), moe_top_k=top_k, moe_router_bias=True,
-               moe_expert_bias=True, attention_sinks=True)
+               moe_expert_bias=True, attention_sinks=True, glu_activation="quick_gelu", glu_linear_offset=1.0,
+               glu_clamp=float(limit))
     return out | _window(c, out["num_layers"], every=2)
 
 

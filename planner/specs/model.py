@@ -31,6 +31,17 @@ class ModelSpec(Spec):
     head_dim: int | None = Field(None, gt=0, le=MAX_WIDTH, description="Width of one head; default: hidden_size / num_attention_heads.")
     ffn_hidden_size: int = Field(gt=0, le=MAX_WIDTH, description="MLP inner width f (per branch for gated MLPs).")
     gated_mlp: bool = Field(False, description="SwiGLU-style gated MLP (three matrices) instead of a plain two-matrix MLP.")
+    glu_activation: Literal["silu", "gelu", "gelu_tanh", "quick_gelu"] = Field(
+        "silu", description="The gate's activation in a gated MLP: silu (SwiGLU: Llama, Qwen, Mistral, DeepSeek), gelu "
+        "or gelu_tanh (GeGLU; Gemma's gelu_pytorch_tanh), quick_gelu (x * sigmoid(1.702 x): gpt-oss; megatron-core's "
+        "quick_gelu). Only with gated_mlp.")
+    glu_linear_offset: float = Field(
+        0.0, ge=-1e3, le=1e3, description="Added to the linear (up) branch of a gated MLP before the product (gpt-oss: "
+        "1.0; megatron-core's glu_linear_offset). Only with gated_mlp.")
+    glu_clamp: float | None = Field(
+        None, gt=0, le=1e6, description="Clamp of a gated MLP's branches before the activation: the gate to at most "
+        "this, the linear branch to +- this (gpt-oss's swiglu_limit, 7.0; megatron-core's activation_func_clamp_value); "
+        "None: no clamp. Only with gated_mlp.")
     vocab_size: int = Field(gt=0, le=MAX_VOCAB, description="Vocabulary size V (unpadded).")
     tie_embeddings: bool = Field(True, description="Input embedding and output projection share weights.")
     position_embedding: Literal["learned", "rope", "none"] = Field(
@@ -111,6 +122,13 @@ class ModelSpec(Spec):
         if self.rope_scaling != "none" and self.position_embedding != "rope":
             raise SpecError(f"rope_scaling {self.rope_scaling!r} scales rotary embeddings, but position_embedding is "
                             f"{self.position_embedding!r}")
+        if not self.gated_mlp:
+            glu = {k: v for k, v in (("glu_activation", self.glu_activation if self.glu_activation != "silu" else None),
+                                     ("glu_linear_offset", self.glu_linear_offset or None),
+                                     ("glu_clamp", self.glu_clamp)) if v is not None}
+            if glu:
+                raise SpecError(f"{', '.join(f'{k}={v!r}' for k, v in glu.items())} describes a gated MLP, but "
+                                "gated_mlp is false")
         self._check_moe()
         self._check_mla()
         self._check_window()

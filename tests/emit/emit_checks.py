@@ -46,6 +46,9 @@ def megatron_configs(argv: list[str]) -> dict[str, Any]:
                 out[key] = getattr(torch, out[key])
         if out.get("activation_func") == "silu":
             out["activation_func"] = F.silu
+        elif out.get("activation_func") == "quick_gelu":  # Megatron-LM's --quick-geglu
+            from megatron.core.fusions.fused_bias_geglu import quick_gelu
+            out["activation_func"] = quick_gelu
         if "attention_backend" in out:
             out["attention_backend"] = AttnBackend[out["attention_backend"]]
         return out
@@ -85,6 +88,10 @@ def check_megatron(plan: Plan, argv: list[str]) -> None:
     assert (tc.num_layers, tc.hidden_size, tc.ffn_hidden_size) == (m.num_layers, m.hidden_size, m.ffn_hidden_size)
     assert (tc.num_attention_heads, tc.num_query_groups, tc.kv_channels) == (m.num_attention_heads, m.kv_heads, m.head_size)
     assert tc.gated_linear_unit == m.gated_mlp
+    if m.gated_mlp:  # quick-GEGLU where the model has it, SwiGLU for the rest (GeGLU is reported as dropped)
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+        assert (tc.activation_func is quick_gelu) == (m.glu_activation == "quick_gelu")
     assert tc.normalization == {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[m.norm]
     assert tc.add_bias_linear == m.linear_bias and tc.add_qkv_bias == (m.linear_bias or m.qkv_bias)
     expected_recompute = {"none": (None, None, None), "selective": ("selective", None, None),

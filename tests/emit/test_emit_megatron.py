@@ -374,3 +374,13 @@ def test_p2p_overlap_is_megatrons_default_for_interleaving_and_its_flag_turns_it
     bridge = get_emitter("megatron-bridge").render(plan, EmitOptions())
     assert f"model.overlap_p2p_comm={str(core).lower()}" in bridge
     assert f"model.batch_p2p_comm={str(not core).lower()}" in bridge
+
+
+@pytest.mark.parametrize("model,cluster,gpus,strategy", [
+    ("gpt-oss-120b", "dgx-b200", 64, dict(dp=64, ep=8, zero_stage=1)),
+    ("gemma-2-27b", "dgx-h100", 16, dict(dp=2, tp=8, sequence_parallel=True, zero_stage=1))])
+def test_the_gate_activation_reaches_megatron_core(model, cluster, gpus, strategy):
+    """gpt-oss's --quick-geglu builds megatron-core's quick_gelu gate (its offset and clamp are reported as dropped);
+    Gemma's GeGLU, which has no flag, builds SwiGLU and is reported."""
+    plan = make_plan(model, cluster, gpus, 64, 4096, strategy)
+    check_megatron(plan, megatron_args(plan))

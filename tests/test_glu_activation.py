@@ -120,3 +120,15 @@ def test_the_executor_builds_the_clamped_offset_gate():
     assert torch.allclose(mlp(x), expected)
     silu = MLP(8, 16, True, False)
     assert torch.allclose(silu(x), silu.w2(torch.nn.functional.silu(silu.w1(x)) * silu.w3(x)))
+
+
+def test_megatron_flags_refuse_a_dense_quick_geglu_mlp():
+    """megatron-core 0.16's dense MLP raises on quick-GEGLU with the bias-activation fusion Megatron-LM turns on
+    (MLP.forward: 'Only support fusion of gelu and swiglu'); only the grouped experts fuse it."""
+    from planner.emit import NotExpressibleError
+
+    dense = ModelSpec.model_validate(load_model("llama3-8b").model_dump() | {"name": "quick-dense",
+                                                                            "glu_activation": "quick_gelu"})
+    p = make_plan(dense, "dgx-h100", 8, 64, 4096, dict(dp=8, zero_stage=1))
+    with pytest.raises(NotExpressibleError, match="quick-GEGLU in a dense MLP"):
+        emit(p, "megatron")

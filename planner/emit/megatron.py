@@ -424,6 +424,12 @@ def _model_shape(f: PlanFacts) -> dict[str, Any]:
     if m.kv_heads != m.num_attention_heads:
         out |= {"group_query_attention": True, "num_query_groups": m.kv_heads}
     if m.gated_mlp:  # megatron-core 0.16 has flags for SwiGLU and quick-GEGLU only (glu_omissions says the rest)
+        if m.glu_activation == "quick_gelu" and (not all(m.moe_layer_mask()) or m.num_shared_experts):
+            raise NotExpressibleError(FRAMEWORK, f"model {m.name}'s quick-GEGLU in a dense MLP (dense layers or shared "
+                                      "experts): megatron-core 0.16 fuses quick-GEGLU only in the grouped experts, "
+                                      "its dense MLP raises with Megatron-LM's default bias-activation fusion, and "
+                                      "--no-bias-gelu-fusion would run the experts' activation unfused, which the "
+                                      "plan was not costed with")
         out["quick_geglu" if m.glu_activation == "quick_gelu" else "swiglu"] = True
     out["normalization"] = _NORM[m.norm]
     if m.qk_norm == "per_head":  # megatron-core's q_layernorm / k_layernorm: hidden_size_per_attention_head wide

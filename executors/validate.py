@@ -169,8 +169,11 @@ def engine_config(engine: str, model: ModelSpec, cluster: ClusterSpec, train: Tr
     plan = Plan(rank=1, strategy=st, estimate=estimate, model=model, cluster=cluster, train=train, num_gpus=num_gpus)
     try:
         if engine == "megatron":
-            from planner.emit.megatron import core_config_kwargs, megatron_args, parse_args
+            from planner.emit.megatron import core_config_kwargs, glu_omissions, megatron_args, parse_args
 
+            dropped = glu_omissions(plan, "Megatron-LM's flags")  # the engine would build another activation
+            if dropped:
+                return None, "; ".join(dropped)
             return core_config_kwargs(parse_args(megatron_args(plan))), ""
         from planner.emit.deepspeed import ds_config
 

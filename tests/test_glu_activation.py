@@ -132,3 +132,14 @@ def test_megatron_flags_refuse_a_dense_quick_geglu_mlp():
     p = make_plan(dense, "dgx-h100", 8, 64, 4096, dict(dp=8, zero_stage=1))
     with pytest.raises(NotExpressibleError, match="quick-GEGLU in a dense MLP"):
         emit(p, "megatron")
+
+
+def test_the_megatron_engine_refuses_a_gate_its_flags_cannot_build():
+    from executors.validate import engine_config
+
+    gemma = make_plan("gemma-2-27b", "dgx-h100", 16, 64, 4096, dict(dp=2, tp=8, sequence_parallel=True, zero_stage=1))
+    config, why = engine_config("megatron", gemma.model, gemma.cluster, gemma.train, 16, gemma.strategy, gemma.estimate)
+    assert config is None and why.startswith("GeGLU:")
+    llama = make_plan("llama3-8b", "dgx-h100", 8, 64, 4096, dict(dp=8, zero_stage=1))
+    config, why = engine_config("megatron", llama.model, llama.cluster, llama.train, 8, llama.strategy, llama.estimate)
+    assert config is not None and why == ""

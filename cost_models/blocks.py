@@ -300,7 +300,7 @@ def unfused_rotary_bytes(act: int) -> int:
     >>> unfused_rotary_bytes(2)  # against 2 x 2 inside a fused QKV epilogue
     24
     """
-    return 2 * act + act + 2 * act + 2 * act + 3 * act + 2 * act
+    return mds_rotary_bytes(act) + 2 * act  # Megatron-DeepSpeed's five operators, and the final cat
 
 
 @dataclass(frozen=True)
@@ -769,16 +769,18 @@ class MoE:
         >>> round(float(c.bytes[0]) / 1e6, 1), int(c.num_kernels)  # 16384 routed tokens x 2880, 8 values of 2 bytes
         (755.0, 3)
         """
-        if self.glu_clamp is None or not self.gated or x.framework != "megatron":
+        if not self._megatron_clamp(x):
             return Elementwise(ZERO, 0)
         return Elementwise(8 * x.act * self.routed_tokens(x) * self.ffn / x.etp, 3)
 
     def clamp_kept_bytes(self, x: Micro) -> np.ndarray:
         """Per routed token, what megatron-core's clamp keeps beyond a fused activation: the clamps save their inputs
         (the fc1 output, 2f wide) and the fused activation its own (the clamped copy), so one more 2f-wide tensor."""
-        if self.glu_clamp is None or not self.gated or x.framework != "megatron":
-            return ZERO
-        return 2 * x.act * self.ffn / x.etp
+        return 2 * x.act * self.ffn / x.etp if self._megatron_clamp(x) else ZERO
+
+    def _megatron_clamp(self, x: Micro) -> bool:
+        """Whether megatron-core clamps these experts' branches in eager kernels of their own."""
+        return self.glu_clamp is not None and self.gated and x.framework == "megatron"
 
     def quantization_padding(self, x: Micro) -> Elementwise:
         """Megatron-core's grouped MLP under FP8 pads each local expert's rows to the quantised GEMMs' alignment

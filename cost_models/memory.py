@@ -680,8 +680,8 @@ def dispatcher_buffer_bytes(dispatcher: str, tokens: np.ndarray, hidden: int, ex
         inside = np.minimum(members, ep)
         domains = np.maximum(ep / np.maximum(inside, 1), 1)
         scales = 4 * (hidden // 128)
-        intra = tokens * ep * (2 * hidden + 4 * local * inside + scales)
-        row = 2 * hidden + 4 * local * inside
+        row = 2 * hidden + 4 * local * inside  # a token's 16-bit hidden and the domain's experts' fp32 probabilities
+        intra = tokens * ep * (row + scales)
         rdma = np.where(domains > 1, tokens * (2 * hidden + 4 * local * inside * domains + scales)
                         + tokens * (domains - 1) * (row + scales) + 2 * tokens * (domains - 1) * row, 0.0)
         return np.where(ep > 1, zero + intra + rdma, 0.0)

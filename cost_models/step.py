@@ -34,8 +34,8 @@ from cost_models.compute import LayerTimes, gemm_time, head_times, layer_times, 
 from cost_models.elementwise import elementwise_model
 from cost_models.layout import ParallelLayout
 from cost_models.sharding import framework_of, zero3_comm_s, zero3_impl_of
-from cost_models.memory import (RUNTIME_TERMS, dispatcher_buffer_bytes, fp8_weight_memory, kind_quantised_weights, model_state_bytes,
-                                param_gather_saving_per_element, per_row, runtime_memory_bytes,
+from cost_models.memory import (RUNTIME_TERMS, dispatcher_buffer_bytes, fp8_weight_memory, kind_quantised_weights,
+                                model_state_bytes, param_gather_saving_per_element, per_row, runtime_memory_bytes,
                                 offloaded_activation_bytes, offloaded_layers, stage_activation_bytes,
                                 stage_expert_params, stage_kind_counts, stage_params,
                                 zero3_head_bytes, zero3_working_bytes)

@@ -132,7 +132,7 @@ def _data(plan: Plan, options: EmitOptions, framework: str) -> dict[str, Any]:
 def _omissions(plan: Plan, options: EmitOptions) -> list[str]:
     """What the started framework's part of the script cannot carry (the Megatron-LM flags' RoPE base)."""
     workload(plan, options)
-    return megatron.rope_omissions(plan) if options.launch_for == "megatron" else []
+    return megatron.flag_omissions(plan) if options.launch_for == "megatron" else []
 
 
 class TorchrunEmitter:

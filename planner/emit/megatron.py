@@ -795,16 +795,13 @@ def glu_omissions(plan: Plan, where: str) -> list[str]:
     """What of a gated MLP's activation `where` (Megatron-LM's flags) cannot say: a GeGLU gate (no flag; built as
     SwiGLU, same shapes and cost), and gpt-oss's linear offset and clamp (megatron-core's glu_linear_offset and
     activation_func_clamp_value have no flag in Megatron-LM 0.16; built without them)."""
-    m = plan.model
-    if not m.gated_mlp:
-        return []
+    m = plan.model  # a model without a gated MLP has none of these (ModelSpec refuses them)
     out = []
     if m.glu_activation in ("gelu", "gelu_tanh"):
         out.append(f"GeGLU: model {m.name}'s gated MLP gates with {m.glu_activation}, for which {where} have no switch "
                    "(--swiglu and --quick-geglu only), so they build SwiGLU (same shapes, parameters and cost)")
-    if m.glu_linear_offset or m.glu_clamp is not None:
-        parts = ([f"glu_linear_offset {m.glu_linear_offset:g}"] if m.glu_linear_offset else []) + \
-                ([f"glu_clamp {m.glu_clamp:g}"] if m.glu_clamp is not None else [])
+    parts = [f"{k} {v:g}" for k, v in m.glu_settings().items() if k != "glu_activation"]
+    if parts:
         out.append(f"{' and '.join(parts)}: model {m.name}'s gated MLP adds an offset to its linear branch and/or "
                    f"clamps its branches, which {where} cannot carry (megatron-core's glu_linear_offset and "
                    "activation_func_clamp_value have no Megatron-LM 0.16 flag), so they build it without; "
@@ -812,10 +809,11 @@ def glu_omissions(plan: Plan, where: str) -> list[str]:
     return out
 
 
-def rope_omissions(plan: Plan) -> list[str]:
-    """The RoPE base, when the model spec cannot say it (Megatron would use its default silently), YaRN
-    scaling of standard attention, which the flags cannot carry (they would run plain RoPE), and query/key norms
-    over all heads together (OLMo 2), which megatron-core's --qk-layernorm (one head wide) does not build."""
+def flag_omissions(plan: Plan) -> list[str]:
+    """What of the model the flags cannot say: query/key norms over all heads together (OLMo 2), which
+    megatron-core's --qk-layernorm (one head wide) does not build; a gated MLP's gate they have no switch for
+    (`glu_omissions`); the RoPE base, when the model spec cannot say it (Megatron would use its default silently);
+    and YaRN scaling of standard attention (they would run plain RoPE)."""
     m = plan.model
     out = qk_norm_omissions(plan, "--qk-layernorm") + glu_omissions(plan, "these flags")
     if m.position_embedding == "rope" and not m.is_mla and rope_base(m) is None:
@@ -863,7 +861,7 @@ class MegatronEmitter:
 
     def omissions(self, plan: Plan, options: EmitOptions) -> list[str]:
         megatron_args(plan)
-        return rope_omissions(plan)
+        return flag_omissions(plan)
 
 
 REGISTRY.register(MegatronEmitter())

@@ -172,7 +172,7 @@ def _architecture_notes(m) -> list[str]:
     elif m.qk_norm == "full":
         notes.append("query/key norms over all query heads together and all key heads together (OLMo 2): none of "
                      "torchtitan's models has them, so the chosen model must add them")
-    if m.gated_mlp and (m.glu_activation != "silu" or m.glu_linear_offset or m.glu_clamp is not None):
+    if m.glu_settings():
         clamp = f", both branches clamped at {m.glu_clamp:g}" if m.glu_clamp is not None else ""
         offset = f", the linear branch offset by {m.glu_linear_offset:g}" if m.glu_linear_offset else ""
         notes.append(f"gated MLP: the gate's activation is {m.glu_activation}{offset}{clamp} (torchtitan's llama3 and "

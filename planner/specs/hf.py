@@ -174,9 +174,14 @@ class _Cfg:
         """The rotary base: a positive finite number (Hugging Face's own default where the key is absent)."""
         params = self.raw("rope_parameters")  # transformers 5 moves the base into rope_parameters
         nested = params.get("rope_theta") if isinstance(params, dict) else None
-        value = self.raw("rope_theta", default if nested is None else nested)
+        return self.positive("rope_theta", self.raw("rope_theta", default if nested is None else nested))
+
+    def positive(self, key: str, value: Any = ...) -> float:
+        """`value` (default: the config's `key`, family-defaulted) as a positive finite number; else refused,
+        naming `key`."""
+        value = self.raw(key) if value is ... else value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise SpecError(f"{self._where()}: rope_theta must be a positive number (got {short_repr(value)})")
+            raise SpecError(f"{self._where()}: {key} must be a positive number (got {short_repr(value)})")
         return float(value)
 
     def rope_scaling(self) -> str:
@@ -425,20 +430,16 @@ def _gpt_oss(c: _Cfg) -> dict[str, Any]:
     """gpt-oss: every layer MoE (num_local_experts, experts_per_token / num_experts_per_tok),
     biases on attention, router and experts, one attention-sink logit per head, windowed
     layers from layer_types (default: alternating, starting windowed)."""
-    out = _decoder(c, linear_bias=c.bool("attention_bias"), qkv_bias=False)
+    # its experts' activation is hard-coded (transformers GptOssExperts: alpha 1.702, the linear branch + 1, both
+    # branches clamped by swiglu_limit), whatever hidden_act says
+    out = _decoder(c, linear_bias=c.bool("attention_bias"), qkv_bias=False, glu_activation="quick_gelu")
     given = {k: c.int(k) for k in ("num_experts_per_tok", "experts_per_token") if k in c.data}
     if len(set(given.values())) > 1:
         raise SpecError(f"{c._where()}: experts_per_token ({given['experts_per_token']}) and num_experts_per_tok "
                         f"({given['num_experts_per_tok']}) disagree")
     top_k = next(iter(given.values())) if given else c.int("num_experts_per_tok")
-    # its experts' activation is hard-coded (transformers GptOssExperts: alpha 1.702, the linear branch + 1, both
-    # branches clamped by swiglu_limit), whatever hidden_act says
-    limit = c.raw("swiglu_limit")
-    if not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0:
-        raise SpecError(f"{c._where()}: swiglu_limit must be a positive number (got {limit!r})")
     out.update(num_experts=c.int("num_local_experts"), moe_top_k=top_k, moe_router_bias=True,
-               moe_expert_bias=True, attention_sinks=True, glu_activation="quick_gelu", glu_linear_offset=1.0,
-               glu_clamp=float(limit))
+               moe_expert_bias=True, attention_sinks=True, glu_linear_offset=1.0, glu_clamp=c.positive("swiglu_limit"))
     return out | _window(c, out["num_layers"], every=2)
 
 

@@ -122,13 +122,10 @@ class ModelSpec(Spec):
         if self.rope_scaling != "none" and self.position_embedding != "rope":
             raise SpecError(f"rope_scaling {self.rope_scaling!r} scales rotary embeddings, but position_embedding is "
                             f"{self.position_embedding!r}")
-        if not self.gated_mlp:
-            glu = {k: v for k, v in (("glu_activation", self.glu_activation if self.glu_activation != "silu" else None),
-                                     ("glu_linear_offset", self.glu_linear_offset or None),
-                                     ("glu_clamp", self.glu_clamp)) if v is not None}
-            if glu:
-                raise SpecError(f"{', '.join(f'{k}={v!r}' for k, v in glu.items())} describes a gated MLP, but "
-                                "gated_mlp is false")
+        glu = self.glu_settings()
+        if glu and not self.gated_mlp:
+            raise SpecError(f"{', '.join(f'{k}={v!r}' for k, v in glu.items())} describes a gated MLP, but "
+                            "gated_mlp is false")
         self._check_moe()
         self._check_mla()
         self._check_window()
@@ -196,6 +193,13 @@ class ModelSpec(Spec):
                 raise SpecError(f"global_attention_layers {bad} must be layer indices 0..{L - 1}")
 
     # ---- per-layer patterns ------------------------------------------------
+    def glu_settings(self) -> dict[str, Any]:
+        """The gated-MLP fields that differ from plain SwiGLU ({} for SwiGLU): glu_activation other than silu,
+        a glu_linear_offset, a glu_clamp."""
+        return {k: v for k, v, default in (("glu_activation", self.glu_activation, "silu"),
+                                           ("glu_linear_offset", self.glu_linear_offset, 0.0),
+                                           ("glu_clamp", self.glu_clamp, None)) if v != default}
+
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0

@@ -16,11 +16,12 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from planner.specs.strategy import RECOMPUTE_MODULES
+
 RECOMPUTE_NAMES = ("none", "selective", "full")
 RECOMPUTE_CODE = {name: code for code, name in enumerate(RECOMPUTE_NAMES)}
-#: Megatron-core's `--recompute-modules` names; `recompute_modules` holds them as a bit mask
-#: (bit i = RECOMPUTE_MODULES[i]; 0 = not set, which selective recompute reads as core_attn).
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts", "moe")
+# `recompute_modules` holds Megatron-core's module names (planner.specs.strategy.RECOMPUTE_MODULES)
+# as a bit mask (bit i = RECOMPUTE_MODULES[i]; 0 = not set, which selective recompute reads as core_attn).
 
 
 #: Optional counts of a Strategy (None) held as 0 in the arrays.

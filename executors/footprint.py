@@ -47,6 +47,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from cost_models.params import num_params
+
 GIB = 2**30
 MIB = 2**20
 
@@ -100,8 +102,8 @@ def training_bytes(estimate, num_params: int, tp: int = 1, pp: int = 1) -> float
 
 def run_footprint(label: str, model, estimate, num_gpus: int, tp: int = 1, pp: int = 1) -> Footprint:
     """Host memory of one torchrun run of `num_gpus` local ranks."""
-    build = FP32_BYTES * model.num_params()
-    train = training_bytes(estimate, model.num_params(), tp, pp)
+    build = FP32_BYTES * num_params(model)
+    train = training_bytes(estimate, num_params(model), tp, pp)
     per_rank = RANK_BASELINE_BYTES + HOST_OVERHEAD_FACTOR * max(build, train)
     return Footprint(label, num_gpus, per_rank, LAUNCHER_BYTES + num_gpus * per_rank, build, train)
 
@@ -109,10 +111,10 @@ def run_footprint(label: str, model, estimate, num_gpus: int, tp: int = 1, pp: i
 def reference_footprint(model, chunk_estimate) -> Footprint:
     """Host memory of the single-process reference run; `chunk_estimate` is the prediction of a
     one-rank run at a micro-batch of REFERENCE_CHUNK_ROWS (its activations and logits), or None."""
-    build = FP32_BYTES * model.num_params()
+    build = FP32_BYTES * num_params(model)
     acts = 0.0 if chunk_estimate is None else sum(
         chunk_estimate.memory_bytes.get(k, 0.0) for k in ("activations", "embedding_activations", "logits"))
-    train = 2 * FP32_BYTES * model.num_params() + acts
+    train = 2 * FP32_BYTES * num_params(model) + acts
     per = RANK_BASELINE_BYTES + HOST_OVERHEAD_FACTOR * max(build, train)
     return Footprint("reference run", 1, per, per, build, train)
 

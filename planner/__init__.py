@@ -6,20 +6,46 @@
     best = result.plans[0]
 """
 
-from planner.api import evaluate, plan
-from planner.errors import NoFeasibleStrategyError, SpecError
-from planner.specs import (
-    ClusterSpec,
-    Estimate,
-    GpuSpec,
-    LinkTier,
-    ModelSpec,
-    Plan,
-    PlanResult,
-    SearchStats,
-    Strategy,
-    TrainSpec,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names below resolve to
+    from planner.api import evaluate, plan
+    from planner.errors import SpecError
+    from planner.specs import (
+        ClusterSpec,
+        Estimate,
+        GpuSpec,
+        LinkTier,
+        ModelSpec,
+        Plan,
+        PlanResult,
+        SearchStats,
+        Strategy,
+        TrainSpec,
+    )
+
+# The public names are resolved on first use (PEP 562), so that importing the bottom layer
+# (`planner.errors`, `planner.specs`) from `profiles` or `cost_models` does not run the planner
+# core, which imports those layers in turn.
+_HOME = {"plan": "planner.api", "evaluate": "planner.api", "SpecError": "planner.errors",
+         **{name: "planner.specs" for name in ("ClusterSpec", "Estimate", "GpuSpec", "LinkTier", "ModelSpec", "Plan",
+                                                 "PlanResult", "SearchStats", "Strategy", "TrainSpec")}}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'planner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
+
 
 __all__ = [
     "ClusterSpec",
@@ -27,7 +53,6 @@ __all__ = [
     "GpuSpec",
     "LinkTier",
     "ModelSpec",
-    "NoFeasibleStrategyError",
     "Plan",
     "PlanResult",
     "SearchStats",

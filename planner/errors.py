@@ -41,10 +41,6 @@ class SpecValidationError(SpecError):
         self.problems = problems
 
 
-class NoFeasibleStrategyError(SpecError):
-    """No candidate fits; the message says which came closest and by how much."""
-
-
 class ConfigWarning(UserWarning):
     """Input was accepted with an assumption or a doubt the user should see (the CLI prints each
     such warning once on stderr as one `warning:` line)."""

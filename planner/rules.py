@@ -17,6 +17,7 @@ import numpy as np
 
 from cost_models.arrays import StrategyArrays, modules_mask
 from cost_models.layout import ParallelLayout
+from cost_models.params import num_params
 
 
 @dataclass(frozen=True)
@@ -334,7 +335,7 @@ def family_warning(model, presets: dict[tuple, object] | None = None) -> str | N
     differ = [f for f in FAMILY_FIELDS if getattr(model, f) != getattr(preset, f)]
     if not differ:
         return None
-    mine, theirs = model.num_params(), preset.num_params()
+    mine, theirs = num_params(model), num_params(preset)
     shown = ", ".join(f"{f} ({getattr(model, f)}; the preset: {getattr(preset, f)})" for f in differ)
     return (f"model {model.name} has the shape of preset {preset.name} ({', '.join(SHAPE_FIELDS)} equal) but differs "
             f"in {shown}: {mine / 1e9:.2f}B parameters against the preset's {theirs / 1e9:.2f}B "

@@ -32,10 +32,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.errors import SpecError, SpecValidationError, format_validation_error, short_repr, unknown_name_message
+from planner.errors import (
+    SpecError,
+    SpecValidationError,
+    format_validation_error,
+    short_repr,
+    unknown_name_message,
+)
 from planner.specs import ClusterSpec, GpuSpec, HostSpec, LinkTier, ModelSpec
 from planner.specs.files import load_path
 from planner.specs.hardware import StepTimeResiduals
+from planner.specs.hf import read_hf_config
 
 PROFILES_DIR = Path(__file__).resolve().parent
 GIB = 2**30
@@ -343,10 +350,10 @@ def load_model(ref: str | Path | ModelSpec | dict) -> ModelSpec:
         return ref
     if isinstance(ref, dict):
         if "model_type" in ref or "num_hidden_layers" in ref or "n_layer" in ref:
-            return ModelSpec.from_hf_config(ref)
+            return read_hf_config(ref)
         return _validated(ModelSpec, ref, "model")
     text = str(ref)
     if text.endswith(".json"):
-        return ModelSpec.from_hf_config(text)
+        return read_hf_config(text)
     path = _resolve("models", text)
     return _validated(ModelSpec, read_yaml(path, "model"), f"model {path.stem}")

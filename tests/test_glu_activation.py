@@ -12,6 +12,7 @@ from cost_models.blocks import Micro, model_blocks
 from planner.emit import emit, omissions
 from planner.errors import SpecError
 from planner.specs import ModelSpec
+from planner.specs.hf import read_hf_config
 from profiles import load_model
 from tests.emit.emit_plans import make_plan
 
@@ -20,23 +21,23 @@ LLAMA = dict(model_type="llama", num_hidden_layers=4, hidden_size=1024, num_atte
 
 
 def test_hugging_face_configs_say_the_gate_activation():
-    assert ModelSpec.from_hf_config(LLAMA).glu_activation == "silu"
-    assert ModelSpec.from_hf_config(LLAMA | {"hidden_act": "gelu"}).glu_activation == "gelu"
-    gemma = ModelSpec.from_hf_config("tests/fixtures/hf/gemma-2-27b.json")
+    assert read_hf_config(LLAMA).glu_activation == "silu"
+    assert read_hf_config(LLAMA | {"hidden_act": "gelu"}).glu_activation == "gelu"
+    gemma = read_hf_config("tests/fixtures/hf/gemma-2-27b.json")
     assert (gemma.glu_activation, gemma.glu_linear_offset, gemma.glu_clamp) == ("gelu_tanh", 0.0, None)
     # a Gemma config whose hidden_activation is null runs gelu_pytorch_tanh (transformers' GemmaMLP)
     plain = dict(LLAMA, model_type="gemma", hidden_act="gelu", hidden_activation=None)
-    assert ModelSpec.from_hf_config(plain).glu_activation == "gelu_tanh"
-    oss = ModelSpec.from_hf_config("tests/fixtures/hf/gpt-oss-120b.json")  # its hidden_act "silu" is not what runs
+    assert read_hf_config(plain).glu_activation == "gelu_tanh"
+    oss = read_hf_config("tests/fixtures/hf/gpt-oss-120b.json")  # its hidden_act "silu" is not what runs
     assert (oss.glu_activation, oss.glu_linear_offset, oss.glu_clamp) == ("quick_gelu", 1.0, 7.0)
     assert load_model("gpt-oss-120b").glu_clamp == 7.0 and load_model("llama3-8b").glu_activation == "silu"
 
 
 def test_an_unknown_activation_or_limit_is_refused_naming_the_field():
     with pytest.raises(SpecError, match="hidden_act 'relu6'"):
-        ModelSpec.from_hf_config(LLAMA | {"hidden_act": "relu6"})
+        read_hf_config(LLAMA | {"hidden_act": "relu6"})
     with pytest.raises(SpecError, match="swiglu_limit"):
-        ModelSpec.from_hf_config(dict(load_json("tests/fixtures/hf/gpt-oss-20b.json"), swiglu_limit="big"))
+        read_hf_config(dict(load_json("tests/fixtures/hf/gpt-oss-20b.json"), swiglu_limit="big"))
 
 
 def load_json(path: str) -> dict:

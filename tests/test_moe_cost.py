@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from cost_models.blocks import LatentAttention, model_blocks
+from cost_models.params import expert_params, num_active_params, num_params
 from cost_models.units import optimizer_state_bytes
 from planner import evaluate
 from planner.cli import main
@@ -43,8 +44,8 @@ def test_all_to_all_only_with_expert_parallelism():
 
 def test_expert_states_are_sharded_by_ep_and_the_expert_data_parallel_group():
     model = ModelSpec(**MIXTRAL)
-    experts = model.expert_params()
-    dense = model.num_params() - experts
+    experts = expert_params(model)
+    dense = num_params(model) - experts
     for ep in (1, 2, 8):
         e = _eval(MIXTRAL, dp=16, ep=ep, zero_stage=1)
         edp = 16 // ep
@@ -62,9 +63,9 @@ def test_model_flops_count_the_active_experts_only():
     tokens = gbs * seq
     step_flop = e.model_tflops_per_gpu * 1e12 * e.step_time_s * 16
     embedding = model.vocab_size * model.hidden_size  # a lookup, not a GEMM
-    six_n_t = 6 * (model.num_active_params() - embedding) * tokens
+    six_n_t = 6 * (num_active_params(model) - embedding) * tokens
     assert step_flop == pytest.approx(six_n_t, rel=0.08)  # the rest is attention's s² term and the router
-    assert step_flop < 6 * model.num_params() * tokens / 2
+    assert step_flop < 6 * num_params(model) * tokens / 2
 
 
 def test_load_imbalance_slows_experts_and_dispatch():

@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks.peak_memory import DATA, MAX_UNDER, published_rows
 from cost_models.memory import cross_entropy_bytes_per_logit
+from cost_models.params import num_params
 from cost_models.sharding import framework_profile
 from planner import evaluate
 from profiles import load_model
@@ -48,13 +49,13 @@ def test_megatron_memory_ignores_fusion_and_keeps_its_terms():
     on, off = _est("megatron", True), _est("megatron", False)
     assert on.memory_bytes == off.memory_bytes
     m = on.memory_bytes
-    params = load_model("llama3.1-8b").num_params()
+    params = num_params(load_model("llama3.1-8b"))
     assert m["params"] == pytest.approx(2 * params / 8, rel=0.01)  # the 16-bit shard stays for Megatron
     assert m["zero3_buffers"] < _est("torchtitan").memory_bytes["zero3_buffers"]
 
 
 def test_fsdp2_keeps_one_fp32_shard_under_zero3_only():
-    params = load_model("llama3.1-8b").num_params()
+    params = num_params(load_model("llama3.1-8b"))
     z3 = _est().memory_bytes
     assert z3["params"] == 0
     assert z3["params"] + z3["grads"] + z3["optimizer"] == pytest.approx(16 * params / 8, rel=0.01)

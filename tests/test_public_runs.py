@@ -25,6 +25,7 @@ from benchmarks.validation import (
     public_runs,
     public_set_path,
 )
+from cost_models.params import num_params
 from profiles import PROFILES_DIR
 
 DATA = ROOT / "benchmarks" / "data"
@@ -181,7 +182,7 @@ def test_llmfoundry_presets_reproduce_the_published_parameter_counts():
     rows = json.loads(public_set_path("llmfoundry_h100").read_text())["rows"]
     cases = public_runs("llmfoundry_h100").cases
     assert len(cases) == len(rows)
-    assert [c.model.num_params() for c in cases] == [r["num_params"] for r in rows]
+    assert [num_params(c.model) for c in cases] == [r["num_params"] for r in rows]
     assert {r["model"] for r in rows} == {f"mpt-{s}" for s in ("760m", "1b", "3b", "7b", "13b", "30b", "70b")}
 
 

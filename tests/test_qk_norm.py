@@ -8,11 +8,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cost_models.blocks import EAGER_RMSNORM_KERNELS, Micro, eager_rmsnorm_bytes, model_blocks
+from cost_models.blocks import (
+    EAGER_RMSNORM_KERNELS,
+    Micro,
+    eager_rmsnorm_bytes,
+    model_blocks,
+)
+from cost_models.params import num_params
 from planner import Strategy, evaluate, plan
 from planner.emit import NotExpressibleError, emit, emit_data, omissions
 from planner.errors import SpecError
 from planner.specs import ModelSpec
+from planner.specs.hf import read_hf_config
 from profiles import load_model
 
 QWEN3_8B = dict(model_type="qwen3", num_hidden_layers=36, hidden_size=4096, num_attention_heads=32,
@@ -33,11 +40,11 @@ def attention(model: ModelSpec):
 
 
 def test_hugging_face_families_carry_their_query_key_norms():
-    assert ModelSpec.from_hf_config(QWEN3_8B).qk_norm == "per_head"
-    assert ModelSpec.from_hf_config(OLMO2_7B).qk_norm == "full"
-    assert ModelSpec.from_hf_config(OLMO2_7B | {"model_type": "olmo"}).qk_norm == "none"
-    assert ModelSpec.from_hf_config(QWEN3_8B | {"model_type": "llama"}).qk_norm == "none"
-    assert ModelSpec.from_hf_config("tests/fixtures/hf/qwen3-30b-a3b.json").qk_norm == "per_head"
+    assert read_hf_config(QWEN3_8B).qk_norm == "per_head"
+    assert read_hf_config(OLMO2_7B).qk_norm == "full"
+    assert read_hf_config(OLMO2_7B | {"model_type": "olmo"}).qk_norm == "none"
+    assert read_hf_config(QWEN3_8B | {"model_type": "llama"}).qk_norm == "none"
+    assert read_hf_config("tests/fixtures/hf/qwen3-30b-a3b.json").qk_norm == "per_head"
     assert load_model("qwen3-30b-a3b").qk_norm == load_model("qwen3-235b-a22b").qk_norm == "per_head"
 
 
@@ -48,11 +55,11 @@ def test_latent_attention_refuses_query_key_norms():
 
 
 def test_norm_weights_are_parameters_and_per_head_ones_are_whole_on_every_tp_rank():
-    qwen = ModelSpec.from_hf_config(QWEN3_8B)
+    qwen = read_hf_config(QWEN3_8B)
     plain = qwen.model_copy(update={"qk_norm": "none"})
-    assert qwen.num_params() - plain.num_params() == 36 * 2 * 128  # one head's width, for Q and for K
-    olmo = ModelSpec.from_hf_config(OLMO2_7B)
-    assert olmo.num_params() - olmo.model_copy(update={"qk_norm": "none"}).num_params() == 32 * (4096 + 4096)
+    assert num_params(qwen) - num_params(plain) == 36 * 2 * 128  # one head's width, for Q and for K
+    olmo = read_hf_config(OLMO2_7B)
+    assert num_params(olmo) - num_params(olmo.model_copy(update={"qk_norm": "none"})) == 32 * (4096 + 4096)
     tp = np.array([1, 4])
     per_head, none = attention(qwen).params_per_rank(tp), attention(plain).params_per_rank(tp)
     assert (per_head - none).tolist() == [256, 256]  # replicated, not split
@@ -62,7 +69,7 @@ def test_norm_weights_are_parameters_and_per_head_ones_are_whole_on_every_tp_ran
 
 @pytest.mark.parametrize("eager", [False, True])
 def test_two_norm_kernels_over_q_and_k(eager):
-    qwen = ModelSpec.from_hf_config(QWEN3_8B)
+    qwen = read_hf_config(QWEN3_8B)
     att, plain = attention(qwen), attention(qwen.model_copy(update={"qk_norm": "none"}))
     for tp in (1, 2):
         x = micro(eager, tp)
@@ -92,14 +99,14 @@ def _plan(model: ModelSpec, **constraints):
 
 
 def test_megatron_builds_per_head_norms_and_says_it_cannot_build_whole_width_ones():
-    qwen = _plan(ModelSpec.from_hf_config(QWEN3_8B), tp=2)
+    qwen = _plan(read_hf_config(QWEN3_8B), tp=2)
     assert "--qk-layernorm" in emit_data(qwen, "megatron")["args"]
     assert not [r for r in omissions(qwen, "megatron") if "query/key" in r]
     assert "model.qk_layernorm=true" in emit_data(qwen, "megatron-bridge")["overrides"]
     llama = _plan(load_model("llama3-8b"), tp=2)
     assert "--qk-layernorm" not in emit_data(llama, "megatron")["args"]
     assert "model.qk_layernorm=false" in emit_data(llama, "megatron-bridge")["overrides"]
-    olmo = _plan(ModelSpec.from_hf_config(OLMO2_7B), tp=2)
+    olmo = _plan(read_hf_config(OLMO2_7B), tp=2)
     assert "--qk-layernorm" not in emit_data(olmo, "megatron")["args"]
     for backend in ("megatron", "megatron-bridge"):
         said = [r for r in omissions(olmo, backend) if r.startswith("query/key norms: model")]
@@ -107,23 +114,23 @@ def test_megatron_builds_per_head_norms_and_says_it_cannot_build_whole_width_one
 
 
 def test_megatron_deepspeed_refuses_query_key_norms_with_model_parallelism():
-    qwen = _plan(ModelSpec.from_hf_config(QWEN3_8B), tp=2)
+    qwen = _plan(read_hf_config(QWEN3_8B), tp=2)
     with pytest.raises(NotExpressibleError, match=r"query/key norms \(qk_norm per_head\) with tp \(2\)"):
         emit(qwen, "megatron-deepspeed")
-    alone = _plan(ModelSpec.from_hf_config(QWEN3_8B), tp=1, pp=1)  # the JSON alone: the model code's own norms
+    alone = _plan(read_hf_config(QWEN3_8B), tp=1, pp=1)  # the JSON alone: the model code's own norms
     assert emit(alone, "deepspeed")
 
 
 def test_deepspeed_framework_does_not_rank_what_its_flags_cannot_build():
     """The framework's cannot_run rules agree with the emitter: no tp or pp with query/key norms."""
-    ranked = plan(model=ModelSpec.from_hf_config(QWEN3_8B), cluster="dgx-h100", num_gpus=16, global_batch_size=64,
+    ranked = plan(model=read_hf_config(QWEN3_8B), cluster="dgx-h100", num_gpus=16, global_batch_size=64,
                   seq_len=4096, top_k=50, framework="deepspeed").plans
     assert ranked and all(p.strategy.tp == 1 and p.strategy.pp == 1 for p in ranked)
     assert all(emit(p, "deepspeed") for p in ranked[:5])
 
 
 def test_torchtitan_notes_name_the_norms():
-    notes = emit_data(_plan(ModelSpec.from_hf_config(QWEN3_8B), tp=2), "torchtitan")["notes"]
+    notes = emit_data(_plan(read_hf_config(QWEN3_8B), tp=2), "torchtitan")["notes"]
     assert any("query/key norms" in n and "qwen3" in n for n in notes)
-    notes = emit_data(_plan(ModelSpec.from_hf_config(OLMO2_7B), tp=2), "torchtitan")["notes"]
+    notes = emit_data(_plan(read_hf_config(OLMO2_7B), tp=2), "torchtitan")["notes"]
     assert any("none of torchtitan's models has them" in n for n in notes)

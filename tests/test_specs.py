@@ -6,7 +6,9 @@ import json
 
 import pytest
 
+from cost_models.params import embedding_params, layer_params, num_params
 from planner import ModelSpec, SpecError, Strategy
+from planner.specs.hf import read_hf_config
 from profiles import list_presets, load_cluster, load_gpu, load_model
 
 # Published parameter counts (Hugging Face model cards / safetensors totals).
@@ -27,20 +29,20 @@ SC21_PARAMS_B = {"gpt3-1.7b": 1.7, "gpt3-3.6b": 3.6, "gpt3-7.5b": 7.5, "gpt3-18b
 
 @pytest.mark.parametrize("name,count", PUBLISHED_PARAMS.items())
 def test_llama_presets_match_published_counts_exactly(name, count):
-    assert load_model(name).num_params() == count
+    assert num_params(load_model(name)) == count
 
 
 @pytest.mark.parametrize("name,billions", SC21_PARAMS_B.items())
 def test_gpt3_presets_match_sc21_table1(name, billions):
     # SC'21 Eq. 2 plus the final LayerNorm; the table prints 1-4 significant digits.
-    assert load_model(name).num_params() / 1e9 == pytest.approx(billions, rel=0.03)
+    assert num_params(load_model(name)) / 1e9 == pytest.approx(billions, rel=0.03)
 
 
 def test_gpt3_layer_params_follow_sc21_eq2():
     m = load_model("gpt3-175b")
     h = m.hidden_size
-    assert m.layer_params() == 12 * h * h + 13 * h  # Eq. 2 per layer: 12h^2 (1 + 13/(12h))
-    assert m.embedding_params() == (m.vocab_size + m.max_position_embeddings) * h
+    assert layer_params(m) == 12 * h * h + 13 * h  # Eq. 2 per layer: 12h^2 (1 + 13/(12h))
+    assert embedding_params(m) == (m.vocab_size + m.max_position_embeddings) * h
 
 
 def test_every_preset_loads_and_names_a_source():
@@ -126,34 +128,34 @@ HF_LLAMA3_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size":
 def test_from_hf_config_llama_matches_preset(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(HF_LLAMA3_8B))
-    assert ModelSpec.from_hf_config(path).num_params() == PUBLISHED_PARAMS["llama3-8b"]
+    assert num_params(read_hf_config(path)) == PUBLISHED_PARAMS["llama3-8b"]
 
 
 def test_from_hf_config_families():
-    mistral = ModelSpec.from_hf_config({**HF_LLAMA3_8B, "model_type": "mistral", "vocab_size": 32000,
+    mistral = read_hf_config({**HF_LLAMA3_8B, "model_type": "mistral", "vocab_size": 32000,
                                         "intermediate_size": 14336})
-    assert mistral.num_params() == 7_241_732_096  # Mistral-7B-v0.1
-    qwen2 = ModelSpec.from_hf_config({"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+    assert num_params(mistral) == 7_241_732_096  # Mistral-7B-v0.1
+    qwen2 = read_hf_config({"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
                                       "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
                                       "vocab_size": 152064, "tie_word_embeddings": False})
-    assert qwen2.num_params() == 7_615_616_512  # Qwen2-7B (QKV biases)
-    gpt2 = ModelSpec.from_hf_config({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+    assert num_params(qwen2) == 7_615_616_512  # Qwen2-7B (QKV biases)
+    gpt2 = read_hf_config({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
                                      "vocab_size": 50257, "n_positions": 1024})
-    assert gpt2.num_params() == 124_439_808  # GPT-2 small
-    neox = ModelSpec.from_hf_config({"model_type": "gpt_neox", "hidden_size": 512, "intermediate_size": 2048,
+    assert num_params(gpt2) == 124_439_808  # GPT-2 small
+    neox = read_hf_config({"model_type": "gpt_neox", "hidden_size": 512, "intermediate_size": 2048,
                                      "num_hidden_layers": 6, "num_attention_heads": 8, "vocab_size": 50304})
-    assert neox.num_params() == 70_426_624  # Pythia-70m
+    assert num_params(neox) == 70_426_624  # Pythia-70m
 
 
 def test_from_hf_config_errors(tmp_path):
     with pytest.raises(SpecError, match="not supported"):
-        ModelSpec.from_hf_config({"model_type": "t5"})
+        read_hf_config({"model_type": "t5"})
     with pytest.raises(SpecError, match="lacks field 'num_hidden_layers'"):
-        ModelSpec.from_hf_config({"model_type": "llama", "hidden_size": 8})
+        read_hf_config({"model_type": "llama", "hidden_size": 8})
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
     with pytest.raises(SpecError, match="not valid JSON"):
-        ModelSpec.from_hf_config(bad)
+        read_hf_config(bad)
 
 
 def test_every_spec_field_is_documented():

@@ -8,39 +8,40 @@ import typer
 from rich.table import Table
 
 from cost_models.layout import ParallelLayout
+from cost_models.params import num_active_params, num_params
 from planner.api import evaluate as api_evaluate
 from planner.api import plan as api_plan
 from planner.cli.app import app
 from planner.cli.common import (
     GIB,
     AttentionOpt,
+    CeFusionImplOpt,
+    CeFusionOpt,
     ClusterOpt,
     ExitWith,
+    FlexSmsOpt,
     Format,
     FormatOpt,
+    Fp8ParamGatherOpt,
+    Fp8RecipeOpt,
     FrameworkOpt,
     GbsOpt,
     GpusOpt,
     GradPrecisionOpt,
     HeadroomOpt,
-    PlanFileOpt,
-    RankOpt,
     ModelOpt,
-    MoeImbalanceOpt,
     MoeDispatcherOpt,
-    Zero3ImplOpt,
-    Fp8ParamGatherOpt,
-    Fp8RecipeOpt,
-    CeFusionImplOpt,
-    CeFusionOpt,
-    FlexSmsOpt,
-    RouterPaddingOpt,
-    TorchCompileOpt,
+    MoeImbalanceOpt,
     OptimizerOpt,
+    PlanFileOpt,
     Precision,
     PrecisionOpt,
+    RankOpt,
     RecomputeOpt,
+    RouterPaddingOpt,
     SeqOpt,
+    TorchCompileOpt,
+    Zero3ImplOpt,
     emit_csv,
     emit_json,
     gib,
@@ -164,15 +165,14 @@ def print_plan_table(result: PlanResult, wide: bool = False, console=None) -> No
     100-column terminal; `wide` adds the bands, tokens/s, TFLOP/s and headroom columns."""
     out = console or stdout
     m, c, t = result.model, result.cluster, result.train
-    size = f"{m.num_params() / 1e9:.1f}B params" + (f", {m.num_active_params() / 1e9:.1f}B active" if m.is_moe else "")
+    size = f"{num_params(m) / 1e9:.1f}B params" + (f", {num_active_params(m) / 1e9:.1f}B active" if m.is_moe else "")
     out.print(f"[bold]{m.name}[/] ({size}) on {result.num_gpus} x {c.gpu.name} ({c.name}), global batch "
               f"{t.global_batch_size} x {t.seq_len} tokens, {t.precision}", soft_wrap=False)
     plans = result.plans or result.closest
     title = "ranked plans" if result.plans else "no strategy fits; closest candidates"
     if wide:  # as wide as the table needs: the full detail was asked for
-        from rich.measure import Measurement
-
         from rich.console import Console
+        from rich.measure import Measurement
 
         table = _wide_table(result, plans, title)
         need = Measurement.get(out, out.options.update(width=10_000), table).maximum
@@ -555,8 +555,8 @@ def models_cmd(fmt: FormatOpt = Format.table) -> None:
     for name in list_presets("models"):
         m = load_model(name)
         experts = f"{m.num_experts} top-{m.moe_top_k}" + (f" +{m.num_shared_experts}" if m.num_shared_experts else "")
-        rows.append({"name": name, "params_b": round(m.num_params() / 1e9, 2),
-                     "active_b": round(m.num_active_params() / 1e9, 2), "experts": experts if m.is_moe else "-",
+        rows.append({"name": name, "params_b": round(num_params(m) / 1e9, 2),
+                     "active_b": round(num_active_params(m) / 1e9, 2), "experts": experts if m.is_moe else "-",
                      "attention": "mla" if m.is_mla else ("window" if m.sliding_window else "full"),
                      "layers": m.num_layers,
                      "hidden": m.hidden_size, "heads": m.num_attention_heads, "kv_heads": m.kv_heads,

@@ -14,12 +14,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.emit.base import (REGISTRY, EmitOptions, Emitter, NotExpressibleError, Registry, costed_elsewhere,  # noqa: F401
-                                runs_framework)
+from planner.emit.base import (  # noqa: F401
+    REGISTRY,
+    EmitOptions,
+    Emitter,
+    NotExpressibleError,
+    Registry,
+    costed_elsewhere,
+    runs_framework,
+)
 from planner.specs import Plan
 
 # Importing a backend module registers its emitters (order = `backends()` order).
 from planner.emit import megatron, megatron_bridge, deepspeed, colossalai, torchtitan, launch  # noqa: E402,F401  isort:skip
+# Each backend's structured form as a plain function of a plan (each raises NotExpressibleError
+# when the framework cannot run the plan as planned).
+from planner.emit.colossalai import plugin_spec  # noqa: E402,F401  isort:skip
+from planner.emit.deepspeed import ds_config  # noqa: E402,F401  isort:skip
+from planner.emit.megatron import megatron_args  # noqa: E402,F401  isort:skip
+from planner.emit.megatron_bridge import bridge_overrides  # noqa: E402,F401  isort:skip
+from planner.emit.torchtitan import to_toml  # noqa: E402,F401  isort:skip
 
 
 def backends() -> list[str]:

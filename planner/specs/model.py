@@ -9,13 +9,19 @@ SC'21 Eq. 2 (`P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h))`) exactly.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from planner.errors import SpecError
-from planner.specs.base import MAX_HEADS, MAX_LAYERS, MAX_TOKENS, MAX_VOCAB, MAX_WIDTH, Spec
+from planner.specs.base import (
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_TOKENS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    Spec,
+)
 
 
 class ModelSpec(Spec):
@@ -267,67 +273,3 @@ class ModelSpec(Spec):
     def kv_width(self) -> int:
         """Width of all key (or value) heads together (g·d)."""
         return self.kv_heads * self.head_size
-
-    # ---- parameter counts (elements), from the cost blocks -----------------
-    def _blocks(self):
-        from cost_models.blocks import model_blocks
-
-        return model_blocks(self)
-
-    def attention_params(self) -> int:
-        """One layer's attention (the first layer's; every layer's attention has the same weights)."""
-        return self._blocks().kinds[0].attention().params()
-
-    def mlp_params(self) -> int:
-        """A dense layer's MLP (the first dense layer's kind; 0 when every layer is MoE)."""
-        from cost_models.blocks import DenseMLP
-
-        layer = next((k for k in self._blocks().kinds if not k.is_moe), None)
-        return next(b for b in layer.blocks if isinstance(b, DenseMLP)).params() if layer else 0
-
-    def layer_params(self) -> int:
-        """The average transformer layer: attention + MLP or MoE + norms."""
-        b = self._blocks()
-        return round(sum(n * layer.params() for layer, n in b.layers) / b.num_layers)
-
-    def embedding_params(self) -> int:
-        """Word embedding plus learned position table (input side), unpadded."""
-        return self._blocks().embedding.params()
-
-    def output_params(self) -> int:
-        """Final norm plus the untied output projection (0 extra when tied)."""
-        return self._blocks().head.params()
-
-    def mtp_params(self) -> int:
-        """The multi-token-prediction modules (they share the embedding and the output head)."""
-        b = self._blocks()
-        return sum(m.params() for m in b.mtp)
-
-    def num_params(self, include_mtp: bool = True) -> int:
-        """Total unique parameters (elements), vocabulary unpadded; `include_mtp=False` gives the
-        main model only (DeepSeek-V3's published 671B excludes its 14B MTP module)."""
-        b = self._blocks()
-        main = sum(n * layer.params() for layer, n in b.layers) + b.embedding.params() + b.head.params()
-        return main + (self.mtp_params() if include_mtp else 0)
-
-    def expert_params(self) -> int:
-        """Routed-expert parameters of the whole model (what expert parallelism shards)."""
-        b = self._blocks()
-        return sum(n * layer.expert_params() for layer, n in b.layers) + sum(m.expert_params() for m in b.mtp)
-
-    def num_active_params(self, include_mtp: bool = False) -> int:
-        """Parameters one token uses: everything but the routed experts it is not sent to
-        (the published 'active' count: router, shared experts and top-k routed experts)."""
-        b = self._blocks()
-        main = (sum(n * layer.active_params() for layer, n in b.layers) + b.embedding.params()
-                + b.head.params())
-        return main + (sum(m.active_params() for m in b.mtp) if include_mtp else 0)
-
-    # ---- Hugging Face ---------------------------------------------------
-    @classmethod
-    def from_hf_config(cls, config: str | Path | dict[str, Any], name: str | None = None) -> "ModelSpec":
-        """Read a Hugging Face `config.json` (a local path or an already loaded dict); see
-        `planner.specs.hf` for the families it reads. No hub access and no remote code."""
-        from planner.specs.hf import read_hf_config
-
-        return read_hf_config(config, name)

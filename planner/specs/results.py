@@ -13,7 +13,6 @@ from planner.specs.model import ModelSpec
 from planner.specs.strategy import Strategy
 from planner.specs.train import TrainSpec
 
-
 #: Rounding slack when checking that a band contains its point estimate (relative).
 BAND_TOLERANCE = 1e-9
 #: Default memory safety margin of `plan()`: the share of each GPU's memory a plan must leave free.
@@ -130,38 +129,6 @@ class Plan(BaseModel):
     folded: Folded | None = Field(
         None, description="Near-duplicates folded into this row (same layout, ZeRO stage or recomputed layer count "
         "changing nothing within planner.ranking.FOLD_FRACTION); None when the row stands alone.")
-
-    # ---- emitters (planner.emit); each raises NotExpressibleError when the framework cannot run the plan ----
-    def to_megatron_args(self) -> list[str]:
-        """Megatron-LM `pretrain_gpt.py` flags (argv tokens) for this plan."""
-        from planner.emit.megatron import megatron_args
-
-        return megatron_args(self)
-
-    def to_megatron_bridge_overrides(self) -> list[str]:
-        """Megatron-Bridge `section.field=value` overrides for this plan."""
-        from planner.emit.megatron_bridge import bridge_overrides
-
-        return bridge_overrides(self)
-
-    def to_deepspeed_config(self) -> dict:
-        """The DeepSpeed JSON config (as a dict) for this plan."""
-        from planner.emit.deepspeed import ds_config
-
-        return ds_config(self)
-
-    def to_colossalai_plugin(self) -> dict:
-        """Colossal-AI booster plugin: {"plugin": class name, "kwargs": ..., "training": ..., "notes": ...}."""
-        from planner.emit.colossalai import plugin_spec
-
-        return plugin_spec(self)
-
-    def to_torchtitan_toml(self) -> str:
-        """torchtitan (0.2.x) TOML job config for this plan."""
-        from planner.emit.torchtitan import to_toml
-
-        return to_toml(self)
-
 
 
 class SearchStats(BaseModel):

@@ -16,6 +16,9 @@ from planner.errors import SpecError
 from planner.specs.base import MAX_BATCH, MAX_GPUS, MAX_LAYERS, Spec
 
 Recompute = Literal["none", "selective", "full"]
+#: Megatron-core's `--recompute-modules` names, in the order `StrategyArrays.recompute_modules`
+#: holds them as a bit mask (bit i = RECOMPUTE_MODULES[i]).
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts", "moe")
 
 
 class Strategy(Spec):
@@ -102,8 +105,6 @@ class Strategy(Spec):
         if self.recompute_num_layers is not None and self.recompute != "full":
             raise SpecError(f"recompute_num_layers ({self.recompute_num_layers}) needs recompute='full' (is {self.recompute!r})")
         if self.recompute_modules is not None:
-            from cost_models.arrays import RECOMPUTE_MODULES
-
             unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
             if unknown or not self.recompute_modules:
                 raise SpecError(f"recompute_modules {self.recompute_modules} must be a non-empty list of "
@@ -169,15 +170,11 @@ class Strategy(Spec):
         return self
 
     def num_microbatches(self, global_batch_size: int) -> int:
-        """global_batch_size / (micro_batch_size · dp), at least 1: `ParallelLayout.num_microbatches`;
-        the caller checks divisibility (`ParallelLayout.batch_ok`)."""
+        """global_batch_size / (micro_batch_size · dp), at least 1 (the array form is
+        `cost_models.layout.ParallelLayout.num_microbatches`); the caller checks divisibility."""
         if self.dp == "auto":
             raise SpecError("dp is 'auto'; resolve the strategy for a GPU count first")
-        from cost_models.layout import ParallelLayout
-
-        # The micro-batch rule reads no layer count.
-        lay = ParallelLayout.of_strategy(self, num_layers=0)
-        return int(lay.num_microbatches(global_batch_size, self.micro_batch_size)[0])
+        return max(global_batch_size // (self.micro_batch_size * self.dp), 1)
 
     def split_label(self) -> str:
         """The non-default parts of the stage split, e.g. `split=3,4,4,3` (the counts as

@@ -12,7 +12,7 @@ import typer
 
 from planner import plan
 from planner.cli import app, main
-from planner.emit import emit, omissions
+from planner.emit import ds_config, emit, megatron_args, omissions
 
 PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
              "--seq-len", "4096"]
@@ -73,7 +73,7 @@ def test_emit_from_plan_file_matches_the_api(capsys, result, plan_file, backend)
 def test_emit_from_stdin_and_json_format(capsys, result, plan_file):
     code, out, err = run(capsys, "emit", "-", "--backend", "megatron", "--format", "json", stdin=plan_file.read_text())
     assert code == 0, err
-    assert json.loads(out)["args"] == result.plans[0].to_megatron_args()
+    assert json.loads(out)["args"] == megatron_args(result.plans[0])
 
 
 def test_emit_from_plan_options(capsys, result):
@@ -182,7 +182,7 @@ def test_search_options_reach_the_search(capsys):
                 moe_router_padding_for_quantization=True, moe_load_imbalance=1.2, headroom=0.10,
                 cross_entropy_fusion_impl="te", constraints={"ep": 8}, top_k=1).plans[0]
     emitted = json.loads(out)["args"]
-    assert emitted == best.to_megatron_args()
+    assert emitted == megatron_args(best)
     for flag in ("--fp8-recipe", "--moe-flex-dispatcher-backend", "--moe-router-padding-for-quantization"):
         assert flag in emitted, flag
     assert emitted[emitted.index("--fp8-recipe") + 1] == "mxfp8"
@@ -224,7 +224,7 @@ def test_best_expressible_walks_down_the_ranking(capsys, tmp_path):
     assert note.startswith(f"note: plan {rank} was costed and ranked as megatron runs it, not deepspeed: ")
     counts = [int(n) for n in re.findall(r": (\d+)(?=, |$)", reasons)]
     assert counts and sum(counts) == rank - 1, reasons  # every skipped plan counted under one reason
-    assert json.loads(out)["config"] == ranked.plans[rank - 1].to_deepspeed_config()
+    assert json.loads(out)["config"] == ds_config(ranked.plans[rank - 1])
     code, out, err = run(capsys, "emit", "-B", "megatron", "--best-expressible", "--format", "json", *args)
     assert code == 0 and err == ""  # rank 1 is expressible: nothing skipped
     # searched here for DeepSpeed, its own rules have removed what its engine cannot run: nothing skipped
@@ -232,7 +232,7 @@ def test_best_expressible_walks_down_the_ranking(capsys, tmp_path):
     assert code == 0 and err == "", err
     best = plan(model="llama3.1-405b", cluster="dgx-h100", num_gpus=64, global_batch_size=256, seq_len=8192,
                 top_k=1, framework="deepspeed").plans[0]
-    assert json.loads(out)["config"] == best.to_deepspeed_config()
+    assert json.loads(out)["config"] == ds_config(best)
 
 
 def test_best_expressible_with_too_short_a_file(capsys, tmp_path):
@@ -266,7 +266,7 @@ def test_text_that_drops_part_of_the_plan_exits_2_unless_allowed(capsys, tmp_pat
         "the pretrain_gpt.py flags that carry them, or --format json for both",
         "not emitted: pass --allow-partial to print it anyway"]
     code, out, err = run(capsys, "emit", str(path), "-B", "deepspeed", "--allow-partial")
-    assert code == 0 and json.loads(out) == result.plans[0].to_deepspeed_config() and "drops part" in err
+    assert code == 0 and json.loads(out) == ds_config(result.plans[0]) and "drops part" in err
     code, out, err = run(capsys, "emit", str(path), "-B", "deepspeed", "-f", "json")
     assert code == 0 and err == "" and "--tensor-model-parallel-size" in json.loads(out)["megatron_deepspeed_args"]
     code, out, err = run(capsys, "emit", str(path), "-B", "megatron-deepspeed")

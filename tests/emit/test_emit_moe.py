@@ -9,12 +9,32 @@ import re
 import typing
 
 import pytest
+from emit_checks import (
+    check_bridge,
+    check_colossalai,
+    check_deepspeed,
+    check_megatron,
+    check_torchtitan,
+    megatron_configs,
+)
+from emit_plans import (
+    ARCHITECTURES,
+    DEEPSEEK_V3_LIKE,
+    GEMMA2_LIKE,
+    MIXTRAL_LIKE,
+    make_plan,
+)
 
-from emit_checks import check_bridge, check_colossalai, check_deepspeed, check_megatron, check_torchtitan, megatron_configs
-from emit_plans import ARCHITECTURES, DEEPSEEK_V3_LIKE, GEMMA2_LIKE, MIXTRAL_LIKE, make_plan
+from cost_models.params import num_active_params, num_params
 from planner.emit import NotExpressibleError, emit, emit_data
 from planner.emit.base import REGISTRY, EmitOptions
-from planner.emit.megatron import FLAGS, TRANSFORMER_CONFIG_FLAGS, expand_pattern, layer_pattern, megatron_args
+from planner.emit.megatron import (
+    FLAGS,
+    TRANSFORMER_CONFIG_FLAGS,
+    expand_pattern,
+    layer_pattern,
+    megatron_args,
+)
 
 pytest.importorskip("megatron.core")
 
@@ -256,8 +276,8 @@ def test_colossalai_refuses_multi_token_prediction():
 def test_deepseek_v3_like_matches_its_published_size():
     # DeepSeek-V3 technical report, abstract: 671B total parameters, 37B activated per token
     # (the 671B excludes the 14B multi-token-prediction module, Sec. 4.2).
-    assert DEEPSEEK_V3_LIKE.num_params(include_mtp=False) / 1e9 == pytest.approx(671, rel=0.01)
-    assert DEEPSEEK_V3_LIKE.num_active_params() / 1e9 == pytest.approx(37, rel=0.03)
+    assert num_params(DEEPSEEK_V3_LIKE, include_mtp=False) / 1e9 == pytest.approx(671, rel=0.01)
+    assert num_active_params(DEEPSEEK_V3_LIKE) / 1e9 == pytest.approx(37, rel=0.03)
 
 
 def test_recompute_modules_reach_megatron_and_are_refused_elsewhere():

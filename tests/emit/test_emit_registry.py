@@ -1,14 +1,28 @@
-"""The emitter interface and registry: contract, duplicates, unknown names, Plan helpers (issue 3)."""
+"""The emitter interface and registry: contract, duplicates, unknown names, the per-backend functions (issue 3)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from emit_plans import PUBLISHED, make_plan
-from planner.emit import (EmitOptions, Emitter, NotExpressibleError, Registry, backends, emit, emit_data,
-                          first_expressible, get_emitter)
+
+from planner.emit import (
+    EmitOptions,
+    Emitter,
+    NotExpressibleError,
+    Registry,
+    backends,
+    bridge_overrides,
+    ds_config,
+    emit,
+    emit_data,
+    first_expressible,
+    get_emitter,
+    megatron_args,
+    plugin_spec,
+    to_toml,
+)
 from planner.emit.base import shell_array
 from planner.errors import SpecError
 
@@ -54,24 +68,24 @@ def test_output_is_deterministic_serialisable_and_leaves_the_plan_alone(backend)
     assert plan.model_dump() == before
 
 
-def test_plan_helpers_match_the_emitters():
+def test_backend_functions_match_the_emitters():
     plan = PUBLISHED["gpt3-175b-1024xA100-tp8pp8"]()
-    assert plan.to_megatron_args() == emit_data(plan, "megatron")["args"]
+    assert megatron_args(plan) == emit_data(plan, "megatron")["args"]
     with pytest.raises(NotExpressibleError, match="Megatron-Bridge: grad_precision 'fp32' with precision 'fp16'"):
-        plan.to_megatron_bridge_overrides()
-    assert plan.to_deepspeed_config() == emit_data(plan, "deepspeed")["config"]
-    assert plan.to_colossalai_plugin() == emit_data(plan, "colossalai")
+        bridge_overrides(plan)
+    assert ds_config(plan) == emit_data(plan, "deepspeed")["config"]
+    assert plugin_spec(plan) == emit_data(plan, "colossalai")
     with pytest.raises(NotExpressibleError, match="torchtitan: precision 'fp16'"):
-        plan.to_torchtitan_toml()
+        to_toml(plan)
     llama = PUBLISHED["llama3-70b-64xH100-tp4pp4cp2vpp5"]()
-    assert llama.to_torchtitan_toml() == emit(llama, "torchtitan")
-    assert llama.to_megatron_bridge_overrides() == emit_data(llama, "megatron-bridge")["overrides"]
+    assert to_toml(llama) == emit(llama, "torchtitan")
+    assert bridge_overrides(llama) == emit_data(llama, "megatron-bridge")["overrides"]
 
 
-def test_plan_helpers_survive_a_json_round_trip():
+def test_backend_functions_survive_a_json_round_trip():
     plan = PUBLISHED["llama3-70b-64xH100-tp4pp4cp2vpp5"]()
     again = type(plan).model_validate(json.loads(plan.model_dump_json()))
-    assert again.to_megatron_args() == plan.to_megatron_args()
+    assert megatron_args(again) == megatron_args(plan)
 
 
 def test_emit_options_are_validated():

@@ -10,10 +10,11 @@ torch = pytest.importorskip("torch")
 
 from executor_fixtures import TINY, TRAIN  # noqa: E402
 
+from cost_models.params import num_params
 from executors.memory import peak_live_bytes  # noqa: E402
 from executors.model import apply_rope, build_model, rope_tables  # noqa: E402
-from executors.results import RunConfig  # noqa: E402
 from executors.parity import PARITY_LOSS_DECREASE  # noqa: E402
+from executors.results import RunConfig  # noqa: E402
 from executors.runner import reference  # noqa: E402
 from planner.specs import ModelSpec, Strategy  # noqa: E402
 
@@ -30,7 +31,7 @@ OLMO2_LIKE = QWEN_LIKE.model_copy(update={"name": "olmo2-like", "qkv_bias": Fals
 @pytest.mark.parametrize("spec", [TINY, GPT_LIKE, QWEN_LIKE, QWEN3_LIKE, OLMO2_LIKE], ids=lambda s: s.name)
 def test_parameter_count_matches_the_spec(spec):
     model = build_model(spec, seq_len=32, seed=0)
-    assert sum(p.numel() for p in model.parameters()) == spec.num_params()
+    assert sum(p.numel() for p in model.parameters()) == num_params(spec)
 
 
 @pytest.mark.parametrize("spec", [QWEN3_LIKE, OLMO2_LIKE], ids=lambda s: s.name)

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 from executor_fixtures import TINY, TINY_MOE, TRAIN  # noqa: E402
 
+from cost_models.params import expert_params, num_params
 from executors.launcher import launch, launch_reference  # noqa: E402
 from executors.model import build_model  # noqa: E402
 from executors.moe import MoE, expert_parameters  # noqa: E402
@@ -40,10 +41,10 @@ MOE_VARIANTS = {
 def test_moe_parameter_count_and_layer_pattern_match_the_spec(name):
     spec = MOE_VARIANTS[name]
     model = build_model(spec, seq_len=32, seed=0)
-    assert sum(p.numel() for p in model.parameters()) == spec.num_params()
+    assert sum(p.numel() for p in model.parameters()) == num_params(spec)
     assert tuple(isinstance(layer.mlp, MoE) for layer in model.layers.values()) == spec.moe_layer_mask()
     experts = sum(p.numel() for p in expert_parameters(model))
-    assert experts == spec.expert_params()
+    assert experts == expert_params(spec)
 
 
 def test_moe_output_is_the_weighted_sum_of_the_top_k_experts():
@@ -74,7 +75,7 @@ def test_expert_parallel_keeps_a_contiguous_block_of_the_seeded_experts():
     for name in ("2", "3"):
         assert all(torch.equal(a, b) for a, b in zip(moe_full.experts[name].parameters(),
                                                      moe_part.experts[name].parameters()))
-    assert sum(p.numel() for p in expert_parameters(part)) == TINY_MOE.expert_params() // 2
+    assert sum(p.numel() for p in expert_parameters(part)) == expert_params(TINY_MOE) // 2
 
 
 @pytest.mark.parametrize("st, words", [
@@ -126,8 +127,8 @@ def test_ep2_over_dp4_matches_the_reference(tmp_path, moe_reference):
     assert result.outcome == "ok", f"{result.reason}\n{result.stderr_tail}"
     assert result.parity.passed and result.parity.grad_rel_error is not None
     assert len(result.ranks) == 4 and result.step_time_s > 0 and result.peak_memory_bytes > 0
-    dense = TINY_MOE.num_params() - TINY_MOE.expert_params()
-    assert {r.num_params_local for r in result.ranks} == {dense + TINY_MOE.expert_params() // 2}
+    dense = num_params(TINY_MOE) - expert_params(TINY_MOE)
+    assert {r.num_params_local for r in result.ranks} == {dense + expert_params(TINY_MOE) // 2}
 
 
 @pytest.mark.executor

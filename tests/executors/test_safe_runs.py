@@ -17,10 +17,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from executor_fixtures import TINY, TRAIN
-from executors.footprint import (FP32_BYTES, HOST_OVERHEAD_FACTOR, LAUNCHER_BYTES, RANK_BASELINE_BYTES, host_budget_bytes,
-                                 run_footprint)
+
+from cost_models.params import num_params
+from executors.footprint import (
+    FP32_BYTES,
+    HOST_OVERHEAD_FACTOR,
+    LAUNCHER_BYTES,
+    RANK_BASELINE_BYTES,
+    host_budget_bytes,
+    run_footprint,
+)
 from executors.launcher import alive, descendants, kill_run
 from executors.profiler import check_output_dir, protected_dir, write_profiles
 from planner.errors import SpecError
@@ -60,9 +67,9 @@ def _our_processes(marker: str) -> list[int]:
 # ---- host memory -------------------------------------------------------------------------
 def test_footprint_adds_baselines_and_the_larger_of_build_and_training():
     fp = run_footprint("x", TINY, None, 2)
-    build = FP32_BYTES * TINY.num_params()
-    assert fp.build_bytes == build and fp.training_bytes == pytest.approx(18 * TINY.num_params())
-    assert fp.total_bytes == pytest.approx(LAUNCHER_BYTES + 2 * (RANK_BASELINE_BYTES + HOST_OVERHEAD_FACTOR * 18 * TINY.num_params()))
+    build = FP32_BYTES * num_params(TINY)
+    assert fp.build_bytes == build and fp.training_bytes == pytest.approx(18 * num_params(TINY))
+    assert fp.total_bytes == pytest.approx(LAUNCHER_BYTES + 2 * (RANK_BASELINE_BYTES + HOST_OVERHEAD_FACTOR * 18 * num_params(TINY)))
     assert run_footprint("x", TINY, None, 8, tp=2, pp=4).training_bytes < build  # 18 B / 8 < 4 B: the build binds
 
 
@@ -177,9 +184,9 @@ def test_profile_command_refuses_before_measuring(tmp_path):
 
 
 def test_profile_written_to_the_user_directory_loads_by_name(tmp_path, monkeypatch):
-    from profiles import load_cluster, search_dirs, user_profiles_dir
-
     from test_profile import synthetic_raw
+
+    from profiles import load_cluster, search_dirs, user_profiles_dir
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     monkeypatch.delenv("MESHPLAN_PROFILES", raising=False)

@@ -24,7 +24,7 @@ from typing import Any
 
 from executors.parity import batch_index, parity_failure
 from executors.timing import run_timed_steps
-from executors.results import RankResult, RunConfig
+from executors.results import RankResult, RunConfig, is_oom, write_json_atomic
 
 
 def runtime_config(cfg: RunConfig) -> dict[str, Any]:
@@ -46,7 +46,6 @@ def run_rank(cfg: RunConfig, out: Path) -> int:
     from executors.memory import MemoryMeter
     from executors.model import build_model, loss_fn, synthetic_batch
     from executors.optim import make_optimizer
-    from executors.worker import is_oom, write_json_atomic
 
     if cfg.engine_config is None:
         raise SystemExit("engine 'deepspeed' needs RunConfig.engine_config (the emitter's DeepSpeed JSON)")

@@ -29,7 +29,7 @@ from typing import Any
 
 from executors.parity import batch_index, parity_failure, parity_learning_rate
 from executors.timing import run_timed_steps
-from executors.results import GRADIENT_FAULTS, ParityReference, RankResult, RunConfig
+from executors.results import GRADIENT_FAULTS, ParityReference, RankResult, RunConfig, is_oom, write_json_atomic
 
 DTYPES = ("float32", "bfloat16", "float16")
 SINGLE_GPU = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
@@ -141,7 +141,6 @@ def run_rank(cfg: RunConfig, out: Path, reference: bool = False) -> int:
 
     from executors.memory import MemoryMeter
     from executors.model import synthetic_batch
-    from executors.worker import write_json_atomic
 
     if cfg.engine_config is None:
         raise SystemExit("engine 'megatron' needs RunConfig.engine_config (the emitter's megatron-core kwargs)")
@@ -222,7 +221,6 @@ def run_rank(cfg: RunConfig, out: Path, reference: bool = False) -> int:
                                               torch.cuda.synchronize)
         result.peak_memory_bytes, result.reserved_memory_bytes = meter.peak()
     except Exception as exc:  # reported in the rank's JSON and through the exit status
-        from executors.worker import is_oom
 
         result.status = "oom" if is_oom(exc) else "error"
         result.error = f"{type(exc).__name__}: {exc}"

@@ -8,6 +8,8 @@ group; the launcher folds those into one `RunResult` per plan.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -187,3 +189,22 @@ class RunResult(BaseModel):
     stderr_tail: str = Field("", description="Last lines of the run's stderr when it did not end ok.")
     wall_s: float = Field(0.0, description="Wall time of the whole launch, seconds.")
     notes: list[str] = Field(default_factory=list, description="Deviations of the run from the plan.")
+
+
+#: Messages by which torch, the CUDA caching allocator and the host report running out of memory.
+OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether a rank's exception was a failed allocation (its result is then `oom`, not `error`)."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return any(marker in str(exc).lower() for marker in OOM_MARKERS)
+
+
+def write_json_atomic(path: Path, text: str) -> None:
+    """Write a rank's result file whole or not at all (a temp file beside it, then a rename), so the
+    launcher never reads half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -31,35 +31,20 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from executors.launcher import PROGRESS_FILE
 from executors.parity import parity_failure
 from executors.timing import run_timed_steps
-from executors.results import RankResult, RunConfig
-
-OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
-
-
-def write_json_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+from executors.results import RankResult, RunConfig, is_oom, write_json_atomic
 
 
 def progress_writer(out: Path, rank: int, total_steps: int):
     """on_step(i) for rank 0: writes out/progress.json ({"step": i + 1, "total": total_steps}),
     which the launcher reads to show progress; a no-op on the other ranks."""
-    from executors.launcher import PROGRESS_FILE
-
     def on_step(index: int) -> None:
         if rank == 0:
             write_json_atomic(out / PROGRESS_FILE, json.dumps({"step": index + 1, "total": total_steps}))
 
     return on_step
-
-
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return True
-    return any(marker in str(exc).lower() for marker in OOM_MARKERS)
 
 
 def _threads(cfg: RunConfig, local_world: int) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from planner.errors import SpecError
 from planner.rules import host_known
 from planner.specs import Plan
 
@@ -117,9 +116,9 @@ def _smooth(k: int) -> bool:
     return k == 1
 
 
-def min_gpus_to_fit(model, cluster, train, num_gpus: int, constraints: dict, headroom: float
-                    ) -> tuple[int | None, list[int]]:
-    """The smallest GPU count, a multiple of the node size above `num_gpus`, at which a plan fits, and
+def min_gpus_to_fit(cluster, num_gpus: int, fits_at: Callable[[int], bool]) -> tuple[int | None, list[int]]:
+    """The smallest GPU count, a multiple of the node size above `num_gpus`, at which a plan fits
+    (`fits_at(n)`: the search, run by the caller, found a plan on n GPUs), and
     every count tried, ascending (None when none of them fits). Tries the next MAX_SCAN node multiples
     one by one; beyond them doubles until a count fits (up to MAX_SCALE times `num_gpus` or the
     cluster's max_gpus), then tries the node multiples between the last failure and it (all of them
@@ -130,7 +129,7 @@ def min_gpus_to_fit(model, cluster, train, num_gpus: int, constraints: dict, hea
 
     def fits(n: int) -> bool:
         tried.append(n)
-        return _fits_at(model, cluster, train, n, constraints, headroom)
+        return fits_at(n)
 
     n = (num_gpus // node + 1) * node
     for _ in range(MAX_SCAN):
@@ -155,12 +154,3 @@ def min_gpus_to_fit(model, cluster, train, num_gpus: int, constraints: dict, hea
         if fits(m):
             return m, sorted(tried)
     return hi, sorted(tried)
-
-
-def _fits_at(model, cluster, train, n: int, constraints: dict, headroom: float) -> bool:
-    from planner.search import search
-
-    try:
-        return bool(search(model, cluster, train, n, constraints, 1, headroom=headroom, find_min_gpus=False).plans)
-    except SpecError:  # the constraints leave no strategy at this count
-        return False

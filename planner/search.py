@@ -17,6 +17,7 @@ from cost_models.blocks import Micro, model_blocks
 from cost_models.layout import STAGE_NAMES
 from cost_models.memory import kind_activation_bytes
 from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs
+from planner.advice import advice_for, min_gpus_to_fit
 from planner.error_band import band_fields, errors_of, overlaps_best
 from planner.errors import SpecError
 from planner.ranking import Row, closest_rows, headroom_limit, rank_rows
@@ -120,10 +121,16 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
     near = [make_plan(r + 1, row) for r, row in enumerate(closest)]
     extra: dict = {}
     if not plans and near:
-        from planner.advice import advice_for, min_gpus_to_fit
-
         fixed = all(isinstance((constraints or {}).get(k), int) for k in ("dp", "tp", "pp", "cp"))
-        found, tried = (min_gpus_to_fit(model, cluster, train, num_gpus, constraints, headroom)
+
+        def fits_at(n: int) -> bool:
+            try:
+                return bool(search(model, cluster, train, n, constraints, 1, headroom=headroom,
+                                   find_min_gpus=False).plans)
+            except SpecError:  # the constraints leave no strategy at this count
+                return False
+
+        found, tried = (min_gpus_to_fit(cluster, num_gpus, fits_at)
                         if find_min_gpus and not fixed else (None, []))  # fixed degrees fix the GPU count
         extra = dict(min_gpus_to_fit=found, min_gpus_searched=tried,
                      advice=advice_for(near[0], constraints or {}, headroom, found, tried))

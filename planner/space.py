@@ -65,6 +65,7 @@ import numpy as np
 from cost_models.arrays import RECOMPUTE_CODE, RECOMPUTE_MODULES, StrategyArrays, modules_mask
 from cost_models.layout import ParallelLayout
 from planner.errors import SpecError
+from planner.rules import RULES, Context, check, first_failure_counts
 from planner.specs import Strategy
 from planner.specs.base import MAX_GPUS, MAX_LAYERS
 
@@ -245,8 +246,6 @@ def search_space(model, train, num_gpus: int, constraints: dict[str, Any], clust
     """The valid candidates and the rejection counts, as `planner.rules.check` on
     `enumerate_space` gives them, without building the candidates that rules reject whatever
     their recompute choice (checked once per head, counted once per candidate)."""
-    from planner.rules import RULES, Context, check, first_failure_counts
-
     cons = normalise_constraints(constraints)
     heads = enumerate_heads(model, train, num_gpus, cons, cluster)
     ctx = Context(model, train, num_gpus, cluster)

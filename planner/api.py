@@ -7,11 +7,28 @@ from pathlib import Path
 from typing import Any
 
 from cost_models.attention_kernels import kernel_problem
+from cost_models.sharding import framework_profile
 from planner.errors import InputWarning, SpecError, SpecValidationError, short_repr
-from planner.rules import (batch_warning, context_warning, eager_problem, family_warning, fp8_recipe_problem,
-                           node_warning)
+from planner.rules import (
+    batch_warning,
+    context_warning,
+    eager_problem,
+    family_warning,
+    fp8_recipe_problem,
+    node_warning,
+)
+from planner.search import evaluate_one, search
+from planner.specs import (
+    ClusterSpec,
+    Estimate,
+    ModelSpec,
+    PlanResult,
+    Strategy,
+    TrainSpec,
+)
 from planner.specs.base import MAX_GPUS
-from planner.specs import ClusterSpec, Estimate, ModelSpec, PlanResult, Strategy, TrainSpec
+from planner.specs.results import DEFAULT_HEADROOM
+from profiles import list_presets, load_cluster, load_model
 
 ModelRef = str | Path | ModelSpec | dict
 ClusterRef = str | Path | ClusterSpec | dict
@@ -32,8 +49,6 @@ def make_inputs(
     the CLI prints one `warning:` line each): a global batch that leaves only dp = 1, a GPU
     count that does not fill whole nodes, a sequence longer than the model's context, a
     hand-built model of a preset's shape that disagrees with the preset."""
-    from profiles import load_cluster, load_model
-
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster)
     if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or not 1 <= num_gpus <= MAX_GPUS:
@@ -66,8 +81,6 @@ def make_inputs(
 def _hand_built(ref: ModelRef, spec: ModelSpec) -> bool:
     """A model described by the user (ModelSpec, mapping or YAML file), not a preset name or a
     Hugging Face config (whose fields are the model's own)."""
-    from profiles import list_presets
-
     if spec.source.startswith("Hugging Face"):
         return False
     return not (isinstance(ref, str) and ref in list_presets("models"))
@@ -87,8 +100,6 @@ def _framework_zero3(train: TrainSpec) -> TrainSpec:
     """A framework with a ZeRO-3 of its own (torchtitan: FSDP2, DeepSpeed: its stage 3) sets zero3_impl;
     a zero3_impl given that contradicts it is refused rather than silently overridden. A framework whose
     loss is not Megatron's fused cross-entropy (torchtitan) sets cross_entropy_fusion unless it was given."""
-    from cost_models.sharding import framework_profile
-
     loss = framework_profile(train.framework).cross_entropy_fusion
     if loss is not None and "cross_entropy_fusion" not in train.model_fields_set:
         train = train.model_copy(update={"cross_entropy_fusion": loss})
@@ -135,9 +146,6 @@ def plan(
     with `result.advice` and `result.min_gpus_to_fit`. When no strategy is valid,
     both are empty and `result.rejections` counts the candidates by rule.
     """
-    from planner.search import search
-    from planner.specs.results import DEFAULT_HEADROOM
-
     check_top_k(top_k)
     if headroom is None:
         headroom = DEFAULT_HEADROOM
@@ -168,8 +176,6 @@ def evaluate(
     multiply to the GPU count is scored at the nearest data-parallel degree, dp =
     max(1, GPUs // (tp·cp·pp)), and the mismatch is its first reason);
     malformed input raises SpecError."""
-    from planner.search import evaluate_one
-
     model_spec, cluster_spec, train = make_inputs(
         model, cluster, num_gpus, global_batch_size, seq_len, precision, **train_options
     )

@@ -16,8 +16,11 @@ from typing import Callable
 import numpy as np
 
 from cost_models.arrays import StrategyArrays, modules_mask
+from cost_models.elementwise import elementwise_model
 from cost_models.layout import ParallelLayout
 from cost_models.params import num_params
+from cost_models.sharding import cannot_run_masks, framework_of
+from profiles import list_presets, load_model
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,6 @@ def fp8_recipe_problem(train, gpu) -> str | None:
     the per-tensor and block-scaled recipes only."""
     if getattr(train, "precision", None) != "fp8":
         return None
-    from cost_models.elementwise import elementwise_model
-
     recipe = train.fp8_recipe
     table = elementwise_model(gpu)
     supported = table.fp8_recipes if table is not None else ("delayed", "tensorwise", "blockwise")
@@ -221,8 +222,6 @@ RULES: tuple[Rule, ...] = (
 
 def _framework_failures(ctx: Context, st: StrategyArrays) -> list:
     """The `cannot_run` rules of the framework the plan runs on (profiles/frameworks/<name>.yaml)."""
-    from cost_models.sharding import cannot_run_masks, framework_of
-
     return cannot_run_masks(framework_of(ctx.train), ctx.model, ctx.train, st)
 
 
@@ -319,8 +318,6 @@ def _shape(model) -> tuple:
 
 
 def _preset_shapes() -> dict[tuple, object]:
-    from profiles import list_presets, load_model
-
     return {_shape(m): m for m in (load_model(name) for name in list_presets("models"))}
 
 

@@ -42,7 +42,8 @@ DOCTEST_MODULES = ["cost_models.memory", "cost_models.units", "cost_models.compu
                    "cost_models.attention_kernels",
                    "cost_models.layout", "cost_models.blocks", "planner.specs.strategy", "planner.specs.model",
                    "planner.emit.megatron", "cost_models.gemm_tables", "cost_models.sharding",
-                   "cost_models.elementwise", "planner.error_band", "cost_models.step", "planner.space"]
+                   "cost_models.elementwise", "planner.error_band", "cost_models.step", "planner.space",
+                   "cost_models.params"]
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)

@@ -31,6 +31,7 @@ import numpy as np
 from benchmarks.calibration import base_cluster
 from benchmarks.ep_overlap import FIT_ROWS as EP_OVERLAP_FIT_ROWS
 from benchmarks.validation import StepCase, measured_run, public_runs
+from benchmarks.zero3 import FIT_ROWS as ZERO3_FIT_ROWS
 from planner.calibrate import (CalibrationResult, FitParameter, FitSettings, MeasuredRun, Residual, calibrate,
                                parameter_document, write_calibration_profile)
 from profiles import PROFILES_DIR
@@ -106,9 +107,11 @@ HOST_FIT = GenerationFit(
 
 def calibration_rows() -> set[tuple[str, str]]:
     """Every (set, label) some fit uses (the generations' `sustained_compute_fraction`, the x86 hosts'
-    `host_time_scale`, the EP-overlap share of benchmarks/ep_overlap.py): the accuracy report prints them as
+    `host_time_scale`, the EP-overlap share of benchmarks/ep_overlap.py, DeepSpeed's ZeRO-3 cross-node rate of
+    benchmarks/zero3.py, whose set is the accuracy report's table name): the accuracy report prints them as
     fitted."""
-    return {row for f in (*GENERATION_FITS.values(), HOST_FIT) for row in f.rows} | set(EP_OVERLAP_FIT_ROWS)
+    return ({row for f in (*GENERATION_FITS.values(), HOST_FIT) for row in f.rows} | set(EP_OVERLAP_FIT_ROWS)
+            | set(ZERO3_FIT_ROWS))
 
 
 def cases_of(fit: GenerationFit) -> list[StepCase]:

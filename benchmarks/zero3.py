@@ -26,6 +26,19 @@ DATA = ROOT / "benchmarks" / "data" / "zero3_runs.json"
 #: SC'21's GPT shapes (layers, hidden, heads), Table 2.
 SC21_SHAPES = {174.6: (96, 12288, 96), 529.6: (105, 20480, 128)}
 PARAMETER = "cross_node_nic_fraction"
+#: The accuracy report's table of SC'21 Table 2's ZeRO-3 rows (benchmarks.calibration.sc21_zero3).
+SC21_ZERO3_TABLE = "SC'21 Table 2 ZeRO-3"
+
+
+def fit_rows() -> tuple[tuple[str, str], ...]:
+    """The (table, label) of every SC'21 row marked `fit`, labelled as the accuracy report's SC'21 Table 2
+    ZeRO-3 table labels them (benchmarks.validation.sc21_table2): it prints them as calibration rows."""
+    return tuple((SC21_ZERO3_TABLE, f"{r['model_params_billion']}B ZeRO-3 n{r['num_gpus']} mbs{r['micro_batch_size']}")
+                 for r in json.loads(DATA.read_text())["rows"] if r["set"] == "sc21_deepspeed" and r["role"] == "fit")
+
+
+#: The rows `fit_fraction` fits on, as (table, label): the accuracy report counts them as calibration rows.
+FIT_ROWS = fit_rows()
 RECOMPUTE = {"no": {"recompute": "none"}, "full": {"recompute": "full", "recompute_num_layers": None}}
 
 

@@ -99,11 +99,12 @@ class Residual(Spec):
 
 
 class ParameterFit(Spec):
-    """The engine's answer: every value (fitted, rounded, and fixed), the fitted ones' standard errors."""
+    """The engine's answer: every value (fitted, rounded, and fixed), the fitted ones' standard errors
+    (None: the residuals do not identify the parameter, a singular Jacobian)."""
 
     values: dict[str, float]
     fitted: tuple[str, ...]
-    standard_errors: dict[str, float]
+    standard_errors: dict[str, float | None]
     residuals: tuple[float, ...] = Field(description="The residual function at the rounded values.")
     converged: bool
     message: str
@@ -114,7 +115,7 @@ class CalibrationResult(Spec):
 
     values: dict[str, float]
     fitted: tuple[str, ...]
-    standard_errors: dict[str, float]
+    standard_errors: dict[str, float | None]  # None: not identified by the runs
     residuals: tuple[Residual, ...]
     settings: FitSettings
     converged: bool
@@ -155,7 +156,7 @@ def fit_parameters(residuals: Callable[[dict[str, float]], np.ndarray], paramete
     """Bounded least squares of `residuals(values)` over `parameters` (the others at `fixed`).
 
     Standard errors come from the Jacobian at the optimum (linearised, scaled by the residual
-    variance); a singular Jacobian gives infinite ones. Values are rounded to `decimals`, and the
+    variance); a singular Jacobian (a parameter the residuals do not depend on) gives None. Values are rounded to `decimals`, and the
     returned residuals are those of the rounded values (what a profile written from them gives)."""
     names = [p.name for p in parameters]
     held = dict(fixed or {})
@@ -179,7 +180,8 @@ def fit_parameters(residuals: Callable[[dict[str, float]], np.ndarray], paramete
     # rounding never leaves the bounds: clip after it
     x = np.clip(np.round(result.x, decimals), lower, upper)
     values = values_of(x)
-    return ParameterFit(values=values, fitted=tuple(names), standard_errors=dict(zip(names, map(float, stderr))),
+    errors = {n: float(e) if np.isfinite(e) else None for n, e in zip(names, stderr)}
+    return ParameterFit(values=values, fitted=tuple(names), standard_errors=errors,
                         residuals=tuple(float(v) for v in fun(x)), converged=bool(result.success),
                         message=str(result.message))
 

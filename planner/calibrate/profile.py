@@ -64,7 +64,8 @@ def calibration_document(result: CalibrationResult, fit: str, method: str, fitte
         "fitted_on": fitted_on if fitted_on is not None else fitted_on_text(result),
         "method": method,
         **(notes or {}),
-        "standard_errors": {k: round(v, ERROR_DECIMALS) for k, v in result.standard_errors.items()},
+        "standard_errors": {k: None if v is None else round(v, ERROR_DECIMALS)
+                            for k, v in result.standard_errors.items()},
         "residuals": residual_rows(result.residuals),
         **(extra or {}),
     }

@@ -32,8 +32,16 @@ from benchmarks.calibration import base_cluster
 from benchmarks.ep_overlap import FIT_ROWS as EP_OVERLAP_FIT_ROWS
 from benchmarks.validation import StepCase, measured_run, public_runs
 from benchmarks.zero3 import FIT_ROWS as ZERO3_FIT_ROWS
-from planner.calibrate import (CalibrationResult, FitParameter, FitSettings, MeasuredRun, Residual, calibrate,
-                               parameter_document, write_calibration_profile)
+from planner.calibrate import (
+    CalibrationResult,
+    FitParameter,
+    FitSettings,
+    MeasuredRun,
+    Residual,
+    calibrate,
+    parameter_document,
+    write_calibration_profile,
+)
 from profiles import PROFILES_DIR
 
 PARAMETER = "sustained_compute_fraction"

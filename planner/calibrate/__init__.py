@@ -30,7 +30,12 @@ from planner.calibrate.profile import (
     parameter_document,
     write_calibration_profile,
 )
-from planner.calibrate.runs import MeasuredRun, RunPrediction, apply_parameters, predict_run
+from planner.calibrate.runs import (
+    MeasuredRun,
+    RunPrediction,
+    apply_parameters,
+    predict_run,
+)
 
 __all__ = [
     "CalibrationResult", "ErrorSummary", "FitParameter", "FitSettings", "HeldOutSet", "MeasuredRun", "ParameterFit",

@@ -20,7 +20,13 @@ import numpy as np
 from pydantic import Field, model_validator
 from scipy.optimize import least_squares
 
-from planner.calibrate.runs import MeasuredRun, apply_parameters, check_parameter, predict_run, resolve_cluster
+from planner.calibrate.runs import (
+    MeasuredRun,
+    apply_parameters,
+    check_parameter,
+    predict_run,
+    resolve_cluster,
+)
 from planner.errors import SpecError
 from planner.specs.base import Spec
 
@@ -45,7 +51,7 @@ class FitParameter(Spec):
     start: float | None = Field(None, description="Where the search starts (default: mid-range).")
 
     @model_validator(mode="after")
-    def _in_range(self) -> "FitParameter":
+    def _in_range(self) -> FitParameter:
         if not self.lower < self.upper:
             raise ValueError(f"{self.name}.lower: must be below upper (got {self.lower!r} >= {self.upper!r})")
         if self.start is not None and not self.lower <= self.start <= self.upper:
@@ -69,7 +75,7 @@ class FitSettings(Spec):
     diff_step: float = Field(DEFAULT_DIFF_STEP, gt=0, lt=1)
 
     @model_validator(mode="after")
-    def _names(self) -> "FitSettings":
+    def _names(self) -> FitSettings:
         names = [p.name for p in self.parameters]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -121,7 +127,7 @@ class CalibrationResult(Spec):
     converged: bool
     message: str
 
-    def summary(self) -> "ErrorSummary":
+    def summary(self) -> ErrorSummary:
         return ErrorSummary.of([r.error for r in self.residuals])
 
 
@@ -134,7 +140,7 @@ class ErrorSummary(Spec):
     mean_signed: float | None
 
     @classmethod
-    def of(cls, errors: Sequence[float]) -> "ErrorSummary":
+    def of(cls, errors: Sequence[float]) -> ErrorSummary:
         if not errors:
             return cls(n=0, median_abs=None, max_abs=None, mean_signed=None)
         return cls(n=len(errors), median_abs=statistics.median(abs(e) for e in errors),

@@ -47,7 +47,7 @@ class MeasuredRun(Spec):
                                                "per GPU (instead of measured_step_s).")
 
     @model_validator(mode="after")
-    def _one_measurement(self) -> "MeasuredRun":
+    def _one_measurement(self) -> MeasuredRun:
         if (self.measured_step_s is None) == (self.tokens_per_s_per_gpu is None):
             raise ValueError("measured_step_s: give exactly one of measured_step_s and tokens_per_s_per_gpu "
                              f"(got {self.measured_step_s!r} and {self.tokens_per_s_per_gpu!r})")

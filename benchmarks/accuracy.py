@@ -36,6 +36,8 @@ from benchmarks.calibration import (
 )
 from benchmarks.ep_overlap import FIT_ROWS as EP_OVERLAP_FIT_ROWS
 from benchmarks.generations import GENERATION_FITS, HOST_FIT, calibration_rows
+from benchmarks.zero3 import FIT_ROWS as ZERO3_FIT_ROWS
+from benchmarks.zero3 import SC21_ZERO3_TABLE
 from benchmarks.validation import PUBLIC_SETS, generation, predict, public_runs, zero_table1
 from cost_models.memory import model_state_bytes
 from profiles import PROFILES_DIR, load_model
@@ -45,8 +47,8 @@ TARGETS = {"Korthikanti Table 5": (0.07, 0.15), "SC'21 Table 1": (0.07, 0.15), "
            "torchtitan FSDP2": (0.07, 0.15)}
 
 NOTES = {
-    "SC'21 Table 2 ZeRO-3": "DeepSpeed ZeRO-3 of 2021; its cross-node rate (profiles/frameworks/zero3.yaml) is fitted "
-                            "on the 175B n768 and n1536 rows (python -m benchmarks.zero3)",
+    SC21_ZERO3_TABLE: "DeepSpeed ZeRO-3 of 2021; its cross-node rate (profiles/frameworks/zero3.yaml) is fitted "
+                      "on the 175B n768 and n1536 rows (python -m benchmarks.zero3), printed apart as calibration rows",
     "NeMo DGX-H100 FP8": "H100 parameters carried over from the A100 fit",
 }
 #: Generations in the order they are reported.
@@ -64,6 +66,7 @@ class RunError(RowError):
 GENERATION_FIT_TABLE = "H100 / B200 / GB200 / GB300 fit rows"
 EP_OVERLAP_FIT_TABLE = "EP-overlap fit rows (H100)"
 HOST_FIT_TABLE = "x86 host-time fit rows (B200)"
+ZERO3_FIT_TABLE = "ZeRO-3 cross-node fit rows (A100)"
 
 
 def shipped_fit() -> str:
@@ -147,8 +150,13 @@ def tables(fit_key: str) -> list[tuple[str, str, list[RowError]]]:
     for t in A100_TABLES:
         rows = table_errors(t, {})
         out.append((t.name, role(spec, t) if spec else "unknown fit", rows))
-    out.append(("SC'21 Table 2 ZeRO-3", "held out", step_rows(sc21_zero3())))
     fitted = calibration_rows()
+    zero3 = sc21_zero3()
+    missing = set(ZERO3_FIT_ROWS) - {(SC21_ZERO3_TABLE, c.label) for c in zero3}
+    if missing:
+        raise SystemExit(f"ZeRO-3 fit rows not in {SC21_ZERO3_TABLE}: {sorted(label for _, label in missing)}")
+    out.append((SC21_ZERO3_TABLE, "held out", step_rows([c for c in zero3 if (SC21_ZERO3_TABLE, c.label) not in fitted])))
+    out.append((ZERO3_FIT_TABLE, "fitted", step_rows([c for c in zero3 if (SC21_ZERO3_TABLE, c.label) in fitted])))
     out.append((GENERATION_FIT_TABLE, "fitted", fitted_rows({row for f in GENERATION_FITS.values() for row in f.rows})))
     out.append((HOST_FIT_TABLE, "fitted", fitted_rows(set(HOST_FIT.rows))))
     out.append((EP_OVERLAP_FIT_TABLE, "fitted", fitted_rows(set(EP_OVERLAP_FIT_ROWS))))
@@ -199,7 +207,9 @@ DESCRIPTIONS = {
     "SC'21 Table 1": "SC'21 Table 1 (1.7B-1T, 32-3072 GPUs)",
     "SC'21 Table 2 PTD": "SC'21 Table 2, PTD rows (175B, 530B)",
     "torchtitan FSDP2": "torchtitan FSDP2 on 64 A100s (Llama 2/3 8B-70B; `benchmarks/data/`)",
-    "SC'21 Table 2 ZeRO-3": "SC'21 Table 2, DeepSpeed ZeRO-3 rows (2 of them fit its cross-node rate)",
+    SC21_ZERO3_TABLE: "SC'21 Table 2, DeepSpeed ZeRO-3 rows but the 2 that fit its cross-node rate",
+    ZERO3_FIT_TABLE: "SC'21 Table 2, DeepSpeed ZeRO-3: GPT-3 175B on 768 and 1536 A100s, the rows DeepSpeed's "
+                     "`cross_node_nic_fraction` is fitted on (`python -m benchmarks.zero3 --fit`)",
     "NeMo DGX-H100 FP8": "NeMo 24.07 FP8 on DGX-H100 (Llama; `benchmarks/data/`), A100 fit carried over",
     "Megatron-Bridge 25.11": "Megatron-Bridge 25.11 on DGX-H100 / DGX-B200 / GB200 / GB300 (Llama 3, DeepSeek-V3, GPT-OSS, "
                              "Qwen3; BF16, FP8, MXFP8; `benchmarks/data/`)",

@@ -25,9 +25,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import yaml
-
 from benchmarks.calibration import A100_TABLES, BOUNDS, FITS, SHIPPED, SHIPPED_BECAUSE, Fit, fit, lopo, role
+from planner.calibrate import calibration_document, write_calibration_profile
 from profiles import PROFILES_DIR
 
 CARRIED_OVER = ("h100-sxm", "h200", "b200", "gb200", "gb300")
@@ -84,17 +83,9 @@ def lopo_doc(fits: list[Fit], table: dict) -> dict:
 
 
 def shipped_doc(f: Fit, lopo: dict, note: str = "") -> dict:
-    return {
-        **{k: f.params[k] for k in BOUNDS},
-        "fit": f.spec.key,
-        "fitted_on": f.spec.fitted_on + note,
-        "method": METHOD,
-        "why_this_fit": SHIPPED_BECAUSE,
-        "standard_errors": {k: round(v, 4) for k, v in f.standard_errors.items()},
-        "residuals": [{"row": f"{table}: {r.label}", "error": round(r.error, 4)}
-                      for table, rows in f.residuals.items() for r in rows],
-        "leave_one_paper_out": lopo,
-    }
+    return calibration_document(f.result, fit=f.spec.key, method=METHOD, fitted_on=f.spec.fitted_on + note,
+                                order=tuple(BOUNDS), notes={"why_this_fit": SHIPPED_BECAUSE},
+                                extra={"leave_one_paper_out": lopo})
 
 
 def main(argv: list[str]) -> int:
@@ -110,8 +101,7 @@ def main(argv: list[str]) -> int:
     directory = Path(PROFILES_DIR) / "calibration"
     for key, note in (("a100-80gb", ""), ("a100-40gb", "; applied to the A100-SXM4-40GB (same A100 silicon)")):
         path = directory / f"{key}.yaml"
-        doc = shipped_doc(shipped, lopo_table, note) | kept_keys(path)
-        path.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
+        write_calibration_profile(path, shipped_doc(shipped, lopo_table, note), keep=KEPT)
         print(f"wrote {path}")
     # The newer GPUs' A100-fitted constants (gemm_efficiency and the others) are carried over and say
     # so; they time only what those GPUs' kernel tables do not cover. Their sustained_compute_fraction
@@ -124,22 +114,14 @@ def main(argv: list[str]) -> int:
             "fitted_on": "nothing for this GPU: the a100-80gb fit carried over (assumed) for the parts its kernel "
                          "tables do not time. Replace with `meshplan profile` measurements.",
             "method": "python -m benchmarks.calibrate (carried over)",
-        } | kept_keys(path)
-        path.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
+        }
+        write_calibration_profile(path, doc, keep=KEPT)
         print(f"wrote {path} (carried over)")
     return 0
 
 
-#: Keys of a calibration file that other scripts write (benchmarks.generations, benchmarks.residuals).
+#: Keys of a calibration file that other scripts write (benchmarks.generations, benchmarks.residuals): kept as they are.
 KEPT = ("sustained_compute_fraction", "sustained_compute_fraction_fit", "step_time_residuals")
-
-
-def kept_keys(path: Path) -> dict:
-    """The KEPT keys of the calibration file at `path` as they are (none if it does not exist)."""
-    if not path.exists():
-        return {}
-    doc = yaml.safe_load(path.read_text()) or {}
-    return {k: doc[k] for k in KEPT if k in doc}
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ Three GpuSpec fields can be fitted, nothing per row:
                        (the FLOP ratio is 2: input and weight gradients)
 
 A fit minimises the relative errors of its rows (scipy least squares, bounded
-as `BOUNDS`); the kernel overhead, link bandwidths and efficiencies and the
+as `BOUNDS`, by planner.calibrate.fit_parameters); the kernel overhead, link bandwidths and efficiencies and the
 overlap stay as the GPU and cluster profiles give them.
 
 Calibration holds out whole papers (leave-one-paper-out). `FITS` names one fit
@@ -55,6 +55,7 @@ from cost_models import StrategyArrays
 from cost_models.comm import TierCommModel
 from cost_models.blocks import model_blocks
 from cost_models.step import per_layer_times
+from planner.calibrate import CalibrationResult, FitParameter, FitSettings, Residual, apply_parameters, fit_parameters
 from planner.specs import ClusterSpec, GpuSpec, Strategy, TrainSpec
 from profiles import load_cluster
 
@@ -75,13 +76,8 @@ def base_cluster(name: str) -> ClusterSpec:
 
 def with_parameters(cluster: ClusterSpec, params: dict[str, float]) -> ClusterSpec:
     """`cluster` with GPU fields (the calibrated ones, `kernel_overhead_s`) and cluster
-    fields (`comm_overlap`) replaced by `params`."""
-    gpu_update = {k: float(v) for k, v in params.items() if k in GpuSpec.model_fields}
-    cluster_update = {k: float(v) for k, v in params.items() if k not in gpu_update}
-    unknown = [k for k in cluster_update if k not in ClusterSpec.model_fields or k == "gpu"]
-    if unknown:
-        raise ValueError(f"not a GPU or cluster field: {', '.join(unknown)}")
-    return cluster.model_copy(update=cluster_update | {"gpu": cluster.gpu.model_copy(update=gpu_update)})
+    fields (`comm_overlap`) replaced by `params` (planner.calibrate.apply_parameters)."""
+    return apply_parameters(cluster, params)
 
 
 def predict_layer(case: LayerCase, cluster: ClusterSpec, train_options: dict) -> tuple[float, float]:
@@ -242,42 +238,40 @@ class Fit:
     params: dict[str, float]  # fitted and held
     standard_errors: dict[str, float]  # fitted parameters: from the Jacobian at the optimum
     residuals: dict[str, list[RowError]]  # by fitted table
+    result: CalibrationResult  # the same, as the package's typed result (written as the calibration profile)
 
 
 def fit(spec: FitSpec, fixed: dict[str, float] | None = None) -> Fit:
-    """Least squares on the relative errors of `spec`'s rows (all of one paper).
+    """Least squares on the relative errors of `spec`'s rows (all of one paper), by the package's
+    engine (planner.calibrate.fit_parameters) with the plain quadratic loss.
 
     `fixed` overrides profile values that are not fitted (`kernel_overhead_s`,
     `comm_overlap`), for sensitivity studies; the shipped fit uses none."""
-    from scipy.optimize import least_squares
-
     names = spec.parameters
     if set(names) | set(spec.held) != set(BOUNDS):
         raise ValueError(f"fit {spec.key!r} must fit or hold each of {sorted(BOUNDS)}")
 
-    def params_of(x) -> dict[str, float]:
-        return (fixed or {}) | spec.held | dict(zip(names, (float(v) for v in x)))
-
-    def residuals(x) -> np.ndarray:
-        p = params_of(x)
-        rows = [r for t in spec.tables for r in table_errors(t, p)]
+    def residuals(params: dict[str, float]) -> np.ndarray:
+        rows = [r for t in spec.tables for r in table_errors(t, params)]
         unfit = [f"{r.label}: {r.note}" for r in rows if r.error is None]
         if unfit:
             raise ValueError(f"fit {spec.key!r}: calibration rows with no fitting strategy: {'; '.join(unfit)}")
         return np.array([r.error for r in rows])
 
-    lo, hi = zip(*(BOUNDS[n] for n in names))
-    result = least_squares(residuals, x0=np.array([START[n] for n in names]), bounds=(lo, hi), diff_step=1e-4)
-    dof = max(result.fun.size - len(names), 1)
-    try:
-        cov = np.linalg.inv(result.jac.T @ result.jac) * float(result.fun @ result.fun) / dof
-        stderr = np.sqrt(np.diag(cov))
-    except np.linalg.LinAlgError:
-        stderr = np.full(len(names), np.inf)
+    settings = FitSettings(
+        parameters=tuple(FitParameter(name=n, lower=BOUNDS[n][0], upper=BOUNDS[n][1], start=START[n]) for n in names),
+        fixed=(fixed or {}) | spec.held, loss="linear", error="relative", decimals=PARAMETER_DECIMALS)
+    result = fit_parameters(residuals, settings.parameters, settings.fixed, settings.loss, settings.f_scale,
+                            settings.decimals, settings.diff_step)
     # Rounded as the profiles store them, so the residuals and the LOPO table are those of the shipped file.
-    params = params_of(np.round(result.x, PARAMETER_DECIMALS))
-    return Fit(spec=spec, params=params, standard_errors=dict(zip(names, (float(s) for s in stderr))),
-               residuals={t.name: table_errors(t, params) for t in spec.tables})
+    tables = {t.name: table_errors(t, result.values) for t in spec.tables}
+    calibration = CalibrationResult(
+        values=result.values, fitted=result.fitted, standard_errors=result.standard_errors,
+        residuals=tuple(Residual(row=f"{table}: {r.label}", error=r.error, source=spec.paper, measured_s=r.measured_s,
+                                 predicted_s=r.predicted_s) for table, rows in tables.items() for r in rows),
+        settings=settings, converged=result.converged, message=result.message)
+    return Fit(spec=spec, params=result.values, standard_errors=result.standard_errors, residuals=tables,
+               result=calibration)
 
 
 def lopo(fits: list[Fit], tables=A100_TABLES) -> dict[str, dict[str, Summary]]:

@@ -8,9 +8,10 @@ It is fitted on one published A/B, Megatron-Bridge's Qwen3-30B-A3B run on 16 H10
 (`benchmarks/data/mbridge_skills.json`: BF16, EP 16, HybridEP, the same run with the
 overlap off and on): the value makes the predicted step-time ratio on/off equal the
 measured one (20.9920 s / 24.7138 s), so the rest of the model's error on that shape
-cancels out of the fit. With the overlap on, the step time is linear in the share
-(the exposed exchange is `exchange - share * min(exchange, compute)`), so two
-predictions per row give it exactly.
+cancels out of the fit (least squares of that ratio's relative error,
+planner.calibrate.fit_parameters). With the overlap on, the step time is linear in the
+share (the exposed exchange is `exchange - share * min(exchange, compute)`), so the fit
+is exact.
 
 Every other published row that ran the overlap (Megatron-Bridge's Qwen3-235B on
 H100, GPT-OSS on GB200, DeepSeek-V3 on B200, ...) is not fitted and is printed under
@@ -21,14 +22,18 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
+
 from benchmarks.calibration import base_cluster, with_parameters
 from benchmarks.validation import PUBLIC_SETS, predict, public_runs
+from planner.calibrate import FitParameter, fit_parameters
 
 FIT_SET = "mbridge_skills"
 OFF = "qwen3-30b-a3b EP overlap off dgx-h100 bf16 n16 s4096 tp1 pp1 cp1 vp1 ep16"
 ON = "qwen3-30b-a3b EP overlap on dgx-h100 bf16 n16 s4096 tp1 pp1 cp1 vp1 ep16"
 #: The (set, label) rows the fit uses: the accuracy report counts them as calibration rows.
 FIT_ROWS = ((FIT_SET, OFF), (FIT_SET, ON))
+PARAMETER = "ep_comm_overlap"
 
 
 def _case(label: str):
@@ -41,7 +46,7 @@ def _case(label: str):
 def _step(case, share: float | None) -> float:
     cluster = base_cluster(case.cluster)
     if share is not None:
-        cluster = with_parameters(cluster, {"ep_comm_overlap": share})
+        cluster = with_parameters(cluster, {PARAMETER: share})
     p = predict(case, cluster)
     if p.predicted_step_s is None:
         raise SystemExit(f"{case.label}: no prediction ({p.note})")
@@ -49,13 +54,18 @@ def _step(case, share: float | None) -> float:
 
 
 def fit() -> tuple[float, float, float]:
-    """(share, measured on/off ratio, predicted off step) of the A/B (module docstring)."""
+    """(share, measured on/off ratio, predicted off step) of the A/B (module docstring): least squares
+    (planner.calibrate.fit_parameters) of the relative error of the predicted on/off step ratio, bounded
+    to [0, 1]."""
     off, on = _case(OFF), _case(ON)
     ratio = on.measured_step_s / off.measured_step_s
     off_s = _step(off, 0.0)
-    none, full = _step(on, 0.0), _step(on, 1.0)
-    share = (none - ratio * off_s) / (none - full)
-    return min(1.0, max(0.0, share)), ratio, off_s
+
+    def residual(values: dict[str, float]) -> np.ndarray:
+        return np.array([_step(on, values[PARAMETER]) / (ratio * off_s) - 1])
+
+    result = fit_parameters(residual, [FitParameter(name=PARAMETER, lower=0.0, upper=1.0)], loss="linear")
+    return result.values[PARAMETER], ratio, off_s
 
 
 def overlapped_rows():

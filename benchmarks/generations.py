@@ -15,7 +15,8 @@ dense models of the newest published set (Megatron-Bridge 25.11), named in `GENE
 before any fit was run. Their step time is dominated by large GEMMs and attention, the terms the
 parameter scales; small models, MoE models and other sets are left out and judged
 (`python -m benchmarks.accuracy` reports them, and prints the fitted rows as calibration rows).
-The least-squares fit is bounded to [0.5, 1]: below 0.5 a GPU would sustain less than half its
+The least-squares fit (planner.calibrate.calibrate, plain quadratic loss on the relative errors)
+is bounded to [0.5, 1]: below 0.5 a GPU would sustain less than half its
 measured kernel rate, which no published clock or power measurement supports; 1 is the tables'
 own rate.
 """
@@ -26,12 +27,21 @@ import sys
 from dataclasses import dataclass, replace
 
 import numpy as np
-import yaml
-from scipy.optimize import minimize_scalar
 
-from benchmarks.calibration import base_cluster, with_parameters
+from benchmarks.calibration import base_cluster
 from benchmarks.ep_overlap import FIT_ROWS as EP_OVERLAP_FIT_ROWS
-from benchmarks.validation import StepCase, predict, public_runs
+from benchmarks.validation import StepCase, measured_run, public_runs
+from benchmarks.zero3 import FIT_ROWS as ZERO3_FIT_ROWS
+from planner.calibrate import (
+    CalibrationResult,
+    FitParameter,
+    FitSettings,
+    MeasuredRun,
+    Residual,
+    calibrate,
+    parameter_document,
+    write_calibration_profile,
+)
 from profiles import PROFILES_DIR
 
 PARAMETER = "sustained_compute_fraction"
@@ -105,9 +115,11 @@ HOST_FIT = GenerationFit(
 
 def calibration_rows() -> set[tuple[str, str]]:
     """Every (set, label) some fit uses (the generations' `sustained_compute_fraction`, the x86 hosts'
-    `host_time_scale`, the EP-overlap share of benchmarks/ep_overlap.py): the accuracy report prints them as
+    `host_time_scale`, the EP-overlap share of benchmarks/ep_overlap.py, DeepSpeed's ZeRO-3 cross-node rate of
+    benchmarks/zero3.py, whose set is the accuracy report's table name): the accuracy report prints them as
     fitted."""
-    return {row for f in (*GENERATION_FITS.values(), HOST_FIT) for row in f.rows} | set(EP_OVERLAP_FIT_ROWS)
+    return ({row for f in (*GENERATION_FITS.values(), HOST_FIT) for row in f.rows} | set(EP_OVERLAP_FIT_ROWS)
+            | set(ZERO3_FIT_ROWS))
 
 
 def cases_of(fit: GenerationFit) -> list[StepCase]:
@@ -120,28 +132,23 @@ def cases_of(fit: GenerationFit) -> list[StepCase]:
     return out
 
 
-def errors(cases: list[StepCase], value: float, parameter: str = PARAMETER, fixed: dict | None = None) -> np.ndarray:
-    """Relative step-time errors of `cases` with `parameter` set to `value` (and `fixed`'s values)."""
-    errs = []
-    for case in cases:
-        cluster = with_parameters(base_cluster(case.cluster), (fixed or {}) | {parameter: value})
-        p = predict(case, cluster)
-        errs.append(np.nan if p.predicted_step_s is None else p.predicted_step_s / case.measured_step_s - 1)
-    return np.array(errs)
+def runs_of(fit: GenerationFit) -> list[MeasuredRun]:
+    """`fit`'s rows as the package's measured runs (source: the published set)."""
+    return [measured_run(c, set_name) for (set_name, _), c in zip(fit.rows, cases_of(fit))]
+
+
+def settings(parameter: str = PARAMETER, bounds: tuple[float, float] = BOUNDS, fixed: dict | None = None) -> FitSettings:
+    """Least squares of the relative step-time errors (the plain quadratic loss) over `parameter` in `bounds`."""
+    return FitSettings(parameters=(FitParameter(name=parameter, lower=bounds[0], upper=bounds[1]),),
+                       fixed=dict(fixed or {}), loss="linear", error="relative", decimals=DECIMALS)
 
 
 def fit_generation(fit: GenerationFit, parameter: str = PARAMETER, bounds: tuple[float, float] = BOUNDS,
                    fixed: dict | None = None) -> tuple[float, np.ndarray]:
-    """Bounded least squares of `fit`'s rows' relative errors over `parameter` (the others at `fixed`)."""
-    cases = cases_of(fit)
-
-    def loss(v: float) -> float:
-        e = errors(cases, v, parameter, fixed)
-        return float(np.sum(np.where(np.isnan(e), 1.0, e) ** 2))
-
-    best = minimize_scalar(loss, bounds=bounds, method="bounded", options={"xatol": 1e-3})
-    value = round(float(best.x), DECIMALS)
-    return value, errors(cases, value, parameter, fixed)
+    """Bounded least squares of `fit`'s rows' relative errors over `parameter` (the others at `fixed`):
+    the value and the rows' errors under it (planner.calibrate.calibrate)."""
+    result = calibrate(runs_of(fit), settings(parameter, bounds, fixed))
+    return result.values[parameter], np.array([r.error for r in result.residuals])
 
 
 def describe(fit: GenerationFit) -> str:
@@ -150,17 +157,15 @@ def describe(fit: GenerationFit) -> str:
 
 def write(fit: GenerationFit, value: float, errs: np.ndarray, parameter: str = PARAMETER,
           bounds: tuple[float, float] = BOUNDS) -> None:
+    result = CalibrationResult(
+        values={parameter: value}, fitted=(parameter,), standard_errors={},
+        residuals=tuple(Residual(row=label, error=float(e), source=s) for (s, label), e in zip(fit.rows, errs)),
+        settings=settings(parameter, bounds), converged=True, message="")
+    method = ("python -m benchmarks.generations: bounded least squares of the relative step-time errors, "
+              f"bounds {list(bounds)}")
     for gpu in fit.gpus:
-        path = PROFILES_DIR / "calibration" / f"{gpu}.yaml"
-        doc = yaml.safe_load(path.read_text()) if path.exists() else {}
-        doc[parameter] = value
-        doc[f"{parameter}_fit"] = {
-            "fitted_on": describe(fit),
-            "method": "python -m benchmarks.generations: bounded least squares of the relative step-time errors, "
-                      f"bounds {list(bounds)}",
-            "residuals": [{"row": label, "error": round(float(e), 4)} for (_, label), e in zip(fit.rows, errs)],
-        }
-        path.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
+        write_calibration_profile(PROFILES_DIR / "calibration" / f"{gpu}.yaml",
+                                  parameter_document(result, method, describe(fit)))
 
 
 def _report(key: str, parameter: str, value: float, fit: GenerationFit, errs: np.ndarray) -> None:

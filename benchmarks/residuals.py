@@ -30,6 +30,7 @@ import yaml
 from benchmarks.calibration import A100_TABLES, FITS
 from benchmarks.generations import calibration_rows
 from benchmarks.validation import PUBLIC_SETS, nemo_h100_fp8, predict, public_runs
+from planner.calibrate import write_calibration_profile
 from planner.error_band import MIN_KIND_ROWS, summarise, widened
 from planner.specs.hardware import StepTimeResiduals
 from profiles import PROFILES_DIR, load_cluster, load_gpu, load_model
@@ -203,9 +204,8 @@ def main(argv: list[str]) -> int:
         for gpu, path in files.items():
             if gpu not in result:
                 continue
-            doc = yaml.safe_load(path.read_text()) or {}
-            doc["step_time_residuals"] = document(result[gpu], [r for r in rows if r.gpu == gpu])
-            path.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
+            rs = [r for r in rows if r.gpu == gpu]
+            write_calibration_profile(path, {"step_time_residuals": document(result[gpu], rs)})
             print(f"wrote {path}")
     return 0
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from planner.calibrate import MeasuredRun, predict_run
 from planner.errors import SpecError
 from planner.rules import eager_problem
 from planner.specs import ModelSpec
@@ -513,34 +514,23 @@ class Prediction:
         return self.predicted_step_s / self.case.measured_step_s - 1
 
 
+def measured_run(case: StepCase, set_name: str | None = None) -> MeasuredRun:
+    """The case as the package's typed measured run (planner.calibrate.MeasuredRun)."""
+    train = dict(case.train_options)
+    precision = train.pop("precision", "bf16")
+    return MeasuredRun(label=case.label, source=case.table, set_name=set_name, model=case.model, cluster=case.cluster,
+                       num_gpus=case.num_gpus, global_batch_size=case.global_batch_size, seq_len=case.seq_len,
+                       precision=precision, strategy=dict(case.constraints), train_options=train,
+                       measured_step_s=float(case.measured_step_s))
+
+
 def predict(case: StepCase, cluster=None) -> Prediction:
     """Plan the case under the paper's constraints; the fastest plan that fits the GPU (no safety
-    margin: the run was made) is the prediction.
+    margin: the run was made) is the prediction (planner.calibrate.predict_run).
 
     Fields the paper did not report (SC'21 Table 1: micro-batch size and
     interleaving) are searched, as the authors tuned them. `cluster` overrides
     the case's cluster preset (calibration tries candidate efficiencies).
     """
-    from planner.api import plan
-
-    def run(constraints):
-        return plan(model=case.model, cluster=cluster or case.cluster, num_gpus=case.num_gpus,
-                    global_batch_size=case.global_batch_size, seq_len=case.seq_len, constraints=constraints,
-                    top_k=1, headroom=0.0, ranking="fastest", **case.train_options)
-
-    result, tag = run(case.constraints), ""
-    vp = case.constraints.get("vpp")
-    if not result.plans and not result.closest and isinstance(vp, int) and vp > 1 \
-            and any(r.rule == "layers" for r in result.rejections):
-        # The published interleaving splits the layers in a way meshplan's stage vocabulary cannot (a custom
-        # --pipeline-model-parallel-layout): predicted without interleaving, and the label says so.
-        result, tag = run(case.constraints | {"vpp": 1}), f" [published vp{vp} not expressible: vpp 1]"
-    if result.plans:
-        best = result.plans[0]
-        return Prediction(case, best.estimate.step_time_s, best.strategy.short() + tag)
-    if result.closest:
-        near = result.closest[0]
-        return Prediction(case, None, near.strategy.short(), note="; ".join(near.estimate.reasons))
-    rules = ", ".join(f"{r.rule} ({r.count})" for r in result.rejections[:3])
-    return Prediction(case, None, "-", note="no valid strategy under the paper's constraints"
-                      + (f"; rejected by {rules}" if rules else ""))
+    p = predict_run(measured_run(case), cluster)
+    return Prediction(case, p.step_s, p.strategy, p.note)

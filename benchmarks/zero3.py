@@ -4,8 +4,9 @@
     python -m benchmarks.zero3 --fit    # also fit deepspeed.cross_node_nic_fraction on the `fit` rows
 
 The DeepSpeed rows are predicted with `zero3_impl="deepspeed"`, the torchtitan rows with
-`"fsdp2"`. The fit is a grid search over the one parameter, minimising the largest |error| of
-the rows marked `fit`; the `check` rows are not used by it.
+`"fsdp2"`. The fit is least squares over the one parameter (planner.calibrate.fit_parameters)
+of the relative errors of the rows marked `fit`; the `check` rows are not used by it, and the
+accuracy report (benchmarks.accuracy) prints the `fit` rows as calibration rows (`FIT_ROWS`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,25 @@ import numpy as np
 from benchmarks.calibration import RowError, Summary
 from benchmarks.validation import MEGATRON_2021, ROOT, StepCase, gpt_model, predict, sc21_flop_per_step
 from cost_models.sharding import zero3_impls
+from planner.calibrate import FitParameter, fit_parameters
 
 DATA = ROOT / "benchmarks" / "data" / "zero3_runs.json"
 #: SC'21's GPT shapes (layers, hidden, heads), Table 2.
 SC21_SHAPES = {174.6: (96, 12288, 96), 529.6: (105, 20480, 128)}
+PARAMETER = "cross_node_nic_fraction"
+#: The accuracy report's table of SC'21 Table 2's ZeRO-3 rows (benchmarks.calibration.sc21_zero3).
+SC21_ZERO3_TABLE = "SC'21 Table 2 ZeRO-3"
+
+
+def fit_rows() -> tuple[tuple[str, str], ...]:
+    """The (table, label) of every SC'21 row marked `fit`, labelled as the accuracy report's SC'21 Table 2
+    ZeRO-3 table labels them (benchmarks.validation.sc21_table2): it prints them as calibration rows."""
+    return tuple((SC21_ZERO3_TABLE, f"{r['model_params_billion']}B ZeRO-3 n{r['num_gpus']} mbs{r['micro_batch_size']}")
+                 for r in json.loads(DATA.read_text())["rows"] if r["set"] == "sc21_deepspeed" and r["role"] == "fit")
+
+
+#: The rows `fit_fraction` fits on, as (table, label): the accuracy report counts them as calibration rows.
+FIT_ROWS = fit_rows()
 RECOMPUTE = {"no": {"recompute": "none"}, "full": {"recompute": "full", "recompute_num_layers": None}}
 
 
@@ -62,21 +78,26 @@ def errors(rows) -> list[tuple[RowError, str, str]]:
     return out
 
 
-def fit_fraction(rows, grid=np.round(np.arange(0.05, 1.0001, 0.01), 2)) -> float:
-    """The cross-node NIC fraction on the grid with the smallest max |error| on the `fit` rows."""
+def fit_fraction(rows) -> float:
+    """The cross-node NIC fraction, by least squares of the `fit` rows' relative errors
+    (planner.calibrate.fit_parameters, plain quadratic loss), bounded to [0.05, 1], to 2 decimals.
+
+    The fraction is a ZeRO-3 implementation's (profiles/frameworks/zero3.yaml), not a cluster
+    field: each try replaces the parsed implementation for the duration of the fit."""
     impls = zero3_impls()
     shipped = impls["deepspeed"]
     fit_rows = [r for r in rows if r[2] == "fit"]
-    best, best_err = shipped.cross_node_nic_fraction, float("inf")
+
+    def residual(values: dict[str, float]) -> np.ndarray:
+        impls["deepspeed"] = replace(shipped, cross_node_nic_fraction=values[PARAMETER])
+        return np.array([e.error for e, _, _ in errors(fit_rows)])
+
     try:
-        for f in grid:
-            impls["deepspeed"] = replace(shipped, cross_node_nic_fraction=float(f))
-            worst = max(abs(e.error) for e, _, _ in errors(fit_rows))
-            if worst < best_err:
-                best, best_err = float(f), worst
+        result = fit_parameters(residual, [FitParameter(name=PARAMETER, lower=0.05, upper=1.0)], loss="linear",
+                                decimals=2)
     finally:
         impls["deepspeed"] = shipped
-    return best
+    return result.values[PARAMETER]
 
 
 def main(argv: list[str]) -> int:

@@ -2,8 +2,8 @@
 
 Layout: `gpus/*.yaml`, `clusters/*.yaml`, `models/*.yaml` (one file each, each
 with a `source:`), `calibration/<gpu>.yaml` (the fitted GPU parameters
-`CALIBRATED_FIELDS`; `fitted_on:` names the rows they were fitted on and `fit:`
-the fit in benchmarks/calibration.py that wrote them; the A100 files hold
+`CALIBRATED_FIELDS`, written by planner.calibrate; `fitted_on:` names the rows they
+were fitted on and `fit:` the fit, e.g. one of benchmarks/calibration.py's; the A100 files hold
 gemm_efficiency, hbm_efficiency and backward_gemm_ratio fitted on Korthikanti
 et al. 2022 Table 4 alone, the newer GPUs' files that fit carried over). Extra directories with the same layout can be added
 with the environment variable `MESHPLAN_PROFILES` (os.pathsep-separated); they

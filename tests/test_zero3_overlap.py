@@ -83,3 +83,20 @@ def test_every_zero3_number_names_its_source():
             if not key.endswith("_source"):
                 assert str(doc[name].get(f"{key}_source", "")).strip(), f"{name}.{key}"
     assert set(zero3_impls()) == set(ZERO3_IMPLS)
+
+
+def test_the_cross_node_fit_rows_are_calibration_rows(validation_path):
+    """The SC'21 rows benchmarks/zero3.py fits DeepSpeed's cross_node_nic_fraction on are the accuracy report's
+    calibration rows (benchmarks.generations.calibration_rows), under the labels of its SC'21 Table 2 ZeRO-3 table,
+    so no table or summary counts them as held out."""
+    from benchmarks.calibration import sc21_zero3
+    from benchmarks.generations import calibration_rows
+    from benchmarks.zero3 import FIT_ROWS, SC21_ZERO3_TABLE, cases
+
+    fit = [case for case, _, role in cases() if role == "fit"]
+    assert len(FIT_ROWS) == len(fit) == 2
+    labels = {c.label for c in sc21_zero3()}
+    assert {label for _, label in FIT_ROWS} <= labels
+    assert {(c.num_gpus, c.constraints["micro_batch_size"]) for c in fit} == {
+        (c.num_gpus, c.constraints["micro_batch_size"]) for c in sc21_zero3() if (SC21_ZERO3_TABLE, c.label) in FIT_ROWS}
+    assert set(FIT_ROWS) <= calibration_rows()

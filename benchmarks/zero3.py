@@ -18,7 +18,7 @@ import numpy as np
 
 from benchmarks.calibration import RowError, Summary
 from benchmarks.validation import MEGATRON_2021, ROOT, StepCase, gpt_model, predict, sc21_flop_per_step
-from cost_models.sharding import zero3_impls
+from profiles.bundle import load_tables
 
 DATA = ROOT / "benchmarks" / "data" / "zero3_runs.json"
 #: SC'21's GPT shapes (layers, hidden, heads), Table 2.
@@ -64,7 +64,7 @@ def errors(rows) -> list[tuple[RowError, str, str]]:
 
 def fit_fraction(rows, grid=np.round(np.arange(0.05, 1.0001, 0.01), 2)) -> float:
     """The cross-node NIC fraction on the grid with the smallest max |error| on the `fit` rows."""
-    impls = zero3_impls()
+    impls = load_tables(None).zero3
     shipped = impls["deepspeed"]
     fit_rows = [r for r in rows if r[2] == "fit"]
     best, best_err = shipped.cross_node_nic_fraction, float("inf")
@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
     if "--fit" in argv:
         f = fit_fraction(rows)
         print(f"fitted deepspeed.cross_node_nic_fraction = {f:.2f} (shipped "
-              f"{zero3_impls()['deepspeed'].cross_node_nic_fraction}) on the `fit` rows")
+              f"{load_tables(None).zero3['deepspeed'].cross_node_nic_fraction}) on the `fit` rows")
     results = errors(rows)
     print(f"  {'row':46s} {'role':5s} {'measured':>9s} {'predicted':>9s} {'error':>7s}  strategy")
     for e, _, role in results:

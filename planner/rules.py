@@ -24,7 +24,7 @@ class Context:
     model: object
     train: object
     num_gpus: int
-    cluster: object = None  # needed only by the offload rule
+    cluster: object = None  # the offload and framework rules read it (its GPU's resolved tables)
 
 
 _MLA_BITS = modules_mask(["mla_up_proj"])
@@ -220,9 +220,9 @@ RULES: tuple[Rule, ...] = (
 
 def _framework_failures(ctx: Context, st: StrategyArrays) -> list:
     """The `cannot_run` rules of the framework the plan runs on (profiles/frameworks/<name>.yaml)."""
-    from cost_models.sharding import cannot_run_masks, framework_of
+    from cost_models.frameworks import cannot_run_masks, framework_of
 
-    return cannot_run_masks(framework_of(ctx.train), ctx.model, ctx.train, st)
+    return cannot_run_masks(framework_of(ctx.train, ctx.cluster.gpu.tables), ctx.model, ctx.train, st)
 
 
 def _framework_msg(ctx: Context, r: dict) -> str:

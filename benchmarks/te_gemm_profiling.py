@@ -26,7 +26,7 @@ import numpy as np
 
 from cost_models.blocks import Gemm
 from cost_models.compute import gemm_time
-from cost_models.gemm_tables import build_gemm_table
+from profiles.gemm import build_gemm_table
 from cost_models.elementwise import elementwise_model, fp8_cast_bytes_per_element, fp8_cast_kernels
 from profiles import load_cluster
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from benchmarks.calibration import RowError, Summary
 from benchmarks.validation import MEGATRON_2021, ROOT, StepCase, gpt_model, predict, sc21_flop_per_step
-from cost_models.sharding import zero3_impls
 from planner.calibrate import FitParameter, fit_parameters
+from profiles.bundle import load_tables
 
 DATA = ROOT / "benchmarks" / "data" / "zero3_runs.json"
 #: SC'21's GPT shapes (layers, hidden, heads), Table 2.
@@ -84,7 +84,7 @@ def fit_fraction(rows) -> float:
 
     The fraction is a ZeRO-3 implementation's (profiles/frameworks/zero3.yaml), not a cluster
     field: each try replaces the parsed implementation for the duration of the fit."""
-    impls = zero3_impls()
+    impls = load_tables(None).zero3
     shipped = impls["deepspeed"]
     fit_rows = [r for r in rows if r[2] == "fit"]
 
@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
     if "--fit" in argv:
         f = fit_fraction(rows)
         print(f"fitted deepspeed.cross_node_nic_fraction = {f:.2f} (shipped "
-              f"{zero3_impls()['deepspeed'].cross_node_nic_fraction}) on the `fit` rows")
+              f"{load_tables(None).zero3['deepspeed'].cross_node_nic_fraction}) on the `fit` rows")
     results = errors(rows)
     print(f"  {'row':46s} {'role':5s} {'measured':>9s} {'predicted':>9s} {'error':>7s}  strategy")
     for e, _, role in results:

@@ -163,3 +163,14 @@ def row_of(strategy: Any) -> dict[str, Any]:
         row[name] = row[name] or 0
     row["stage_layers"] = list(row["stage_layers"] or [])
     return row
+
+
+def spread(distinct: tuple[np.ndarray, np.ndarray] | None, n: int, fn, *arrays):
+    """`fn(*arrays)` for arrays (last axis the n candidates, or scalars) whose values are the same
+    for all candidates of one class of `distinct` = (the first candidate of each class, each
+    candidate's class): evaluated on the first of each class and spread back to all of them."""
+    if distinct is None:
+        return fn(*arrays)
+    first, index = distinct
+    small = [a[..., first] if isinstance(a, np.ndarray) and a.ndim and a.shape[-1] == n else a for a in arrays]
+    return np.asarray(fn(*small))[..., index]

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
+from cost_models.elementwise import BLOCK_ELEMENTS, SCALE_BYTES
 from cost_models.units import ACTIVATION_BYTES, FP8, FP32, INT64, MASK
 
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
@@ -97,8 +98,6 @@ class Micro:
         input: torchao's float8 linear saves `input_hp` (torchao/float8/float8_linear.py)."""
         if self.precision != "fp8" or self.framework != "megatron":
             return self.act
-        from cost_models.elementwise import BLOCK_ELEMENTS, SCALE_BYTES
-
         block = BLOCK_ELEMENTS.get(self.fp8_recipe)
         return FP8 + (SCALE_BYTES[self.fp8_recipe] / block if block else 0.0)
 

@@ -141,3 +141,10 @@ class TierCommModel:
         lat = np.where(inside, self.intra_lat, self.inter_lat)
         t = np.maximum(intra_s, inter_s) + np.ceil(np.log2(np.maximum(n, 1))) * lat
         return np.where(n > 1, t, 0.0)
+
+
+def exposed_s(comm_s, window_s, overlap: float):
+    """Communication time left on the critical path when it is overlapped with
+    `window_s` of compute: all of it past the window, and the share of the rest
+    that does not really run concurrently (1 - cluster.comm_overlap)."""
+    return comm_s - overlap * np.minimum(comm_s, window_s)

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.arrays import RECOMPUTE_MODULES, selected_modules
-from cost_models.gemm_tables import gemm_table
 from cost_models.attention_kernels import flash_core_times
 from cost_models.blocks import (DenseMLP, Gemm, Head, LatentAttention, Layer, Micro, ModelBlocks, MoE, Norm,
                                  gated_activation)
@@ -65,7 +64,7 @@ class LayerTimes:
 def gemm_time(g: Gemm, gpu: GpuSpec, precision: str, recipe: str | None = None) -> np.ndarray:
     """Roofline time of one GEMM, seconds, plus the kernel overhead. Non-quantised GEMMs
     run at the unquantised precision's peak under FP8 training. The achieved fraction of the
-    peak is the GPU's measured table at this shape (`cost_models.gemm_tables`) where it has one
+    peak is the GPU's measured table at this shape (`profiles.gemm.GemmTable`, `gpu.tables.gemm`) where it has one
     (a quantised GEMM at FP8 `recipe`'s rate, `GemmTable.recipe_rate`), else its calibrated
     `gemm_efficiency`.
 
@@ -73,7 +72,7 @@ def gemm_time(g: Gemm, gpu: GpuSpec, precision: str, recipe: str | None = None) 
 
     >>> from types import SimpleNamespace as S
     >>> a100 = S(peak=lambda p: 312e12, gemm_efficiency=0.65, hbm_bw_bytes_per_s=2.039e12, hbm_efficiency=0.9,
-    ...          kernel_overhead_s=5e-6, kernel_tables=None)
+    ...          kernel_overhead_s=5e-6, tables=S(gemm=None))
     >>> n = 8192
     >>> round(float(gemm_time(Gemm(2 * n**3, n, n, n), a100, "bf16")) * 1e3, 3)  # ms
     5.427
@@ -96,15 +95,15 @@ def gemm_time(g: Gemm, gpu: GpuSpec, precision: str, recipe: str | None = None) 
 
 
 def _has_table(gpu: GpuSpec, precision: str) -> bool:
-    """Whether `gpu` has a measured GEMM table for `precision` (cost_models.gemm_tables)."""
-    table = gemm_table(gpu.kernel_tables)
+    """Whether `gpu` has a measured GEMM table for `precision` (`gpu.tables.gemm`)."""
+    table = gpu.tables.gemm
     return table is not None and table.has(precision)
 
 
 def gemm_efficiency(m, n, k, gpu: GpuSpec, precision: str, recipe: str | None = None):
     """Achieved fraction of `precision`'s dense peak for an (m, n, k) GEMM on `gpu` (FP8: under `recipe`)."""
     if _has_table(gpu, precision):
-        return gemm_table(gpu.kernel_tables).efficiency(m, n, k, precision, recipe) * gpu.sustained_compute_fraction
+        return gpu.tables.gemm.efficiency(m, n, k, precision, recipe) * gpu.sustained_compute_fraction
     return gpu.gemm_efficiency
 
 

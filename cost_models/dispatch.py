@@ -41,6 +41,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.errors import SpecError
+from profiles.dispatch import DIRECTIONS, DispatchBench, DispatchMeasurements, DispatchRow
+
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
 
 
@@ -139,8 +142,6 @@ def tier_scales(dispatcher: str, experts: int, top_k: int, ep, local, groups: in
 #: measured rates are read at this SM count, or at the plan's (TrainSpec.moe_flex_num_sms), linear
 #: between the measured counts and the nearest measured count outside them.
 DEFAULT_SMS = {"deepep": 20, "hybridep": 16}
-DIRECTIONS = ("dispatch", "combine")
-TIERS = ("nvlink", "network")
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,8 @@ class DispatchTable:
         Qwen3-30B-A3B on 8 GB200s (HybridEP, ep 8): 16,384 tokens of hidden 2048 sent to 5.34 GPUs each
         (358 MB received per rank and call) take 1.28 ms for the dispatch and the combine together:
 
-        >>> t = dispatch_table("gb200")
+        >>> from profiles.bundle import load_tables
+        >>> t = dispatch_table(load_tables("gb200").dispatch)
         >>> intra, inter = tier_scales("hybridep", 128, 8, 8, 8)
         >>> nbytes = 16384 * 8 * 2048 * 2
         >>> round(float(t.exchange_s("hybridep", nbytes, 8, 8, intra, inter)) * 1e3, 2)
@@ -206,102 +208,69 @@ class DispatchTable:
         return np.where(size > 1, out, 0.0)
 
 
-def _bench_bytes(bench: dict, tier: str, ep: int, where: str) -> float:
+def _bench_bytes(bench: DispatchBench, tier: str, ep: int, where: str) -> float:
     """Bytes per rank and call of the table's benchmark at group size `ep`, as its bandwidth counts them:
     NVLink, the tokens a rank receives once per destination GPU, its own included; network, the tokens
     it sends once per remote node holding one of their experts (DeepEP tests/test_hybrid_ep.py)."""
-    from planner.errors import SpecError
-
-    tokens, hidden, k, local = (bench[f] for f in ("tokens", "hidden", "top_k", "local_experts"))
-    per_token = hidden * bench["bytes_per_element"]
+    tokens, hidden, k, local = bench.tokens, bench.hidden, bench.top_k, bench.local_experts
+    per_token = hidden * bench.bytes_per_element
     if tier == "nvlink":
         return tokens * expected_distinct(ep, local, k) * per_token
-    per_node = bench.get("ranks_per_node")
+    per_node = bench.ranks_per_node
     if not per_node or ep % per_node or ep // per_node < 2:
         raise SpecError(f"{where}: a network row needs bench.ranks_per_node dividing ep ({ep}) into two or more nodes")
     nodes = ep // per_node
     return tokens * expected_distinct(nodes, local * per_node, k) * (nodes - 1) / nodes * per_token
 
 
-def _interp_sms(rows: list[dict], sms: int, key: str) -> float | None:
+def _interp_sms(rows: tuple[DispatchRow, ...], sms: int, key: str) -> float | None:
     """`key` of the rows (one group size) at `sms` SMs: linear between the measured SM counts, the nearest
     outside; None when no row has it."""
-    have = sorted((r["sms"], float(r[key])) for r in rows if r.get(key) is not None)
+    have = sorted((r.sms, float(getattr(r, key))) for r in rows if getattr(r, key) is not None)
     if not have:
         return None
     return float(np.interp(sms, [h[0] for h in have], [h[1] for h in have]))
 
 
-def dispatch_table_from(data: dict, name: str, sms: dict[str, int] | None = None) -> DispatchTable:
-    """Parse a dispatch table (see profiles/kernels/dispatch/*.yaml), its rates read at `sms` SMs per dispatcher
-    (`DEFAULT_SMS` for one `sms` does not name); SpecError naming the field on a bad one."""
-    from planner.errors import SpecError
+def dispatch_table(measured: DispatchMeasurements | None, dispatcher: str | None = None, sms: int | None = None
+                   ) -> DispatchTable | None:
+    """A GPU's measured dispatchers (`GpuSpec.tables.dispatch`) as per-call costs, their rates read at Megatron's
+    default SMs (`DEFAULT_SMS`), or with `sms` (and its `dispatcher`) that dispatcher's at that many SMs; None
+    when the GPU has no dispatch table. Built once per table object and SM count.
 
-    where = f"dispatch table {name}"
-    bench = data.get("bench")
-    need = ("tokens", "hidden", "top_k", "local_experts", "bytes_per_element")
-    if not isinstance(bench, dict) or any(not isinstance(bench.get(f), (int, float)) or bench[f] <= 0 for f in need):
-        raise SpecError(f"{where}: bench needs positive {', '.join(need)}")
-    curves: dict[tuple[str, str], DispatchCurve] = {}
-    for dispatcher in DISPATCHERS:
-        for tier, rows in (data.get(dispatcher) or {}).items():
-            if tier not in TIERS:
-                raise SpecError(f"{where}: {dispatcher}: unknown tier {tier!r}; known: {', '.join(TIERS)}")
-            by_ep: dict[int, list[dict]] = {}
-            for r in rows or []:
-                if not isinstance(r, dict) or not isinstance(r.get("ep"), int) or r["ep"] < 2 \
-                        or not isinstance(r.get("sms"), int) or r["sms"] < 1:
-                    raise SpecError(f"{where}: {dispatcher}.{tier}: every row needs an integer ep >= 2 and sms >= 1")
-                for d in DIRECTIONS:
-                    for kind in ("torch", "kernel"):
-                        v = r.get(f"{d}_{kind}")
-                        if (v is None and kind == "torch") or (v is not None and (not isinstance(v, (int, float)) or v <= 0)):
-                            raise SpecError(f"{where}: {dispatcher}.{tier} ep {r['ep']}: {d}_{kind} must be a positive "
-                                            f"rate in GB/s" + (" (required)" if kind == "torch" else ""))
-                by_ep.setdefault(r["ep"], []).append(r)
-            if not by_ep:
-                continue
-            eps = sorted(by_ep)
-            fixed = {d: [] for d in DIRECTIONS}
-            per_byte = {d: [] for d in DIRECTIONS}
-            at = (sms or {}).get(dispatcher, DEFAULT_SMS[dispatcher])
-            for ep in eps:
-                nbytes = _bench_bytes(bench, tier, ep, f"{where}: {dispatcher}.{tier}")
-                for d in DIRECTIONS:
-                    torch_rate = _interp_sms(by_ep[ep], at, f"{d}_torch") * 1e9
-                    kernel = _interp_sms(by_ep[ep], at, f"{d}_kernel")
-                    kernel_rate = torch_rate if kernel is None else kernel * 1e9
-                    if kernel_rate < torch_rate:
-                        raise SpecError(f"{where}: {dispatcher}.{tier} ep {ep}: {d}_kernel is below {d}_torch (the API "
-                                        f"cannot outrun its own kernel)")
-                    fixed[d].append(nbytes / torch_rate - nbytes / kernel_rate)
-                    per_byte[d].append(1.0 / kernel_rate)
-            curves[(dispatcher, tier)] = DispatchCurve(np.log2(np.array(eps, dtype=float)),
-                                                      {d: np.array(v) for d, v in fixed.items()},
-                                                      {d: np.array(v) for d, v in per_byte.items()})
-    return DispatchTable(name, curves)
-
-
-def dispatch_table(name: str | None, dispatcher: str | None = None, sms: int | None = None) -> DispatchTable | None:
-    """The GPU table set `name`'s measured dispatchers, parsed once per SM count; None when it has no dispatch
-    table. `sms` (with its `dispatcher`): read that dispatcher's rates at that many SMs instead of Megatron's
-    default (no `sms`: the default table, whatever `dispatcher` says).
-
-    >>> hybrid = dispatch_table("gb200").curve("hybridep", "nvlink")
-    >>> wide = dispatch_table("gb200", "hybridep", 32).curve("hybridep", "nvlink")
+    >>> from profiles.bundle import load_tables
+    >>> gb200 = load_tables("gb200").dispatch
+    >>> hybrid = dispatch_table(gb200).curve("hybridep", "nvlink")
+    >>> wide = dispatch_table(gb200, "hybridep", 32).curve("hybridep", "nvlink")
     >>> bool(wide.per_byte_s["combine"][0] < hybrid.per_byte_s["combine"][0])  # more SMs, a faster kernel
     True
     """
-    return _dispatch_table(name, dispatcher, sms) if dispatcher and sms else _dispatch_table(name, None, None)
-
-
-@lru_cache(maxsize=None)
-def _dispatch_table(name: str | None, dispatcher: str | None, sms: int | None) -> DispatchTable | None:
-    from profiles.tables import kernel_table
-
-    data = kernel_table("dispatch", name)
-    if data is None:
+    if measured is None:
         return None
-    if "alias_of" in data:
-        return dispatch_table(data["alias_of"], dispatcher, sms)
-    return dispatch_table_from(data, str(name), {dispatcher: sms} if sms else None)
+    return _dispatch_table(measured, dispatcher, sms) if dispatcher and sms else _dispatch_table(measured, None, None)
+
+
+@lru_cache(maxsize=64)
+def _dispatch_table(measured: DispatchMeasurements, dispatcher: str | None, sms: int | None) -> DispatchTable:
+    where = f"dispatch table {measured.name}"
+    at_sms = {dispatcher: sms} if sms else {}
+    curves: dict[tuple[str, str], DispatchCurve] = {}
+    for (flex, tier), by_ep in measured.rows.items():
+        at = at_sms.get(flex, DEFAULT_SMS[flex])
+        fixed = {d: [] for d in DIRECTIONS}
+        per_byte = {d: [] for d in DIRECTIONS}
+        for ep, rows in by_ep.items():
+            nbytes = _bench_bytes(measured.bench, tier, ep, f"{where}: {flex}.{tier}")
+            for d in DIRECTIONS:
+                torch_rate = _interp_sms(rows, at, f"{d}_torch") * 1e9
+                kernel = _interp_sms(rows, at, f"{d}_kernel")
+                kernel_rate = torch_rate if kernel is None else kernel * 1e9
+                if kernel_rate < torch_rate:
+                    raise SpecError(f"{where}: {flex}.{tier} ep {ep}: {d}_kernel is below {d}_torch (the API "
+                                    f"cannot outrun its own kernel)")
+                fixed[d].append(nbytes / torch_rate - nbytes / kernel_rate)
+                per_byte[d].append(1.0 / kernel_rate)
+        curves[(flex, tier)] = DispatchCurve(np.log2(np.array(list(by_ep), dtype=float)),
+                                             {d: np.array(v) for d, v in fixed.items()},
+                                             {d: np.array(v) for d, v in per_byte.items()})
+    return DispatchTable(measured.name, curves)

@@ -1,8 +1,9 @@
 """Everything that is not a GEMM or the attention core: element-wise, norm and loss kernels, FP8
 quantisation, the optimizer step, and the host's cost of issuing kernels.
 
-Data: the GPU's `elementwise` kernel table (`profiles/kernels/elementwise/<set>.yaml`, read once per
-set by `elementwise_model`). A GPU without one keeps the calibrated constants of its profile
+Data: the GPU's `elementwise` kernel table (`profiles/kernels/elementwise/<set>.yaml`, a
+`profiles.elementwise.ElementwiseTable` the GPU carries, `GpuSpec.tables`), made the GPU's model by
+`elementwise_model`. A GPU without one keeps the calibrated constants of its profile
 (`hbm_efficiency`, `kernel_overhead_s`) and the formulas in `cost_models.compute` untouched.
 
 Model (symbols: B = bytes a kernel moves, f = the table's `hbm_fraction`, W = peak HBM bandwidth,
@@ -46,17 +47,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cost_models.units import BF16, FP32, FP8
+from planner.errors import SpecError
+from profiles.elementwise import ElementwiseTable, MoeHostOps
 
 if TYPE_CHECKING:
     from cost_models.blocks import Core, Elementwise, Gemm, Micro
 
-MICRO = 1e-6
-
-#: Transformer Engine's FP8 recipes under Megatron-LM's `--fp8-recipe` names (arguments.py choices):
-#: delayed = per-tensor scale from an amax history; tensorwise = per-tensor current scaling (an amax
-#: pass before the cast); blockwise = 1x128 activation / 128x128 weight tiles with fp32 scales
-#: (DeepSeek-V3 Sec. 3.3.2); mxfp8 = OCP microscaling, 1x32 blocks with E8M0 (1-byte) scales.
-FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 E8M0 = 1
 #: Elements per scale and bytes per scale of the block-scaled recipes (1x128 tiles of activations
 #: and gradients; weights' 128x128 tiles have fewer scales, which is negligible here).
@@ -67,13 +63,6 @@ SCALE_BYTES = {"blockwise": FP32, "mxfp8": E8M0}
 #: clipping (a read; Megatron's `clip_grad_norm`, multi-tensor L2 norm) and zeroing it for the next
 #: step (a write; `zero_grad_buffer`).
 GRAD_BUFFER_PASSES = 2
-
-_FIELDS = ("hbm_fraction", "kernel_fixed_us", "host_per_kernel_us", "backward_kernels_per_forward",
-           "host_per_expert_forward_us", "host_per_expert_backward_us", "host_per_expert_gemm_us", "moe_host_ops",
-           "optimizer_hbm_fraction", "fp8_recipes", "fp8_transpose")
-
-#: The keys of a table's `moe_host_ops` (operations of one MoE layer's router and token dispatcher).
-MOE_HOST_OPS_KEYS = ("forward_before_sync", "forward_after_sync", "backward")
 
 #: Kernels of a MoE layer's idealised count (`layer_kernels` + the element-wise ones) that stand for its
 #: router and token dispatcher: the router GEMM (`blocks.MoE.gemms`) and the router, permute and
@@ -87,19 +76,6 @@ EXPERT_KERNELS = 3
 #: in `general_grouped_gemm`'s multi-stream loop).
 EXPERT_GEMMS_FORWARD = 2
 EXPERT_GEMMS_BACKWARD = 4
-
-
-@dataclass(frozen=True)
-class MoeHostOps:
-    """Host-issued operations of one Megatron-core MoE layer's router and alltoall token dispatcher
-    (not its experts) per micro-batch, as counted by `benchmarks/host_ops.py`: the forward's before
-    the dispatcher's wait on the token counts (router, permutation, the copies to the host), after it
-    (all-to-alls, sorting by local expert, unpermutation), and the backward's. They do not grow with
-    the local experts (the count shows it); only views, which issue no kernel, do."""
-
-    forward_before_sync: float
-    forward_after_sync: float
-    backward: float
 
 
 def synced_forward_s(gpu_before_s, gpu_after_s, host_before_s, host_after_s) -> np.ndarray:
@@ -255,8 +231,6 @@ class ElementwiseModel:
 
     def check_recipe(self, recipe: str) -> None:
         """Refuse a recipe this GPU's kernels do not run (a SpecError naming the field and the GPU)."""
-        from planner.errors import SpecError
-
         if recipe not in self.fp8_recipes:
             raise SpecError(f"fp8_recipe {recipe!r} is not supported on {self.name} (its kernels run "
                             f"{', '.join(self.fp8_recipes)}); mxfp8 needs a Blackwell GPU")
@@ -369,49 +343,24 @@ def _host_scaled(model: ElementwiseModel, scale: float) -> ElementwiseModel:
 
 def elementwise_model(gpu) -> ElementwiseModel | None:
     """The GPU's element-wise model, or None when its table set has no elementwise table."""
-    name = getattr(gpu, "kernel_tables", None)
-    return _load(name, float(gpu.hbm_bw_bytes_per_s), str(gpu.name)) if name else None
+    table = gpu.tables.elementwise
+    return None if table is None else _model(table, float(gpu.hbm_bw_bytes_per_s), str(gpu.name))
 
 
-@lru_cache(maxsize=None)
-def _load(name: str, hbm_bw_bytes_per_s: float, gpu_name: str) -> ElementwiseModel | None:
-    from planner.errors import SpecError
-    from profiles.tables import kernel_table, table_path
-
-    table = kernel_table("elementwise", name)
-    if table is None:
-        return None
-    where = f"elementwise kernel table {table_path('elementwise', name)}"
-    missing = [f for f in _FIELDS if f not in table]
-    if missing:
-        raise SpecError(f"{where} lacks {', '.join(missing)}")
-    for field in ("hbm_fraction", "optimizer_hbm_fraction"):
-        if not 0 < float(table[field]) <= 1:
-            raise SpecError(f"{where}: {field} must be in (0, 1], got {table[field]!r}")
-    for field in ("kernel_fixed_us", "host_per_kernel_us", "backward_kernels_per_forward",
-                  "host_per_expert_forward_us", "host_per_expert_backward_us", "host_per_expert_gemm_us"):
-        if float(table[field]) < 0:
-            raise SpecError(f"{where}: {field} must be >= 0, got {table[field]!r}")
-    ops = table["moe_host_ops"]
-    if not isinstance(ops, dict) or sorted(ops) != sorted(MOE_HOST_OPS_KEYS) or any(
-            not isinstance(ops[k], (int, float)) or ops[k] < 0 for k in MOE_HOST_OPS_KEYS):
-        raise SpecError(f"{where}: moe_host_ops must map {', '.join(MOE_HOST_OPS_KEYS)} to counts >= 0, "
-                        f"got {ops!r}")
-    recipes = tuple(table["fp8_recipes"] or ())
-    unknown = [r for r in recipes if r not in FP8_RECIPES]
-    if unknown:
-        raise SpecError(f"{where}: fp8_recipes {unknown} unknown; known: {', '.join(FP8_RECIPES)}")
+@lru_cache(maxsize=64)
+def _model(table: ElementwiseTable, hbm_bw_bytes_per_s: float, gpu_name: str) -> ElementwiseModel:
+    """`table` on a GPU of `hbm_bw_bytes_per_s` (cached per table object, bandwidth and name)."""
     return ElementwiseModel(
         name=gpu_name,
-        bw_bytes_per_s=float(table["hbm_fraction"]) * hbm_bw_bytes_per_s,
-        kernel_fixed_s=float(table["kernel_fixed_us"]) * MICRO,
-        host_per_kernel_s=float(table["host_per_kernel_us"]) * MICRO,
-        backward_kernels_per_forward=float(table["backward_kernels_per_forward"]),
-        optimizer_bw_bytes_per_s=float(table["optimizer_hbm_fraction"]) * hbm_bw_bytes_per_s,
-        fp8_recipes=recipes,
-        fp8_transpose=bool(table["fp8_transpose"]),
-        host_per_expert_fwd_s=float(table["host_per_expert_forward_us"]) * MICRO,
-        host_per_expert_bwd_s=float(table["host_per_expert_backward_us"]) * MICRO,
-        moe_host_ops=MoeHostOps(**{k: float(ops[k]) for k in MOE_HOST_OPS_KEYS}),
-        host_per_expert_gemm_s=float(table["host_per_expert_gemm_us"]) * MICRO,
+        bw_bytes_per_s=table.hbm_fraction * hbm_bw_bytes_per_s,
+        kernel_fixed_s=table.kernel_fixed_s,
+        host_per_kernel_s=table.host_per_kernel_s,
+        backward_kernels_per_forward=table.backward_kernels_per_forward,
+        optimizer_bw_bytes_per_s=table.optimizer_hbm_fraction * hbm_bw_bytes_per_s,
+        fp8_recipes=table.fp8_recipes,
+        fp8_transpose=table.fp8_transpose,
+        host_per_expert_fwd_s=table.host_per_expert_fwd_s,
+        host_per_expert_bwd_s=table.host_per_expert_bwd_s,
+        moe_host_ops=table.moe_host_ops,
+        host_per_expert_gemm_s=table.host_per_expert_gemm_s,
     )

@@ -45,17 +45,15 @@ Sources
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
-
 import numpy as np
 
 from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays, selected_modules
 from cost_models.blocks import ZERO, DenseMLP, LatentAttention, Micro, ModelBlocks, MoE, padded_vocab
 from cost_models.elementwise import SCALE_BYTES, fp8_copies
 from cost_models.layout import ParallelLayout
-from cost_models.sharding import framework_profile
 from cost_models.units import BF16, DTYPE_BYTES, FP8, FP32, WEIGHT_BYTES, optimizer_state_bytes
+from profiles.frameworks import Framework
+from profiles.memory import MemoryTable
 
 MIB = 2**20
 
@@ -257,17 +255,19 @@ def layer_activation_bytes(blocks: ModelBlocks, x: Micro, recompute) -> np.ndarr
 
 
 def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, lay: ParallelLayout,
-                           num_microbatches: np.ndarray, counts: np.ndarray | None = None,
-                           policy: str = "megatron_modules") -> dict[str, np.ndarray]:
+                           num_microbatches: np.ndarray, framework: Framework, counts: np.ndarray | None = None
+                           ) -> dict[str, np.ndarray]:
     """Activations held at the peak by one rank of each stage row (S, N), bytes.
 
     The stage holds `inflight_chunks` (micro-batch, chunk) pairs of `chunk_layers`
     layers each (the row's average layer when its layers are of several kinds).
     Full recompute with `recompute_num_layers` n recomputes n layers per chunk
     (Megatron's block method) and stores the rest whole; while it recomputes, one
-    layer's full activations are live (`recompute_working`, the largest kind's).
+    layer's full activations are live (`recompute_working`, the largest kind's). `framework` (the
+    plan's framework profile) says how selective recompute checkpoints and how the loss holds the logits.
     """
     rows, rc, n = lay.rows, st.recompute, len(st)
+    policy = framework.selective_recompute
     counts = stage_kind_counts(blocks, lay) if counts is None else counts
     full_k = _stack([kind_activation_bytes(k, x, 0) for k in blocks.all_kinds], n)
     stored_k = _stack([kind_activation_bytes(k, x, rc, st.recompute_modules, policy) for k in blocks.all_kinds], n)
@@ -288,12 +288,11 @@ def stage_activation_bytes(blocks: ModelBlocks, x: Micro, st: StrategyArrays, la
         working = working + np.where(rc == 1, (full_k - stored_k).max(axis=0), 0.0) * (layers_row > 0)
     embed = rows.has_embedding * lay.inflight_microbatches(rows.rank, num_microbatches) * blocks.embedding.input_bytes(x)
     head_act = blocks.head.activations(x)
-    fw = framework_profile(x.framework)
-    per_logit = cross_entropy_bytes_per_logit(x.act, fw.cross_entropy_memory, x.cross_entropy_fusion, np.asarray(x.tp) > 1,
+    per_logit = cross_entropy_bytes_per_logit(x.act, framework.cross_entropy_memory, x.cross_entropy_fusion, np.asarray(x.tp) > 1,
                                               x.cross_entropy_impl)
     logits = per_logit * x.tokens * padded_vocab(blocks.head.vocab, x.tp) / x.tp
     head_in = head_act.replicated / x.seq_split
-    if fw.tp_head_saves_gathered_input:  # the output layer's input: all-gathered over tp, saved whole
+    if framework.tp_head_saves_gathered_input:  # the output layer's input: all-gathered over tp, saved whole
         head_in = head_act.replicated / 2 * (1 / x.seq_split + 1)
     head = rows.has_head * (head_in + logits)
     return {"activations": layers, "recompute_working": working, "embedding_activations": embed, "logits": head}
@@ -537,50 +536,6 @@ RUNTIME_TERMS = ("framework_reserve", "cuda_context", "nccl_buffers", "dispatche
 OUTSIDE_ALLOCATOR_TERMS = ("framework_reserve", "cuda_context", "nccl_buffers", "dispatcher_buffers")
 
 
-@dataclass(frozen=True)
-class MemoryTable:
-    """A GPU generation's runtime memory (profiles/kernels/memory/<name>.yaml), bytes.
-
-    cuda_context_bytes: device memory of the CUDA context with lazy module loading.
-    nccl_connection_bytes: NCCL's buffers for one connection (one peer, one channel: the
-      SIMPLE, LL and LL128 protocol FIFOs; NCCL_BUFFSIZE is the SIMPLE one, 4 MiB by default).
-    nccl_channels: channels NCCL opens per connection on this GPU's intra-node fabric.
-    allocator_slack_fraction: memory the caching allocator holds beyond the live tensors at
-      the peak (reserved / allocated - 1).
-    """
-
-    cuda_context_bytes: float
-    nccl_connection_bytes: float
-    nccl_channels: int
-    allocator_slack_fraction: float
-
-
-#: YAML keys of a memory table, with their unit factor and the field they fill
-_TABLE_KEYS = (("cuda_context_mib", MIB, "cuda_context_bytes"),
-               ("nccl_connection_mib", MIB, "nccl_connection_bytes"),
-               ("nccl_channels", 1, "nccl_channels"),
-               ("allocator_slack_fraction", 1, "allocator_slack_fraction"))
-
-
-@lru_cache(maxsize=None)
-def memory_table(name: str | None) -> MemoryTable | None:
-    """The memory table of table set `name`, or None when the set has none (loaded once)."""
-    from planner.errors import SpecError
-    from profiles.tables import kernel_table, table_path
-
-    data = kernel_table("memory", name)
-    if data is None:
-        return None
-    values = {}
-    for key, factor, field in _TABLE_KEYS:
-        value = data.get(key)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise SpecError(f"memory table {table_path('memory', name)}: {key} must be a number >= 0, got {value!r}")
-        values[field] = value * factor
-    values["nccl_channels"] = int(values["nccl_channels"])
-    return MemoryTable(**values)
-
-
 #: Channels NCCL opens to a peer it reaches over the network for point-to-point work (all-to-all,
 #: send/recv): NCCL_NCHANNELS_PER_NET_PEER, 2 by default (NCCL environment-variable documentation);
 #: users report all-to-all across nodes running on 1-2 channels by default and raise it by hand
@@ -693,7 +648,7 @@ def runtime_memory_bytes(tensor_bytes: np.ndarray, st: StrategyArrays, gpu, doma
     """Memory of one rank that no model tensor holds, by term (arrays shaped like `tensor_bytes`,
     the sum of the tensor terms of each stage row), bytes.
 
-    With a memory table for the GPU (`gpu.kernel_tables`):
+    With a memory table for the GPU (`gpu.tables.memory`, from profiles/kernels/memory/<set>.yaml):
         cuda_context       = the table's context size
         nccl_buffers       = `nccl_buffer_bytes`
         dispatcher_buffers = `dispatcher_bytes` (a flex MoE dispatcher's own buffers, `dispatcher_buffer_bytes`)
@@ -703,7 +658,7 @@ def runtime_memory_bytes(tensor_bytes: np.ndarray, st: StrategyArrays, gpu, doma
     """
     zero = np.zeros_like(tensor_bytes)
     flex = zero if dispatcher_bytes is None else zero + dispatcher_bytes
-    table = memory_table(getattr(gpu, "kernel_tables", None))
+    table = gpu.tables.memory
     if table is None:
         return {"framework_reserve": zero + gpu.framework_reserve_bytes, "cuda_context": zero,
                 "nccl_buffers": zero, "dispatcher_buffers": flex, "allocator_slack": zero}

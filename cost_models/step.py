@@ -25,15 +25,16 @@ from functools import cached_property, partial
 
 import numpy as np
 
-from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays
+from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays, spread
 from cost_models.blocks import Attention, DenseMLP, Gemm, Micro, ModelBlocks, model_blocks, padded_vocab
 from cost_models.collectives import comm_model_for
-from cost_models.comm import CommModel
+from cost_models.comm import CommModel, exposed_s
 from cost_models.dispatch import DispatchTable, dispatch_table, tier_scales
 from cost_models.compute import LayerTimes, gemm_time, head_times, layer_times, selective_recompute_s
 from cost_models.elementwise import elementwise_model
 from cost_models.layout import ParallelLayout
-from cost_models.sharding import framework_of, zero3_comm_s, zero3_impl_of
+from cost_models.frameworks import framework_of, zero3_impl_of
+from cost_models.sharding import zero3_comm_s
 from cost_models.memory import (RUNTIME_TERMS, dispatcher_buffer_bytes, fp8_weight_memory, kind_quantised_weights,
                                 model_state_bytes, param_gather_saving_per_element, per_row, runtime_memory_bytes,
                                 offloaded_activation_bytes, offloaded_layers, stage_activation_bytes,
@@ -247,7 +248,7 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     """Every memory term of one rank of each stage row (S, N), bytes."""
     st, train, lay, x = s.st, s.train, s.lay, s.x
     params = s.params
-    master = framework_of(train).zero3_param_is_master
+    master = framework_of(train, s.gpu.tables).zero3_param_is_master
     mem = model_state_bytes(params, st.zero_stage, lay.shard, st.offload_optimizer, train.precision,
                             train.grad_precision, train.optimizer, master)
     if s.has_experts:  # expert states are sharded over the expert-data-parallel group (Megatron's expert DP)
@@ -255,12 +256,12 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
                                     train.precision, train.grad_precision, train.optimizer, master)
         mem = {k: mem[k] + experts[k] for k in mem}
     mem |= stage_fp8_weight_bytes(s, mem["params"])
-    mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, s.counts,
-                                  framework_of(train).selective_recompute)
+    mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, framework_of(train, s.gpu.tables),
+                                  s.counts)
     # Pipeline send and receive buffers of one micro-batch's activations, forward and backward.
     p2p_buffers = np.where(lay.pp > 1, 2 * 2 * x.tokens * s.model.hidden_size * x.act / lay.tp, 0.0)
     mem["zero3_buffers"] = (zero3_working_bytes(s.blocks, st, train.precision, train.grad_precision) * (lay.rows.layers > 0)
-                            + zero3_head_bytes(s.blocks, st, lay, train.precision, framework_of(train).zero3_head_unsharded))
+                            + zero3_head_bytes(s.blocks, st, lay, train.precision, framework_of(train, s.gpu.tables).zero3_head_unsharded))
     mem["comm_buffers"] = p2p_buffers
     tensors = sum(np.broadcast_to(v, params.shape) for v in mem.values())
     dispatcher = getattr(train, "moe_dispatcher", "alltoall")
@@ -286,7 +287,7 @@ def stage_fp8_weight_bytes(s: Setup, params: np.ndarray) -> dict[str, np.ndarray
     dense_k, expert_k = s.quantised_kinds
     fp8 = fp8_weight_memory(s.per_row(dense_k), s.per_row(expert_k), s.st.zero_stage, s.lay.shard, s.lay.expert_dp,
                             train.fp8_recipe, table.fp8_transpose if table is not None else True,
-                            bool(getattr(train, "fp8_param_gather", False)), framework_of(train).fp8_weight_cache,
+                            bool(getattr(train, "fp8_param_gather", False)), framework_of(train, s.gpu.tables).fp8_weight_cache,
                             WEIGHT_BYTES[train.precision])
     return {"params": params + fp8["params"], "fp8_weights": fp8["fp8_weights"]}
 
@@ -323,13 +324,6 @@ class PerLayerTimes:
     def bwd_s(self) -> np.ndarray:
         """Backward including recomputation (as Korthikanti Table 4 reports it)."""
         return self.layer.bwd_s + self.tp_bwd_s + 2 * self.cp_fwd_s + self.ep_bwd_s + self.recompute_s
-
-
-def exposed_s(comm_s, window_s, overlap: float):
-    """Communication time left on the critical path when it is overlapped with
-    `window_s` of compute: all of it past the window, and the share of the rest
-    that does not really run concurrently (1 - cluster.comm_overlap)."""
-    return comm_s - overlap * np.minimum(comm_s, window_s)
 
 
 def _moe_exchange_s(layer, x: Micro, comm: CommModel, lay: ParallelLayout,
@@ -441,7 +435,7 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     cp_hop = np.stack([hop for _, hop, _ in kinds])
     cp_raw = np.where(st.cp > 1, (st.cp - 1) * cp_hop, 0.0)
     cp_fwd = np.where(st.cp > 1, exposed_s(cp_raw, lt.attn_core_fwd_s, comm_overlap), 0.0)
-    table = dispatch_table(getattr(gpu, "kernel_tables", None), x.moe_dispatcher, x.moe_flex_sms)
+    table = dispatch_table(gpu.tables.dispatch, x.moe_dispatcher, x.moe_flex_sms)
     ep_one = np.stack([_moe_exchange_s(layer, x, comm, lay, pairs, table) if layer.is_moe else np.zeros(n)
                        for layer in blocks.all_kinds])
     # the shared experts hide the dispatch with the all-to-all dispatcher only (megatron-core refuses
@@ -465,7 +459,7 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
                                                                 st.recompute_modules), (n,))
                           for k, layer in enumerate(blocks.all_kinds)])
     selective = selective + np.where(st.recompute_modules & moe_bit, ep_fwd, 0.0)
-    policy = framework_of(train).selective_recompute
+    policy = framework_of(train, gpu.tables).selective_recompute
     if policy == "none":  # the framework checkpoints nothing for selective (see its profile)
         selective = np.zeros_like(selective)
     elif policy == "op_sac":
@@ -620,24 +614,13 @@ def pipeline_comm(s: Setup, chunk_s: np.ndarray | None = None) -> np.ndarray:
     tied_sync = np.where(s.model.tie_embeddings & (lay.pp > 1),
                          s.comm.all_reduce_s(embedding_grads, emb_size, emb_stride), 0.0)
     every = lay.pipeline_transfers(m)
-    overlapped = s.st.overlap_p2p_comm & (lay.vpp > 1) & framework_of(s.train).p2p_overlap
+    overlapped = s.st.overlap_p2p_comm & (lay.vpp > 1) & framework_of(s.train, s.gpu.tables).p2p_overlap
     if chunk_s is None or not np.any(overlapped):
         return every * p2p + tied_sync
     blocking = lay.blocking_transfers(m)
     steady = every - blocking
     hidden = blocking * p2p + steady * exposed_s(p2p, chunk_s, s.cluster.overlap_efficiency)
     return np.where(overlapped, hidden, every * p2p) + tied_sync
-
-
-def spread(distinct: tuple[np.ndarray, np.ndarray] | None, n: int, fn, *arrays):
-    """`fn(*arrays)` for arrays (last axis the n candidates, or scalars) whose values are the same
-    for all candidates of one class of `distinct` = (the first candidate of each class, each
-    candidate's class): evaluated on the first of each class and spread back to all of them."""
-    if distinct is None:
-        return fn(*arrays)
-    first, index = distinct
-    small = [a[..., first] if isinstance(a, np.ndarray) and a.ndim and a.shape[-1] == n else a for a in arrays]
-    return np.asarray(fn(*small))[..., index]
 
 
 def layout_and(lay: ParallelLayout, other: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -700,7 +683,7 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     # Whether the framework repeats the reduction (gather) every micro-batch (profiles/frameworks/):
     # the last micro-batch's reduction hides behind its backward only, earlier ones also behind the
     # next micro-batch's forward; a gather before every forward hides behind that forward.
-    framework, m = framework_of(train), s.num_microbatches
+    framework, m = framework_of(train, gpu.tables), s.num_microbatches
     each_reduce = framework.reduces_each_microbatch(zero, lay.pp) & (zero != 3)
     each_gather = framework.gathers_each_microbatch(zero, lay.pp) & sharded
     last = np.where(st.overlap_grad_reduce, exposed_s(grad_reduce, bwd_mb, overlap), grad_reduce)
@@ -709,7 +692,7 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     exposed = np.where(each_reduce, (m - 1) * earlier + last, last) + np.where(each_gather, m * gather, gather)
     # ZeRO-3 / FSDP: per-layer gathers and reduce-scatters, hidden layer by layer (cost_models/sharding.py).
     share = np.where(st.recompute == 2, _recomputed_fraction(s), np.where(st.recompute == 1, 1.0, 0.0))
-    z3, z3_raw = zero3_comm_s(s, pl, share, zero3_impl_of(train))
+    z3, z3_raw = zero3_comm_s(s, pl, share, zero3_impl_of(train, gpu.tables))
     opt_params = s.optimizer_params
     traffic = optimizer_step_traffic_bytes(train.optimizer, train.precision, train.grad_precision)
     table = elementwise_model(gpu)
@@ -789,7 +772,7 @@ def step_flops(s: Setup) -> tuple[np.ndarray, np.ndarray]:
     L = blocks.num_layers
     model_flop = 3 * (L * layer_fwd + mtp_fwd + head_fwd)
     rc = s.st.recompute
-    policy = framework_of(train).selective_recompute
+    policy = framework_of(train, s.gpu.tables).selective_recompute
     if policy == "none":
         core_fwd = 0.0
     elif policy == "op_sac":  # the GEMMs torchtitan's op policy repeats (the attention kernel is saved)

@@ -3,8 +3,7 @@
 Turns the worker's measurements (`executors.profile_worker`) into
 kernels/attention/<name>.yaml, kernels/elementwise/<name>.yaml and
 kernels/memory/<name>.yaml, `kind: measured`, in the formats the cost model reads
-(`cost_models.attention_kernels.attention_table`, `cost_models.elementwise._load`,
-`cost_models.memory.memory_table`). Every field has its `*_source` line: measured
+(`profiles.attention`, `profiles.elementwise`, `profiles.memory`). Every field has its `*_source` line: measured
 by this run, derived from the device, or carried from a shipped table with the
 reason it is not measured.
 

@@ -165,7 +165,7 @@ def gpu_profile(raw: dict[str, Any], name: str) -> dict[str, Any]:
 
 def gemm_table_profile(raw: dict[str, Any], name: str) -> dict[str, Any] | None:
     """The measured GEMM table (profiles/kernels/gemm/<name>.yaml, the format of the public ones:
-    `cost_models.gemm_tables`): every dtype's rate on the largest full (m, n, k) grid among the
+    `profiles.gemm`): every dtype's rate on the largest full (m, n, k) grid among the
     measured shapes, as b = 1 rows; the peak is the dtype's fastest GEMM of the sweep, so every
     efficiency is at most 1. None when the shapes hold no grid of at least 2 sizes a side."""
     dtypes = sorted({r["dtype"] for r in raw["gemm"]})

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from cost_models.attention_kernels import kernel_problem
-from cost_models.sharding import framework_profile
 from planner.errors import InputWarning, SpecError, SpecValidationError, short_repr
 from planner.rules import (
     batch_warning,
@@ -61,7 +60,7 @@ def make_inputs(
         train = TrainSpec(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision, **train_options)
     except SpecValidationError as exc:
         raise SpecError(f"invalid training settings: {exc.problems}") from None
-    train = _framework_zero3(train)
+    train = _framework_zero3(train, cluster_spec)
     if (problem := eager_problem(train, model_spec)) is not None:
         raise SpecError(problem)
     cluster_spec.gpu.peak(train.precision)  # the GPU must have a rate for this precision
@@ -96,14 +95,15 @@ def check_top_k(top_k: Any) -> int:
     return top_k
 
 
-def _framework_zero3(train: TrainSpec) -> TrainSpec:
+def _framework_zero3(train: TrainSpec, cluster: ClusterSpec) -> TrainSpec:
     """A framework with a ZeRO-3 of its own (torchtitan: FSDP2, DeepSpeed: its stage 3) sets zero3_impl;
     a zero3_impl given that contradicts it is refused rather than silently overridden. A framework whose
     loss is not Megatron's fused cross-entropy (torchtitan) sets cross_entropy_fusion unless it was given."""
-    loss = framework_profile(train.framework).cross_entropy_fusion
+    framework = cluster.gpu.tables.framework(train.framework)
+    loss = framework.cross_entropy_fusion
     if loss is not None and "cross_entropy_fusion" not in train.model_fields_set:
         train = train.model_copy(update={"cross_entropy_fusion": loss})
-    own = framework_profile(train.framework).zero3_impl
+    own = framework.zero3_impl
     if own is None or own == train.zero3_impl:
         return train
     if "zero3_impl" in train.model_fields_set:

@@ -19,7 +19,7 @@ from cost_models.arrays import StrategyArrays, modules_mask
 from cost_models.elementwise import elementwise_model
 from cost_models.layout import ParallelLayout
 from cost_models.params import num_params
-from cost_models.sharding import cannot_run_masks, framework_of
+from cost_models.frameworks import cannot_run_masks, framework_of
 from profiles import list_presets, load_model
 
 
@@ -28,7 +28,7 @@ class Context:
     model: object
     train: object
     num_gpus: int
-    cluster: object = None  # needed only by the offload rule
+    cluster: object = None  # the offload and framework rules read it (its GPU's resolved tables)
 
 
 _MLA_BITS = modules_mask(["mla_up_proj"])
@@ -222,7 +222,7 @@ RULES: tuple[Rule, ...] = (
 
 def _framework_failures(ctx: Context, st: StrategyArrays) -> list:
     """The `cannot_run` rules of the framework the plan runs on (profiles/frameworks/<name>.yaml)."""
-    return cannot_run_masks(framework_of(ctx.train), ctx.model, ctx.train, st)
+    return cannot_run_masks(framework_of(ctx.train, ctx.cluster.gpu.tables), ctx.model, ctx.train, st)
 
 
 def _framework_msg(ctx: Context, r: dict) -> str:

@@ -8,7 +8,11 @@ gemm_efficiency, hbm_efficiency and backward_gemm_ratio fitted on Korthikanti
 et al. 2022 Table 4 alone, the newer GPUs' files that fit carried over). Extra directories with the same layout can be added
 with the environment variable `MESHPLAN_PROFILES` (os.pathsep-separated); they
 take precedence over the user's own directory (`user_profiles_dir`, where `meshplan
-profile` writes), which takes precedence over the shipped files.
+profile` writes), which takes precedence over the shipped files (`profiles.files.search_dirs`).
+
+`kernels/<topic>/<set>.yaml` and `frameworks/*.yaml` are the cost model's tables: `load_gpu` and
+`load_cluster` attach them to the GPU as typed objects (`profiles.bundle`, `GpuSpec.tables`), and
+`resolve_gpu` / `resolve_cluster` do so for a spec built by hand; the cost model reads no file.
 
 YAML carries vendor units in key names (`memory_gib`, `peak_tflops`,
 `hbm_bw_gb_per_s`, `bw_gb_per_s`, `latency_us`); loading converts to SI.
@@ -23,8 +27,6 @@ checks that every shipped number is covered.
 
 from __future__ import annotations
 
-import copy
-import functools
 import math
 import os
 from pathlib import Path
@@ -40,29 +42,17 @@ from planner.errors import (
     unknown_name_message,
 )
 from planner.specs import ClusterSpec, GpuSpec, HostSpec, LinkTier, ModelSpec
-from planner.specs.files import load_path
 from planner.specs.hardware import StepTimeResiduals
 from planner.specs.hf import read_hf_config
+from profiles.bundle import resolve_cluster, resolve_gpu
+from profiles.files import PROFILES_DIR, read_yaml, search_dirs, user_profiles_dir
 
-PROFILES_DIR = Path(__file__).resolve().parent
+__all__ = ["PROFILES_DIR", "read_yaml", "resolve_cluster", "resolve_gpu", "search_dirs", "user_profiles_dir"]
+
 GIB = 2**30
 GB = 1e9
 TERA = 1e12
 MICRO = 1e-6
-
-
-def user_profiles_dir() -> Path:
-    """The user's own profiles root, where `meshplan profile` writes by default:
-    $XDG_DATA_HOME/meshplan/profiles, else ~/.local/share/meshplan/profiles."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "meshplan" / "profiles"
-
-
-def search_dirs() -> list[Path]:
-    """Profile roots, first match wins: MESHPLAN_PROFILES, the user's own (when it exists), the shipped files."""
-    extra = [Path(p) for p in os.environ.get("MESHPLAN_PROFILES", "").split(os.pathsep) if p]
-    user = user_profiles_dir()
-    return [*extra, *([user] if user.is_dir() else []), PROFILES_DIR]
 
 
 def _names(kind: str) -> dict[str, Path]:
@@ -76,29 +66,6 @@ def _names(kind: str) -> dict[str, Path]:
 def list_presets(kind: str) -> list[str]:
     """Preset names of `kind` ('models', 'clusters', 'gpus')."""
     return sorted(_names(kind))
-
-
-def read_yaml(path: Path, what: str) -> dict[str, Any]:
-    """Read a YAML mapping with safe_load; errors name the file and the problem (a missing,
-    oversized, non-regular, non-UTF-8, too deeply nested or alias-bombed file is refused:
-    `planner.specs.files`). A file is parsed once per (path, modification time, size);
-    callers get their own copy."""
-    try:
-        stat = Path(path).stat()
-    except FileNotFoundError:
-        raise SpecError(f"{what} file {str(path)!r} does not exist") from None
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"{what} file {str(path)!r} cannot be read: {exc}") from None
-    data = _parsed_yaml(str(path), stat.st_mtime_ns, stat.st_size, what)
-    return copy.deepcopy(data)
-
-
-@functools.lru_cache(maxsize=256)
-def _parsed_yaml(path: str, mtime_ns: int, size: int, what: str) -> dict[str, Any]:
-    data = load_path(path, what, "json" if path.endswith(".json") else "yaml")
-    if not isinstance(data, dict):
-        raise SpecError(f"{what} file {path!r} must hold a mapping, not {type(data).__name__}")
-    return data
 
 
 def _resolve(kind: str, ref: str) -> Path:
@@ -202,16 +169,17 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
 
 
 def load_gpu(ref: str | GpuSpec) -> GpuSpec:
-    """A GPU by preset name (e.g. 'h100-sxm') or YAML path, with its calibration applied."""
+    """A GPU by preset name (e.g. 'h100-sxm') or YAML path, with its calibration applied and its tables
+    resolved (`resolve_gpu`)."""
     if isinstance(ref, GpuSpec):
-        return ref
+        return resolve_gpu(ref)
     path = _resolve("gpus", ref)
     data = read_yaml(path, "GPU profile")
     calib = _calibration_for(path.stem)
     if calib:
         data.update(calib)
     data.setdefault("kernel_tables", path.stem)
-    return gpu_from_yaml(data, f"GPU profile {path.name}")
+    return resolve_gpu(gpu_from_yaml(data, f"GPU profile {path.name}"))
 
 
 #: GPU fields a calibration file may set.
@@ -334,13 +302,14 @@ def cluster_from_yaml(data: dict[str, Any], what: str = "cluster") -> ClusterSpe
 
 
 def load_cluster(ref: str | Path | ClusterSpec | dict) -> ClusterSpec:
-    """A cluster by preset name ('dgx-h100'), YAML path, mapping or ClusterSpec."""
+    """A cluster by preset name ('dgx-h100'), YAML path, mapping or ClusterSpec, its GPU's tables resolved
+    (`resolve_cluster`: a ClusterSpec that already carries them keeps them)."""
     if isinstance(ref, ClusterSpec):
-        return ref
+        return resolve_cluster(ref)
     if isinstance(ref, dict):
-        return cluster_from_yaml(ref, "cluster")
+        return resolve_cluster(cluster_from_yaml(ref, "cluster"))
     path = _resolve("clusters", str(ref))
-    return cluster_from_yaml(read_yaml(path, "cluster"), f"cluster {path.stem}")
+    return resolve_cluster(cluster_from_yaml(read_yaml(path, "cluster"), f"cluster {path.stem}"))
 
 
 # ---- models ----------------------------------------------------------------

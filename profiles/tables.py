@@ -4,7 +4,7 @@ A GPU profile names its table set with `kernel_tables:` (default: the GPU preset
 name); each topic is one file, so a GPU can take its GEMM table from public measurements and its
 collective curves from `meshplan profile`. Topics:
 
-  gemm          achieved FLOP/s by GEMM shape and dtype (`cost_models.kernels`)
+  gemm          achieved FLOP/s by GEMM shape and dtype (`profiles.gemm`)
   attention     flash-attention forward/backward throughput by sequence length and head size
   elementwise   achieved bandwidth of element-wise, norm and optimizer kernels, launch and host overhead
   collectives   bus bandwidth by message size, group size and tier
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import SpecError
+from profiles.files import find_file, read_yaml
 
 TOPICS = ("gemm", "attention", "elementwise", "collectives", "memory", "dispatch")
 KINDS = ("public", "measured")
@@ -33,24 +34,16 @@ KINDS = ("public", "measured")
 
 def table_path(topic: str, name: str | None) -> Path | None:
     """The file of `topic` for table set `name`, searching the profiles roots in order; None if absent."""
-    from profiles import search_dirs
-
     if topic not in TOPICS:
         raise SpecError(f"unknown kernel-table topic {topic!r}; known: {', '.join(TOPICS)}")
     if not name:
         return None
-    for root in search_dirs():
-        path = root / "kernels" / topic / f"{name}.yaml"
-        if path.exists():
-            return path
-    return None
+    return find_file(f"kernels/{topic}", name)
 
 
 def kernel_table(topic: str, name: str | None) -> dict[str, Any] | None:
     """The parsed table of `topic` for table set `name` (a fresh copy), or None when there is none.
     A file without a `source:` or with an unknown `kind:` is refused, naming the file."""
-    from profiles import read_yaml
-
     path = table_path(topic, name)
     if path is None:
         return None

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import yaml
 
-from cost_models.attention_kernels import BACKWARD_FLOP_RATIO, attention_table, flash_core_times
+from cost_models.attention_kernels import BACKWARD_FLOP_RATIO, flash_core_times
 from cost_models.blocks import Attention, LatentAttention, Micro, model_blocks
 from cost_models.compute import UNQUANTISED, layer_times
 from planner.errors import SpecError
-from profiles import PROFILES_DIR, load_gpu, load_model
+from profiles import PROFILES_DIR, load_gpu, load_model, resolve_gpu
+from profiles.bundle import load_tables
 
 TABLES = sorted((PROFILES_DIR / "kernels" / "attention").glob("*.yaml"))
 SETS = [p.stem for p in TABLES]
@@ -30,24 +31,24 @@ def llama3_8b_attention() -> Attention:
 def test_every_shipped_set_loads_and_names_a_gpu_preset():
     assert "h100-sxm" in SETS
     for name in SETS:
-        assert attention_table(name) is not None
+        assert load_tables(name).attention.get("flash") is not None
         assert load_gpu(name).kernel_tables == name  # each file is found under its GPU's default set name
 
 
 @pytest.mark.parametrize("name", SETS)
 def test_every_rate_is_positive_and_below_the_dense_peak(name: str):
     """The tables' TFLOP/s credit causal FLOPs halved, so even a causal rate may not pass the dense 16-bit peak."""
-    table, peak = attention_table(name), load_gpu(name).peak("bf16")
+    table, peak = load_tables(name).attention.get("flash"), load_gpu(name).peak("bf16")
     for key, grid in table.rates_flop_per_s.items():
         assert np.all(grid > 0) and np.all(grid < peak), (name, key)
 
 
 def test_the_table_is_parsed_once_per_set():
-    assert attention_table("h100-sxm") is attention_table("h100-sxm")
+    assert load_tables("h100-sxm").attention.get("flash") is load_tables("h100-sxm").attention.get("flash")
 
 
 def test_h200_reuses_the_h100_measurements():
-    h100, h200 = attention_table("h100-sxm"), attention_table("h200")
+    h100, h200 = load_tables("h100-sxm").attention.get("flash"), load_tables("h200").attention.get("flash")
     for key in h100.rates_flop_per_s:
         np.testing.assert_array_equal(h100.rates_flop_per_s[key], h200.rates_flop_per_s[key])
 
@@ -60,7 +61,7 @@ def test_causal_is_credited_half_its_flops_at_long_sequences(name: str, directio
     diagonal blocks and the scheduling). Blackwell (NVIDIA's cuDNN 9.22 rows): 48-54 %, the unmasked latent-attention
     backward being a few percent slower per FLOP than the causal one (GB200: 1088 against 1134 TFLOP/s). A table whose
     causal rates counted the full score matrix would give about 25 %."""
-    table = attention_table(name)
+    table = load_tables(name).attention.get("flash")
     for d in table.head_dims[(direction, True)]:
         causal_s = 0.5 / table.rate(direction, True, d, 16384)
         full_s = 1.0 / table.rate(direction, False, d, 16384)
@@ -71,7 +72,7 @@ def test_causal_is_credited_half_its_flops_at_long_sequences(name: str, directio
 def test_interpolation_keeps_the_data_monotone_where_it_is(name: str):
     """Where a measured curve never falls with sequence length, the interpolated one never does either; where it
     does (cuDNN forward, head dim 128, unmasked: 617 at 2k, 595 at 16k) the interpolation stays within the data."""
-    table, seq = attention_table(name), np.geomspace(256, 65536, 97)
+    table, seq = load_tables(name).attention.get("flash"), np.geomspace(256, 65536, 97)
     monotone = 0
     for key, grid in table.rates_flop_per_s.items():
         for d, row in zip(table.head_dims[key], grid):
@@ -84,7 +85,7 @@ def test_interpolation_keeps_the_data_monotone_where_it_is(name: str):
 
 
 def test_outside_the_measured_range_is_clamped():
-    table = attention_table("h100-sxm")
+    table = load_tables("h100-sxm").attention.get("flash")
     np.testing.assert_allclose(table.rate("fwd", True, 128, np.array([256, 65536])),
                                [315e12, 539e12])  # 512 and 16k points of Figure 5d
     np.testing.assert_allclose(table.rate("fwd", True, 32, 4096), table.rate("fwd", True, 64, 4096))
@@ -124,7 +125,7 @@ def test_gb200_reproduces_nvidias_cudnn_kernel_times():
 def test_b200_is_gb200_at_b200s_dense_peak_and_near_its_own_measurements():
     """No complete B200 measurement exists: the B200 table is GB200's times the dense BF16 peak ratio (2250 / 2500).
     It stays within 15 % of the B200 cuDNN 9.13.1 rows NVIDIA published (causal, head dim 128, 16k and 32k)."""
-    b200, gb200 = attention_table("b200"), attention_table("gb200")
+    b200, gb200 = load_tables("b200").attention.get("flash"), load_tables("gb200").attention.get("flash")
     ratio = load_gpu("b200").peak("bf16") / load_gpu("gb200").peak("bf16")
     assert ratio == pytest.approx(0.9)
     for key, grid in b200.rates_flop_per_s.items():
@@ -137,7 +138,7 @@ def test_b200_is_gb200_at_b200s_dense_peak_and_near_its_own_measurements():
 
 def test_context_parallel_mixes_one_causal_call_with_unmasked_ones():
     gpu, att = load_gpu("h100-sxm"), llama3_8b_attention()
-    table = attention_table("h100-sxm")
+    table = load_tables("h100-sxm").attention.get("flash")
     x = micro(cp=4)
     credited = att.core(x).flop / 2
     expect = credited / 4 / table.rate("fwd", True, 128, 2048) + credited * 3 / 4 / table.rate("fwd", False, 128, 2048)
@@ -147,7 +148,7 @@ def test_context_parallel_mixes_one_causal_call_with_unmasked_ones():
 def test_windowed_layer_runs_at_the_window_length():
     """A window of 4096 lies past the measured windows (128, 1024) and the dense length after them (2048): the band
     runs at the dense unmasked rate of a 4096-token call, as it did before the tables had window curves."""
-    gpu, table = load_gpu("h100-sxm"), attention_table("h100-sxm")
+    gpu, table = load_gpu("h100-sxm"), load_tables("h100-sxm").attention.get("flash")
     att = Attention(4096, 32, 4096, 1024, 0, True, False, window=4096)
     x = micro(seq_len=32768)
     credited = att.core(x).flop * (1 - 4096 / (2 * 32768))
@@ -157,7 +158,7 @@ def test_windowed_layer_runs_at_the_window_length():
 
 def test_mla_looks_up_the_mean_of_its_qk_and_v_head_dims():
     """DeepSeek-V3 MLA: d_qk = 128 + 64 = 192, d_v = 128, looked up at 160, between the 128 and 256 curves."""
-    gpu, table = load_gpu("h100-sxm"), attention_table("h100-sxm")
+    gpu, table = load_gpu("h100-sxm"), load_tables("h100-sxm").attention.get("flash")
     att = LatentAttention(7168, 128, 1536, 512, 128, 64, 128)
     x = micro(seq_len=4096)
     rate = table.rate("fwd", True, 160, 4096)
@@ -188,7 +189,7 @@ def test_without_a_table_the_core_is_costed_as_before(gpu_name: str, kernel: str
     layer's forward holds the roofline core time and its backward backward_gemm_ratio times it."""
     gpu = load_gpu(gpu_name.removesuffix("-none"))
     if gpu_name.endswith("-none"):
-        gpu = gpu.model_copy(update={"kernel_tables": None})
+        gpu = resolve_gpu(gpu.model_copy(update={"kernel_tables": None}))
     blocks, x = model_blocks(load_model("llama3-8b")), micro(seq_len=4096, cp=2, tp=2, kernel=kernel, n=3)
     assert flash_core_times(blocks.kinds[0].attention(), x, gpu) is None
     core_s = _roofline_layer(blocks, x, gpu)
@@ -203,7 +204,7 @@ def test_without_a_table_the_core_is_costed_as_before(gpu_name: str, kernel: str
     only.mkdir(parents=True)
     (only / "attn-only.yaml").write_text((PROFILES_DIR / "kernels" / "attention" / "h100-sxm.yaml").read_text())
     monkeypatch.setenv("MESHPLAN_PROFILES", str(tmp_path))
-    with_table = gpu.model_copy(update={"kernel_tables": "attn-only"}) if kernel == "flash" else None
+    with_table = resolve_gpu(gpu.model_copy(update={"kernel_tables": "attn-only"})) if kernel == "flash" else None
     if with_table is not None:
         flash_fwd, flash_bwd = flash_core_times(blocks.kinds[0].attention(), x, with_table)
         lt_table = layer_times(blocks, x, with_table)
@@ -233,12 +234,8 @@ def test_a_bad_table_is_refused_naming_the_rule(tmp_path, monkeypatch, change, m
     body = {"kind": "public", "gpu": "x", "source": "test", "seq_lens": [512, 1024], "curves": []} | change
     _write_table(tmp_path, body)
     monkeypatch.setenv("MESHPLAN_PROFILES", str(tmp_path))
-    attention_table.cache_clear()
-    try:
-        with pytest.raises(SpecError, match=message):
-            attention_table("broken")
-    finally:
-        attention_table.cache_clear()
+    with pytest.raises(SpecError, match=message):
+        load_tables("broken").attention.get("flash")
 
 
 # ---- sliding windows (window_curves) ----
@@ -277,7 +274,7 @@ def test_gpt_oss_window_layer_is_timed_at_the_window_curve(name, seq_len, fwd_tf
     """gpt-oss's window-128 layer runs at the table's window-128 rate at its sequence length, about an eighth of the
     dense unmasked rate the window length looked up before (GB200: 917 forward, the 2k rate); a global layer of the
     same model keeps its dense causal rate."""
-    gpu, att, table = load_gpu(name), gpt_oss_window(), attention_table(name)
+    gpu, att, table = load_gpu(name), gpt_oss_window(), load_tables(name).attention.get("flash")
     x = micro(seq_len=seq_len)
     credited = att.core(x).flop * (1 - 128 / (2 * seq_len))
     fwd, bwd = flash_core_times(att, x, gpu)
@@ -290,7 +287,7 @@ def test_gpt_oss_window_layer_is_timed_at_the_window_curve(name, seq_len, fwd_tf
 
 @pytest.mark.parametrize("name", SETS)
 def test_window_rates_are_positive_and_below_the_dense_peak(name: str):
-    table, peak = attention_table(name), load_gpu(name).peak("bf16")
+    table, peak = load_tables(name).attention.get("flash"), load_gpu(name).peak("bf16")
     seq = np.geomspace(512, 131072, 9)
     for direction in ("fwd", "bwd"):
         for d in (32, 64, 96, 128, 160, 256):
@@ -303,7 +300,7 @@ def test_window_rates_are_positive_and_below_the_dense_peak(name: str):
 def test_window_axis_runs_from_the_measured_windows_to_the_dense_rule(name: str):
     """Between window 128 and 1024 the rate lies between the two curves and never falls as the window widens; from the
     first dense length past 1024 (2048) on, the band runs at the dense unmasked rate of a call of w tokens."""
-    table = attention_table(name)
+    table = load_tables(name).attention.get("flash")
     for direction in ("fwd", "bwd"):
         at = [float(table.window_rate(direction, 64, w, 8192)) for w in (128, 181, 256, 512, 1024, 1448, 2048)]
         assert all(b >= a for a, b in zip(at, at[1:])), (direction, at)
@@ -317,7 +314,7 @@ def test_window_axis_runs_from_the_measured_windows_to_the_dense_rule(name: str)
 def test_h200_window_1024_is_nvidias_h200_measurement():
     """cudnn-frontend results/h200_919_only_cudnn/gpt_oss_20260227_034819.csv (cuDNN 9.19.1, gpt-oss's 64/8 heads of 64,
     window 1024): forward 349 and backward 300 TFLOP/s at 8k."""
-    table = attention_table("h200")
+    table = load_tables("h200").attention.get("flash")
     np.testing.assert_allclose(table.window_rate("fwd", 64, 1024, 8192), 349e12)
     np.testing.assert_allclose(table.window_rate("bwd", 64, 1024, 8192), 300e12)
 
@@ -327,7 +324,6 @@ def _table_set(root: Path, name: str, body: dict, monkeypatch) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.yaml").write_text(yaml.safe_dump(body))
     monkeypatch.setenv("MESHPLAN_PROFILES", str(root))
-    attention_table.cache_clear()
 
 
 @pytest.mark.parametrize("name", ["gb200", "h100-sxm"])
@@ -336,30 +332,27 @@ def test_a_table_without_window_curves_loads_and_keeps_the_dense_rule(name, tmp_
     unmasked rate of the window length, and a global layer is timed exactly as with the window curves."""
     body = yaml.safe_load((PROFILES_DIR / "kernels" / "attention" / f"{name}.yaml").read_text())
     assert body.pop("window_curves")
-    shipped = attention_table(name)
+    shipped = load_tables(name).attention.get("flash")
     gpu = load_gpu(name)
     blocks = model_blocks(load_model("gpt-oss-120b"))
     local, glob = (k.attention() for k in blocks.kinds)
     x = micro(seq_len=4096, cp=2, tp=2, n=3)
     with_curves = [flash_core_times(att, x, gpu) for att in (local, glob)]
-    try:
-        _table_set(tmp_path, "old", body, monkeypatch)
-        old = attention_table("old")
-        assert old.window_curves == {}
-        for key, grid in shipped.rates_flop_per_s.items():
-            np.testing.assert_array_equal(old.rates_flop_per_s[key], grid)
-        np.testing.assert_array_equal(old.band_efficiency("fwd", 64, 128, np.array([2048, 8192])), [1.0, 1.0])
-        gpu_old = gpu.model_copy(update={"kernel_tables": "old"})
-        for direction in (0, 1):  # global: unchanged to the last bit
-            np.testing.assert_array_equal(flash_core_times(glob, x, gpu_old)[direction], with_curves[1][direction])
-        fwd = flash_core_times(local, x, gpu_old)[0]
-        core = local.core(x)
-        floor = core.bytes / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)  # the HBM floor may bind here
-        expect = np.maximum(core.flop * (1 - 128 / (2 * 4096)) / old.rate("fwd", False, 64, 128), floor)
-        np.testing.assert_allclose(fwd, expect + 2 * gpu.kernel_overhead_s, rtol=1e-12)
-        assert np.all(fwd < with_curves[0][0])  # the dense rule was the fast one
-    finally:
-        attention_table.cache_clear()
+    _table_set(tmp_path, "old", body, monkeypatch)
+    old = load_tables("old").attention.get("flash")
+    assert old.window_curves == {}
+    for key, grid in shipped.rates_flop_per_s.items():
+        np.testing.assert_array_equal(old.rates_flop_per_s[key], grid)
+    np.testing.assert_array_equal(old.band_efficiency("fwd", 64, 128, np.array([2048, 8192])), [1.0, 1.0])
+    gpu_old = resolve_gpu(gpu.model_copy(update={"kernel_tables": "old"}))
+    for direction in (0, 1):  # global: unchanged to the last bit
+        np.testing.assert_array_equal(flash_core_times(glob, x, gpu_old)[direction], with_curves[1][direction])
+    fwd = flash_core_times(local, x, gpu_old)[0]
+    core = local.core(x)
+    floor = core.bytes / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)  # the HBM floor may bind here
+    expect = np.maximum(core.flop * (1 - 128 / (2 * 4096)) / old.rate("fwd", False, 64, 128), floor)
+    np.testing.assert_allclose(fwd, expect + 2 * gpu.kernel_overhead_s, rtol=1e-12)
+    assert np.all(fwd < with_curves[0][0])  # the dense rule was the fast one
 
 
 GOOD_WINDOW = {"direction": "fwd", "causal": True, "head_dim": 64, "window": 128, "tflops": [100, 110], "source": "x"}
@@ -390,14 +383,11 @@ def test_a_bad_window_curve_is_refused_naming_the_field(tmp_path, monkeypatch, c
         windows = [GOOD_WINDOW | change]
     body = {"kind": "public", "gpu": "x", "source": "test", "seq_lens": [512, 1024], "curves": dense,
             "window_curves": windows}
-    try:
-        _table_set(tmp_path, "broken", body, monkeypatch)
-        with pytest.raises(SpecError, match=message):
-            attention_table("broken")
-        _table_set(tmp_path, "fine", body | {"window_curves": [GOOD_WINDOW]}, monkeypatch)
-        assert attention_table("fine").window_curves["fwd"][0].window == 128
-    finally:
-        attention_table.cache_clear()
+    _table_set(tmp_path, "broken", body, monkeypatch)
+    with pytest.raises(SpecError, match=message):
+        load_tables("broken").attention.get("flash")
+    _table_set(tmp_path, "fine", body | {"window_curves": [GOOD_WINDOW]}, monkeypatch)
+    assert load_tables("fine").attention.get("flash").window_curves["fwd"][0].window == 128
 
 
 # ---- FlashAttention-2 (attention_kernel flash2) ----
@@ -406,7 +396,7 @@ def test_flash2_reads_the_fa3_papers_flashattention2_bars_on_h100():
     """The H100 table's flash2 section is FlashAttention-2 as the FA3 paper's Figure 5 measured it (forward) and
     the backward derived from the FA2 README's forward + backward figure; the H200 takes it with the rest."""
     for name in ("h100-sxm", "h200"):
-        t = attention_table(name, "flash2")
+        t = load_tables(name).attention.get("flash2")
         assert round(float(t.rate("fwd", True, 128, 8192)) / 1e12) == 333
         assert round(float(t.rate("fwd", False, 64, 512)) / 1e12) == 282
         # fwd + bwd of the README (causal, head dim 128, 16k: 328 TFLOP/s over 3.5x the forward FLOPs)
@@ -417,7 +407,7 @@ def test_flash2_reads_the_fa3_papers_flashattention2_bars_on_h100():
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash2_is_slower_than_the_cudnn_kernel_on_hopper_everywhere(direction, causal):
-    fast, fa2 = attention_table("h100-sxm"), attention_table("h100-sxm", "flash2")
+    fast, fa2 = load_tables("h100-sxm").attention.get("flash"), load_tables("h100-sxm").attention.get("flash2")
     for d in (64, 96, 128, 256):
         seq = np.array([512, 1024, 2048, 4096, 8192, 16384, 65536])
         assert np.all(fa2.rate(direction, causal, d, seq) < fast.rate(direction, causal, d, seq))
@@ -472,7 +462,7 @@ FA1_README = {(False, 64): [157, 159, 161, 161, 166, 168], (False, 128): [127, 1
 def test_flash1_reproduces_the_fa2_readmes_flashattention_bars_forward_plus_backward(causal, head_dim):
     """Only forward + backward is published for FlashAttention v1 on H100 (the FA2 README figure): the table's two
     directions, whatever their split, give back those bars (3.5x the forward FLOPs over the sum of the times)."""
-    t = attention_table("h100-sxm", "flash1")
+    t = load_tables("h100-sxm").attention.get("flash1")
     for seq, bar in zip([512, 1024, 2048, 4096, 8192, 16384], FA1_README[(causal, head_dim)]):
         fwd, bwd = float(t.rate("fwd", causal, head_dim, seq)), float(t.rate("bwd", causal, head_dim, seq))
         assert 3.5 / (1 / fwd + BACKWARD_FLOP_RATIO / bwd) / 1e12 == pytest.approx(bar, abs=1.5)
@@ -481,7 +471,7 @@ def test_flash1_reproduces_the_fa2_readmes_flashattention_bars_forward_plus_back
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash1_is_slower_than_flash2_on_hopper_everywhere(direction, causal):
-    fa2, fa1 = attention_table("h100-sxm", "flash2"), attention_table("h200", "flash1")
+    fa2, fa1 = load_tables("h100-sxm").attention.get("flash2"), load_tables("h200").attention.get("flash1")
     seq = np.array([512, 1024, 2048, 4096, 8192, 16384, 65536])
     for d in (64, 96, 128, 256):
         assert np.all(fa1.rate(direction, causal, d, seq) < fa2.rate(direction, causal, d, seq))

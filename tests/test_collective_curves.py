@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from cost_models.collectives import OPS, CurveCommModel, bus_factor, comm_model_for, load_curves
+from cost_models.collectives import CurveCommModel, comm_model_for
 from cost_models.comm import TierCommModel
 from profiles import load_cluster
+from profiles.bundle import load_tables
+from profiles.collectives import OPS, bus_factor
 from profiles.tables import kernel_table
 
 CURVE_CLUSTERS = ["dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "gb300-nvl72"]
@@ -40,7 +42,7 @@ def test_h100_all_reduce_of_1_gib_on_8_gpus_has_the_tables_busbw():
 def test_curves_reproduce_the_table_where_it_is_monotone(name):
     """Every measured point whose time no larger message undercuts comes back exactly."""
     table = kernel_table("collectives", name)["tiers"]["nvlink"]
-    curves = load_curves(name)["nvlink"]
+    curves = load_tables(name).collectives["nvlink"]
     checked = 0
     for op in OPS:
         for row in table[op]:
@@ -83,7 +85,7 @@ def test_clusters_without_curves_keep_the_two_tier_model_exactly(cluster):
 
 
 def test_the_h200_reuses_the_h100_curves():
-    assert load_curves("h200") is load_curves("h100-sxm")
+    assert load_tables("h200").collectives is load_tables("h100-sxm").collectives
 
 
 def test_groups_spanning_nvlink_domains_are_limited_by_the_nics():

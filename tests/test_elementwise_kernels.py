@@ -136,7 +136,7 @@ def test_gpus_without_a_table_are_unchanged(cluster, monkeypatch):
     # and the table path is really what changes H100 numbers: dropping it restores the constants' formula
     h100 = load_cluster("dgx-h100")
     with_table = evaluate_arrays(model, h100, TrainSpec(global_batch_size=64, seq_len=2048), st).step_time_s[0]
-    bare = h100.model_copy(update={"gpu": h100.gpu.model_copy(update={"kernel_tables": None})})
+    bare = load_cluster(h100.model_copy(update={"gpu": h100.gpu.model_copy(update={"kernel_tables": None})}))
     without = evaluate_arrays(model, bare, TrainSpec(global_batch_size=64, seq_len=2048), st).step_time_s[0]
     assert with_table != without
 

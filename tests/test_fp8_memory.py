@@ -10,7 +10,7 @@ from cost_models.arrays import StrategyArrays
 from cost_models.collectives import comm_model_for
 from cost_models.memory import (fp8_gather_bytes_per_element, fp8_param_bytes_per_element,
                                 fp8_weight_bytes_per_element)
-from cost_models.sharding import FRAMEWORKS, cannot_run_masks, framework_profile
+from cost_models.frameworks import cannot_run_masks
 from cost_models.step import (MEMORY_TERMS, data_parallel_tail, per_layer_times,
                               setup)
 from planner import evaluate
@@ -20,6 +20,8 @@ from planner.emit import NotExpressibleError, emit_data
 from planner.errors import SpecError
 from planner.specs import Plan, Strategy, TrainSpec
 from profiles import load_model
+from profiles.bundle import load_tables
+from profiles.frameworks import FRAMEWORKS
 
 LLAMA = dict(model="llama3-8b", num_gpus=16, global_batch_size=64, seq_len=4096)
 
@@ -86,8 +88,8 @@ def test_moe_experts_are_split_over_ep_and_etp():
 
 
 def test_only_a_framework_that_caches_keeps_the_copies():
-    assert framework_profile("megatron").fp8_weight_cache
-    assert not any(framework_profile(f).fp8_weight_cache for f in FRAMEWORKS if f != "megatron")
+    assert load_tables(None).framework("megatron").fp8_weight_cache
+    assert not any(load_tables(None).framework(f).fp8_weight_cache for f in FRAMEWORKS if f != "megatron")
     titan = _est(strategy=Strategy(dp=8, tp=2, zero_stage=1), framework="torchtitan")
     assert titan.memory_bytes["fp8_weights"] == 0
 
@@ -206,7 +208,7 @@ def test_other_frameworks_cannot_run_fp8_param_gather_and_their_emitters_agree(f
     est = evaluate(model, cluster, 16, 64, 4096, "fp8", strategy=strategy, fp8_param_gather=True)
     plan = Plan(rank=1, strategy=strategy, estimate=est, model=model, cluster=cluster, train=train, num_gpus=16)
     st = StrategyArrays.from_strategies([plan.strategy])
-    hits = [rule.reason for rule, hit in cannot_run_masks(framework_profile(framework), plan.model, plan.train, st)
+    hits = [rule.reason for rule, hit in cannot_run_masks(load_tables(None).framework(framework), plan.model, plan.train, st)
             if hit[0]]
     assert any(r.startswith("fp8_param_gather") for r in hits)
     with pytest.raises(NotExpressibleError, match="fp8_param_gather; it is Megatron's --fp8-param-gather"):

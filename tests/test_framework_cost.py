@@ -11,13 +11,15 @@ from cost_models.arrays import StrategyArrays
 from cost_models.blocks import model_blocks
 from cost_models.collectives import comm_model_for
 from cost_models.memory import kind_activation_bytes
-from cost_models.sharding import FRAMEWORKS, cannot_run_masks, framework_profile
+from cost_models.frameworks import cannot_run_masks
 from cost_models.step import op_sac_gemms, op_sac_recompute_s, setup
 from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES
 from planner import evaluate, plan
 from planner.api import make_inputs
 from planner.errors import SpecError
 from planner.specs import Strategy
+from profiles.bundle import load_tables
+from profiles.frameworks import FRAMEWORKS
 
 BASE = dict(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096)
 NO_OVERLAP = dict(overlap_grad_reduce=False, overlap_param_gather=False)
@@ -31,7 +33,7 @@ def _setup(strategy: Strategy, **train_options):
 
 def test_every_framework_profile_loads_with_sources():
     for name in FRAMEWORKS:
-        fw = framework_profile(name)
+        fw = load_tables(None).framework(name)
         assert fw.name == name and fw.selective_recompute in ("megatron_modules", "op_sac", "none")
 
 
@@ -169,7 +171,7 @@ def test_cannot_run_rules_agree_with_the_emitters():
     for p in plans:
         st = StrategyArrays.from_strategies([p.strategy])
         for fw, name in backend.items():
-            refused = any(hit[0] for _, hit in cannot_run_masks(framework_profile(fw), p.model, p.train, st))
+            refused = any(hit[0] for _, hit in cannot_run_masks(load_tables(None).framework(fw), p.model, p.train, st))
             try:
                 emit_data(p, name)
                 raised = False

@@ -1,4 +1,4 @@
-"""GEMM efficiency by shape from measured tables (cost_models.gemm_tables)."""
+"""GEMM efficiency by shape from measured tables (profiles.gemm, cost_models.compute)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from cost_models.blocks import Gemm
 from cost_models.compute import gemm_backward_time, gemm_time
-from cost_models.gemm_tables import gemm_table, monotone
 from planner.errors import SpecError
 from profiles import PROFILES_DIR, load_gpu
+from profiles.bundle import load_tables
+from profiles.gemm import monotone
 
 TABLE_GPUS = ["h100-sxm", "h200", "b200", "gb200", "gb300"]
 
@@ -27,7 +28,7 @@ def test_grid_points_come_back_within_the_smoothing(name):
     """At the measured b = 1 shapes the lookup returns the measured efficiency, up to the monotone
     smoothing (which moves noisy points by a few per cent of peak)."""
     doc = table_rows(name)
-    table = gemm_table(name)
+    table = load_tables(name).gemm
     rows = np.asarray(doc["rows"], dtype=float)
     rows = rows[rows[:, 0] == 1]
     got = table.efficiency(rows[:, 1], rows[:, 2], rows[:, 3], "bf16")
@@ -39,7 +40,7 @@ def test_grid_points_come_back_within_the_smoothing(name):
 @pytest.mark.parametrize("name", TABLE_GPUS)
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
 def test_never_above_peak_and_saturates(name, precision):
-    table = gemm_table(name)
+    table = load_tables(name).gemm
     sizes = 2.0 ** np.arange(4, 17)
     m, n, k = np.meshgrid(sizes, sizes, sizes, indexing="ij")
     eff = table.efficiency(m, n, k, precision)
@@ -54,7 +55,7 @@ def test_never_above_peak_and_saturates(name, precision):
 def test_smaller_hidden_size_never_more_efficient(tokens, h_small, extra, ratio, name, precision):
     """At the same token count a smaller hidden size (multiples of the 128-wide tile) never gets a
     higher GEMM efficiency, for the QKV-like (h, h), MLP-up (h, ratio·h) and MLP-down shapes."""
-    table = gemm_table(name)
+    table = load_tables(name).gemm
     small, big = 128 * h_small, 128 * (h_small + extra)
     for shape in (lambda h: (tokens, h, h), lambda h: (tokens, ratio * h, h), lambda h: (tokens, h, ratio * h)):
         assert table.efficiency(*shape(small), precision) <= table.efficiency(*shape(big), precision) + 1e-12
@@ -76,7 +77,7 @@ def test_h100_fp8_column_is_derived_not_the_implausible_one():
     fraction of peak (FP8 kernels reach a smaller share of their doubled peak)."""
     doc = table_rows("h100-sxm")
     assert "fp8" not in doc["columns"] and "fp8_from_bf16" in doc
-    t = gemm_table("h100-sxm")
+    t = load_tables("h100-sxm").gemm
     shapes = np.array([(4096, 4096, 256), (8192, 8192, 4096), (16384, 4096, 8192)], dtype=float).T
     assert np.all(t.efficiency(*shapes, "fp8") <= t.efficiency(*shapes, "bf16") + 1e-12)
 
@@ -101,8 +102,8 @@ def test_backward_uses_both_gradient_shapes_on_table_gpus_and_the_ratio_elsewher
 
 
 def test_gpus_without_table_use_their_constant():
-    assert gemm_table(load_gpu("a100-80gb").kernel_tables) is None
-    assert gemm_table(None) is None
+    assert load_gpu("a100-80gb").tables.gemm is None
+    assert load_tables(None).gemm is None
 
 
 def test_alias_must_name_a_measured_table(tmp_path, monkeypatch):

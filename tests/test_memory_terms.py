@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from benchmarks.peak_memory import DATA, MAX_UNDER, published_rows
-from cost_models.memory import (MIB, OUTSIDE_ALLOCATOR_TERMS, cross_entropy_bytes_per_logit, memory_table,
+from cost_models.memory import (MIB, OUTSIDE_ALLOCATOR_TERMS, cross_entropy_bytes_per_logit,
                                 nccl_buffer_bytes)
 from planner import evaluate
 from planner.errors import SpecError
 from profiles import load_model
+from profiles.bundle import load_tables
 
 GIB = 2**30
 
@@ -46,7 +47,7 @@ def test_logits_term_scales_with_tokens_and_tp():
 
 def test_h100_runtime_terms_replace_the_flat_reserve():
     e = _est()
-    table = memory_table("h100-sxm")
+    table = load_tables("h100-sxm").memory
     assert e.memory_bytes["framework_reserve"] == 0
     assert e.memory_bytes["cuda_context"] == table.cuda_context_bytes > 0
     assert e.memory_bytes["nccl_buffers"] > 0 and e.memory_bytes["allocator_slack"] > 0
@@ -57,13 +58,13 @@ def test_h100_runtime_terms_replace_the_flat_reserve():
 
 def test_a100_keeps_its_calibrated_flat_reserve():
     e = _est(cluster="dgx-a100-80gb")
-    assert memory_table("a100-80gb") is None
+    assert load_tables("a100-80gb").memory is None
     assert e.memory_bytes["framework_reserve"] == 2 * GIB
     assert all(e.memory_bytes[t] == 0 for t in ("cuda_context", "nccl_buffers", "allocator_slack"))
 
 
 def test_nccl_buffers_count_connections():
-    table = memory_table("h100-sxm")
+    table = load_tables("h100-sxm").memory
     per = table.nccl_channels * table.nccl_connection_bytes
     assert per == 32 * 12 * MIB
 
@@ -86,14 +87,9 @@ def test_a_bad_memory_table_is_refused(tmp_path, monkeypatch):
     (tmp_path / "kernels" / "memory" / "bad.yaml").write_text(
         "kind: public\ngpu: x\nsource: test\ncuda_context_mib: -1\nnccl_connection_mib: 1\nnccl_channels: 1\n"
         "allocator_slack_fraction: 0\n")
-    import profiles
-    monkeypatch.setattr(profiles, "search_dirs", lambda: [tmp_path])
-    memory_table.cache_clear()
-    try:
-        with pytest.raises(SpecError, match="cuda_context_mib must be a number >= 0"):
-            memory_table("bad")
-    finally:
-        memory_table.cache_clear()
+    monkeypatch.setenv("MESHPLAN_PROFILES", str(tmp_path))
+    with pytest.raises(SpecError, match="cuda_context_mib must be a number >= 0"):
+        load_tables("bad").memory
 
 
 ROWS = published_rows(json.loads(DATA.read_text()))

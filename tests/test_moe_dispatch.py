@@ -3,6 +3,7 @@ the TrainSpec / ModelSpec fields, the CLI option and what each emitter writes or
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from planner import evaluate
 from planner.errors import SpecError
 from planner.specs import ModelSpec, TrainSpec
 from profiles import load_model
+from profiles.bundle import load_tables
 
 sys.path.insert(0, str(Path(__file__).parent / "emit"))
 
@@ -141,29 +143,30 @@ def test_a_dispatch_table_returns_its_measured_points():
     """At the benchmark's own call (4096 tokens of hidden 7168, top-8, 8 local experts per rank) a call takes
     the measured Python-API time; a call of no bytes keeps the API's own cost, the API time less the kernel's."""
     from cost_models.dispatch import _bench_bytes, dispatch_table
+    from profiles.dispatch import DispatchBench
 
-    table = dispatch_table("b200")
-    bench = {"tokens": 4096, "hidden": 7168, "top_k": 8, "local_experts": 8, "bytes_per_element": 2}
+    table = dispatch_table(load_tables("b200").dispatch)
+    bench = DispatchBench(tokens=4096, hidden=7168, top_k=8, local_experts=8, bytes_per_element=2)
     nbytes = _bench_bytes(bench, "nvlink", 8, "t")
     assert nbytes == pytest.approx(4096 * expected_distinct(8, 8, 8) * 7168 * 2)
     curve = table.curve("hybridep", "nvlink")
     assert float(curve.call_s("dispatch", 8, nbytes)) == pytest.approx(nbytes / 535.94e9)
     assert float(curve.call_s("combine", 8, nbytes)) == pytest.approx(nbytes / 530.86e9)
     assert float(curve.call_s("dispatch", 8, 0)) == pytest.approx(nbytes / 535.94e9 - nbytes / 734.95e9)
-    h100 = dispatch_table("h100-sxm").curve("hybridep", "network")
-    ib = _bench_bytes(bench | {"ranks_per_node": 8}, "network", 32, "t")  # 4 nodes: 3 remote, once each
+    h100 = dispatch_table(load_tables("h100-sxm").dispatch).curve("hybridep", "network")
+    ib = _bench_bytes(dataclasses.replace(bench, ranks_per_node=8), "network", 32, "t")  # 4 nodes: 3 remote, once each
     assert ib == pytest.approx(4096 * expected_distinct(4, 64, 8) * 3 / 4 * 7168 * 2)
     assert float(h100.call_s("combine", 32, ib)) == pytest.approx(ib / 52.53e9)
     # group sizes between measured ones: linear in log2(ep); outside: the nearest measured size
-    gb200 = dispatch_table("gb200").curve("hybridep", "nvlink")
+    gb200 = dispatch_table(load_tables("gb200").dispatch).curve("hybridep", "nvlink")
     mid = float(gb200.call_s("dispatch", 12, 1e8))
     assert min(float(gb200.call_s("dispatch", 8, 1e8)), float(gb200.call_s("dispatch", 16, 1e8))) <= mid
     assert mid <= max(float(gb200.call_s("dispatch", 8, 1e8)), float(gb200.call_s("dispatch", 16, 1e8)))
     assert float(gb200.call_s("dispatch", 72, 1e8)) == float(gb200.call_s("dispatch", 36, 1e8))
     # GB300 and H200 name their twin's table and say so
-    assert dispatch_table("gb300") is dispatch_table("gb200")
-    assert dispatch_table("h200").curve("hybridep", "network") is not None
-    assert dispatch_table("a100-80gb") is None
+    assert dispatch_table(load_tables("gb300").dispatch) is dispatch_table(load_tables("gb200").dispatch)
+    assert dispatch_table(load_tables("h200").dispatch).curve("hybridep", "network") is not None
+    assert dispatch_table(load_tables("a100-80gb").dispatch) is None
 
 
 def test_a_measured_dispatcher_sets_the_exchange_and_a_tier_without_measurements_keeps_the_curves(monkeypatch):
@@ -183,14 +186,18 @@ def test_a_measured_dispatcher_sets_the_exchange_and_a_tier_without_measurements
     assert evaluate(**QWEN_GB200, moe_dispatcher="alltoall").time_s["ep_comm"] == alltoall.time_s["ep_comm"]
     assert evaluate(**b200_two_nodes, moe_dispatcher="hybridep").time_s["ep_comm"] == b200_curves.time_s["ep_comm"]
     intra, inter = tier_scales("hybridep", 128, 8, 8, 8)
-    per_call = float(dispatch_table("gb200").exchange_s("hybridep", 16384 * 8 * 2048 * 2, 8, 8, intra, inter))
+    per_call = float(dispatch_table(load_tables("gb200").dispatch).exchange_s("hybridep", 16384 * 8 * 2048 * 2, 8, 8, intra, inter))
     calls = 48 * with_table.num_microbatches * 2  # every MoE layer, every micro-batch, forward and backward
     assert with_table.time_s["ep_comm"] == pytest.approx(calls * per_call, rel=1e-6)
     assert with_table.time_s["ep_comm"] != pytest.approx(curves.time_s["ep_comm"], rel=0.01)
 
 
 def test_a_malformed_dispatch_table_names_the_field():
-    from cost_models.dispatch import dispatch_table_from
+    from cost_models.dispatch import dispatch_table
+    from profiles.dispatch import dispatch_measurements_from
+
+    def dispatch_table_from(data, name):  # parsed (profiles), then priced at Megatron's default SMs (cost_models)
+        return dispatch_table(dispatch_measurements_from(data, name))
 
     good = {"bench": {"tokens": 4096, "hidden": 7168, "top_k": 8, "local_experts": 8, "bytes_per_element": 2},
             "hybridep": {"nvlink": [{"ep": 8, "sms": 16, "dispatch_torch": 500, "combine_torch": 500}]}}
@@ -215,15 +222,15 @@ def test_the_flex_dispatchers_sm_count_reads_the_rates_there():
     from planner.emit.megatron import megatron_args
     from planner.specs import TrainSpec
 
-    gb200 = dispatch_table("gb200")
-    wide = dispatch_table("gb200", "hybridep", 32)
+    gb200 = dispatch_table(load_tables("gb200").dispatch)
+    wide = dispatch_table(load_tables("gb200").dispatch, "hybridep", 32)
     def both(table):  # one dispatch and one combine of 1 GB on 8 ranks
         curve = table.curve("hybridep", "nvlink")
         return float(curve.call_s("dispatch", 8, 1e9) + curve.call_s("combine", 8, 1e9))
 
     assert both(wide) < both(gb200)
-    h100 = dispatch_table("h100-sxm").curve("hybridep", "network")
-    assert float(dispatch_table("h100-sxm", "hybridep", 32).curve("hybridep", "network").call_s("dispatch", 16, 1e8)) \
+    h100 = dispatch_table(load_tables("h100-sxm").dispatch).curve("hybridep", "network")
+    assert float(dispatch_table(load_tables("h100-sxm").dispatch, "hybridep", 32).curve("hybridep", "network").call_s("dispatch", 16, 1e8)) \
         == float(h100.call_s("dispatch", 16, 1e8))
     default = evaluate(**QWEN_GB200, moe_dispatcher="hybridep")
     at_32 = evaluate(**QWEN_GB200, moe_dispatcher="hybridep", moe_flex_num_sms=32)

@@ -12,9 +12,9 @@ import pytest
 from benchmarks.peak_memory import DATA, MAX_UNDER, published_rows
 from cost_models.memory import cross_entropy_bytes_per_logit
 from cost_models.params import num_params
-from cost_models.sharding import framework_profile
 from planner import evaluate
 from profiles import load_model
+from profiles.bundle import load_tables
 
 GIB = 2**30
 LLAMA_VOCAB = 128256
@@ -78,8 +78,8 @@ def test_the_output_layer_stays_gathered_under_zero3():
     tt, mega = _est().memory_bytes, _est("megatron").memory_bytes
     assert tt["zero3_buffers"] - mega["zero3_buffers"] == pytest.approx(2 * (LLAMA_VOCAB * h + h), rel=1e-6)
     assert _est(zero_stage=2).memory_bytes["zero3_buffers"] == 0
-    assert framework_profile("torchtitan").zero3_head_unsharded
-    assert not framework_profile("megatron").zero3_head_unsharded
+    assert load_tables(None).framework("torchtitan").zero3_head_unsharded
+    assert not load_tables(None).framework("megatron").zero3_head_unsharded
 
 
 def test_published_torchtitan_peaks_within_ten_percent():

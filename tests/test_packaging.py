@@ -38,10 +38,9 @@ def test_preset_yaml_is_package_data():
 
 
 DOCTEST_MODULES = ["cost_models.memory", "cost_models.units", "cost_models.compute", "cost_models.comm",
-                   "cost_models.dispatch",
-                   "cost_models.attention_kernels",
+                   "cost_models.dispatch", "profiles.attention", "profiles.bundle", "profiles.frameworks",
                    "cost_models.layout", "cost_models.blocks", "planner.specs.strategy", "planner.specs.model",
-                   "planner.emit.megatron", "cost_models.gemm_tables", "cost_models.sharding",
+                   "planner.emit.megatron", "profiles.gemm", "cost_models.sharding",
                    "cost_models.elementwise", "planner.error_band", "cost_models.step", "planner.space",
                    "cost_models.params"]
 

@@ -57,9 +57,9 @@ def questions(draw):
     return model, cluster, train, num_gpus
 
 
-def _valid_space(model, train, num_gpus):
+def _valid_space(model, train, num_gpus, cluster):
     space = enumerate_space(model, train, num_gpus, {})
-    valid, _ = check(Context(model, train, num_gpus), space)
+    valid, _ = check(Context(model, train, num_gpus, cluster), space)
     return space.take(valid)
 
 
@@ -92,7 +92,7 @@ def run_counted(prop, minimum: int) -> int:
 @counted
 def prop_every_cost_term_is_finite_and_non_negative(q):
     model, cluster, train, n = q
-    st = _valid_space(model, train, n)
+    st = _valid_space(model, train, n, cluster)
     assume(len(st) > 0)
     costs = evaluate_arrays(model, cluster, train, st)
     for name, arr in list(costs.time_s.items()) + list(costs.memory_bytes.items()):
@@ -112,7 +112,7 @@ def test_every_cost_term_is_finite_and_non_negative():
 @counted
 def prop_tp1_has_no_tp_communication(q):
     model, cluster, train, n = q
-    st = _valid_space(model, train, n)
+    st = _valid_space(model, train, n, cluster)
     assume(len(st) > 0)
     costs = evaluate_arrays(model, cluster, train, st)
     tp1 = st.tp == 1

@@ -4,8 +4,9 @@ benchmarks/data/te_gemm_profiling.json): kernel-level figures."""
 import pytest
 
 from benchmarks.te_gemm_profiling import layer_shapes, model_cast_ms, model_gemm_ms, rows
-from cost_models.gemm_tables import _recipe_rates, gemm_table
 from planner.errors import SpecError
+from profiles.bundle import load_tables
+from profiles.gemm import _recipe_rates
 
 SHAPES = layer_shapes(4096, 16384, 15872)
 
@@ -18,9 +19,9 @@ def test_mxfp8_gemms_run_at_the_measured_fraction_of_per_tensor_fp8():
         mx = model_gemm_ms(cluster, SHAPES, "fp8", "mxfp8")
         assert per_tensor / mx == pytest.approx(6.812 / 7.161, rel=0.01), cluster  # kernel overheads aside
         assert model_gemm_ms(cluster, SHAPES, "fp8", "delayed") == pytest.approx(per_tensor)
-    assert gemm_table("b200").recipe_rate("fp8", "blockwise") == gemm_table("b200").recipe_rate("fp8", "mxfp8")
-    assert gemm_table("h100-sxm").recipe_rate("fp8", "mxfp8") == 1.0
-    assert gemm_table("b200").recipe_rate("bf16", "mxfp8") == 1.0  # unquantised GEMMs keep their rate
+    assert load_tables("b200").gemm.recipe_rate("fp8", "blockwise") == load_tables("b200").gemm.recipe_rate("fp8", "mxfp8")
+    assert load_tables("h100-sxm").gemm.recipe_rate("fp8", "mxfp8") == 1.0
+    assert load_tables("b200").gemm.recipe_rate("bf16", "mxfp8") == 1.0  # unquantised GEMMs keep their rate
 
 
 def test_cast_costs_order_the_recipes_as_measured():
@@ -67,7 +68,7 @@ def test_the_h100_fp8_level_is_the_fit_of_the_measured_ratio():
 def test_a_bad_fp8_level_is_refused_naming_the_field(level, source, rule):
     import copy
 
-    from cost_models.gemm_tables import build_gemm_table
+    from profiles.gemm import build_gemm_table
     from profiles.tables import kernel_table
 
     raw = copy.deepcopy(kernel_table("gemm", "h100-sxm"))

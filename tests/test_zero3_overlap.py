@@ -9,9 +9,11 @@ import yaml
 
 from benchmarks.calibration import RowError, Summary, torchtitan_fsdp2
 from benchmarks.validation import predict
-from cost_models.sharding import ZERO3_IMPLS, per_layer_exposed_s, zero3_impls
+from cost_models.sharding import per_layer_exposed_s
 from planner import Strategy, evaluate
 from profiles import PROFILES_DIR, load_cluster
+from profiles.bundle import load_tables
+from profiles.frameworks import ZERO3_IMPLS
 
 Z3 = Strategy(dp=16, tp=1, pp=1, cp=1, zero_stage=3, micro_batch_size=1, recompute="none")
 
@@ -82,7 +84,7 @@ def test_every_zero3_number_names_its_source():
         for key, value in doc[name].items():
             if not key.endswith("_source"):
                 assert str(doc[name].get(f"{key}_source", "")).strip(), f"{name}.{key}"
-    assert set(zero3_impls()) == set(ZERO3_IMPLS)
+    assert set(load_tables(None).zero3) == set(ZERO3_IMPLS)
 
 
 def test_the_cross_node_fit_rows_are_calibration_rows(validation_path):

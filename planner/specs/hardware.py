@@ -9,9 +9,9 @@ formulas.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from planner.errors import SpecError
 from planner.specs.base import MAX_GPUS, MAX_HEADS, Spec
@@ -110,6 +110,38 @@ class GpuSpec(Spec):
     step_time_residuals: StepTimeResiduals | None = Field(
         None, description="Step-time errors on published end-to-end runs (or the widened rule where none exist), "
         "from the GPU's calibration file; the basis of every estimate's error band. None: none known.")
+
+    #: The profile tables the cost model reads for this GPU (`profiles.bundle.ProfileTables`), attached by
+    #: `profiles.resolve_gpu`; not a field: no part of the JSON, the hash or equality.
+    _tables: Any = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal fields (the attached tables are derived from the profile roots, not part of the spec)."""
+        if not isinstance(other, GpuSpec):
+            return NotImplemented
+        return type(self) is type(other) and all(getattr(self, f) == getattr(other, f) for f in type(self).model_fields)
+
+    @property
+    def has_tables(self) -> bool:
+        """Whether tables resolved for this GPU's `kernel_tables` are attached."""
+        return self._tables is not None and self._tables.kernel_set == self.kernel_tables
+
+    @property
+    def tables(self) -> Any:
+        """The resolved profile tables (`profiles.bundle.ProfileTables`: the `kernel_tables` set's GEMM, attention,
+        element-wise, collectives, memory and dispatch tables, and the framework profiles) the cost model reads.
+        A GPU not resolved through `profiles` (or a copy with another `kernel_tables`) has none: SpecError."""
+        if not self.has_tables:
+            raise SpecError(f"GPU {self.name}: its profile tables (kernel_tables {self.kernel_tables!r}) are not "
+                            "resolved; load it with profiles.load_gpu / load_cluster or resolve_gpu, or plan through "
+                            "planner.plan / evaluate")
+        return self._tables
+
+    def with_tables(self, tables: Any) -> "GpuSpec":
+        """A copy of this GPU carrying `tables` (see `tables`)."""
+        out = self.model_copy()
+        out._tables = tables
+        return out
 
     @model_validator(mode="after")
     def _check_peaks(self) -> "GpuSpec":

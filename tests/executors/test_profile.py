@@ -12,6 +12,7 @@ import yaml
 
 from executors.profiler import cluster_profile, gpu_profile, write_profiles
 from profiles import load_cluster, load_gpu
+from profiles.bundle import load_tables
 
 
 def synthetic_raw(world: int = 2) -> dict:
@@ -82,7 +83,7 @@ def _cli(argv: list[str]) -> tuple[int, str]:
 
 
 @pytest.mark.executor
-def test_profile_then_validate_from_the_command_line(tmp_path, monkeypatch, fresh_tables):
+def test_profile_then_validate_from_the_command_line(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     from executor_fixtures import TINY, TRAIN
 
@@ -117,16 +118,13 @@ def check_measured_kernel_tables(root, raw: dict, monkeypatch) -> None:
     loaders, `meshplan clusters` reports every topic measured, and an estimate on the profile uses them."""
     from executor_fixtures import TINY
 
-    from cost_models.attention_kernels import attention_table
     from cost_models.elementwise import elementwise_model
-    from cost_models.memory import memory_table
     from planner import evaluate
 
     att = raw["attention"]
     assert att["skipped"] == [] and len(att["rows"]) == 4 * len(att["head_dims"]) * len(att["seq_lens"])
     monkeypatch.setenv("MESHPLAN_PROFILES", str(root))
-    _clear_table_caches()  # the validate run above looked the set up while `root` was off the search path
-    table = attention_table("ci-cpu")
+    table = load_tables("ci-cpu").attention.get("flash")
     assert set(table.head_dims) == {(d, c) for d in ("fwd", "bwd") for c in (False, True)}
     fwd = next(r for r in att["rows"] if (r["direction"], r["causal"], r["head_dim"]) == ("fwd", True, 64))
     assert float(table.rate("fwd", True, 64, fwd["seq_len"])) == pytest.approx(fwd["flop_per_s"], rel=1e-3)
@@ -134,7 +132,7 @@ def check_measured_kernel_tables(root, raw: dict, monkeypatch) -> None:
     ew = elementwise_model(gpu)
     assert ew.fp8_recipes == () and 0 < ew.bw_bytes_per_s <= gpu.hbm_bw_bytes_per_s
     assert ew.host_per_kernel_s == pytest.approx(raw["op_overhead"]["time_per_op_s"], rel=1e-3)
-    mem = memory_table("ci-cpu")
+    mem = load_tables("ci-cpu").memory
     assert mem.cuda_context_bytes == pytest.approx(raw["runtime_baseline_bytes"], rel=1e-3) and mem.nccl_channels == 0
     code, text = _cli(["clusters", "--format", "json"])
     assert code == 0
@@ -147,7 +145,6 @@ def check_measured_kernel_tables(root, raw: dict, monkeypatch) -> None:
 def test_measured_gemm_table_is_written_in_the_public_format_and_used(tmp_path, monkeypatch):
     """A profile whose GEMM sweep holds a full (m, n, k) grid writes kernels/gemm/<name>.yaml
     (kind: measured); with its root on MESHPLAN_PROFILES the planner uses it and says so."""
-    from cost_models.gemm_tables import gemm_table
     from profiles.tables import provenance
 
     raw = synthetic_raw()
@@ -163,7 +160,7 @@ def test_measured_gemm_table_is_written_in_the_public_format_and_used(tmp_path, 
     gpu = load_gpu("boxgrid")
     assert gpu.kernel_tables == "boxgrid"
     assert provenance("boxgrid")["gemm"].startswith("measured")
-    t = gemm_table("boxgrid")
+    t = load_tables("boxgrid").gemm
     # the peak is the sweep's fastest GEMM (512³ at 50 GFLOP/s); 256³ ran at half of it
     assert float(t.efficiency(256, 256, 256, "fp32")) == pytest.approx(0.5)
     assert float(t.efficiency(128, 128, 128, "fp32")) == pytest.approx(1 / 8)
@@ -196,29 +193,11 @@ def test_measured_collective_curves_are_written_and_used(tmp_path, monkeypatch):
     assert float(comm.all_reduce_s(2**22, 2, 1)) == pytest.approx(measured, rel=1e-6)
 
 
-def _clear_table_caches() -> None:
-    from cost_models.attention_kernels import attention_table
-    from cost_models.elementwise import _load
-    from cost_models.memory import memory_table
-
-    for cached in (attention_table, _load, memory_table):
-        cached.cache_clear()
-
-
-@pytest.fixture
-def fresh_tables():
-    """The table loaders cache by set name: clear them around a test that writes its own sets."""
-    _clear_table_caches()
-    yield
-    _clear_table_caches()
-
-
-def test_attention_elementwise_memory_tables_are_written_and_load(tmp_path, monkeypatch, fresh_tables):
+def test_attention_elementwise_memory_tables_are_written_and_load(tmp_path, monkeypatch):
     """A profile writes kernels/{attention,elementwise,memory}/<name>.yaml (kind: measured) that the cost
     model's own loaders read back with the measured values; fields not measured name where they come from."""
-    from cost_models.attention_kernels import attention_table
-    from cost_models.elementwise import _FIELDS, elementwise_model
-    from cost_models.memory import memory_table
+    from cost_models.elementwise import elementwise_model
+    from profiles.elementwise import _FIELDS
     from planner.cli.provenance import kernel_provenance
 
     write_profiles(synthetic_raw(), "boxkern", tmp_path)
@@ -234,7 +213,7 @@ def test_attention_elementwise_memory_tables_are_written_and_load(tmp_path, monk
     assert "carried from profiles/kernels/elementwise/h100-sxm.yaml" in ew_doc["backward_kernels_per_forward_source"]
 
     monkeypatch.setenv("MESHPLAN_PROFILES", str(tmp_path))
-    att = attention_table("boxkern")
+    att = load_tables("boxkern").attention.get("flash")
     # synthetic rate d x s GFLOP/s forward, twice that backward; the causal backward was measured, not derived
     assert float(att.rate("fwd", False, 64, 128)) == pytest.approx(64 * 128 * 1e9, rel=1e-3)
     assert float(att.rate("bwd", True, 128, 64)) == pytest.approx(2 * 128 * 64 * 1e9, rel=1e-3)
@@ -244,7 +223,7 @@ def test_attention_elementwise_memory_tables_are_written_and_load(tmp_path, monk
     assert ew.optimizer_bw_bytes_per_s == pytest.approx(10e9)  # 1e6 params x 28 B / 2.8 ms
     assert ew.kernel_fixed_s == pytest.approx(2e-6) and ew.host_per_kernel_s == pytest.approx(5e-6)
     assert ew.fp8_recipes == () and ew.backward_kernels_per_forward == 2.0
-    mem = memory_table("boxkern")
+    mem = load_tables("boxkern").memory
     assert mem.cuda_context_bytes == 2**28 and mem.nccl_channels == 0 and mem.allocator_slack_fraction == 0.1
     where = kernel_provenance(gpu)
     assert where["attention"] == "measured (test cpu)" and where["gemm"] == "none"
@@ -252,7 +231,7 @@ def test_attention_elementwise_memory_tables_are_written_and_load(tmp_path, monk
     assert where["memory"].startswith("measured (test cpu; some fields carried")
 
 
-def test_planning_on_the_profile_uses_each_measured_table(tmp_path, monkeypatch, fresh_tables):
+def test_planning_on_the_profile_uses_each_measured_table(tmp_path, monkeypatch):
     """An estimate on the profiled cluster changes when any one of the three tables is taken away:
     each of them is read by the cost model, not only written."""
     from executor_fixtures import TINY
@@ -263,7 +242,6 @@ def test_planning_on_the_profile_uses_each_measured_table(tmp_path, monkeypatch,
     monkeypatch.setenv("MESHPLAN_PROFILES", str(tmp_path))
 
     def estimate():
-        _clear_table_caches()
         return evaluate(TINY, "boxplan", 2, 8, 64, precision="bf16", strategy={"dp": 2})
 
     full = estimate()
@@ -288,10 +266,8 @@ def test_planning_on_the_profile_uses_each_measured_table(tmp_path, monkeypatch,
     ("memory", lambda d: d.pop("nccl_channels"), "nccl_channels must be a number >= 0"),
     ("memory", lambda d: d.update(cuda_context_mib=-1), "cuda_context_mib must be a number >= 0"),
 ])
-def test_a_malformed_measured_table_is_refused(tmp_path, monkeypatch, fresh_tables, topic, edit, message):
-    from cost_models.attention_kernels import attention_table
+def test_a_malformed_measured_table_is_refused(tmp_path, monkeypatch, topic, edit, message):
     from cost_models.elementwise import elementwise_model
-    from cost_models.memory import memory_table
     from planner.errors import SpecError
 
     write_profiles(synthetic_raw(), "boxbad", tmp_path)
@@ -300,7 +276,7 @@ def test_a_malformed_measured_table_is_refused(tmp_path, monkeypatch, fresh_tabl
     edit(doc)
     path.write_text(yaml.safe_dump(doc))
     monkeypatch.setenv("MESHPLAN_PROFILES", str(tmp_path))
-    load = {"attention": lambda: attention_table("boxbad"), "memory": lambda: memory_table("boxbad"),
+    load = {"attention": lambda: load_tables("boxbad").attention.get("flash"), "memory": lambda: load_tables("boxbad").memory,
             "elementwise": lambda: elementwise_model(load_gpu("boxbad"))}[topic]
     with pytest.raises(SpecError, match=message):
         load()
@@ -357,11 +333,11 @@ def test_attention_flop_follows_the_tables_convention():
     assert attention_flop(2, 1024, 16, 128, True, "bwd") == 2.5 * 4 * 2 * 1024**2 * 16 * 128 / 2
 
 
-def test_a_cuda_profile_writes_flashattention2_as_the_flash2_section(tmp_path, monkeypatch, fresh_tables):
+def test_a_cuda_profile_writes_flashattention2_as_the_flash2_section(tmp_path, monkeypatch):
     """On CUDA the profile times SDPA's cuDNN backend (attention_kernel flash) and its FLASH_ATTENTION backend
     (FlashAttention-2, attention_kernel flash2) apart; the second becomes the table's flash2 section, which the
     cost model reads for flash2. An incomplete FlashAttention-2 sweep writes no section (flash2 is then refused)."""
-    from cost_models.attention_kernels import attention_table, kernel_problem
+    from cost_models.attention_kernels import kernel_problem
     from executors.profile_tables import attention_table_profile
     from executors.profile_worker import SDPA_BACKENDS
 
@@ -375,7 +351,7 @@ def test_a_cuda_profile_writes_flashattention2_as_the_flash2_section(tmp_path, m
     assert table["flash2"]["kernel"].startswith("sdpa FLASH_ATTENTION") and "kind" not in table["flash2"]
     write_profiles(raw, "boxfa2", tmp_path)
     monkeypatch.setenv("MESHPLAN_PROFILES", str(tmp_path))
-    main, second = attention_table("boxfa2"), attention_table("boxfa2", "flash2")
+    main, second = load_tables("boxfa2").attention.get("flash"), load_tables("boxfa2").attention.get("flash2")
     assert float(second.rate("fwd", True, 64, 128)) == pytest.approx(float(main.rate("fwd", True, 64, 128)) / 2)
     assert kernel_problem(load_gpu("boxfa2"), "flash2", windowed=False) is None
     raw["attention_flash2"]["rows"] = [r for r in fa2["rows"] if r["direction"] == "fwd"]

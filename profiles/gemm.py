@@ -1,7 +1,8 @@
 """GEMM efficiency by shape: achieved fraction of the dense peak, from measured per-shape tables.
 
 A GPU whose kernel-table set has a `gemm` table (`profiles/kernels/gemm/<set>.yaml`, see
-`profiles.tables`) gets each GEMM's throughput from it instead of one `gemm_efficiency` constant:
+`profiles.tables`) gets each GEMM's throughput from it instead of one `gemm_efficiency` constant
+(`cost_models.compute.gemm_time`); this module turns the file into a `GemmTable` and looks shapes up:
 
 - the table holds achieved FLOP/s of (b, m, n, k) GEMMs per dtype on one GPU (2·b·m·n·k FLOP per
   kernel); divided by the measured GPU's dense peak (`peak_tflops` in the file) it is an efficiency,
@@ -32,17 +33,18 @@ fraction of that column's rate, the same at every shape (one ratio over a model'
 what is published). A recipe the file does not name runs at the column's rate.
 
 Lookups are vectorised; the cost model calls them once per distinct micro-batch shape
-(`cost_models.blocks.Micro.distinct`), not once per candidate.
+(`cost_models.blocks.Micro.distinct`), not once per candidate. `profiles.bundle` builds each table once
+per file version and hands it to the cost model with the GPU (`GpuSpec.tables`).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from planner.errors import SpecError
+from profiles.elementwise import FP8_RECIPES
 
 #: Tile width m and n are padded to (cuBLAS Hopper/Blackwell tensor-core tiles are 128 or 256 wide;
 #: 128 is the smaller, so the padding is a lower bound).
@@ -52,7 +54,7 @@ COLUMN = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "tf32": "tf32", "fp32": 
 TERA = 1e12
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GemmTable:
     """Efficiency grids (fractions of the dense peak) on log2 axes; see the module docstring."""
 
@@ -77,10 +79,11 @@ class GemmTable:
         """Achieved fraction of the dense peak of an (m, n, k) GEMM in `precision` (arrays broadcast),
         under FP8 `recipe` (`recipe_rate`).
 
-        >>> t = gemm_table("h100-sxm")
+        >>> from profiles.bundle import load_tables
+        >>> t = load_tables("h100-sxm").gemm
         >>> round(float(t.efficiency(8192, 8192, 8192, "bf16")), 3) > round(float(t.efficiency(1024, 1024, 1024, "bf16")), 3)
         True
-        >>> b = gemm_table("b200")
+        >>> b = load_tables("b200").gemm
         >>> round(float(b.efficiency(8192, 8192, 8192, "fp8", "mxfp8") / b.efficiency(8192, 8192, 8192, "fp8")), 3)
         0.951
         """
@@ -143,20 +146,9 @@ def _grid(rows: np.ndarray, col: int, peak: float):
     return np.log2(ms), np.log2(ns), np.log2(ks), grid
 
 
-@functools.lru_cache(maxsize=16)
-def gemm_table(name: str | None) -> GemmTable | None:
-    """The GEMM table of kernel-table set `name`, built once; None when the set has none."""
-    from profiles.tables import kernel_table
-
-    data = kernel_table("gemm", name)
-    if data is None:
-        return None
-    return build_gemm_table(data, f"GEMM table {name}")
-
-
 def build_gemm_table(data: dict, what: str) -> GemmTable:
-    """A GemmTable from a parsed table file (`gemm_table` caches it per set; the FP8-level fit of
-    benchmarks/te_gemm_profiling.py builds variants)."""
+    """A GemmTable from a parsed table file (`profiles.bundle` caches it per file version; the FP8-level fit
+    of benchmarks/te_gemm_profiling.py builds variants)."""
     try:
         columns = list(data["columns"])
         rows = np.asarray(data["rows"], dtype=float)
@@ -184,8 +176,6 @@ def build_gemm_table(data: dict, what: str) -> GemmTable:
 def _recipe_rates(data: dict, what: str) -> tuple[tuple[str, float], ...]:
     """The file's `recipe_rates` (FP8 recipe -> rate relative to its FP8 column), checked; each needs
     `recipe_rates_source`."""
-    from cost_models.elementwise import FP8_RECIPES
-
     raw = data.get("recipe_rates")
     if raw is None:
         return ()

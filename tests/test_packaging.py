@@ -61,7 +61,7 @@ def test_every_module_with_doctests_is_listed():
 
 
 def test_benchmarks_stay_out_of_the_wheel():
-    """benchmarks/ reads ../shared and benchmarks/data beside a checkout: the installed
+    """benchmarks/ reads benchmarks/data in a source checkout: the installed
     packages must not ship it or import it (issue 7, part 6)."""
     import re
 

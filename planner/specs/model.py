@@ -2,7 +2,7 @@
 
 Parameter counts come from the cost blocks (`cost_models.blocks`) and follow
 Megatron-LM's `theoretical_memory_usage.py` layout
-(`../shared/validation/formulas.json`, "parameter_count") generalised to GQA,
+(`benchmarks/data/published/formulas.json`, "parameter_count") generalised to GQA,
 gated MLPs and optional biases; `num_params()` for the GPT-3 presets reproduces
 SC'21 Eq. 2 (`P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h))`) exactly.
 """

@@ -164,7 +164,11 @@ def test_script_prints_every_layout_and_the_dualpipe_note(capsys, results):
     for name in LAYOUTS:
         assert name in out
     assert "DualPipe" in out and "1F1B" in out
-    assert rc == int(not all(r.ok for r in results.values())), out[-2000:]
+    # every layout is scored (test_layout_is_valid_and_predicted); one that is rejected or does not fit
+    # (DOES_NOT_FIT) is a printed result, not a failure of the script
+    assert rc == 0, out[-2000:]
+    not_ok = [name for name, r in results.items() if not r.ok]
+    assert all(name in out.rsplit("not: ", 1)[-1] for name in not_ok), out[-500:]
 
 
 def test_data_file_is_where_the_docs_say():

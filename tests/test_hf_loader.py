@@ -308,6 +308,40 @@ def test_a_path_is_named_after_name_or_path_else_its_folder(tmp_path):
     assert read(folder / "llama-copy.json").name == "llama-copy"
 
 
+# ---- norm epsilon --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,eps", [("qwen3-30b-a3b", 1e-6), ("deepseek-v3", 1e-6), ("llama-3.1-8b", 1e-5),
+                                      ("starcoder2-15b", 1e-5), ("gemma-2-27b", 1e-6)])
+def test_norm_epsilon_is_read_under_each_familys_key(name, eps):
+    assert read(fixture(name)).norm_epsilon == eps
+
+
+QWEN2 = {"model_type": "qwen2", "num_hidden_layers": 4, "hidden_size": 1024, "num_attention_heads": 16,
+         "num_key_value_heads": 2, "intermediate_size": 2816, "vocab_size": 151936}
+
+
+@pytest.mark.parametrize("config,eps", [
+    (QWEN2, 1e-6),  # Qwen2Config's default
+    (QWEN2 | {"rms_norm_eps": 1e-5}, 1e-5),
+    (QWEN2 | {"model_type": "mixtral"}, 1e-5),  # MixtralConfig's default
+    ({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100, "layer_norm_epsilon": 1e-6},
+     1e-6),
+    ({"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+      "intermediate_size": 256, "vocab_size": 100, "layer_norm_eps": 1e-6}, 1e-6),
+    ({"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+      "intermediate_size": 256, "vocab_size": 100}, 1e-5),
+])
+def test_norm_epsilon_family_defaults_and_other_spellings(config, eps):
+    assert read(config).norm_epsilon == eps
+
+
+@pytest.mark.parametrize("extra,match", [({"rms_norm_eps": 0}, "rms_norm_eps must be a positive number"),
+                                         ({"rms_norm_eps": "1e-6"}, "rms_norm_eps must be a positive number"),
+                                         ({"rms_norm_eps": 1e-6, "layer_norm_eps": 1e-5}, "disagree")])
+def test_a_bad_or_contradictory_norm_epsilon_is_refused_naming_it(extra, match):
+    with pytest.raises(SpecError, match=match):
+        read(QWEN2 | extra)
+
+
 # ---- dense totals and presets -------------------------------------------------------------------
 @pytest.mark.parametrize("name,billions", [
     ("llama-3.1-8b", 8.03),  # meta-llama/Llama-3.1-8B safetensors metadata
@@ -331,6 +365,7 @@ def test_presets_are_their_config_json(preset, config):
     same = ("num_params", "num_active_params", "expert_params", "moe_layer_mask", "local_attention_mask")
     assert {k: getattr(p, k)() for k in same} == {k: getattr(c, k)() for k in same}
     assert p.sliding_window == c.sliding_window and p.max_position_embeddings == c.max_position_embeddings
+    assert p.norm_epsilon == c.norm_epsilon
 
 
 # ---- CLI ---------------------------------------------------------------------------------------

@@ -120,7 +120,7 @@ def test_a_shipped_preset_describes_the_same_model(key):
     preset = load_model(entry["preset"])
     spec = next(lay.model for lay in LAYOUTS.values() if lay.model.name == entry["spec"]["name"])
     for f in ("num_layers", "hidden_size", "num_attention_heads", "num_experts", "moe_top_k", "expert_ffn",
-              "num_shared_experts", "moe_first_k_dense", "kv_lora_rank"):
+              "num_shared_experts", "moe_first_k_dense", "kv_lora_rank", "norm_epsilon"):
         assert getattr(preset, f) == getattr(spec, f), f
     assert preset.num_params(include_mtp=False) == pytest.approx(spec.num_params(include_mtp=False), rel=0.01)
 

@@ -124,6 +124,19 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 #: PretrainedConfig's own default, for a model_type not listed above.
 BASE_TIE_DEFAULT = True
+#: The norm epsilon's key names (Llama-style rms_norm_eps; GPT-NeoX layer_norm_eps; GPT-2 layer_norm_epsilon;
+#: StarCoder2 norm_epsilon): a config may carry one of them.
+NORM_EPSILON_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+#: Per family, its configuration class's default epsilon where a config.json omits it (transformers 4.51
+#: `__init__` signatures; gpt_oss: main branch; deepseek_v2: its remote-code configuration_deepseek.py; olmo:
+#: OlmoLayerNorm's fixed 1e-5, which the config cannot change). Other model types read as Llama-style
+#: decoders take LlamaConfig's.
+NORM_EPSILON_DEFAULTS: dict[str, float] = {
+    "llama": 1e-6, "mistral": 1e-6, "mixtral": 1e-5, "qwen2": 1e-6, "qwen3": 1e-6, "qwen2_moe": 1e-6,
+    "qwen3_moe": 1e-6, "deepseek_v2": 1e-6, "deepseek_v3": 1e-6, "gpt_oss": 1e-5, "gemma": 1e-6, "gemma2": 1e-6,
+    "gemma3_text": 1e-6, "phi3": 1e-5, "olmo": 1e-5, "olmo2": 1e-5, "starcoder2": 1e-5, "llama4_text": 1e-5,
+    "gpt2": 1e-5, "gpt_neox": 1e-5,
+}
 
 #: Hybrid state-space / linear-attention families (refused: their layers are not transformer layers).
 HYBRID_TYPES = frozenset({"jamba", "zamba", "zamba2", "nemotron_h", "falcon_h1", "falcon_mamba", "bamba",
@@ -175,6 +188,16 @@ class _Cfg:
         params = self.raw("rope_parameters")  # transformers 5 moves the base into rope_parameters
         nested = params.get("rope_theta") if isinstance(params, dict) else None
         return self.positive("rope_theta", self.raw("rope_theta", default if nested is None else nested))
+
+    def norm_epsilon(self) -> float:
+        """The norm epsilon under whichever of NORM_EPSILON_KEYS the config uses (two that disagree are refused),
+        else the family's default."""
+        given = {key: self.positive(key, self.data[key]) for key in NORM_EPSILON_KEYS if key in self.data}
+        if len(set(given.values())) > 1:
+            raise SpecError(f"{self._where()}: {' and '.join(f'{k} ({v:g})' for k, v in given.items())} disagree")
+        if given:
+            return next(iter(given.values()))
+        return NORM_EPSILON_DEFAULTS.get(self.model_type, NORM_EPSILON_DEFAULTS["llama"])
 
     def positive(self, key: str, value: Any = ...) -> float:
         """`value` (default: the config's `key`, family-defaulted) as a positive finite number; else refused,
@@ -248,6 +271,7 @@ def _decoder(c: _Cfg, **overrides: Any) -> dict[str, Any]:
         max_position_embeddings=c.int("max_position_embeddings", 4096), norm="rmsnorm",
         linear_bias=False, qkv_bias=False, dropout=c.dropout("attention_dropout"),
         rope_theta=c.rope_theta(10000.0),  # transformers' LlamaConfig default
+        norm_epsilon=c.norm_epsilon(),
         rope_scaling=c.rope_scaling(),
     )
     attention_bias, mlp_bias = c.bool("attention_bias"), c.bool("mlp_bias")
@@ -476,8 +500,8 @@ def _gpt2(c: _Cfg) -> dict[str, Any]:
         num_layers=c.int("n_layer"), hidden_size=h, num_attention_heads=c.int("n_head"),
         ffn_hidden_size=c.raw("n_inner") and c.int("n_inner") or 4 * h, gated_mlp=False,
         vocab_size=c.int("vocab_size"), tie_embeddings=c.tie(), position_embedding="learned",
-        max_position_embeddings=c.int("n_positions", 1024), norm="layernorm", linear_bias=True,
-        dropout=c.dropout("resid_pdrop", "attn_pdrop"),
+        max_position_embeddings=c.int("n_positions", 1024), norm="layernorm", norm_epsilon=c.norm_epsilon(),
+        linear_bias=True, dropout=c.dropout("resid_pdrop", "attn_pdrop"),
     )
 
 
@@ -486,8 +510,8 @@ def _gpt_neox(c: _Cfg) -> dict[str, Any]:
         num_layers=c.int("num_hidden_layers"), hidden_size=c.int("hidden_size"),
         num_attention_heads=c.int("num_attention_heads"), ffn_hidden_size=c.int("intermediate_size"),
         gated_mlp=False, vocab_size=c.int("vocab_size"), tie_embeddings=c.tie(), position_embedding="rope",
-        max_position_embeddings=c.int("max_position_embeddings", 2048), norm="layernorm", linear_bias=True,
-        dropout=c.dropout("hidden_dropout", "attention_dropout"),
+        max_position_embeddings=c.int("max_position_embeddings", 2048), norm="layernorm",
+        norm_epsilon=c.norm_epsilon(), linear_bias=True, dropout=c.dropout("hidden_dropout", "attention_dropout"),
     )
 
 

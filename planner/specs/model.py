@@ -58,6 +58,10 @@ class ModelSpec(Spec):
         "megatron-core applies YaRN to standard attention in its unfused rotary (position_embedding_type yarn turns "
         "apply_rope_fusion off); other scalings (llama3, linear) change only the frequencies and read as none.")
     norm: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="Normalisation: LayerNorm (weight+bias) or RMSNorm (weight).")
+    norm_epsilon: float = Field(1e-5, gt=0, le=1.0, description="The epsilon every norm adds to the variance (Hugging "
+        "Face rms_norm_eps, layer_norm_eps or layer_norm_epsilon): 1e-5 by default, as GPT-2/3, Llama 2/3, Mistral, "
+        "Mixtral, gpt-oss and megatron-core's layernorm_epsilon; Qwen3, DeepSeek and Gemma use 1e-6. Not used by the "
+        "cost model; the emitters write it (Megatron-LM --norm-epsilon, megatron-core's layernorm_epsilon).")
     qk_norm: Literal["none", "per_head", "full"] = Field("none", description="Normalisation of the queries and keys "
         "after the QKV projection, of the model's `norm` kind: per_head over each head's width (Qwen3, Gemma 3; "
         "Megatron's --qk-layernorm), full over all query heads together and all key heads together (OLMo 2), or none.")

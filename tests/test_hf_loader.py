@@ -402,3 +402,44 @@ def test_cli_refused_config_exits_2_with_one_line(capsys, config, message):
     code, out, err = run(capsys, "plan", "--model", str(fixture(config)), *PLAN)
     assert code == 2 and message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
+
+
+# ---- fields the reader does not understand -------------------------------------------------------
+HARMLESS = {"architectures": ["Qwen2ForCausalLM"], "torch_dtype": "bfloat16", "transformers_version": "4.43.1",
+            "use_cache": True, "bos_token_id": 151643, "eos_token_id": 151643, "initializer_range": 0.02,
+            "hidden_act": "silu", "rope_scaling": None, "use_sliding_window": False, "sliding_window": 131072,
+            "max_window_layers": 28, "tie_word_embeddings": False, "attention_dropout": 0.0}
+
+
+def test_the_usual_harmless_fields_are_accepted():
+    assert read(QWEN2 | HARMLESS) == read(QWEN2)
+
+
+@pytest.mark.parametrize("extra,named", [
+    ({"attention_chunk_size": 8192}, "attention_chunk_size"),  # Llama 4's chunked attention, not read for qwen2
+    ({"parallel_attn": True, "num_kv_groups": 2}, "num_kv_groups, parallel_attn"),
+])
+def test_a_field_the_reader_does_not_understand_is_refused_naming_it(extra, named):
+    with pytest.raises(SpecError, match=f"has field\\(s\\) {named} that this reader does not understand"):
+        read(QWEN2 | extra)
+
+
+def test_an_unknown_field_of_a_nested_text_config_is_named_with_its_path():
+    config = raw("gemma-3-27b")
+    config["text_config"] = config["text_config"] | {"altup_num_inputs": 4}
+    with pytest.raises(SpecError, match=r"text_config\.altup_num_inputs"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)  # the vision tower is not planned
+        ModelSpec.from_hf_config(config)
+
+
+def test_an_unknown_field_refuses_an_unknown_family_too():
+    config = QWEN2 | {"model_type": "newfamily", "mamba_free_field": 1}
+    with pytest.raises(SpecError, match="mamba_free_field"):
+        ModelSpec.from_hf_config(config)
+
+
+def test_cli_refuses_an_unknown_field_in_one_line(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN2 | {"parallel_attn": True}))
+    code, out, err = run(capsys, "plan", "--model", str(path), *PLAN)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "parallel_attn" in err, err

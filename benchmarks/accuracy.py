@@ -1,4 +1,4 @@
-"""Predict every published row in ../shared/validation and benchmarks/data, and print the errors.
+"""Predict every published row in benchmarks/data (and its published/ papers' tables), and print the errors.
 
     python -m benchmarks.accuracy                  # print every row and the summaries
     python -m benchmarks.accuracy --update-readme  # also rewrite README.md's accuracy figures

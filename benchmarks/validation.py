@@ -1,11 +1,11 @@
 """Published measurements as typed cases, for calibration, accuracy tests and benchmarks.
 
-The data live in `../shared/validation/` beside the project (or the directory
-named by `MESHPLAN_VALIDATION_DIR`); each JSON row names its source. This module
+The papers' tables live in `benchmarks/data/published/` (its README names every
+source), the public runs in `benchmarks/data/`; each JSON row names its source. This module
 only reads them and states, for each case, the strategy and settings the paper
 used, so the cost model can be asked the same question.
 
-Conventions (see the validation README):
+Conventions (see benchmarks/data/published/README.md):
 - SC'21 Table 1/2 report hardware TFLOP/s with Eq. 3, F = 96·B·s·l·h²·(1 + s/6h + V/16lh),
   which counts the recompute forward; we compare step times, step = F / (N · X).
 - Korthikanti Table 5 reports iteration times directly.
@@ -16,7 +16,6 @@ Conventions (see the validation README):
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,18 +27,12 @@ from planner.rules import eager_problem
 from planner.specs import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def validation_dir() -> Path:
-    env = os.environ.get("MESHPLAN_VALIDATION_DIR")
-    path = Path(env) if env else ROOT.parent / "shared" / "validation"
-    if not path.is_dir():
-        raise SpecError(f"validation data directory {str(path)!r} not found (set MESHPLAN_VALIDATION_DIR)")
-    return path
+PUBLISHED_DIR = ROOT / "benchmarks" / "data" / "published"
 
 
 def _load(name: str) -> dict[str, Any]:
-    return json.loads((validation_dir() / name).read_text())
+    """One of the papers' tables in benchmarks/data/published/ (SC'21, Korthikanti, ZeRO)."""
+    return json.loads((PUBLISHED_DIR / name).read_text())
 
 
 def gpt_model(name: str, heads: int, hidden: int, layers: int, vocab: int = 51200, seq: int = 2048) -> ModelSpec:

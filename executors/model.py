@@ -35,8 +35,8 @@ INIT_STD = 0.02  # GPT-2/Megatron default init_method_std
 def _norm(spec: ModelSpec, width: int | None = None) -> nn.Module:
     """The model's norm over `width` features (default: the hidden size)."""
     if spec.norm == "layernorm":
-        return nn.LayerNorm(width or spec.hidden_size, eps=1e-5)
-    return nn.RMSNorm(width or spec.hidden_size, eps=1e-5)
+        return nn.LayerNorm(width or spec.hidden_size, eps=spec.norm_epsilon)
+    return nn.RMSNorm(width or spec.hidden_size, eps=spec.norm_epsilon)
 
 
 def rope_tables(seq_len: int, head_dim: int, device, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,11 +17,18 @@ DS_BUILD_OPS=0 "${PIP[@]}" "deepspeed==0.19.8"
 "${PIP[@]}" --no-deps "torchtitan==0.2.2"
 "${PIP[@]}" "tyro>=0.9"
 # Megatron-Bridge needs transformers >= 4.52 while Colossal-AI needs < 4.52: its check runs in a
-# separate virtual environment on top of this one (torch, megatron-core), named to the tests by
-# MESHPLAN_BRIDGE_PYTHON. megatron-bridge and triton (megatron-core's Mamba specs import it) go in
-# without their GPU dependencies.
+# separate virtual environment on top of this interpreter's packages (torch, megatron-core), named to
+# the tests by MESHPLAN_BRIDGE_PYTHON. A .pth file in its site-packages adds, after its own (so its
+# transformers wins), every site-packages directory $PY sees: `venv --system-site-packages` would see
+# the base interpreter's instead, without what a virtual environment running this script installed.
+# megatron-bridge and triton (megatron-core's Mamba specs import it) go in without their GPU dependencies.
 BRIDGE_VENV=${MESHPLAN_BRIDGE_VENV:-build/bridge-venv}
-[ -x "$BRIDGE_VENV/bin/python" ] || "$PY" -m venv --system-site-packages "$BRIDGE_VENV"
+[ -x "$BRIDGE_VENV/bin/python" ] || "$PY" -m venv "$BRIDGE_VENV"
+BRIDGE_SITE=$("$BRIDGE_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$PY" -c 'import site, sys
+dirs = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+print("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in sys.path if p in dirs))' \
+  > "$BRIDGE_SITE/meshplan-base-site.pth"
 BPIP=("$BRIDGE_VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c constraints.txt)
 "${BPIP[@]}" -r requirements/megatron-bridge.txt
 "${BPIP[@]}" --no-deps "megatron-bridge==0.3.1" "triton==3.9.0"

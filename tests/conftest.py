@@ -6,7 +6,6 @@ import os
 
 import pytest
 
-from benchmarks.validation import validation_dir
 from ci_skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401  (hooks)
 
 pytest_plugins = ["pytester"]
@@ -37,9 +36,3 @@ def _no_user_profiles(tmp_path_factory):
     mp.delenv("MESHPLAN_PROFILES", raising=False)
     yield
     mp.undo()
-
-
-@pytest.fixture(scope="session")
-def validation_path():
-    """../shared/validation (or MESHPLAN_VALIDATION_DIR); the golden tests need it."""
-    return validation_dir()

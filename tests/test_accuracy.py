@@ -1,4 +1,4 @@
-"""Golden end-to-end accuracy against published runs (../shared/validation, benchmarks/data).
+"""Golden end-to-end accuracy against published runs (benchmarks/data, its papers' tables in published/).
 
 The A100 parameters in profiles/calibration/a100-80gb.yaml (gemm_efficiency,
 hbm_efficiency, backward_gemm_ratio) were fitted by `python -m
@@ -39,7 +39,7 @@ def _calibration(key: str) -> dict:
                                                ("Korthikanti Table 5", korthikanti_table5, 8),
                                                # FSDP2 (ZeRO-3) on 64 A100s, torchtitan docs/performance.md
                                                ("torchtitan FSDP2", torchtitan_fsdp2, 8)])
-def test_step_time_targets(validation_path, table, loader, rows):
+def test_step_time_targets(table, loader, rows):
     errors = _errors(loader())
     assert len(errors) == rows
     assert statistics.median(errors) <= 0.07, f"{table}: median {statistics.median(errors):.3f}"
@@ -53,7 +53,7 @@ def test_target_tables_were_not_fitted():
     assert {role(spec, t) for t in A100_TABLES if t.name in targeted} <= {"held out", "same paper"}
 
 
-def test_ptd_beats_zero3_for_530b_as_published(validation_path):
+def test_ptd_beats_zero3_for_530b_as_published():
     # SC'21 Table 2: at 1120 GPUs PTD (tp8 pp35) is faster than ZeRO-3 for the 530B model.
     t2 = {c.label: c for c in sc21_table2()}
     ptd = predict(t2["529.6B PTD n1120 mbs1"])
@@ -70,7 +70,7 @@ def test_each_fit_uses_one_paper_and_fits_or_holds_every_parameter(spec):
     assert all(spec.parameters) and (not spec.held or spec.held_because)
 
 
-def test_calibration_file_is_what_the_fit_gives(validation_path):
+def test_calibration_file_is_what_the_fit_gives():
     """The shipped parameters are reproducible from the documented rows (no hand tuning)."""
     doc = _calibration("a100-80gb")
     assert doc["fit"] == SHIPPED

@@ -332,3 +332,29 @@ def test_deepseek_v3_plan_has_expert_columns_and_explain_shows_the_all_to_all(ca
     assert code == 0, err
     line = next(row for row in out.splitlines() if "ep_comm (MoE token all-to-all" in row)
     assert float(line.split("│")[2]) > 0  # seconds of exposed all-to-all
+
+
+def _readme_plan_examples() -> list[list[str]]:
+    """Every concrete `meshplan plan --model ...` command in the README (code blocks and inline code),
+    without its shell comment, redirection and the `pip install ... &&` before it."""
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    commands = []
+    for match in re.finditer(r"meshplan plan --model [^`\n]*", text):
+        words = shlex.split(match.group(0), comments=True)
+        words = words[:words.index(">")] if ">" in words else words
+        commands.append(words[1:])
+    return commands
+
+
+def test_readme_plan_examples_rank_plans(capsys):
+    """The README's plan examples (the GPT-3 first line, DeepSeek-V3, the saved llama3-70b plans, the CPU
+    profile's) each print a ranked plan, not "no strategy fits"."""
+    examples = _readme_plan_examples()
+    assert len(examples) >= 4 and any("local-cpu" in words for words in examples)
+    for words in examples:
+        code, out, err = run(capsys, *words)
+        assert code == 0, (words, err)
+        assert "ranked plans" in out or out.lstrip().startswith("{"), words

@@ -198,7 +198,7 @@ def test_stored_residual_summary_matches_its_rows():
 
 
 @pytest.fixture(scope="module")
-def predicted(validation_path):
+def predicted():
     """Every end-to-end row predicted once (`benchmarks.residuals.predicted_rows`, about 15 s here), for the
     tests of this module that need them."""
     from benchmarks.residuals import calibration_files, predicted_rows

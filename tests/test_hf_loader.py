@@ -309,6 +309,40 @@ def test_a_path_is_named_after_name_or_path_else_its_folder(tmp_path):
     assert read(folder / "llama-copy.json").name == "llama-copy"
 
 
+# ---- norm epsilon --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,eps", [("qwen3-30b-a3b", 1e-6), ("deepseek-v3", 1e-6), ("llama-3.1-8b", 1e-5),
+                                      ("starcoder2-15b", 1e-5), ("gemma-2-27b", 1e-6)])
+def test_norm_epsilon_is_read_under_each_familys_key(name, eps):
+    assert read(fixture(name)).norm_epsilon == eps
+
+
+QWEN2 = {"model_type": "qwen2", "num_hidden_layers": 4, "hidden_size": 1024, "num_attention_heads": 16,
+         "num_key_value_heads": 2, "intermediate_size": 2816, "vocab_size": 151936}
+
+
+@pytest.mark.parametrize("config,eps", [
+    (QWEN2, 1e-6),  # Qwen2Config's default
+    (QWEN2 | {"rms_norm_eps": 1e-5}, 1e-5),
+    (QWEN2 | {"model_type": "mixtral"}, 1e-5),  # MixtralConfig's default
+    ({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100, "layer_norm_epsilon": 1e-6},
+     1e-6),
+    ({"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+      "intermediate_size": 256, "vocab_size": 100, "layer_norm_eps": 1e-6}, 1e-6),
+    ({"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+      "intermediate_size": 256, "vocab_size": 100}, 1e-5),
+])
+def test_norm_epsilon_family_defaults_and_other_spellings(config, eps):
+    assert read(config).norm_epsilon == eps
+
+
+@pytest.mark.parametrize("extra,match", [({"rms_norm_eps": 0}, "rms_norm_eps must be a positive number"),
+                                         ({"rms_norm_eps": "1e-6"}, "rms_norm_eps must be a positive number"),
+                                         ({"rms_norm_eps": 1e-6, "layer_norm_eps": 1e-5}, "disagree")])
+def test_a_bad_or_contradictory_norm_epsilon_is_refused_naming_it(extra, match):
+    with pytest.raises(SpecError, match=match):
+        read(QWEN2 | extra)
+
+
 # ---- dense totals and presets -------------------------------------------------------------------
 @pytest.mark.parametrize("name,billions", [
     ("llama-3.1-8b", 8.03),  # meta-llama/Llama-3.1-8B safetensors metadata
@@ -333,6 +367,7 @@ def test_presets_are_their_config_json(preset, config):
     assert [f(p) for f in counts] == [f(c) for f in counts]
     assert (p.moe_layer_mask(), p.local_attention_mask()) == (c.moe_layer_mask(), c.local_attention_mask())
     assert p.sliding_window == c.sliding_window and p.max_position_embeddings == c.max_position_embeddings
+    assert p.norm_epsilon == c.norm_epsilon
 
 
 # ---- CLI ---------------------------------------------------------------------------------------
@@ -369,3 +404,44 @@ def test_cli_refused_config_exits_2_with_one_line(capsys, config, message):
     code, out, err = run(capsys, "plan", "--model", str(fixture(config)), *PLAN)
     assert code == 2 and message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
+
+
+# ---- fields the reader does not understand -------------------------------------------------------
+HARMLESS = {"architectures": ["Qwen2ForCausalLM"], "torch_dtype": "bfloat16", "transformers_version": "4.43.1",
+            "use_cache": True, "bos_token_id": 151643, "eos_token_id": 151643, "initializer_range": 0.02,
+            "hidden_act": "silu", "rope_scaling": None, "use_sliding_window": False, "sliding_window": 131072,
+            "max_window_layers": 28, "tie_word_embeddings": False, "attention_dropout": 0.0}
+
+
+def test_the_usual_harmless_fields_are_accepted():
+    assert read(QWEN2 | HARMLESS) == read(QWEN2)
+
+
+@pytest.mark.parametrize("extra,named", [
+    ({"attention_chunk_size": 8192}, "attention_chunk_size"),  # Llama 4's chunked attention, not read for qwen2
+    ({"parallel_attn": True, "num_kv_groups": 2}, "num_kv_groups, parallel_attn"),
+])
+def test_a_field_the_reader_does_not_understand_is_refused_naming_it(extra, named):
+    with pytest.raises(SpecError, match=f"has field\\(s\\) {named} that this reader does not understand"):
+        read(QWEN2 | extra)
+
+
+def test_an_unknown_field_of_a_nested_text_config_is_named_with_its_path():
+    config = raw("gemma-3-27b")
+    config["text_config"] = config["text_config"] | {"altup_num_inputs": 4}
+    with pytest.raises(SpecError, match=r"text_config\.altup_num_inputs"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)  # the vision tower is not planned
+        read_hf_config(config)
+
+
+def test_an_unknown_field_refuses_an_unknown_family_too():
+    config = QWEN2 | {"model_type": "newfamily", "mamba_free_field": 1}
+    with pytest.raises(SpecError, match="mamba_free_field"):
+        read_hf_config(config)
+
+
+def test_cli_refuses_an_unknown_field_in_one_line(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN2 | {"parallel_attn": True}))
+    code, out, err = run(capsys, "plan", "--model", str(path), *PLAN)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "parallel_attn" in err, err

@@ -29,7 +29,7 @@ def _unit(value: float) -> float:
     return 10.0 ** -(len(text.split(".")[1]) if "." in text else 0)
 
 
-def test_zero_table1_to_printed_rounding(validation_path):
+def test_zero_table1_to_printed_rounding():
     rows = zero_table1()
     assert len(rows) == 54
     for row in rows:

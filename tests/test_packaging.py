@@ -61,7 +61,7 @@ def test_every_module_with_doctests_is_listed():
 
 
 def test_benchmarks_stay_out_of_the_wheel():
-    """benchmarks/ reads ../shared and benchmarks/data beside a checkout: the installed
+    """benchmarks/ reads benchmarks/data in a source checkout: the installed
     packages must not ship it or import it (issue 7, part 6)."""
     import re
 
@@ -72,3 +72,44 @@ def test_benchmarks_stay_out_of_the_wheel():
                  for path in (ROOT / pkg).rglob("*.py")
                  if re.search(r"^\s*(from|import)\s+benchmarks\b", path.read_text(), re.MULTILINE)]
     assert importers == []
+
+
+#: Import name -> distribution name, where they differ.
+DISTRIBUTIONS = {"yaml": "pyyaml"}
+#: Optional packages (pyproject's extras): imported by the executors' torch workers or inside functions only.
+OPTIONAL = {"torch", "megatron", "deepspeed", "colossalai", "transformer_engine", "apex", "triton", "matplotlib",
+            "optuna", "transformers", "torchtitan"}
+
+
+def _declared() -> list[str]:
+    import re
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return sorted(re.match(r"[A-Za-z0-9_.-]+", d).group(0).lower() for d in deps)
+
+
+def test_pyproject_declares_exactly_what_the_installed_packages_import():
+    """Every third-party module the installed packages import (at any level) is a declared dependency or an
+    optional extra, and every declared dependency is imported."""
+    import ast
+
+    imported = set()
+    for pkg in ("planner", "cost_models", "profiles", "executors"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    imported |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    imported.add(node.module.split(".")[0])
+    ours = {"planner", "cost_models", "profiles", "executors", "benchmarks"}
+    third_party = {m for m in imported - ours - set(sys.stdlib_module_names) if m != "__future__"}
+    assert sorted(DISTRIBUTIONS.get(m, m) for m in third_party - OPTIONAL) == _declared()
+
+
+def test_readme_lists_what_the_first_command_installs():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    listed = re.search(r"The first line installs the planner \(([^;]*); no\s+torch\)", readme).group(1)
+    assert sorted(name.strip().lower() for name in listed.replace("\n", " ").split(",")) == _declared()

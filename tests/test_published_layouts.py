@@ -121,7 +121,7 @@ def test_a_shipped_preset_describes_the_same_model(key):
     preset = load_model(entry["preset"])
     spec = next(lay.model for lay in LAYOUTS.values() if lay.model.name == entry["spec"]["name"])
     for f in ("num_layers", "hidden_size", "num_attention_heads", "num_experts", "moe_top_k", "expert_ffn",
-              "num_shared_experts", "moe_first_k_dense", "kv_lora_rank"):
+              "num_shared_experts", "moe_first_k_dense", "kv_lora_rank", "norm_epsilon"):
         assert getattr(preset, f) == getattr(spec, f), f
     assert num_params(preset, include_mtp=False) == pytest.approx(num_params(spec, include_mtp=False), rel=0.01)
 
@@ -165,7 +165,11 @@ def test_script_prints_every_layout_and_the_dualpipe_note(capsys, results):
     for name in LAYOUTS:
         assert name in out
     assert "DualPipe" in out and "1F1B" in out
-    assert rc == int(not all(r.ok for r in results.values())), out[-2000:]
+    # every layout is scored (test_layout_is_valid_and_predicted); one that is rejected or does not fit
+    # (DOES_NOT_FIT) is a printed result, not a failure of the script
+    assert rc == 0, out[-2000:]
+    not_ok = [name for name, r in results.items() if not r.ok]
+    assert all(name in out.rsplit("not: ", 1)[-1] for name in not_ok), out[-500:]
 
 
 def test_data_file_is_where_the_docs_say():

@@ -87,7 +87,7 @@ def test_every_zero3_number_names_its_source():
     assert set(load_tables(None).zero3) == set(ZERO3_IMPLS)
 
 
-def test_the_cross_node_fit_rows_are_calibration_rows(validation_path):
+def test_the_cross_node_fit_rows_are_calibration_rows():
     """The SC'21 rows benchmarks/zero3.py fits DeepSpeed's cross_node_nic_fraction on are the accuracy report's
     calibration rows (benchmarks.generations.calibration_rows), under the labels of its SC'21 Table 2 ZeRO-3 table,
     so no table or summary counts them as held out."""

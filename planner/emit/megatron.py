@@ -33,6 +33,8 @@ Choices an experienced Megatron user would make, and why:
   `--reuse-grad-buf-for-mxfp8-param-ag` on the distributed optimizer (megatron-core's
   OptimizerConfig warns of "significant" extra memory without it; Megatron-LM turns it
   off under Megatron-FSDP).
+- `--norm-epsilon` is always the model's `norm_epsilon` (megatron-core's `layernorm_epsilon`):
+  Megatron's default 1e-5 is not every model's (Qwen3, DeepSeek, Gemma: 1e-6).
 - rope models get `--max-position-embeddings max(table, seq_len)`; Megatron
   requires it to be at least the sequence length. `--rotary-base` is the model's
   `rope_theta` where its spec holds one (Llama 3: 500000); where it does not,
@@ -166,6 +168,7 @@ FLAGS: dict[str, Flag] = {
     "swiglu": Flag("--swiglu", "switch"),
     "quick_geglu": Flag("--quick-geglu", "switch"),
     "normalization": Flag("--normalization", "str"),
+    "norm_epsilon": Flag("--norm-epsilon", "float"),
     "qk_layernorm": Flag("--qk-layernorm", "switch"),
     "position_embedding_type": Flag("--position-embedding-type", "str"),
     "max_position_embeddings": Flag("--max-position-embeddings", "int"),
@@ -432,6 +435,7 @@ def _model_shape(f: PlanFacts) -> dict[str, Any]:
                                       "plan was not costed with")
         out["quick_geglu" if m.glu_activation == "quick_gelu" else "swiglu"] = True
     out["normalization"] = _NORM[m.norm]
+    out["norm_epsilon"] = m.norm_epsilon  # always: Megatron-LM's default (1e-5) is not every model's (Qwen: 1e-6)
     if m.qk_norm == "per_head":  # megatron-core's q_layernorm / k_layernorm: hidden_size_per_attention_head wide
         out["qk_layernorm"] = True
     out["position_embedding_type"] = _POSITION[m.position_embedding]
@@ -717,6 +721,8 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     transformer = dict(parallel)
     transformer |= {k: args[k] for k in _TRANSFORMER_FIELDS if k in args}
     transformer |= {new: args[old] for old, new in _RENAMED.items() if old in args}
+    # core_transformer_config_from_args: kw_args['layernorm_epsilon'] = args.norm_epsilon
+    transformer["layernorm_epsilon"] = args.get("norm_epsilon", MEGATRON_NORM_EPSILON)
     if args.get("fp8_param_gather"):  # Megatron-LM: kw_args['fp8_param'] = args.fp8_param_gather
         transformer["fp8_param"] = True
     if args.get("cpu_offloading_num_layers"):  # validate_args: args.cpu_offloading = True when N > 0
@@ -765,6 +771,8 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 #: Megatron-LM's --rotary-base default (and megatron-core GPTModel's rotary_base)
 MEGATRON_ROTARY_BASE = 10000
+#: Megatron-LM's --norm-epsilon default (and megatron-core TransformerConfig's layernorm_epsilon)
+MEGATRON_NORM_EPSILON = 1e-5
 
 
 def rope_base(model) -> int | None:

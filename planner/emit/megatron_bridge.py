@@ -9,7 +9,8 @@ So the overrides are the Megatron-LM settings (planner.emit.megatron) after
 Megatron-LM's own translation into megatron-core field names; the tests build
 megatron-core's dataclasses from them. Dtypes and FP8 settings are carried by
 the mixed-precision recipe, as Megatron-Bridge expects, not by single fields.
-MoE, latent-attention and window fields are the same megatron-core fields
+The model's norm epsilon is `model.layernorm_epsilon`, always written (the recipe's
+provider has its own). MoE, latent-attention and window fields are the same megatron-core fields
 (`model.num_moe_experts`, `model.q_lora_rank`, `model.window_size`, ...); the
 per-layer patterns are Hydra lists, and MLA fields need a recipe whose provider
 is an MLA config (Megatron-Bridge's DeepSeek providers). Offload sets
@@ -53,7 +54,8 @@ _MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "
                  "cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_weights",
                  "gradient_accumulation_fusion",
                  "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
-                 "num_query_groups", "gated_linear_unit", "normalization", "qk_layernorm", "add_bias_linear",
+                 "num_query_groups", "gated_linear_unit", "normalization", "layernorm_epsilon", "qk_layernorm",
+                 "add_bias_linear",
                  "add_qkv_bias", "attention_dropout", "hidden_dropout",
                  "num_moe_experts", "moe_layer_freq", "moe_router_topk", "moe_ffn_hidden_size",
                  "moe_shared_expert_intermediate_size", "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm",

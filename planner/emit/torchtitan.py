@@ -74,6 +74,8 @@ CONFIG_PATH = "meshplan_torchtitan.toml"
 
 #: meshplan model preset -> torchtitan (model.name, model.flavor)
 MODEL_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3.1-405b": ("llama3", "405B")}
+#: torchtitan llama3's norm epsilon (TransformerModelArgs.norm_eps, fixed in its flavors; the job TOML has no key)
+FLAVOR_NORM_EPSILON = 1e-5
 FLOAT8_CONVERTER = "quantize.linear.float8"
 FLOAT8_RECIPE = "tensorwise"
 
@@ -127,9 +129,14 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     name_flavor = MODEL_FLAVORS.get(m.name)
     if name_flavor:
         sections["model"] = {"name": name_flavor[0], "flavor": name_flavor[1]}
+        if m.norm_epsilon != FLAVOR_NORM_EPSILON:
+            notes.append(f"norm epsilon: model {m.name}'s is {m.norm_epsilon:g}, torchtitan's {name_flavor[0]} "
+                         f"{name_flavor[1]} uses {FLAVOR_NORM_EPSILON:g} (its model args' norm_eps, which the job "
+                         "file cannot set)")
     else:
         notes.append(f"model {m.name}: set [model] name/flavor to a torchtitan model with {m.num_layers} layers, "
-                     f"hidden {m.hidden_size}, {m.num_attention_heads} heads, {m.kv_heads} KV heads")
+                     f"hidden {m.hidden_size}, {m.num_attention_heads} heads, {m.kv_heads} KV heads, "
+                     f"norm epsilon {m.norm_epsilon:g}")
         notes += _architecture_notes(m)
     if t.precision == "fp8":
         sections.setdefault("model", {})["converters"] = [FLOAT8_CONVERTER]

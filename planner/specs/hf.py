@@ -11,7 +11,11 @@ What is refused, each with one line naming the field and its value:
 - per-layer architecture-search configs (`block_configs`, DeciLM / Nemotron-NAS);
 - mixture-of-experts fields this reader does not map (any key naming experts, MoE,
   routers, routed or sparse steps), so that an MoE model is never read as a dense one;
-- a `model_type` it does not know without the standard decoder fields.
+- a `model_type` it does not know without the standard decoder fields;
+- any other field the family's reader does not look up, unless it is in `HARMLESS_FIELDS`
+  (no part of the trained network: bookkeeping, token ids, generation settings), in
+  `NOT_COSTED_FIELDS` (part of the network but of nothing meshplan costs, each with its
+  reason), `_`-prefixed, or a training-only router field.
 
 A `model_type` it does not know that has the standard decoder fields
 (`num_hidden_layers`, `hidden_size`, `num_attention_heads`, `intermediate_size`,
@@ -124,6 +128,19 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 #: PretrainedConfig's own default, for a model_type not listed above.
 BASE_TIE_DEFAULT = True
+#: The norm epsilon's key names (Llama-style rms_norm_eps; GPT-NeoX layer_norm_eps; GPT-2 layer_norm_epsilon;
+#: StarCoder2 norm_epsilon): a config may carry one of them.
+NORM_EPSILON_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+#: Per family, its configuration class's default epsilon where a config.json omits it (transformers 4.51
+#: `__init__` signatures; gpt_oss: main branch; deepseek_v2: its remote-code configuration_deepseek.py; olmo:
+#: OlmoLayerNorm's fixed 1e-5, which the config cannot change). Other model types read as Llama-style
+#: decoders take LlamaConfig's.
+NORM_EPSILON_DEFAULTS: dict[str, float] = {
+    "llama": 1e-6, "mistral": 1e-6, "mixtral": 1e-5, "qwen2": 1e-6, "qwen3": 1e-6, "qwen2_moe": 1e-6,
+    "qwen3_moe": 1e-6, "deepseek_v2": 1e-6, "deepseek_v3": 1e-6, "gpt_oss": 1e-5, "gemma": 1e-6, "gemma2": 1e-6,
+    "gemma3_text": 1e-6, "phi3": 1e-5, "olmo": 1e-5, "olmo2": 1e-5, "starcoder2": 1e-5, "llama4_text": 1e-5,
+    "gpt2": 1e-5, "gpt_neox": 1e-5,
+}
 
 #: Hybrid state-space / linear-attention families (refused: their layers are not transformer layers).
 HYBRID_TYPES = frozenset({"jamba", "zamba", "zamba2", "nemotron_h", "falcon_h1", "falcon_mamba", "bamba",
@@ -142,6 +159,52 @@ _NOT_ARCHITECTURE = frozenset({"quantization_config", "vision_config", "audio_co
 #: The `layer_types` entries this reader maps (anything else, e.g. linear attention, is refused).
 _ATTENTION_KINDS = frozenset({"sliding_attention", "full_attention"})
 _STANDARD = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+#: Dropout probabilities a Llama-style decoder may carry (any above 0 turns ModelSpec.dropout on).
+DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "residual_dropout",
+                "embedding_dropout")
+#: Fields that describe no part of the trained network: bookkeeping, tokenizer ids, inference and generation
+#: settings, heads the language model does not build. Accepted in any config (as is any `_`-prefixed key).
+HARMLESS_FIELDS = frozenset({
+    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "use_cache",
+    "cache_implementation", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "unk_token_id",
+    "decoder_start_token_id", "tokenizer_class", "auto_map", "initializer_range", "return_dict",
+    "output_attentions", "output_hidden_states", "torchscript", "id2label", "label2id", "problem_type",
+    "finetuning_task", "task_specific_params", "prefix", "max_length", "min_length", "do_sample", "temperature",
+    "top_k", "top_p", "num_beams", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "classifier_dropout", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout",
+})
+#: Fields of the network that change none of what meshplan costs (no parameter, shape or modelled kernel), and
+#: why: accepted in any config; any other field the family's reader did not look up is refused (`_unread_fields`).
+NOT_COSTED_FIELDS: dict[str, str] = {
+    "pretraining_tp": "Llama 1/2: splits the output matmul for numerics only",
+    "attn_logit_softcapping": "Gemma 2: an element-wise tanh on the attention scores",
+    "final_logit_softcapping": "Gemma 2: an element-wise tanh on the logits",
+    "query_pre_attn_scalar": "Gemma 2/3: the attention scale",
+    "attention_multiplier": "Granite: a scalar", "embedding_multiplier": "Granite: a scalar",
+    "residual_multiplier": "Granite: a scalar", "logits_scaling": "Granite: a scalar",
+    "norm_topk_prob": "router arithmetic on the top-k weights", "routed_scaling_factor": "router arithmetic",
+    "scoring_func": "DeepSeek's router score (softmax or sigmoid), no parameters",
+    "aux_loss_alpha": "a load-balancing loss weight", "seq_aux": "a load-balancing loss switch",
+    "ep_size": "DeepSeek's own expert-parallel setting: the plan chooses ep",
+    "use_qk_norm": "Llama 4: a weightless L2 norm of queries and keys (element-wise)",
+    "initial_context_length": "gpt-oss: YaRN's original context (frequencies only)",
+    "original_max_position_embeddings": "rotary scaling's original context (frequencies only)",
+    "hidden_act": "a plain MLP's activation (element-wise) and gpt-oss's, which its code hard-codes; a gated "
+                  "MLP's is read",
+    "activation_function": "GPT-2: the plain MLP's activation (element-wise)",
+    "n_ctx": "GPT-2: a legacy copy of n_positions",
+    "scale_attn_weights": "GPT-2: the attention scale", "scale_attn_by_inverse_layer_idx": "GPT-2: a scale",
+    "reorder_and_upcast_attn": "GPT-2: attention numerics",
+    "rotary_pct": "GPT-NeoX: the rotary share of a head (frequencies only)",
+    "rotary_emb_base": "GPT-NeoX: the rotary base", "use_parallel_residual": "GPT-NeoX: the residual wiring",
+    "mlp_type": "StarCoder2: a field transformers' modelling code ignores",
+    "norm_type": "StarCoder2: a field transformers' modelling code ignores",
+    "boi_token_index": "Gemma 3: an image token id", "eoi_token_index": "Gemma 3: an image token id",
+    "image_token_index": "a multimodal token id", "mm_tokens_per_image": "Gemma 3: the vision tower's tokens",
+}
+#: Fields `_hf_fields` itself reads (the wrapper and its towers, per-layer kinds, the name).
+_STRUCTURE_FIELDS = frozenset({"text_config", "vision_config", "layer_types", "_name_or_path"})
 
 
 class _Cfg:
@@ -150,16 +213,19 @@ class _Cfg:
     def __init__(self, data: dict[str, Any], model_type: str, outer: dict[str, Any] | None = None) -> None:
         self.data, self.model_type, self.outer = data, model_type, outer or {}
         self.defaults = FAMILY_DEFAULTS.get(model_type, {})
+        self.seen: set[str] = set()  # every key a reader looked up, whatever it made of it (`_unread_fields`)
 
     def _where(self) -> str:
         return f"Hugging Face config (model_type={self.model_type or '?'})"
 
     def raw(self, key: str, default: Any = None) -> Any:
+        self.seen.add(key)
         if key in self.data:
             return self.data[key]
         return self.defaults.get(key, default)
 
     def has(self, key: str) -> bool:
+        self.seen.add(key)
         return key in self.data or key in self.defaults
 
     def int(self, key: str, default: Any = ..., minimum: int = 1) -> int:
@@ -175,6 +241,17 @@ class _Cfg:
         params = self.raw("rope_parameters")  # transformers 5 moves the base into rope_parameters
         nested = params.get("rope_theta") if isinstance(params, dict) else None
         return self.positive("rope_theta", self.raw("rope_theta", default if nested is None else nested))
+
+    def norm_epsilon(self) -> float:
+        """The norm epsilon under whichever of NORM_EPSILON_KEYS the config uses (two that disagree are refused),
+        else the family's default."""
+        self.seen.update(NORM_EPSILON_KEYS)
+        given = {key: self.positive(key, self.data[key]) for key in NORM_EPSILON_KEYS if key in self.data}
+        if len(set(given.values())) > 1:
+            raise SpecError(f"{self._where()}: {' and '.join(f'{k} ({v:g})' for k, v in given.items())} disagree")
+        if given:
+            return next(iter(given.values()))
+        return NORM_EPSILON_DEFAULTS.get(self.model_type, NORM_EPSILON_DEFAULTS["llama"])
 
     def positive(self, key: str, value: Any = ...) -> float:
         """`value` (default: the config's `key`, family-defaulted) as a positive finite number; else refused,
@@ -201,6 +278,7 @@ class _Cfg:
 
     def tie(self) -> bool:
         """`tie_word_embeddings`: the text config's, else the outer config's, else the family default."""
+        self.seen.add("tie_word_embeddings")
         if "tie_word_embeddings" in self.data:
             return self.bool("tie_word_embeddings")
         if "tie_word_embeddings" in self.outer:
@@ -246,8 +324,9 @@ def _decoder(c: _Cfg, **overrides: Any) -> dict[str, Any]:
         head_dim=c.opt_int("head_dim"), ffn_hidden_size=c.int("intermediate_size"), gated_mlp=True,
         vocab_size=c.int("vocab_size"), tie_embeddings=c.tie(), position_embedding="rope",
         max_position_embeddings=c.int("max_position_embeddings", 4096), norm="rmsnorm",
-        linear_bias=False, qkv_bias=False, dropout=c.dropout("attention_dropout"),
+        linear_bias=False, qkv_bias=False, dropout=c.dropout(*(k for k in DROPOUT_KEYS if k in c.data)),
         rope_theta=c.rope_theta(10000.0),  # transformers' LlamaConfig default
+        norm_epsilon=c.norm_epsilon(),
         rope_scaling=c.rope_scaling(),
     )
     attention_bias, mlp_bias = c.bool("attention_bias"), c.bool("mlp_bias")
@@ -360,8 +439,7 @@ def _olmo2(c: _Cfg) -> dict[str, Any]:
 
 def _starcoder2(c: _Cfg) -> dict[str, Any]:
     """LayerNorm, biases on every linear layer (use_bias), a plain two-matrix GELU MLP."""
-    out = _decoder(c, gated_mlp=False, norm="layernorm", qkv_bias=False,
-                   linear_bias=c.bool("use_bias"), dropout=c.dropout("attention_dropout", "residual_dropout"))
+    out = _decoder(c, gated_mlp=False, norm="layernorm", qkv_bias=False, linear_bias=c.bool("use_bias"))
     return out | _window(c, out["num_layers"])
 
 
@@ -476,8 +554,8 @@ def _gpt2(c: _Cfg) -> dict[str, Any]:
         num_layers=c.int("n_layer"), hidden_size=h, num_attention_heads=c.int("n_head"),
         ffn_hidden_size=c.raw("n_inner") and c.int("n_inner") or 4 * h, gated_mlp=False,
         vocab_size=c.int("vocab_size"), tie_embeddings=c.tie(), position_embedding="learned",
-        max_position_embeddings=c.int("n_positions", 1024), norm="layernorm", linear_bias=True,
-        dropout=c.dropout("resid_pdrop", "attn_pdrop"),
+        max_position_embeddings=c.int("n_positions", 1024), norm="layernorm", norm_epsilon=c.norm_epsilon(),
+        linear_bias=True, dropout=c.dropout("resid_pdrop", "attn_pdrop", "embd_pdrop"),
     )
 
 
@@ -486,8 +564,8 @@ def _gpt_neox(c: _Cfg) -> dict[str, Any]:
         num_layers=c.int("num_hidden_layers"), hidden_size=c.int("hidden_size"),
         num_attention_heads=c.int("num_attention_heads"), ffn_hidden_size=c.int("intermediate_size"),
         gated_mlp=False, vocab_size=c.int("vocab_size"), tie_embeddings=c.tie(), position_embedding="rope",
-        max_position_embeddings=c.int("max_position_embeddings", 2048), norm="layernorm", linear_bias=True,
-        dropout=c.dropout("hidden_dropout", "attention_dropout"),
+        max_position_embeddings=c.int("max_position_embeddings", 2048), norm="layernorm",
+        norm_epsilon=c.norm_epsilon(), linear_bias=True, dropout=c.dropout("hidden_dropout", "attention_dropout"),
     )
 
 
@@ -580,7 +658,9 @@ def _hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
                         f"{', '.join(unknown_moe)} that this reader does not map; refusing rather than reading "
                         "it as a dense model (describe it as a model YAML with num_experts, moe_top_k, ...)")
     if reader is not None:
-        return base | reader(c)
+        out = base | reader(c)
+        _refuse_unread(c, outer, understood)
+        return out
     missing = [k for k in _STANDARD if k not in data]
     if missing:
         raise SpecError(f"Hugging Face config model_type {model_type!r} is not supported and lacks the standard "
@@ -590,4 +670,23 @@ def _hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     out = base | _decoder(c)
     if c.bool("use_sliding_window", True):  # a window only where the config does not switch it off (Qwen-style)
         out |= _window(c, out["num_layers"])
+    _refuse_unread(c, outer, frozenset())
     return out
+
+
+def _unread_fields(c: _Cfg, outer: dict[str, Any] | None, understood: frozenset[str]) -> list[str]:
+    """The config's fields (a wrapper's too) that the family's reader did not look up and that are neither in its
+    family defaults, nor MoE fields it maps, nor HARMLESS_FIELDS / NOT_COSTED_FIELDS, nor `_`-prefixed."""
+    known = (c.seen | set(c.defaults) | understood | HARMLESS_FIELDS | set(NOT_COSTED_FIELDS) | _STRUCTURE_FIELDS
+             | _TRAINING_ONLY | _NOT_ARCHITECTURE)
+    prefix = "text_config." if outer is not None else ""
+    unread = [prefix + k for k in c.data if not k.startswith("_") and k not in known]
+    return unread + [k for k in (outer or {}) if not k.startswith("_") and k not in known]
+
+
+def _refuse_unread(c: _Cfg, outer: dict[str, Any] | None, understood: frozenset[str]) -> None:
+    unread = _unread_fields(c, outer, understood)
+    if unread:
+        raise SpecError(f"{c._where()} has field(s) {', '.join(sorted(unread))} that this reader does not "
+                        "understand; refusing rather than planning a model that may differ (describe it as a "
+                        "model YAML, or drop the field if it does not change the network)")

@@ -2,7 +2,7 @@
 
 Parameter counts come from the cost blocks (`cost_models.blocks`) and follow
 Megatron-LM's `theoretical_memory_usage.py` layout
-(`../shared/validation/formulas.json`, "parameter_count") generalised to GQA,
+(`benchmarks/data/published/formulas.json`, "parameter_count") generalised to GQA,
 gated MLPs and optional biases; `num_params()` for the GPT-3 presets reproduces
 SC'21 Eq. 2 (`P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h))`) exactly.
 """
@@ -64,6 +64,10 @@ class ModelSpec(Spec):
         "megatron-core applies YaRN to standard attention in its unfused rotary (position_embedding_type yarn turns "
         "apply_rope_fusion off); other scalings (llama3, linear) change only the frequencies and read as none.")
     norm: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="Normalisation: LayerNorm (weight+bias) or RMSNorm (weight).")
+    norm_epsilon: float = Field(1e-5, gt=0, le=1.0, description="The epsilon every norm adds to the variance (Hugging "
+        "Face rms_norm_eps, layer_norm_eps or layer_norm_epsilon): 1e-5 by default, as GPT-2/3, Llama 2/3, Mistral, "
+        "Mixtral, gpt-oss and megatron-core's layernorm_epsilon; Qwen3, DeepSeek and Gemma use 1e-6. Not used by the "
+        "cost model; the emitters write it (Megatron-LM --norm-epsilon, megatron-core's layernorm_epsilon).")
     qk_norm: Literal["none", "per_head", "full"] = Field("none", description="Normalisation of the queries and keys "
         "after the QKV projection, of the model's `norm` kind: per_head over each head's width (Qwen3, Gemma 3; "
         "Megatron's --qk-layernorm), full over all query heads together and all key heads together (OLMo 2), or none.")

@@ -64,7 +64,8 @@ DEEPSEEK_V3_LIKE = ModelSpec(
     gated_mlp=True, vocab_size=129280, tie_embeddings=False, max_position_embeddings=4096,
     num_experts=256, moe_top_k=8, moe_ffn_hidden_size=2048, num_shared_experts=1, moe_first_k_dense=3,
     num_mtp_layers=1, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-    source="deepseek-ai/DeepSeek-V3 config.json: hidden_size 7168, intermediate_size 18432, moe_intermediate_size "
+    norm_epsilon=1e-6,
+    source="deepseek-ai/DeepSeek-V3 config.json: rms_norm_eps 1e-6, hidden_size 7168, intermediate_size 18432, moe_intermediate_size "
            "2048, num_hidden_layers 61, first_k_dense_replace 3, n_routed_experts 256, num_experts_per_tok 8, "
            "n_shared_experts 1, q_lora_rank 1536, kv_lora_rank 512, qk_nope/rope_head_dim 128/64, v_head_dim 128, "
            "vocab_size 129280, num_nextn_predict_layers 1; the position table is cut to 4096 (pre-training length)")
@@ -77,15 +78,15 @@ MIXTRAL_LIKE = ModelSpec(
 GEMMA2_LIKE = ModelSpec(
     name="gemma2-9b-like", num_layers=42, hidden_size=3584, num_attention_heads=16, num_kv_heads=8, head_dim=256,
     ffn_hidden_size=14336, gated_mlp=True, vocab_size=256000, tie_embeddings=True, max_position_embeddings=8192,
-    sliding_window=4096, global_attention_every=2,
-    source="google/gemma-2-9b config.json: hidden_size 3584, intermediate_size 14336, 42 layers, 16 heads, 8 KV "
+    sliding_window=4096, global_attention_every=2, norm_epsilon=1e-6,
+    source="google/gemma-2-9b config.json: rms_norm_eps 1e-6, hidden_size 3584, intermediate_size 14336, 42 layers, 16 heads, 8 KV "
            "heads, head_dim 256, vocab_size 256000, sliding_window 4096 on every other layer (layer 0 local)")
 
 QWEN3_LIKE = ModelSpec(
     name="qwen3-8b-like", num_layers=36, hidden_size=4096, num_attention_heads=32, num_kv_heads=8, head_dim=128,
     ffn_hidden_size=12288, gated_mlp=True, vocab_size=151936, tie_embeddings=False, max_position_embeddings=40960,
-    rope_theta=1000000, qk_norm="per_head",
-    source="Qwen/Qwen3-8B config.json: hidden_size 4096, intermediate_size 12288, 36 layers, 32 heads, 8 KV heads, "
+    rope_theta=1000000, qk_norm="per_head", norm_epsilon=1e-6,
+    source="Qwen/Qwen3-8B config.json: rms_norm_eps 1e-6, hidden_size 4096, intermediate_size 12288, 36 layers, 32 heads, 8 KV heads, "
            "head_dim 128, vocab_size 151936, rope_theta 1000000, untied; Qwen3Attention's q_norm / k_norm are "
            "RMSNorms over each head's 128 features")
 

@@ -384,3 +384,27 @@ def test_the_gate_activation_reaches_megatron_core(model, cluster, gpus, strateg
     Gemma's GeGLU, which has no flag, builds SwiGLU and is reported."""
     plan = make_plan(model, cluster, gpus, 64, 4096, strategy)
     check_megatron(plan, megatron_args(plan))
+
+
+# ---- the model's norm epsilon --------------------------------------------------------------------
+QWEN2_SMALL = {"model_type": "qwen2", "num_hidden_layers": 4, "hidden_size": 1024, "num_attention_heads": 16,
+               "num_key_value_heads": 2, "intermediate_size": 2816, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+               "rope_theta": 1000000.0, "max_position_embeddings": 32768}
+
+
+def test_a_qwen2_norm_epsilon_reaches_megatron_core_and_bridge():
+    """A Qwen2 config.json's rms_norm_eps (1e-6) is --norm-epsilon and megatron-core's layernorm_epsilon, not
+    Megatron's default 1e-5 applied silently."""
+    from planner.specs.hf import read_hf_config
+
+    plan = make_plan(read_hf_config(QWEN2_SMALL), "dgx-h100", 8, 16, 2048, strategy=dict(tp=2))
+    argv = megatron_args(plan)
+    assert dict(zip(argv, argv[1:]))["--norm-epsilon"] == "1e-06"
+    assert megatron_configs(argv)["transformer"].layernorm_epsilon == 1e-6
+    assert "model.layernorm_epsilon=1e-06" in emit_data(plan, "megatron-bridge")["overrides"]
+
+
+def test_megatrons_default_norm_epsilon_is_written_too():
+    argv = megatron_args(make_plan(*LLAMA, strategy=dict(tp=8, pp=4, zero_stage=1)))
+    assert dict(zip(argv, argv[1:]))["--norm-epsilon"] == "1e-05"
+    assert megatron_configs(argv)["transformer"].layernorm_epsilon == 1e-5

@@ -190,3 +190,17 @@ def test_interleaved_transfers_always_overlap_in_torchtitan():
                      strategy=dict(tp=8, pp=4, vpp=2, zero_stage=1, overlap_p2p_comm=False))
     with pytest.raises(NotExpressibleError, match="overlap_p2p_comm off with vpp > 1"):
         emit_data(plan, "torchtitan")
+
+
+def test_a_norm_epsilon_the_flavor_does_not_have_is_a_note():
+    """torchtitan's llama3 flavors fix norm_eps at 1e-5 (the job file has no key for it): a llama3-8b spec with
+    another epsilon says so; the preset itself (1e-5) does not."""
+    from profiles import load_model
+
+    llama = load_model("llama3-8b")
+    strategy = dict(tp=2, zero_stage=3)
+    own = emit_data(make_plan(llama, "dgx-h100", 8, 16, 2048, strategy=strategy), "torchtitan")["notes"]
+    assert not any(n.startswith("norm epsilon") for n in own)
+    other = llama.model_copy(update={"norm_epsilon": 1e-6})
+    notes = emit_data(make_plan(other, "dgx-h100", 8, 16, 2048, strategy=strategy), "torchtitan")["notes"]
+    assert any(n.startswith("norm epsilon") and "1e-06" in n and "1e-05" in n for n in notes), notes

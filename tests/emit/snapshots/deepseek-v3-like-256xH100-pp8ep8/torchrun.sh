@@ -33,6 +33,7 @@ MEGATRON_ARGS=(
   --num-attention-heads 128
   --swiglu
   --normalization RMSNorm
+  --norm-epsilon 1e-06
   --position-embedding-type rope
   --max-position-embeddings 4096
   --untie-embeddings-and-output-weights

@@ -39,6 +39,7 @@ MEGATRON_ARGS=(
   --num-query-groups 8
   --swiglu
   --normalization RMSNorm
+  --norm-epsilon 1e-06
   --position-embedding-type rope
   --max-position-embeddings 8192
   --disable-bias-linear

@@ -28,6 +28,7 @@ MEGATRON_ARGS=(
   --ffn-hidden-size 49152
   --num-attention-heads 96
   --normalization LayerNorm
+  --norm-epsilon 1e-05
   --position-embedding-type learned_absolute
   --max-position-embeddings 2048
   --attention-dropout 0.1

@@ -27,6 +27,7 @@ MEGATRON_ARGS=(
   --num-query-groups 8
   --swiglu
   --normalization RMSNorm
+  --norm-epsilon 1e-05
   --position-embedding-type rope
   --max-position-embeddings 32768
   --untie-embeddings-and-output-weights

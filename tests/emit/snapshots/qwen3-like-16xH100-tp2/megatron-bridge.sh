@@ -23,6 +23,7 @@ OVERRIDES=(
   model.num_query_groups=8
   model.gated_linear_unit=true
   model.normalization=RMSNorm
+  model.layernorm_epsilon=1e-06
   model.qk_layernorm=true
   model.add_bias_linear=false
   model.attention_dropout=0.0

@@ -35,6 +35,7 @@ MEGATRON_ARGS=(
   --num-query-groups 8
   --swiglu
   --normalization RMSNorm
+  --norm-epsilon 1e-06
   --qk-layernorm
   --position-embedding-type rope
   --max-position-embeddings 40960

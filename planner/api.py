@@ -10,6 +10,7 @@ from cost_models.attention_kernels import kernel_problem
 from planner.errors import InputWarning, SpecError, SpecValidationError, short_repr
 from planner.rules import (batch_warning, context_warning, eager_problem, family_warning, fp8_recipe_problem,
                            node_warning)
+from planner.space import normalise_constraints
 from planner.specs.base import MAX_GPUS
 from planner.specs import ClusterSpec, Estimate, ModelSpec, PlanResult, Strategy, TrainSpec
 
@@ -149,7 +150,9 @@ def plan(
     model_spec, cluster_spec, train = make_inputs(
         model, cluster, num_gpus, global_batch_size, seq_len, precision, **train_options
     )
-    return search(model_spec, cluster_spec, train, num_gpus, constraints or {}, top_k, headroom=float(headroom),
+    constraints = {} if constraints is None else constraints
+    normalise_constraints(constraints, model_spec)  # a malformed constraint is refused before any search
+    return search(model_spec, cluster_spec, train, num_gpus, constraints, top_k, headroom=float(headroom),
                   ranking=ranking)
 
 

@@ -220,6 +220,8 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
         }
     except KeyError as exc:
         raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
+    except SpecError:  # already names the field and its rule
+        raise
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{what} has a non-numeric value: {exc}") from None
     _pop_sources(data, GPU_YAML_FIELDS, what)
@@ -330,6 +332,8 @@ def _host(data: Any, what: str) -> HostSpec:
                                          BW_BYTES_PER_S_RANGE)}
     except KeyError as exc:
         raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
+    except SpecError:  # already names the field and its rule
+        raise
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{what} has a non-numeric value: {exc}") from None
     for key in ("memory_efficiency", "gpus_per_host_link"):
@@ -353,6 +357,8 @@ def _tier(data: Any, what: str) -> LinkTier:
         }
     except KeyError as exc:
         raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
+    except SpecError:  # already names the field and its rule
+        raise
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{what} has a non-numeric value: {exc}") from None
     for key in ("efficiency", "gather_scatter_efficiency"):

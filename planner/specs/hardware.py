@@ -200,16 +200,28 @@ class HostSpec(Spec):
 
 
 class ClusterSpec(Spec):
-    """Identical GPUs grouped in NVLink domains joined by a scale-out network."""
+    """Identical GPUs in servers of `gpus_per_node`, grouped in NVLink domains of `domain_size` GPUs (one
+    server on DGX/HGX systems; 18 servers of 4 GPUs in a GB200 NVL72 rack) joined by a scale-out network.
+    The two link tiers are chosen by domain, not by server: `intra_node` prices a group whose ranks all lie
+    in one NVLink domain, `inter_node` one that spans domains (cost_models.comm)."""
 
     name: str = Field(description="Cluster preset name.")
     gpu: GpuSpec = Field(description="The GPU every rank runs on.")
-    gpus_per_node: int = Field(gt=0, le=MAX_GPUS, description="GPUs per server (torchrun --nproc-per-node).")
+    gpus_per_node: int = Field(gt=0, le=MAX_GPUS, description="GPUs per server (torchrun --nproc-per-node): the "
+                               "launch layout, the node-filling warning and the share of a server's host memory "
+                               "and bandwidth each GPU gets; not the link tiers (nvlink_domain_size chooses those).")
     nvlink_domain_size: int | None = Field(
-        None, gt=0, le=MAX_GPUS, description="GPUs sharing one NVLink/NVSwitch domain; default: gpus_per_node (72 for GB200 NVL72)."
+        None, gt=0, le=MAX_GPUS, description="GPUs sharing one NVLink/NVSwitch domain, which may span servers (72 "
+        "on 18 servers for GB200 NVL72); default: gpus_per_node. A group within it uses intra_node, one across "
+        "domains inter_node; tensor parallelism is searched up to it."
     )
-    intra_node: LinkTier = Field(description="The tier inside an NVLink domain.")
-    inter_node: LinkTier = Field(description="The scale-out tier between domains, per GPU (one NIC per GPU).")
+    intra_node: LinkTier = Field(description="The tier of a group (or a point-to-point transfer) whose ranks all "
+                                 "lie in one NVLink domain of nvlink_domain_size GPUs: NVLink, whether the domain "
+                                 "is one server or a rack of several (the name is historical: the tier is bounded "
+                                 "by the domain, not by the node).")
+    inter_node: LinkTier = Field(description="The scale-out tier (per GPU, one NIC per GPU) of a group that spans "
+                                 "NVLink domains: between servers on DGX/HGX systems, between racks on NVL72, whose "
+                                 "servers inside one rack talk over intra_node.")
     max_gpus: int | None = Field(None, gt=0, le=MAX_GPUS, description="Largest GPU count this cluster has, if bounded.")
     comm_overlap: float = Field(
         1.0, ge=0, le=1,

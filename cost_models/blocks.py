@@ -15,12 +15,15 @@ one rank (`Micro`):
   attention scores (what selective recomputation drops);
 - `comm(x)`: bytes it exchanges per forward, per parallel dimension.
 
-A model is a list of (layer kind, number of layers) plus the embedding and the head
-(`model_blocks`). Today every ModelSpec has one layer kind; per-stage costs use the
-model's average layer, which is exact for uniform stacks. A model with a per-layer
-pattern (dense and MoE layers, local and global attention) adds kinds here, and the
-stages then need the pattern's counts per stage (`ParallelLayout` gives each stage's
-layer range).
+A model is its embedding, its distinct layer kinds, the kind of each layer in order
+(`pattern`), the head and the multi-token-prediction modules (`model_blocks`): one kind
+per distinct (MoE or dense MLP, windowed or full attention) pair of the model's
+`moe_layer_mask` and `local_attention_mask`, so a uniform stack has one kind and
+DeepSeek-V3 (dense first layers) or Gemma (local and global attention) several.
+Per-stage costs count each kind's layers on each stage (`ParallelLayout.pattern_counts`,
+`cost_models.memory.stage_kind_counts`); the model's average layer (`ModelBlocks.mean`)
+serves only whole-model totals (the step's model and hardware FLOPs) and
+`memory.layer_activation_bytes`.
 
 Symbols: s = seq_len, b = micro_batch_size, h = hidden, a = heads, t = tp, c = cp,
 f = ffn_hidden_size, q = a·d (query width), k = g·d (key/value width), V = vocabulary.

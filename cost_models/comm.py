@@ -1,8 +1,11 @@
 """Communication: collectives and point-to-point transfers (alpha-beta model).
 
 `CommModel` is the interface the step model uses; `TierCommModel` implements it
-with two link tiers (inside an NVLink domain, and the scale-out network). A
-topology-graph model can replace it by implementing the same three methods.
+with two link tiers (the cluster's `intra_node` tier for a group inside one NVLink
+domain of `domain_size` GPUs, and its `inter_node` scale-out tier for a group that spans
+domains), and `cost_models.collectives.CurveCommModel` from measured curves. A
+topology-graph model can replace them by implementing the same five methods
+(`all_reduce_s`, `gather_scatter_s`, `p2p_s`, `all_to_all_s`, `domain_members`).
 
 Groups are described by their size and the rank stride between members, which
 follow from Megatron's rank order (tp innermost, then cp, dp, pp): a TP group

@@ -19,15 +19,16 @@ out, only the ratio of the traffic to the compute does, so per layer and micro-b
 compute slowdown while NCCL shares the SMs, as for every other overlapped collective), plus what nothing hides:
 the first layer's gather and the embedding/head gathers at the start of every micro-batch's
 forward, and the last reduce-scatters after the step's final backward. The tier a group crosses
-is the comm model's: a group inside an NVLink domain runs at NVLink rate, one across nodes at
-the NICs its members reach.
+is the comm model's: a group inside an NVLink domain runs at NVLink rate, one that spans NVLink
+domains (servers on DGX/HGX systems, racks on NVL72) at the NICs its members reach.
 
 The implementations differ (profiles/frameworks/zero3.yaml, `profiles.frameworks.Zero3Impl`, which the
 GPU's resolved tables carry: `GpuSpec.tables.zero3`):
 - FSDP2 copies the gathered buffer into the unsharded parameters on the compute stream
   (`split_with_sizes_copy`): a read and a write of the gathered bytes at HBM speed, per gather.
 - DeepSpeed ZeRO-3 (as measured in 2021, SC'21 Table 2) moved its traffic across nodes far
-  slower than NCCL rings allow: a fitted fraction of one NIC per rank.
+  slower than NCCL rings allow: a fitted fraction of one NIC per rank, applied to a group that
+  spans NVLink domains (`collective_s`; the measured nodes were each one domain).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from planner.rules import (
     node_warning,
 )
 from planner.search import evaluate_one, search
+from planner.space import normalise_constraints
 from planner.specs import (
     ClusterSpec,
     Estimate,
@@ -157,7 +158,9 @@ def plan(
     model_spec, cluster_spec, train = make_inputs(
         model, cluster, num_gpus, global_batch_size, seq_len, precision, **train_options
     )
-    return search(model_spec, cluster_spec, train, num_gpus, constraints or {}, top_k, headroom=float(headroom),
+    constraints = {} if constraints is None else constraints
+    normalise_constraints(constraints, model_spec)  # a malformed constraint is refused before any search
+    return search(model_spec, cluster_spec, train, num_gpus, constraints, top_k, headroom=float(headroom),
                   ranking=ranking)
 
 

@@ -64,10 +64,10 @@ import numpy as np
 
 from cost_models.arrays import RECOMPUTE_CODE, RECOMPUTE_MODULES, StrategyArrays, modules_mask
 from cost_models.layout import ParallelLayout
-from planner.errors import SpecError
+from planner.errors import SpecError, short_repr
 from planner.rules import RULES, Context, check, first_failure_counts
 from planner.specs import Strategy
-from planner.specs.base import MAX_GPUS, MAX_LAYERS
+from planner.specs.base import MAX_BATCH, MAX_GPUS, MAX_LAYERS
 
 #: A context-parallel rank below this many tokens leaves GEMMs too thin to be worth scoring by default.
 MIN_CP_TOKENS = 512
@@ -106,6 +106,12 @@ MAX_CONSTRAINT_VALUES = 256
 INT_FIELDS = {"dp", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "zero_stage"}
 OPTIONAL_INT_FIELDS = {"recompute_num_layers", "num_layers_in_first_stage", "num_layers_in_last_stage",
                        "offload_activation_layers"}
+#: Constraint fields that count transformer layers: bounded by MAX_LAYERS as Strategy bounds them, and
+#: by the model's own num_layers once the model is known (`check_against_model`).
+LAYER_COUNT_FIELDS = ("num_layers_in_first_stage", "num_layers_in_last_stage", "recompute_num_layers",
+                      "offload_activation_layers")
+#: The largest value of an integer constraint (the bound its Strategy field has); the rest: MAX_GPUS.
+INT_HIGH = {"zero_stage": 3, "micro_batch_size": MAX_BATCH, **{k: MAX_LAYERS for k in LAYER_COUNT_FIELDS}}
 BOOL_FIELDS = {"sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather", "overlap_moe_comm",
                "overlap_p2p_comm",
                "embedding_as_layer", "loss_as_layer"}
@@ -118,10 +124,10 @@ def _check_value(key: str, v: Any) -> Any:
         if v is None and key in OPTIONAL_INT_FIELDS:
             return v
         low = 0 if key == "zero_stage" else 1
-        high = 3 if key == "zero_stage" else MAX_GPUS
+        high = INT_HIGH.get(key, MAX_GPUS)
         if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-            rule = "an integer 0..3" if key == "zero_stage" else f"an integer between 1 and {MAX_GPUS}"
-            raise SpecError(f"constraint {key}={v!r} must be {rule}")
+            rule = "an integer 0..3" if key == "zero_stage" else f"an integer between {low} and {high}"
+            raise SpecError(f"constraint {key}={short_repr(v)} must be {rule}")
         return v
     if key in BOOL_FIELDS:
         if not isinstance(v, bool):
@@ -150,10 +156,15 @@ def _check_value(key: str, v: Any) -> Any:
     raise SpecError(f"constraint field {key!r} cannot be constrained")
 
 
-def normalise_constraints(constraints: dict[str, Any]) -> dict[str, list[Any]]:
-    """Validate constraint keys and values; each becomes a list of allowed values."""
+CONSTRAINTS_RULE = "a mapping of Strategy field -> value or list of values, e.g. {'tp': 4, 'pp': [2, 4]}"
+
+
+def normalise_constraints(constraints: dict[str, Any], model=None) -> dict[str, list[Any]]:
+    """Validate constraint keys and values (against `model`'s layer count too when it is given,
+    `check_against_model`); each becomes a list of allowed values."""
     if not isinstance(constraints, dict):
-        raise SpecError(f"constraints must be a mapping of Strategy fields (got {type(constraints).__name__})")
+        raise SpecError(f"constraints must be {CONSTRAINTS_RULE} (got {type(constraints).__name__} "
+                        f"{short_repr(constraints)})")
     out: dict[str, list[Any]] = {}
     for key, value in constraints.items():
         if key not in STRATEGY_FIELDS:
@@ -172,7 +183,24 @@ def normalise_constraints(constraints: dict[str, Any]) -> dict[str, list[Any]]:
         out[key] = checked
     if any(out.get("recompute_modules", [])) and "recompute" not in out:
         out["recompute"] = ["selective"]  # modules are what selective recompute repeats
+    if model is not None:
+        check_against_model(out, model)
     return out
+
+
+def check_against_model(cons: dict[str, list[Any]], model) -> None:
+    """Refuse a layer count no layout of `model` can hold: a first/last-stage count, a recompute or an
+    activation-offload layer count, or one stage's count in stage_layers above the model's num_layers
+    (values that fit the model but not a given layout are left to the rules, which count them)."""
+    L = model.num_layers
+    for key in LAYER_COUNT_FIELDS:
+        for v in cons.get(key, []):
+            if v is not None and v > L:
+                raise SpecError(f"constraint {key}={v} must be at most the model's num_layers ({L})")
+    for split in cons.get("stage_layers", []):
+        if split is not None and max(split) > L:
+            raise SpecError(f"constraint stage_layers={list(split)} must hold at most the model's num_layers "
+                            f"({L}) on any stage (got {max(split)})")
 
 
 def _allowed(cons: dict[str, list[Any]], key: str, default: list[Any]) -> list[Any]:
@@ -239,14 +267,14 @@ class SearchSpace:
 def enumerate_space(model, train, num_gpus: int, constraints: dict[str, Any], cluster=None) -> StrategyArrays:
     """All candidate strategies for the question, constraints applied (tp bounded by the
     cluster's NVLink domain when a cluster is given)."""
-    return enumerate_heads(model, train, num_gpus, normalise_constraints(constraints), cluster).expand()
+    return enumerate_heads(model, train, num_gpus, normalise_constraints(constraints, model), cluster).expand()
 
 
 def search_space(model, train, num_gpus: int, constraints: dict[str, Any], cluster=None) -> SearchSpace:
     """The valid candidates and the rejection counts, as `planner.rules.check` on
     `enumerate_space` gives them, without building the candidates that rules reject whatever
     their recompute choice (checked once per head, counted once per candidate)."""
-    cons = normalise_constraints(constraints)
+    cons = normalise_constraints(constraints, model)
     heads = enumerate_heads(model, train, num_gpus, cons, cluster)
     ctx = Context(model, train, num_gpus, cluster)
     if _recompute_rules_can_fail(cons):  # a head's verdict would not hold for all its choices

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,8 @@ from planner.errors import (
     unknown_name_message,
 )
 from planner.specs import ClusterSpec, GpuSpec, HostSpec, LinkTier, ModelSpec
-from planner.specs.hardware import StepTimeResiduals
+from planner.specs.hardware import (BW_BYTES_PER_S_RANGE, FLOP_PER_S_RANGE, HOST_TIME_SCALE_RANGE, LATENCY_S_RANGE,
+                                     MEMORY_BYTES_RANGE, StepTimeResiduals)
 from planner.specs.hf import read_hf_config
 from profiles.bundle import resolve_cluster, resolve_gpu
 from profiles.files import PROFILES_DIR, read_yaml, search_dirs, user_profiles_dir
@@ -68,7 +71,45 @@ def list_presets(kind: str) -> list[str]:
     return sorted(_names(kind))
 
 
+#: The longest preset name or file path accepted (Linux's PATH_MAX), and the longest part of a path between
+#: separators (NAME_MAX, bytes as the file system encodes them): longer ones are refused before any lookup.
+MAX_REF_CHARS = 4096
+MAX_NAME_BYTES = 255
+#: A preset name `meshplan profile --name` may write: letters, digits, '.', '_' and '-', a letter or digit first.
+PRESET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_ref(what: str, ref: str) -> None:
+    """Refuse a preset name or file path (`what`: 'cluster', 'model', 'GPU') that no file system lookup
+    could serve: a control character (NUL among them), a character the file system cannot encode, more
+    than MAX_REF_CHARS characters or a part longer than MAX_NAME_BYTES; checked before the file system
+    is asked (which raised OSError or ValueError on them)."""
+    rule = (f"a preset name or file path has no control characters, at most {MAX_REF_CHARS} characters and "
+            f"at most {MAX_NAME_BYTES} bytes between separators")
+    bad = next((c for c in ref if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise SpecError(f"{what} {short_repr(ref)} holds the control character {bad!r}; {rule}")
+    try:
+        parts = [p.encode(sys.getfilesystemencoding(), "surrogateescape") for p in ref.split(os.sep)]
+    except UnicodeEncodeError:
+        raise SpecError(f"{what} {short_repr(ref)} holds a character the file system cannot encode; {rule}") from None
+    if len(ref) > MAX_REF_CHARS:
+        raise SpecError(f"{what} {short_repr(ref)} is {len(ref)} characters long; {rule}")
+    if max(len(p) for p in parts) > MAX_NAME_BYTES:
+        raise SpecError(f"{what} {short_repr(ref)} has a part of {max(len(p) for p in parts)} bytes; {rule}")
+
+
+def check_preset_name(what: str, name: str) -> None:
+    """Refuse a name that cannot be written as a preset `<name>.yaml` (`PRESET_NAME`, at most
+    MAX_NAME_BYTES less the suffix)."""
+    longest = MAX_NAME_BYTES - len(".yaml")
+    if not PRESET_NAME.fullmatch(name) or len(name) > longest:
+        raise SpecError(f"{what} {short_repr(name)} must be a preset name: letters, digits, '.', '_' and '-', a "
+                        f"letter or digit first, at most {longest} characters")
+
+
 def _resolve(kind: str, ref: str) -> Path:
+    check_ref(kind[:-1], ref)
     candidate = Path(ref)
     if candidate.suffix in {".yaml", ".yml", ".json"} or os.sep in ref:
         if not candidate.exists():
@@ -116,6 +157,17 @@ def _num(value: Any, key: str, what: str) -> float:
     return float(value)
 
 
+def _si(value: Any, key: str, what: str, scale: float, bounds: tuple[float, float]) -> float:
+    """A profile file's number in the unit its key names, converted to SI (times `scale`) and checked
+    against its physical range `bounds` (SI, planner.specs.hardware), which a refusal states in the
+    file's unit."""
+    x = _num(value, key, what) * scale
+    low, high = bounds
+    if not low <= x <= high:
+        raise SpecError(f"{what}: {key} must be between {low / scale:g} and {high / scale:g} (got {short_repr(value)})")
+    return x
+
+
 def _mapping(value: Any, key: str, what: str) -> dict[str, Any]:
     if not isinstance(value, dict) or not value:
         raise SpecError(f"{what}: {key} must be a non-empty mapping (got {short_repr(value)})")
@@ -135,25 +187,33 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
     try:
         fields: dict[str, Any] = {
             "name": data.pop("name"),
-            "memory_bytes": _num(data.pop("memory_gib"), "memory_gib", what) * GIB,
-            "peak_flop_per_s": {str(k): _num(v, f"peak_tflops.{k}", what) * TERA
+            "memory_bytes": _si(data.pop("memory_gib"), "memory_gib", what, GIB, MEMORY_BYTES_RANGE),
+            "peak_flop_per_s": {str(k): _si(v, f"peak_tflops.{k}", what, TERA, FLOP_PER_S_RANGE)
                                 for k, v in _mapping(data.pop("peak_tflops"), "peak_tflops", what).items()},
-            "hbm_bw_bytes_per_s": _num(data.pop("hbm_bw_gb_per_s"), "hbm_bw_gb_per_s", what) * GB,
+            "hbm_bw_bytes_per_s": _si(data.pop("hbm_bw_gb_per_s"), "hbm_bw_gb_per_s", what, GB, BW_BYTES_PER_S_RANGE),
         }
     except KeyError as exc:
         raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
+    except SpecError:  # already names the field and its rule
+        raise
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{what} has a non-numeric value: {exc}") from None
     _pop_sources(data, GPU_YAML_FIELDS, what)
-    fields["framework_reserve_bytes"] = _num(data.pop("framework_reserve_gib", 0.0), "framework_reserve_gib", what) * GIB
+    fields["framework_reserve_bytes"] = _si(data.pop("framework_reserve_gib", 0.0), "framework_reserve_gib", what, GIB,
+                                            (0.0, MEMORY_BYTES_RANGE[1]))
     calib = data.pop("calibration", None)
     for key, conv in (("gemm_efficiency", 1.0), ("hbm_efficiency", 1.0), ("backward_gemm_ratio", 1.0),
-                      ("kernel_overhead_us", MICRO), ("grouped_gemm_efficiency", 1.0),
-                      ("sustained_compute_fraction", 1.0), ("host_time_scale", 1.0)):
+                      ("grouped_gemm_efficiency", 1.0), ("sustained_compute_fraction", 1.0)):
         if key in data:
-            fields[key.replace("_us", "_s")] = _num(data.pop(key), key, what) * conv
+            fields[key] = _num(data.pop(key), key, what) * conv
+    if "kernel_overhead_us" in data:
+        fields["kernel_overhead_s"] = _si(data.pop("kernel_overhead_us"), "kernel_overhead_us", what, MICRO,
+                                          LATENCY_S_RANGE)
+    if "host_time_scale" in data:
+        fields["host_time_scale"] = _si(data.pop("host_time_scale"), "host_time_scale", what, 1.0, HOST_TIME_SCALE_RANGE)
     if "host_link_gb_per_s" in data:
-        fields["host_link_bw_bytes_per_s"] = _num(data.pop("host_link_gb_per_s"), "host_link_gb_per_s", what) * GB
+        fields["host_link_bw_bytes_per_s"] = _si(data.pop("host_link_gb_per_s"), "host_link_gb_per_s", what, GB,
+                                                 BW_BYTES_PER_S_RANGE)
     if data.get("kernel_tables") is not None:
         fields["kernel_tables"] = str(data.pop("kernel_tables"))
     data.pop("kernel_tables", None)
@@ -241,10 +301,14 @@ def _host(data: Any, what: str) -> HostSpec:
     data = dict(data)
     _pop_sources(data, HOST_YAML_FIELDS, what)
     try:
-        fields: dict[str, Any] = {"memory_bytes": _num(data.pop("memory_gib"), "memory_gib", what) * GIB,
-                                  "memory_bw_bytes_per_s": _num(data.pop("memory_bw_gb_per_s"), "memory_bw_gb_per_s", what) * GB}
+        fields: dict[str, Any] = {
+            "memory_bytes": _si(data.pop("memory_gib"), "memory_gib", what, GIB, MEMORY_BYTES_RANGE),
+            "memory_bw_bytes_per_s": _si(data.pop("memory_bw_gb_per_s"), "memory_bw_gb_per_s", what, GB,
+                                         BW_BYTES_PER_S_RANGE)}
     except KeyError as exc:
         raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
+    except SpecError:  # already names the field and its rule
+        raise
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{what} has a non-numeric value: {exc}") from None
     for key in ("memory_efficiency", "gpus_per_host_link"):
@@ -263,11 +327,13 @@ def _tier(data: Any, what: str) -> LinkTier:
     try:
         fields = {
             "name": data.pop("name"),
-            "bw_bytes_per_s": _num(data.pop("bw_gb_per_s"), "bw_gb_per_s", what) * GB,
-            "latency_s": _num(data.pop("latency_us"), "latency_us", what) * MICRO,
+            "bw_bytes_per_s": _si(data.pop("bw_gb_per_s"), "bw_gb_per_s", what, GB, BW_BYTES_PER_S_RANGE),
+            "latency_s": _si(data.pop("latency_us"), "latency_us", what, MICRO, LATENCY_S_RANGE),
         }
     except KeyError as exc:
         raise SpecError(f"{what} lacks required field {exc.args[0]!r}") from None
+    except SpecError:  # already names the field and its rule
+        raise
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{what} has a non-numeric value: {exc}") from None
     for key in ("efficiency", "gather_scatter_efficiency"):
@@ -322,6 +388,7 @@ def load_model(ref: str | Path | ModelSpec | dict) -> ModelSpec:
             return read_hf_config(ref)
         return _validated(ModelSpec, ref, "model")
     text = str(ref)
+    check_ref("model", text)
     if text.endswith(".json"):
         return read_hf_config(text)
     path = _resolve("models", text)

@@ -138,6 +138,10 @@ def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
     return out
 
 
+#: What json.loads returns, by the JSON kind it read.
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
 def parse_constraints(items: list[str] | None, as_json: str | None) -> dict[str, Any]:
     """`-C tp=8 -C pp=2,4 -C recompute=selective` or `--constraints '{"tp": 8}'`."""
     out: dict[str, Any] = {}
@@ -147,7 +151,8 @@ def parse_constraints(items: list[str] | None, as_json: str | None) -> dict[str,
         except json.JSONDecodeError as exc:
             raise SpecError(f"--constraints is not valid JSON: {exc}") from None
         if not isinstance(loaded, dict):
-            raise SpecError("--constraints must be a JSON object of Strategy fields")
+            raise SpecError("--constraints must be a JSON object of Strategy field -> value or list of values, "
+                            f"e.g. '{{\"tp\": 4, \"pp\": [2, 4]}}' (got a JSON {_JSON_KINDS[type(loaded)]})")
         out.update(loaded)
     for item in items or []:
         if "=" not in item:

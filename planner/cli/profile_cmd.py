@@ -81,9 +81,11 @@ def profile_cmd(
     from planner.cli.common import ExitWith
     from planner.cli.progress import status
     from planner.errors import SpecError
-    from profiles import PROFILES_DIR, search_dirs, user_profiles_dir
+    from profiles import PROFILES_DIR, check_preset_name, search_dirs, user_profiles_dir
     from profiles.tables import TOPICS
 
+    if name is not None:  # before a minute of measuring: the files are <name>.yaml
+        check_preset_name("--name", name)
     root = check_output_dir(out_dir if out_dir is not None else user_profiles_dir())
     dev = resolve_device(device)
     if dev not in ("cpu", "cuda"):

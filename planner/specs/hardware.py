@@ -13,10 +13,26 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from planner.errors import SpecError
+from planner.errors import SpecError, short_repr
 from planner.specs.base import MAX_GPUS, MAX_HEADS, Spec
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32"]
+
+# ---- physical ranges of the hardware numbers, SI units, (least, most), both allowed: far beyond any
+# real device either way, narrow enough that every time and capacity computed from them stays finite
+# (a kernel overhead of 1e78 us overflowed float64). Profile files state them in their own units. ----
+#: Memory of one GPU or one server: 1 MiB to 1 PiB.
+MEMORY_BYTES_RANGE = (float(2**20), float(2**50))
+#: Dense peak of one GPU at one precision: 1 MFLOP/s to 1 EFLOP/s.
+FLOP_PER_S_RANGE = (1e6, 1e18)
+#: Any bandwidth (HBM, a link tier per GPU, the GPU-host link, host DRAM): 1 MB/s to 1 PB/s.
+BW_BYTES_PER_S_RANGE = (1e6, 1e15)
+#: A fixed cost per kernel or per message (kernel overhead, link latency): 0 to 1 s.
+LATENCY_S_RANGE = (0.0, 1.0)
+#: host_time_scale, a slowdown of the host's issue times: 1 to 100.
+HOST_TIME_SCALE_RANGE = (1.0, 100.0)
+#: Bytes per GiB, the unit messages state memory in.
+GIB = 2**30
 
 
 class StepTimeResiduals(Spec):
@@ -55,11 +71,13 @@ class GpuSpec(Spec):
     """One accelerator: capacity, peak rates and achievable fractions of them."""
 
     name: str = Field(description="GPU name, e.g. A100-SXM4-80GB.")
-    memory_bytes: float = Field(gt=0, description="HBM capacity in bytes.")
+    memory_bytes: float = Field(ge=MEMORY_BYTES_RANGE[0], le=MEMORY_BYTES_RANGE[1],
+                                description="HBM capacity in bytes (MEMORY_BYTES_RANGE).")
     peak_flop_per_s: dict[str, float] = Field(
-        description="Dense peak FLOP/s per dtype (bf16, fp16, fp8, tf32, fp32); no sparsity."
+        description="Dense peak FLOP/s per dtype (bf16, fp16, fp8, tf32, fp32); no sparsity; each in FLOP_PER_S_RANGE."
     )
-    hbm_bw_bytes_per_s: float = Field(gt=0, description="Peak HBM bandwidth in bytes/s.")
+    hbm_bw_bytes_per_s: float = Field(ge=BW_BYTES_PER_S_RANGE[0], le=BW_BYTES_PER_S_RANGE[1],
+                                      description="Peak HBM bandwidth in bytes/s (BW_BYTES_PER_S_RANGE).")
     gemm_efficiency: float = Field(
         0.75, gt=0, le=1, description="Achievable fraction of dense peak for large, well-shaped GEMMs (calibrated)."
     )
@@ -72,10 +90,12 @@ class GpuSpec(Spec):
         "weight gradients); measured kernels differ (fitted per GPU; 2.0 where nothing was fitted).",
     )
     kernel_overhead_s: float = Field(
-        5e-6, ge=0, description="Fixed cost per kernel (launch and tail), seconds (calibrated)."
+        5e-6, ge=LATENCY_S_RANGE[0], le=LATENCY_S_RANGE[1],
+        description="Fixed cost per kernel (launch and tail), seconds (calibrated; LATENCY_S_RANGE)."
     )
     framework_reserve_bytes: float = Field(
-        0.0, ge=0, description="Per-GPU memory not available to the model: CUDA context, NCCL, allocator slack."
+        0.0, ge=0, le=MEMORY_BYTES_RANGE[1], description="Per-GPU memory not available to the model: CUDA context, "
+        "NCCL, allocator slack; less than memory_bytes."
     )
     grouped_gemm_efficiency: float = Field(
         1.0, gt=0, le=1,
@@ -85,8 +105,9 @@ class GpuSpec(Spec):
         "Transformer Engine's streams).",
     )
     host_link_bw_bytes_per_s: float | None = Field(
-        None, gt=0, description="GPU-host bandwidth per direction (PCIe or NVLink-C2C), bytes/s, as achieved by "
-        "pinned copies; None: unknown (optimizer offload is then refused).",
+        None, ge=BW_BYTES_PER_S_RANGE[0], le=BW_BYTES_PER_S_RANGE[1],
+        description="GPU-host bandwidth per direction (PCIe or NVLink-C2C), bytes/s, as achieved by "
+        "pinned copies (BW_BYTES_PER_S_RANGE); None: unknown (optimizer offload is then refused).",
     )
     sustained_compute_fraction: float = Field(
         1.0, gt=0, le=1,
@@ -95,7 +116,7 @@ class GpuSpec(Spec):
         "end-to-end rows its calibration file names. Applies only to the parts timed from kernel tables.",
     )
     host_time_scale: float = Field(
-        1.0, ge=1, description="Factor on the host-time figures of the GPU's element-wise kernel table (the CPU's "
+        1.0, ge=HOST_TIME_SCALE_RANGE[0], le=HOST_TIME_SCALE_RANGE[1], description="Factor on the host-time figures of the GPU's element-wise kernel table (the CPU's "
         "issue time per kernel, the grouped MLP's per-expert set-up and per-expert GEMM calls): 1 uses the table's "
         "figures; above 1 the host is that much slower in training than they say. Fitted for the x86 DGX hosts on "
         "the host-bound end-to-end rows their calibration file names (python -m benchmarks.generations). Only with "
@@ -144,11 +165,16 @@ class GpuSpec(Spec):
         return out
 
     @model_validator(mode="after")
-    def _check_peaks(self) -> "GpuSpec":
-        bad = {k: v for k, v in self.peak_flop_per_s.items() if not v > 0}
+    def _check(self) -> "GpuSpec":
+        low, high = FLOP_PER_S_RANGE
+        bad = {k: v for k, v in self.peak_flop_per_s.items() if not low <= v <= high}  # NaN fails too
         if not self.peak_flop_per_s or bad:
-            raise SpecError(f"peak_flop_per_s must give a positive rate for at least one precision (got "
-                            f"{bad or self.peak_flop_per_s})")
+            raise SpecError(f"peak_flop_per_s must give a rate between {low:g} and {high:g} FLOP/s for each of at "
+                            f"least one precision (got {short_repr(bad or self.peak_flop_per_s)})")
+        if self.framework_reserve_bytes >= self.memory_bytes:
+            raise SpecError(f"framework_reserve_bytes ({self.framework_reserve_bytes / GIB:g} GiB) must be less "
+                            f"than the GPU's memory_bytes ({self.memory_bytes / GIB:g} GiB): the reserve is the "
+                            "part of that memory the model cannot use")
         return self
 
     def peak(self, precision: str) -> float:
@@ -166,8 +192,10 @@ class LinkTier(Spec):
     """One tier of the network as seen by one GPU (alpha-beta model)."""
 
     name: str = Field(description="Tier name, e.g. nvlink or infiniband.")
-    bw_bytes_per_s: float = Field(gt=0, description="Per-GPU unidirectional link bandwidth, bytes/s.")
-    latency_s: float = Field(ge=0, description="Per-message latency (alpha), seconds.")
+    bw_bytes_per_s: float = Field(ge=BW_BYTES_PER_S_RANGE[0], le=BW_BYTES_PER_S_RANGE[1],
+                                  description="Per-GPU unidirectional link bandwidth, bytes/s (BW_BYTES_PER_S_RANGE).")
+    latency_s: float = Field(ge=LATENCY_S_RANGE[0], le=LATENCY_S_RANGE[1],
+                             description="Per-message latency (alpha), seconds (LATENCY_S_RANGE).")
     efficiency: float = Field(
         0.8, gt=0, le=1, description="Achievable all-reduce bus bandwidth as a fraction of the link rate (NCCL busbw)."
     )
@@ -189,8 +217,11 @@ class LinkTier(Spec):
 class HostSpec(Spec):
     """The CPU side of a server: what optimizer offload uses."""
 
-    memory_bytes: float = Field(gt=0, description="Host DRAM per server, bytes.")
-    memory_bw_bytes_per_s: float = Field(gt=0, description="Peak host DRAM bandwidth per server (all sockets), bytes/s.")
+    memory_bytes: float = Field(ge=MEMORY_BYTES_RANGE[0], le=MEMORY_BYTES_RANGE[1],
+                                description="Host DRAM per server, bytes (MEMORY_BYTES_RANGE).")
+    memory_bw_bytes_per_s: float = Field(ge=BW_BYTES_PER_S_RANGE[0], le=BW_BYTES_PER_S_RANGE[1],
+                                         description="Peak host DRAM bandwidth per server (all sockets), bytes/s "
+                                         "(BW_BYTES_PER_S_RANGE).")
     memory_efficiency: float = Field(
         0.6, gt=0, le=1, description="Share of the peak DRAM bandwidth a vectorised CPU optimizer sustains."
     )
@@ -201,16 +232,28 @@ class HostSpec(Spec):
 
 
 class ClusterSpec(Spec):
-    """Identical GPUs grouped in NVLink domains joined by a scale-out network."""
+    """Identical GPUs in servers of `gpus_per_node`, grouped in NVLink domains of `domain_size` GPUs (one
+    server on DGX/HGX systems; 18 servers of 4 GPUs in a GB200 NVL72 rack) joined by a scale-out network.
+    The two link tiers are chosen by domain, not by server: `intra_node` prices a group whose ranks all lie
+    in one NVLink domain, `inter_node` one that spans domains (cost_models.comm)."""
 
     name: str = Field(description="Cluster preset name.")
     gpu: GpuSpec = Field(description="The GPU every rank runs on.")
-    gpus_per_node: int = Field(gt=0, le=MAX_GPUS, description="GPUs per server (torchrun --nproc-per-node).")
+    gpus_per_node: int = Field(gt=0, le=MAX_GPUS, description="GPUs per server (torchrun --nproc-per-node): the "
+                               "launch layout, the node-filling warning and the share of a server's host memory "
+                               "and bandwidth each GPU gets; not the link tiers (nvlink_domain_size chooses those).")
     nvlink_domain_size: int | None = Field(
-        None, gt=0, le=MAX_GPUS, description="GPUs sharing one NVLink/NVSwitch domain; default: gpus_per_node (72 for GB200 NVL72)."
+        None, gt=0, le=MAX_GPUS, description="GPUs sharing one NVLink/NVSwitch domain, which may span servers (72 "
+        "on 18 servers for GB200 NVL72); default: gpus_per_node. A group within it uses intra_node, one across "
+        "domains inter_node; tensor parallelism is searched up to it."
     )
-    intra_node: LinkTier = Field(description="The tier inside an NVLink domain.")
-    inter_node: LinkTier = Field(description="The scale-out tier between domains, per GPU (one NIC per GPU).")
+    intra_node: LinkTier = Field(description="The tier of a group (or a point-to-point transfer) whose ranks all "
+                                 "lie in one NVLink domain of nvlink_domain_size GPUs: NVLink, whether the domain "
+                                 "is one server or a rack of several (the name is historical: the tier is bounded "
+                                 "by the domain, not by the node).")
+    inter_node: LinkTier = Field(description="The scale-out tier (per GPU, one NIC per GPU) of a group that spans "
+                                 "NVLink domains: between servers on DGX/HGX systems, between racks on NVL72, whose "
+                                 "servers inside one rack talk over intra_node.")
     max_gpus: int | None = Field(None, gt=0, le=MAX_GPUS, description="Largest GPU count this cluster has, if bounded.")
     comm_overlap: float = Field(
         1.0, ge=0, le=1,

@@ -16,7 +16,10 @@ from planner.emit import NotExpressibleError, emit, emit_data
 
 LLAMA8 = ("llama3-8b", "dgx-h100", 16, 64, 4096)
 LLAMA70 = ("llama3-70b", "dgx-h100", 64, 128, 8192)
-CHECKER = "torchtitan ConfigManager" if import_torchtitan_config() else "documented JobConfig fields (torchtitan absent)"
+#: What each check `check_torchtitan` may run is called in the report.
+CHECKER_NAMES = {"torchtitan": "torchtitan ConfigManager",
+                 "documented-fields": "documented JobConfig fields (torchtitan absent)"}
+CHECKER = CHECKER_NAMES["torchtitan" if import_torchtitan_config() else "documented-fields"]
 
 
 @pytest.mark.parametrize("question,strategy,precision", [
@@ -44,8 +47,21 @@ def test_torchtitan_reads_the_plan(question, strategy, precision, tmp_path, monk
     assert check_torchtitan(plan, text, tmp_path) == "documented-fields"
 
 
-def test_checker_in_use_is_reported():
+def test_checker_in_use_is_reported(tmp_path, record_property, monkeypatch):
+    """The checker this module reports (printed, and recorded in the test report as `torchtitan_checker`)
+    is the one that runs, and it (and the fallback) refuses a field torchtitan's JobConfig does not have."""
+    plan = make_plan(*LLAMA8, strategy=dict(zero_stage=0))
+    text = emit(plan, "torchtitan")
+    assert CHECKER_NAMES[check_torchtitan(plan, text, tmp_path)] == CHECKER
+    record_property("torchtitan_checker", CHECKER)
     print(f"torchtitan TOML checked by: {CHECKER}")
+    bad = text.replace("[parallelism]\n", "[parallelism]\nno_such_degree = 2\n", 1)
+    assert bad != text
+    with pytest.raises(Exception, match="no_such_degree"):
+        check_torchtitan(plan, bad, tmp_path)
+    monkeypatch.setattr(emit_checks, "import_torchtitan_config", lambda: None)
+    with pytest.raises(AssertionError, match="parallelism.no_such_degree"):
+        check_torchtitan(plan, bad, tmp_path)
 
 
 def test_hsdp_degrees_and_schedule():

@@ -278,8 +278,9 @@ HF_KEYS = sorted(LLAMA_HF) + ["head_dim", "mlp_bias", "attention_bias", "text_co
                               "_name_or_path", "use_sliding_window", "n_layer"]
 MODEL_TYPE_NAMES = ["llama", "mistral", "qwen2", "qwen2_moe", "deepseek_v3", "gemma3", "gpt2", "gpt_oss", "mixtral",
                     "llama4", "unknown_family", "jamba"]
-#: Fields a family reads under names of its own (GPT-2's n_layer, n_embd, ...).
-HF_FAMILY_FIELDS = {"gpt2": {"n_layer": 4, "n_embd": 64, "n_head": 4, "n_positions": 2048}}
+#: The base config of a family that reads fields under names of its own (GPT-2's n_layer, n_embd, ...) instead of
+#: LLAMA_HF's (which its reader would refuse as fields it does not read).
+HF_FAMILY_BASE = {"gpt2": {"n_layer": 4, "n_embd": 64, "n_head": 4, "n_positions": 2048, "vocab_size": 100}}
 #: Families the planner refuses whatever the fields (a hybrid of attention and state-space layers).
 HYBRID = ["jamba"]
 
@@ -292,7 +293,7 @@ def prop_hf_config_any_values(model_type, changes):
     """Tallied by model_type ('replaced' where the changes replace it)."""
     cls = model_type if "model_type" not in changes else "replaced"
     try:
-        m = read_hf_config(LLAMA_HF | HF_FAMILY_FIELDS.get(model_type, {}) | {"model_type": model_type} | changes)
+        m = read_hf_config(HF_FAMILY_BASE.get(model_type, LLAMA_HF) | {"model_type": model_type} | changes)
     except SpecError:
         return {cls: False}
     assert num_params(m) > 0

@@ -676,12 +676,13 @@ def _hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _unread_fields(c: _Cfg, outer: dict[str, Any] | None, understood: frozenset[str]) -> list[str]:
     """The config's fields (a wrapper's too) that the family's reader did not look up and that are neither in its
-    family defaults, nor MoE fields it maps, nor HARMLESS_FIELDS / NOT_COSTED_FIELDS, nor `_`-prefixed."""
+    family defaults, nor MoE fields it maps, nor HARMLESS_FIELDS / NOT_COSTED_FIELDS, nor `_`-prefixed, nor null
+    (a null field sets nothing: Llama configs saved with `"sliding_window": null`)."""
     known = (c.seen | set(c.defaults) | understood | HARMLESS_FIELDS | set(NOT_COSTED_FIELDS) | _STRUCTURE_FIELDS
              | _TRAINING_ONLY | _NOT_ARCHITECTURE)
     prefix = "text_config." if outer is not None else ""
-    unread = [prefix + k for k in c.data if not k.startswith("_") and k not in known]
-    return unread + [k for k in (outer or {}) if not k.startswith("_") and k not in known]
+    unread = [prefix + k for k, v in c.data.items() if not k.startswith("_") and k not in known and v is not None]
+    return unread + [k for k, v in (outer or {}).items() if not k.startswith("_") and k not in known and v is not None]
 
 
 def _refuse_unread(c: _Cfg, outer: dict[str, Any] | None, understood: frozenset[str]) -> None:

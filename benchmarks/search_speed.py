@@ -11,6 +11,12 @@ recompute, optimizer offload). Prints candidates enumerated and scored, seconds 
 candidates per second (best of the repeats; the first run includes imports and
 warm-up). Run it with one BLAS/numpy thread to measure one core: OMP_NUM_THREADS=1
 (set below unless the environment sets it); pin it to one core with `taskset -c 0`.
+
+To compare two builds, alternate them and fix glibc's malloc thresholds
+(`MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824`): with the default
+dynamic threshold, whether each candidate-sized array is a fresh mmap (page faults on every
+touch) depends on the heap's history since start-up, and moves the figures by up to a quarter
+between builds whose call counts are identical.
 """
 
 from __future__ import annotations

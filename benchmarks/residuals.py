@@ -59,8 +59,9 @@ def _held_out_cases(name: str) -> Callable[[], list]:
 
 #: End-to-end sets the band does not use.
 LEFT_OUT = {
-    "SC'21 Table 2 ZeRO-3": "DeepSpeed's ZeRO-3 of 2021, a known limit of the model (README; 27-78 % too fast), "
-                            "not a residual of what the model claims to cover",
+    "SC'21 Table 2 ZeRO-3": "DeepSpeed's ZeRO-3 of 2021, priced through a cross-node rate fitted on two of the "
+                            "set's own four rows (benchmarks.zero3): its errors say how well that fit carries, "
+                            "not what the model claims to cover",
     "torchtitan H100 (2024-12)": "measured on Grand Teton H100s (500 W, 96 GB HBM2e), not the 700 W DGX H100 the "
                                  "dgx-h100 preset describes: its errors are another machine's, not this GPU's band "
                                  "(the accuracy report still shows them, with and without)",

@@ -34,6 +34,7 @@ from cost_models.compute import LayerTimes, gemm_time, head_times, layer_times, 
 from cost_models.elementwise import elementwise_model
 from cost_models.layout import ParallelLayout
 from cost_models.frameworks import framework_of, zero3_impl_of
+from profiles.frameworks import Framework
 from cost_models.sharding import zero3_comm_s
 from cost_models.memory import (RUNTIME_TERMS, dispatcher_buffer_bytes, fp8_weight_memory, kind_quantised_weights,
                                 model_state_bytes, param_gather_saving_per_element, per_row, runtime_memory_bytes,
@@ -117,6 +118,11 @@ class Setup:
     @property
     def gpu(self) -> GpuSpec:
         return self.cluster.gpu
+
+    @cached_property
+    def framework(self) -> Framework:
+        """The profile of the framework the plan runs on (`cost_models.frameworks.framework_of`)."""
+        return framework_of(self.train, self.gpu.tables)
 
     @cached_property
     def counts(self) -> np.ndarray:
@@ -248,7 +254,7 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     """Every memory term of one rank of each stage row (S, N), bytes."""
     st, train, lay, x = s.st, s.train, s.lay, s.x
     params = s.params
-    master = framework_of(train, s.gpu.tables).zero3_param_is_master
+    master = s.framework.zero3_param_is_master
     mem = model_state_bytes(params, st.zero_stage, lay.shard, st.offload_optimizer, train.precision,
                             train.grad_precision, train.optimizer, master)
     if s.has_experts:  # expert states are sharded over the expert-data-parallel group (Megatron's expert DP)
@@ -256,12 +262,12 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
                                     train.precision, train.grad_precision, train.optimizer, master)
         mem = {k: mem[k] + experts[k] for k in mem}
     mem |= stage_fp8_weight_bytes(s, mem["params"])
-    mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, framework_of(train, s.gpu.tables),
+    mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, s.framework,
                                   s.counts)
     # Pipeline send and receive buffers of one micro-batch's activations, forward and backward.
     p2p_buffers = np.where(lay.pp > 1, 2 * 2 * x.tokens * s.model.hidden_size * x.act / lay.tp, 0.0)
     mem["zero3_buffers"] = (zero3_working_bytes(s.blocks, st, train.precision, train.grad_precision) * (lay.rows.layers > 0)
-                            + zero3_head_bytes(s.blocks, st, lay, train.precision, framework_of(train, s.gpu.tables).zero3_head_unsharded))
+                            + zero3_head_bytes(s.blocks, st, lay, train.precision, s.framework.zero3_head_unsharded))
     mem["comm_buffers"] = p2p_buffers
     tensors = sum(np.broadcast_to(v, params.shape) for v in mem.values())
     dispatcher = getattr(train, "moe_dispatcher", "alltoall")
@@ -287,7 +293,7 @@ def stage_fp8_weight_bytes(s: Setup, params: np.ndarray) -> dict[str, np.ndarray
     dense_k, expert_k = s.quantised_kinds
     fp8 = fp8_weight_memory(s.per_row(dense_k), s.per_row(expert_k), s.st.zero_stage, s.lay.shard, s.lay.expert_dp,
                             train.fp8_recipe, table.fp8_transpose if table is not None else True,
-                            bool(getattr(train, "fp8_param_gather", False)), framework_of(train, s.gpu.tables).fp8_weight_cache,
+                            bool(getattr(train, "fp8_param_gather", False)), s.framework.fp8_weight_cache,
                             WEIGHT_BYTES[train.precision])
     return {"params": params + fp8["params"], "fp8_weights": fp8["fp8_weights"]}
 
@@ -614,7 +620,7 @@ def pipeline_comm(s: Setup, chunk_s: np.ndarray | None = None) -> np.ndarray:
     tied_sync = np.where(s.model.tie_embeddings & (lay.pp > 1),
                          s.comm.all_reduce_s(embedding_grads, emb_size, emb_stride), 0.0)
     every = lay.pipeline_transfers(m)
-    overlapped = s.st.overlap_p2p_comm & (lay.vpp > 1) & framework_of(s.train, s.gpu.tables).p2p_overlap
+    overlapped = s.st.overlap_p2p_comm & (lay.vpp > 1) & s.framework.p2p_overlap
     if chunk_s is None or not np.any(overlapped):
         return every * p2p + tied_sync
     blocking = lay.blocking_transfers(m)
@@ -683,7 +689,7 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     # Whether the framework repeats the reduction (gather) every micro-batch (profiles/frameworks/):
     # the last micro-batch's reduction hides behind its backward only, earlier ones also behind the
     # next micro-batch's forward; a gather before every forward hides behind that forward.
-    framework, m = framework_of(train, gpu.tables), s.num_microbatches
+    framework, m = s.framework, s.num_microbatches
     each_reduce = framework.reduces_each_microbatch(zero, lay.pp) & (zero != 3)
     each_gather = framework.gathers_each_microbatch(zero, lay.pp) & sharded
     last = np.where(st.overlap_grad_reduce, exposed_s(grad_reduce, bwd_mb, overlap), grad_reduce)
@@ -772,7 +778,7 @@ def step_flops(s: Setup) -> tuple[np.ndarray, np.ndarray]:
     L = blocks.num_layers
     model_flop = 3 * (L * layer_fwd + mtp_fwd + head_fwd)
     rc = s.st.recompute
-    policy = framework_of(train, s.gpu.tables).selective_recompute
+    policy = s.framework.selective_recompute
     if policy == "none":
         core_fwd = 0.0
     elif policy == "op_sac":  # the GEMMs torchtitan's op policy repeats (the attention kernel is saved)

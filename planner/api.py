@@ -17,7 +17,6 @@ from planner.rules import (
     node_warning,
 )
 from planner.search import evaluate_one, search
-from planner.space import normalise_constraints
 from planner.specs import (
     ClusterSpec,
     Estimate,
@@ -159,7 +158,6 @@ def plan(
         model, cluster, num_gpus, global_batch_size, seq_len, precision, **train_options
     )
     constraints = {} if constraints is None else constraints
-    normalise_constraints(constraints, model_spec)  # a malformed constraint is refused before any search
     return search(model_spec, cluster_spec, train, num_gpus, constraints, top_k, headroom=float(headroom),
                   ranking=ranking)
 

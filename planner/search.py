@@ -22,7 +22,7 @@ from planner.error_band import band_fields, errors_of, overlaps_best
 from planner.errors import SpecError
 from planner.ranking import Row, closest_rows, headroom_limit, rank_rows
 from planner.rules import RULES, Context, check, first_failure_counts, messages
-from planner.space import enumerate_space, search_space
+from planner.space import enumerate_space, normalise_constraints, search_space
 from planner.specs import Estimate, GpuSpec, Plan, PlanResult, SearchStats, Strategy
 from planner.specs.results import DEFAULT_HEADROOM, Folded, Rejection
 
@@ -37,6 +37,7 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
     when none fits, it holds the closest candidates, advice and the smallest GPU count that fits
     (searched only then, and only when `find_min_gpus`)."""
     start = time.perf_counter()
+    normalise_constraints(constraints, model)  # a malformed constraint is refused before it is merged below
     # Offloading the optimizer only adds time to a plan (the host's memory bandwidth per GPU is far
     # below HBM's), so a searched offload is scored only for the plans that do not fit without it.
     free_offload = "offload_optimizer" not in (constraints or {})

@@ -33,7 +33,6 @@ runs come from neither. `SHIPPED` is the fit written to the profiles.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
@@ -55,7 +54,8 @@ from cost_models import StrategyArrays
 from cost_models.comm import TierCommModel
 from cost_models.blocks import model_blocks
 from cost_models.step import per_layer_times
-from planner.calibrate import CalibrationResult, FitParameter, FitSettings, Residual, apply_parameters, fit_parameters
+from planner.calibrate import (CalibrationResult, ErrorSummary, FitParameter, FitSettings, Residual, apply_parameters,
+                               fit_parameters)
 from planner.specs import ClusterSpec, GpuSpec, Strategy, TrainSpec
 from profiles import load_cluster
 
@@ -119,11 +119,10 @@ class Summary:
 
     @classmethod
     def of(cls, rows: list[RowError]) -> "Summary":
-        errors = [r.error for r in rows if r.error is not None]
-        if not errors:
+        s = ErrorSummary.of([r.error for r in rows if r.error is not None])
+        if not s.n:
             return cls(0, len(rows), float("nan"), float("nan"), float("nan"))
-        return cls(len(errors), len(rows), statistics.median(abs(e) for e in errors), max(abs(e) for e in errors),
-                   statistics.fmean(errors))
+        return cls(s.n, len(rows), s.median_abs, s.max_abs, s.mean_signed)
 
     def line(self) -> str:
         count = f"{self.n}" if self.n == self.n_rows else f"{self.n} of {self.n_rows}"

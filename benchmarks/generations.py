@@ -26,7 +26,6 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, replace
 
-import numpy as np
 
 from benchmarks.calibration import base_cluster
 from benchmarks.ep_overlap import FIT_ROWS as EP_OVERLAP_FIT_ROWS
@@ -37,7 +36,6 @@ from planner.calibrate import (
     FitParameter,
     FitSettings,
     MeasuredRun,
-    Residual,
     calibrate,
     parameter_document,
     write_calibration_profile,
@@ -144,23 +142,17 @@ def settings(parameter: str = PARAMETER, bounds: tuple[float, float] = BOUNDS, f
 
 
 def fit_generation(fit: GenerationFit, parameter: str = PARAMETER, bounds: tuple[float, float] = BOUNDS,
-                   fixed: dict | None = None) -> tuple[float, np.ndarray]:
-    """Bounded least squares of `fit`'s rows' relative errors over `parameter` (the others at `fixed`):
-    the value and the rows' errors under it (planner.calibrate.calibrate)."""
-    result = calibrate(runs_of(fit), settings(parameter, bounds, fixed))
-    return result.values[parameter], np.array([r.error for r in result.residuals])
+                   fixed: dict | None = None) -> CalibrationResult:
+    """Bounded least squares of `fit`'s rows' relative errors over `parameter` (the others at `fixed`),
+    with every row's error under the fitted value (planner.calibrate.calibrate)."""
+    return calibrate(runs_of(fit), settings(parameter, bounds, fixed))
 
 
 def describe(fit: GenerationFit) -> str:
     return f"{'; '.join(f'{s}: {label}' for s, label in fit.rows)} (why these: {fit.why})"
 
 
-def write(fit: GenerationFit, value: float, errs: np.ndarray, parameter: str = PARAMETER,
-          bounds: tuple[float, float] = BOUNDS) -> None:
-    result = CalibrationResult(
-        values={parameter: value}, fitted=(parameter,), standard_errors={},
-        residuals=tuple(Residual(row=label, error=float(e), source=s) for (s, label), e in zip(fit.rows, errs)),
-        settings=settings(parameter, bounds), converged=True, message="")
+def write(fit: GenerationFit, result: CalibrationResult, bounds: tuple[float, float] = BOUNDS) -> None:
     method = ("python -m benchmarks.generations: bounded least squares of the relative step-time errors, "
               f"bounds {list(bounds)}")
     for gpu in fit.gpus:
@@ -168,10 +160,11 @@ def write(fit: GenerationFit, value: float, errs: np.ndarray, parameter: str = P
                                   parameter_document(result, method, describe(fit)))
 
 
-def _report(key: str, parameter: str, value: float, fit: GenerationFit, errs: np.ndarray) -> None:
-    print(f"{key}: {parameter} = {value} on {len(fit.rows)} rows")
-    for (_, label), e in zip(fit.rows, errs):
-        print(f"  {label:70s} {e:+.1%}")
+def _report(key: str, result: CalibrationResult) -> None:
+    (parameter,) = result.fitted
+    print(f"{key}: {parameter} = {result.values[parameter]} on {len(result.residuals)} rows")
+    for r in result.residuals:
+        print(f"  {r.row:70s} {r.error:+.1%}")
 
 
 def main(argv: list[str]) -> int:
@@ -179,18 +172,18 @@ def main(argv: list[str]) -> int:
     sustained = {}
     for fit in GENERATION_FITS.values():
         # with the x86 hosts' shipped host_time_scale (the dense fit rows barely depend on it)
-        value, errs = fit_generation(fit)
-        sustained.update({gpu: value for gpu in fit.gpus})
-        _report(fit.key, PARAMETER, value, fit, errs)
+        result = fit_generation(fit)
+        sustained.update({gpu: result.values[PARAMETER] for gpu in fit.gpus})
+        _report(fit.key, result)
         if not check:
-            write(fit, value, errs)
+            write(fit, result)
     # the host fit's rows run on one GPU kind: its sustained fraction as just fitted
     gpu_of_rows = {cases_of(HOST_FIT)[0].cluster}
     fixed = {PARAMETER: sustained[base_cluster(gpu_of_rows.pop()).gpu.kernel_tables]}
-    value, errs = fit_generation(HOST_FIT, HOST_PARAMETER, HOST_BOUNDS, fixed)
-    _report(HOST_FIT.key, HOST_PARAMETER, value, HOST_FIT, errs)
+    result = fit_generation(HOST_FIT, HOST_PARAMETER, HOST_BOUNDS, fixed)
+    _report(HOST_FIT.key, result)
     if not check:
-        write(HOST_FIT, value, errs, HOST_PARAMETER, HOST_BOUNDS)
+        write(HOST_FIT, result, HOST_BOUNDS)
     return 0
 
 

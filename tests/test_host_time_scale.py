@@ -1,6 +1,5 @@
 """The x86 hosts' fitted factor on the element-wise tables' host-time figures (GpuSpec.host_time_scale)."""
 
-import numpy as np
 import pytest
 
 from benchmarks.generations import (HOST_BOUNDS, HOST_FIT, HOST_PARAMETER, PARAMETER, calibration_rows, cases_of,
@@ -69,7 +68,8 @@ def test_the_shipped_scale_is_the_fit_of_its_named_rows():
     report counts those rows as calibration rows (not in any generation's held-out figures)."""
     cases = cases_of(HOST_FIT)
     gpu = load_cluster(cases[0].cluster).gpu
-    value, errs = fit_generation(HOST_FIT, HOST_PARAMETER, HOST_BOUNDS, {PARAMETER: gpu.sustained_compute_fraction})
-    assert gpu.host_time_scale == pytest.approx(value, abs=0.01)
-    assert np.all(np.abs(errs) < 0.05)
+    result = fit_generation(HOST_FIT, HOST_PARAMETER, HOST_BOUNDS, {PARAMETER: gpu.sustained_compute_fraction})
+    assert gpu.host_time_scale == pytest.approx(result.values[HOST_PARAMETER], abs=0.01)
+    assert [r.row for r in result.residuals] == [label for _, label in HOST_FIT.rows]
+    assert all(abs(r.error) < 0.05 for r in result.residuals)
     assert set(HOST_FIT.rows) <= calibration_rows()

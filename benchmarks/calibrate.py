@@ -121,7 +121,8 @@ def main(argv: list[str]) -> int:
 
 
 #: Keys of a calibration file that other scripts write (benchmarks.generations, benchmarks.residuals): kept as they are.
-KEPT = ("sustained_compute_fraction", "sustained_compute_fraction_fit", "step_time_residuals")
+KEPT = ("sustained_compute_fraction", "sustained_compute_fraction_fit", "step_time_residuals", "host_time_scale",
+        "host_time_scale_fit")
 
 
 if __name__ == "__main__":

@@ -234,10 +234,18 @@ SHIPPED_BECAUSE = (
 @dataclass(frozen=True)
 class Fit:
     spec: FitSpec
-    params: dict[str, float]  # fitted and held
-    standard_errors: dict[str, float]  # fitted parameters: from the Jacobian at the optimum
     residuals: dict[str, list[RowError]]  # by fitted table
-    result: CalibrationResult  # the same, as the package's typed result (written as the calibration profile)
+    result: CalibrationResult  # the package's typed result (written as the calibration profile)
+
+    @property
+    def params(self) -> dict[str, float]:
+        """Every parameter's value, fitted and held."""
+        return self.result.values
+
+    @property
+    def standard_errors(self) -> dict[str, float | None]:
+        """The fitted parameters' standard errors, from the Jacobian at the optimum."""
+        return self.result.standard_errors
 
 
 def fit(spec: FitSpec, fixed: dict[str, float] | None = None) -> Fit:
@@ -269,8 +277,7 @@ def fit(spec: FitSpec, fixed: dict[str, float] | None = None) -> Fit:
         residuals=tuple(Residual(row=f"{table}: {r.label}", error=r.error, source=spec.paper, measured_s=r.measured_s,
                                  predicted_s=r.predicted_s) for table, rows in tables.items() for r in rows),
         settings=settings, converged=result.converged, message=result.message)
-    return Fit(spec=spec, params=result.values, standard_errors=result.standard_errors, residuals=tables,
-               result=calibration)
+    return Fit(spec=spec, residuals=tables, result=calibration)
 
 
 def lopo(fits: list[Fit], tables=A100_TABLES) -> dict[str, dict[str, Summary]]:

@@ -29,9 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cost_models.layout import ParallelLayout
+from planner.emit.quoting import NAME_PATTERN, SHELL_IDENTIFIER, check_name, clip, shell_command, shell_word
 from planner.errors import SpecError, unknown_name_message
 from planner.specs import Plan, Strategy
 
@@ -62,7 +63,15 @@ class EmitOptions(BaseModel):
         "Megatron-DeepSpeed), train.py (Colossal-AI), -m torchtitan.train (torchtitan).",
     )
     master_port: int = Field(29500, ge=1, le=65535, description="Rendezvous TCP port on the first node.")
-    job_name: str = Field("meshplan", pattern=r"^[A-Za-z0-9_.-]+$", description="Slurm job name.")
+    job_name: str = Field("meshplan", pattern=rf"^{NAME_PATTERN}$", description="Slurm job name.")
+
+    @field_validator("script")
+    @classmethod
+    def _script_splits(cls, value: str | None) -> str | None:
+        """The entry point is split into words as a shell splits it (quotes balanced, printable, not empty)."""
+        if value is not None:
+            shell_command("script", value)
+        return value
 
 
 @runtime_checkable
@@ -253,27 +262,27 @@ def costed_elsewhere(plan: Plan, runs: str) -> str | None:
 
 
 def describe(plan: Plan, runs: str | None = None) -> str:
-    """One comment line naming the plan: model, GPUs, cluster and strategy, and its prediction, said to be
-    another framework's when it was costed for one other than `runs`, the framework the output is for."""
+    """The text of one comment line naming the plan: model, GPUs, cluster and strategy, and its prediction, said
+    to be another framework's when it was costed for one other than `runs`, the framework the output is for.
+    The names are cut to `quoting.NAME_MAX_CHARS`, not escaped: it goes into output through `quoting.comment`."""
     est = plan.estimate
     costed = "" if runs is None or plan.train.framework == runs else f" (as {plan.train.framework} runs it, not {runs})"
-    return (f"plan {plan.rank}: {plan.model.name} on {plan.num_gpus}x {plan.cluster.gpu.name} ({plan.cluster.name}), "
+    return (f"plan {plan.rank}: {clip(plan.model.name)} on {plan.num_gpus}x {clip(plan.cluster.gpu.name)} "
+            f"({clip(plan.cluster.name)}), "
             f"{facts(plan).strategy.short()}; predicted{costed} {est.step_time_s:.3g} s/step, {100 * est.mfu:.1f}% MFU, "
             f"{est.peak_memory_bytes / 2**30:.1f} GiB peak per GPU")
 
 
 def shell_array(name: str, args: list[str]) -> str:
-    """A bash array literal, one flag (with its value) per line."""
-    import shlex
-
+    """A bash array literal, one flag (with its value) per line, every word quoted (`quoting.shell_word`)."""
     lines: list[str] = []
     for arg in args:
         if arg.startswith("-") and not _is_number(arg) or not lines:
-            lines.append(shlex.quote(arg))
+            lines.append(shell_word(arg))
         else:
-            lines[-1] += " " + shlex.quote(arg)
+            lines[-1] += " " + shell_word(arg)
     body = "".join(f"  {line}\n" for line in lines)
-    return f"{name}=(\n{body})\n"
+    return f"{check_name('array name', name, SHELL_IDENTIFIER)}=(\n{body})\n"
 
 
 def _is_number(text: str) -> bool:

@@ -51,6 +51,7 @@ import json
 from typing import Any
 
 from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFacts, check_plan, describe
+from planner.emit.quoting import comment, python_literal
 from planner.specs import Plan
 
 FRAMEWORK = "Colossal-AI"
@@ -221,29 +222,40 @@ def _hybrid_kwargs(f: PlanFacts, precision: str, notes: list[str]) -> dict[str, 
 
 # ---- rendering -----------------------------------------------------------------------
 def _py(value: Any, key: str = "") -> str:
+    """A keyword argument's Python source: a torch dtype from the `_DTYPE` table, a config class of
+    `CONFIG_CLASSES` built from its kwargs, or a literal (`quoting.python_literal`)."""
     if key == "communication_dtype":
+        if value not in _DTYPE.values():
+            raise ValueError(f"communication_dtype {value!r} is not one of {sorted(_DTYPE.values())}")
         return f"torch.{value}"
     if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in CONFIG_CLASSES:
         cls, kw = next(iter(value.items()))
-        return f"{cls}(" + ", ".join(f"{k}={_py(v)}" for k, v in kw.items()) + ")"
-    return repr(value)
+        return f"{cls}(" + ", ".join(f"{_identifier(k)}={_py(v)}" for k, v in kw.items()) + ")"
+    return python_literal(value)
+
+
+def _identifier(name: str) -> str:
+    """A keyword argument's or class's name, checked to be a Python identifier (they come from this module)."""
+    if not name.isidentifier():
+        raise ValueError(f"not a Python identifier: {name!r}")
+    return name
 
 
 def python_snippet(plan: Plan) -> str:
     spec = plugin_spec(plan)
     kwargs, training = spec["kwargs"], spec["training"]
-    lines = [f"# Colossal-AI {describe(plan, RUNS)}",
+    lines = [comment("# Colossal-AI ", describe(plan, RUNS)),
              "# Paste into your training script, where model, optimizer and dataset are defined."]
-    lines += [f"# note: {n}" for n in spec["notes"]]
+    lines += [comment("# note: ", n) for n in spec["notes"]]
     lines.append("import torch")
     lines.append("from colossalai.booster import Booster")
-    lines.append(f"from colossalai.booster.plugin import {spec['plugin']}")
+    lines.append(f"from colossalai.booster.plugin import {_identifier(spec['plugin'])}")
     for cls, module in CONFIG_CLASSES.items():
         if any(isinstance(v, dict) and cls in v for v in kwargs.values()):
-            lines.append(f"from {module} import {cls}")
+            lines.append(f"from {module} import {_identifier(cls)}")
     lines.append("")
-    lines.append(f"plugin = {spec['plugin']}(")
-    lines += [f"    {k}={_py(v, k)}," for k, v in kwargs.items()]
+    lines.append(f"plugin = {_identifier(spec['plugin'])}(")
+    lines += [f"    {_identifier(k)}={_py(v, k)}," for k, v in kwargs.items()]
     lines.append(")")
     lines.append("booster = Booster(plugin=plugin)")
     if training["gradient_checkpointing"]:

@@ -54,6 +54,7 @@ import json
 from typing import Any
 
 from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFacts, check_plan, describe, shell_array
+from planner.emit.quoting import comment
 from planner.specs import Plan
 
 FRAMEWORK = "DeepSpeed"
@@ -254,7 +255,7 @@ class MegatronDeepSpeedEmitter:
         return {"args": megatron_deepspeed_args(plan), "config": ds_config(plan)}
 
     def render(self, plan: Plan, options: EmitOptions) -> str:
-        return (f"# Megatron-DeepSpeed {describe(plan, RUNS)}\n"
+        return (comment("# Megatron-DeepSpeed ", describe(plan, RUNS)) + "\n"
                 f"# Save `meshplan emit --backend deepspeed` as {CONFIG_PATH}; add your model-shape, data, tokenizer\n"
                 "# and learning-rate flags, then run torchrun ... pretrain_gpt.py \"${MEGATRON_DS_ARGS[@]}\" ...\n"
                 + shell_array("MEGATRON_DS_ARGS", megatron_deepspeed_args(plan)))

@@ -4,7 +4,8 @@ Both start `options.launch_for` (Megatron-LM by default) with that backend's
 emitted flags or config, written inline so the script is self-contained:
 Megatron-LM and Megatron-DeepSpeed get a bash array of flags, DeepSpeed its JSON,
 torchtitan its TOML and Colossal-AI its plugin JSON, each through a quoted
-here-document.
+here-document whose terminator the file does not contain (planner.emit.quoting:
+every name in the scripts is quoted or escaped there, never written as code).
 
 Environment a multi-node run needs: MASTER_ADDR/MASTER_PORT (the rendezvous on
 the first node), the node's rank (torchrun's static rendezvous; Slurm uses the
@@ -19,12 +20,12 @@ torchrun script writes them on each node.
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
 from planner.emit import colossalai, deepspeed, megatron, torchtitan
 from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFacts, describe, facts, shell_array
+from planner.emit.quoting import SHELL_IDENTIFIER, check_name, comment, heredoc, shell_command, shell_word
 from planner.specs import Plan
 
 #: launch target -> default entry point (argv after torchrun's own flags)
@@ -46,8 +47,9 @@ class Workload:
 
 def workload(plan: Plan, options: EmitOptions) -> Workload:
     target = options.launch_for
-    # a user's entry point is re-quoted token by token so it cannot break the script
-    script = shlex.join(shlex.split(options.script)) if options.script else DEFAULT_SCRIPT[target]
+    # a user's entry point is re-quoted word by word so it cannot break the script
+    script = (" ".join(shell_word(w) for w in shell_command("script", options.script)) if options.script is not None
+              else DEFAULT_SCRIPT[target])
     if target == "megatron":
         return Workload({}, megatron.environment(plan), {"MEGATRON_ARGS": megatron.megatron_args(plan)},
                         f'{script} "${{MEGATRON_ARGS[@]}}"')
@@ -59,9 +61,9 @@ def workload(plan: Plan, options: EmitOptions) -> Workload:
                         f'{script} "${{MEGATRON_DS_ARGS[@]}}"')
     if target == "torchtitan":
         return Workload({torchtitan.CONFIG_PATH: torchtitan.to_toml(plan)}, {}, {},
-                        f"{script} --job.config_file {torchtitan.CONFIG_PATH}")
+                        f"{script} --job.config_file {shell_word(torchtitan.CONFIG_PATH)}")
     return Workload({colossalai.CONFIG_PATH: colossalai.plugin_json(plan)}, {}, {},
-                    f"{script}  # builds its booster plugin from {colossalai.CONFIG_PATH}")
+                    script + "  " + comment("# builds its booster plugin from ", colossalai.CONFIG_PATH))
 
 
 def _layout(plan: Plan, framework: str) -> PlanFacts:
@@ -76,8 +78,9 @@ def _layout(plan: Plan, framework: str) -> PlanFacts:
 def _preamble(w: Workload) -> str:
     out = ""
     for path, text in w.files.items():
-        out += f"cat > {shlex.quote(path)} <<'MESHPLAN_EOF'\n{text}MESHPLAN_EOF\n"
-    out += "".join(f"export {k}={shlex.quote(v)}\n" for k, v in w.env.items())
+        out += heredoc(path, text)
+    out += "".join(f"export {check_name('environment variable', k, SHELL_IDENTIFIER)}={shell_word(v)}\n"
+                   for k, v in w.env.items())
     out += "".join(shell_array(name, args) for name, args in w.arrays.items())
     return out
 
@@ -85,7 +88,7 @@ def _preamble(w: Workload) -> str:
 def torchrun_script(plan: Plan, options: EmitOptions) -> str:
     f = _layout(plan, "torchrun")
     w = workload(plan, options)
-    head = f"#!/usr/bin/env bash\n# torchrun for {describe(plan, options.launch_for)}\n"
+    head = "#!/usr/bin/env bash\n" + comment("# torchrun for ", describe(plan, options.launch_for)) + "\n"
     if f.num_nodes == 1:
         launcher = f"torchrun --standalone --nnodes 1 --nproc-per-node {f.gpus_per_node}"
         rendezvous = ""
@@ -94,7 +97,7 @@ def torchrun_script(plan: Plan, options: EmitOptions) -> str:
                  "set to node 0's address.\n")
         rendezvous = (": \"${MASTER_ADDR:?set MASTER_ADDR to node 0's hostname or IP}\"\n"
                       f": \"${{NODE_RANK:?set NODE_RANK to this node's rank, 0..{f.num_nodes - 1}}}\"\n"
-                      f"export MASTER_PORT=${{MASTER_PORT:-{options.master_port}}}\n" + SITE_COMMENTS)
+                      f"export MASTER_PORT=${{MASTER_PORT:-{int(options.master_port)}}}\n" + SITE_COMMENTS)
         launcher = (f"torchrun --nnodes {f.num_nodes} --nproc-per-node {f.gpus_per_node} --node-rank \"$NODE_RANK\" "
                     "--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\"")
     return head + "set -euo pipefail\n" + rendezvous + _preamble(w) + f"{launcher} \\\n  {w.command}\n"
@@ -105,16 +108,16 @@ def slurm_script(plan: Plan, options: EmitOptions) -> str:
     w = workload(plan, options)
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name={options.job_name}",
+        f"#SBATCH --job-name={check_name('job_name', options.job_name)}",
         f"#SBATCH --nodes={f.num_nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --gpus-per-node={f.gpus_per_node}",
         "#SBATCH --exclusive",
-        f"# {describe(plan, options.launch_for)}",
+        comment("# ", describe(plan, options.launch_for)),
         "set -euo pipefail",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export MASTER_ADDR",
-        f"export MASTER_PORT={options.master_port}",
+        f"export MASTER_PORT={int(options.master_port)}",
     ]
     script = "\n".join(lines) + "\n" + SITE_COMMENTS + _preamble(w)
     launcher = (f"srun --kill-on-bad-exit=1 torchrun --nnodes \"$SLURM_NNODES\" --nproc-per-node {f.gpus_per_node} "

@@ -85,6 +85,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFacts, check_plan, describe, shell_array
+from planner.emit.quoting import SHELL_IDENTIFIER, check_name, comment, shell_word
 from planner.specs import Plan
 
 FRAMEWORK = "Megatron-LM"
@@ -861,10 +862,11 @@ class MegatronEmitter:
     def render(self, plan: Plan, options: EmitOptions) -> str:
         args = megatron_args(plan)
         env = environment(plan)
-        head = (f"# Megatron-LM {describe(plan, RUNS)}\n"
+        head = (comment("# Megatron-LM ", describe(plan, RUNS)) + "\n"
                 "# Add your data, tokenizer, learning-rate and checkpoint flags, then run\n"
                 "#   torchrun ... pretrain_gpt.py \"${MEGATRON_ARGS[@]}\" ...\n")
-        exports = "".join(f"export {k}={v}\n" for k, v in env.items())
+        exports = "".join(f"export {check_name('environment variable', k, SHELL_IDENTIFIER)}={shell_word(v)}\n"
+                          for k, v in env.items())
         return head + exports + shell_array("MEGATRON_ARGS", args)
 
     def omissions(self, plan: Plan, options: EmitOptions) -> list[str]:

@@ -34,10 +34,10 @@ layer in bf16, which the plan does not cost).
 from __future__ import annotations
 
 import re
-import shlex
 from typing import Any
 
 from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, describe
+from planner.emit.quoting import comment, shell_word
 from planner.emit.megatron import core_config_kwargs, qk_norm_omissions, settings
 from planner.specs import Plan
 
@@ -166,7 +166,8 @@ def _mixed_precision_recipe(train) -> str:
 def format_value(value: Any) -> str:
     """Hydra/OmegaConf literal: true/false, null, numbers, bare strings; a string with characters
     Hydra's override grammar reads as syntax (a pipeline layout's `(`, `)`, `,`, `|`, `*`) is
-    double-quoted; a list or tuple is a Hydra list `[a,b]`."""
+    double-quoted (a non-printing character, which the grammar cannot escape, is refused); a list or
+    tuple is a Hydra list `[a,b]`."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
@@ -174,6 +175,9 @@ def format_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):  # a per-layer pattern or a window pair: a Hydra list
         return "[" + ",".join(format_value(v) for v in value) + "]"
     if isinstance(value, str) and not _BARE.fullmatch(value):
+        if not value.isprintable():  # Hydra's override grammar has no escape for control characters
+            raise NotExpressibleError(FRAMEWORK, f"override value {value!r}: a control or other non-printing "
+                                                 "character cannot be written in a Hydra override")
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(value) if isinstance(value, float) else str(value)
 
@@ -193,8 +197,8 @@ class MegatronBridgeEmitter:
 
     def render(self, plan: Plan, options: EmitOptions) -> str:
         lines = bridge_overrides(plan)
-        body = "".join(f"  {shlex.quote(line)}\n" for line in lines)
-        return (f"# Megatron-Bridge {describe(plan, RUNS)}\n"
+        body = "".join(f"  {shell_word(line)}\n" for line in lines)
+        return (comment("# Megatron-Bridge ", describe(plan, RUNS)) + "\n"
                 "# Append to a Megatron-Bridge recipe script: python <recipe>.py \"${OVERRIDES[@]}\"\n"
                 f"OVERRIDES=(\n{body})\n")
 

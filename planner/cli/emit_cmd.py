@@ -118,6 +118,7 @@ def emit_cmd(
     """Emit a plan as Megatron-LM flags, Megatron-Bridge overrides, a DeepSpeed JSON, Colossal-AI plugin
     kwargs, a torchtitan TOML, or a torchrun / Slurm launch script."""
     from planner.emit import EmitOptions, costed_elsewhere, get_emitter, runs_framework
+    from planner.emit.quoting import check_name, shell_command
 
     emitter = get_emitter(backend)
     if plan_file is not None:  # --plan FILE is PLAN_JSON by name, as evaluate and explain take it
@@ -169,6 +170,10 @@ def emit_cmd(
                               moe_flex_num_sms, moe_router_padding_for_quantization)
         result, source = _search(model, cluster, gpus, global_batch_size, seq_len, (precision or "bf16"), top_k,
                                  parse_constraints(constraint, constraints), train, parse_headroom(headroom)), "the search"
+    # checked here too so the message names the options as typed (EmitOptions checks them for the API)
+    if script is not None:
+        shell_command("--script", script)
+    check_name("--job-name", job_name)
     try:
         options = EmitOptions(launch_for=launch_for.value, script=script, master_port=master_port, job_name=job_name)
     except ValidationError as exc:
@@ -191,8 +196,9 @@ def emit_cmd(
 def _note(note: str | None) -> None:
     if note:
         from planner.cli.common import stderr
+        from planner.emit.quoting import one_line
 
-        stderr.print(f"note: {note}", markup=False, highlight=False)
+        stderr.print(f"note: {one_line(note)}", markup=False, highlight=False)
 
 
 def _text(emitter, chosen: Plan, options, backend: str, allow_partial: bool, note: str | None = None) -> None:
@@ -200,12 +206,14 @@ def _text(emitter, chosen: Plan, options, backend: str, allow_partial: bool, not
     nothing is printed and the exit code is 2."""
     from planner.cli.common import stderr
     from planner.emit import omissions
+    from planner.emit.quoting import one_line
 
     text = emitter.render(chosen, options)
     _note(note)
     dropped = omissions(chosen, backend, options)
     for reason in dropped:
-        stderr.print(f"{backend} text drops part of plan {chosen.rank}: {reason}", markup=False, highlight=False)
+        stderr.print(f"{backend} text drops part of plan {chosen.rank}: {one_line(reason)}", markup=False,
+                     highlight=False)
     if dropped and not allow_partial:
         raise ExitWith(2, "not emitted: pass --allow-partial to print it anyway")  # each reason says where else it goes
     sys.stdout.write(text)

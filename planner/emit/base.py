@@ -18,6 +18,10 @@ tests/emit/test_contract.py):
   whose message starts "not expressible in <framework>: " and names the field,
   the rule and the value. An emitter never silently drops or changes a knob
   that changes memory or speed; it either maps it or refuses.
+- Text from the user (model, cluster and GPU names, the entry point, any path)
+  reaches the output only through `planner.emit.quoting`: quoted as data for
+  the output's language, escaped into a one-line comment, or checked against
+  a pattern where it is used as a name; never written as code.
 - An emitter whose text form cannot carry part of a plan that its `data` form
   carries (DeepSpeed's bare JSON has no tp key) has `omissions(plan, options)`,
   one reason per dropped part; `meshplan emit` prints them on stderr and exits
@@ -32,7 +36,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cost_models.layout import ParallelLayout
-from planner.emit.quoting import NAME_PATTERN, SHELL_IDENTIFIER, check_name, clip, shell_command, shell_word
+from planner.emit.quoting import NAME_PATTERN, SHELL_IDENTIFIER, check_name, clip, one_line, shell_command, shell_word
 from planner.errors import SpecError, unknown_name_message
 from planner.specs import Plan, Strategy
 
@@ -221,7 +225,7 @@ def check_plan(plan: Plan, framework: str) -> PlanFacts:
     if not lay.split_ok()[0]:
         refuse(lay.split_message())
     if not m.is_moe and (s.ep > 1 or s.etp > 1):
-        refuse(f"ep ({s.ep}) and etp ({s.etp}) must be 1: model {m.name} is dense (ModelSpec has no experts)")
+        refuse(f"ep ({s.ep}) and etp ({s.etp}) must be 1: model {one_line(clip(m.name))} is dense (ModelSpec has no experts)")
     if m.is_moe:
         if m.num_experts % s.ep:
             refuse(f"ep ({s.ep}) must divide num_experts ({m.num_experts})")

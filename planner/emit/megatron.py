@@ -85,7 +85,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFacts, check_plan, describe, shell_array
-from planner.emit.quoting import SHELL_IDENTIFIER, check_name, comment, shell_word
+from planner.emit.quoting import SHELL_IDENTIFIER, check_name, clip, comment, one_line, shell_word
 from planner.specs import Plan
 
 FRAMEWORK = "Megatron-LM"
@@ -429,8 +429,9 @@ def _model_shape(f: PlanFacts) -> dict[str, Any]:
         out |= {"group_query_attention": True, "num_query_groups": m.kv_heads}
     if m.gated_mlp:  # megatron-core 0.16 has flags for SwiGLU and quick-GEGLU only (glu_omissions says the rest)
         if m.glu_activation == "quick_gelu" and (not all(m.moe_layer_mask()) or m.num_shared_experts):
-            raise NotExpressibleError(FRAMEWORK, f"model {m.name}'s quick-GEGLU in a dense MLP (dense layers or shared "
-                                      "experts): megatron-core 0.16 fuses quick-GEGLU only in the grouped experts, "
+            raise NotExpressibleError(FRAMEWORK, f"model {one_line(clip(m.name))}'s quick-GEGLU in a dense MLP "
+                                      "(dense layers or shared experts): megatron-core 0.16 fuses quick-GEGLU only in the "
+                                      "grouped experts, "
                                       "its dense MLP raises with Megatron-LM's default bias-activation fusion, and "
                                       "--no-bias-gelu-fusion would run the experts' activation unfused, which the "
                                       "plan was not costed with")

@@ -225,7 +225,7 @@ def check_shell_marker(script: str, marker: str, tmp_dir: Path, bare_arguments: 
     if shutil.which("bash") is not None:
         path = tmp_dir / "emitted.sh"
         path.write_bytes(script.encode("utf-8", "surrogatepass"))
-        proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30, check=False)
         assert proc.returncode == 0, proc.stderr
     lexed = shell_words(script)
     owner: dict[int, tuple[Word, str]] = {}

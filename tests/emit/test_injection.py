@@ -15,20 +15,34 @@ from typing import get_args
 
 import pytest
 import yaml
+from emit_plans import make_plan
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from injection_checks import (
+    check_file_marker,
+    check_json_marker,
+    check_python_marker,
+    check_shell_marker,
+    check_toml_marker,
+    shell_words,
+)
 from pydantic import ValidationError
 
 import profiles
-from emit_plans import make_plan
-from injection_checks import (check_file_marker, check_json_marker, check_python_marker, check_shell_marker,
-                              check_toml_marker, shell_words)
 from planner.cli import main
 from planner.cli.emit_cmd import LaunchFor
 from planner.emit import EmitOptions, backends, emit, emit_data, get_emitter
 from planner.emit.base import LaunchTarget
-from planner.emit.quoting import (clip, comment, heredoc, heredoc_terminator, one_line, python_literal, shell_command,
-                                  toml_string)
+from planner.emit.quoting import (
+    clip,
+    comment,
+    heredoc,
+    heredoc_terminator,
+    one_line,
+    python_literal,
+    shell_command,
+    toml_string,
+)
 from planner.errors import SpecError
 from planner.specs import Plan
 
@@ -56,7 +70,7 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 @lru_cache(maxsize=1)
 def base_plan_json() -> str:
     """One plan every backend and launch target can express (tp 2, ZeRO-1 on one DGX H100)."""
-    return make_plan("llama3-8b", "dgx-h100", 8, 64, 4096, strategy=dict(tp=2, zero_stage=1)).model_dump_json()
+    return make_plan("llama3-8b", "dgx-h100", 8, 64, 4096, strategy={"tp": 2, "zero_stage": 1}).model_dump_json()
 
 
 def named(source: str, name: str) -> Plan:

@@ -51,7 +51,7 @@ import json
 from typing import Any
 
 from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFacts, check_plan, describe
-from planner.emit.quoting import comment, python_literal
+from planner.emit.quoting import comment, python_identifier, python_literal
 from planner.specs import Plan
 
 FRAMEWORK = "Colossal-AI"
@@ -230,15 +230,8 @@ def _py(value: Any, key: str = "") -> str:
         return f"torch.{value}"
     if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in CONFIG_CLASSES:
         cls, kw = next(iter(value.items()))
-        return f"{cls}(" + ", ".join(f"{_identifier(k)}={_py(v)}" for k, v in kw.items()) + ")"
+        return f"{cls}(" + ", ".join(f"{python_identifier(k)}={_py(v)}" for k, v in kw.items()) + ")"
     return python_literal(value)
-
-
-def _identifier(name: str) -> str:
-    """A keyword argument's or class's name, checked to be a Python identifier (they come from this module)."""
-    if not name.isidentifier():
-        raise ValueError(f"not a Python identifier: {name!r}")
-    return name
 
 
 def python_snippet(plan: Plan) -> str:
@@ -249,13 +242,13 @@ def python_snippet(plan: Plan) -> str:
     lines += [comment("# note: ", n) for n in spec["notes"]]
     lines.append("import torch")
     lines.append("from colossalai.booster import Booster")
-    lines.append(f"from colossalai.booster.plugin import {_identifier(spec['plugin'])}")
+    lines.append(f"from colossalai.booster.plugin import {python_identifier(spec['plugin'])}")
     for cls, module in CONFIG_CLASSES.items():
         if any(isinstance(v, dict) and cls in v for v in kwargs.values()):
-            lines.append(f"from {module} import {_identifier(cls)}")
+            lines.append(f"from {module} import {python_identifier(cls)}")
     lines.append("")
-    lines.append(f"plugin = {_identifier(spec['plugin'])}(")
-    lines += [f"    {_identifier(k)}={_py(v, k)}," for k, v in kwargs.items()]
+    lines.append(f"plugin = {python_identifier(spec['plugin'])}(")
+    lines += [f"    {python_identifier(k)}={_py(v, k)}," for k, v in kwargs.items()]
     lines.append(")")
     lines.append("booster = Booster(plugin=plugin)")
     if training["gradient_checkpointing"]:

@@ -16,7 +16,8 @@ puts them there through these helpers only:
   str, int, float, bool, None, lists and dicts; no name a non-finite float
   would need).
 - `toml_value(value)`: a TOML value; strings are basic strings with every
-  control and non-printing character escaped.
+  control and non-printing character escaped; `toml_key` and
+  `python_identifier` check the names an emitter writes itself.
 - `heredoc(path, text)`: a shell command writing `text` to `path` through a quoted
   here-document whose terminator is proven absent from `text`.
 - `check_name(field, value, pattern)`: a value used as a name (a job name)
@@ -132,6 +133,20 @@ def toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(f"no TOML form for {short_repr(value)}")
+
+
+def toml_key(key: str) -> str:
+    """A bare TOML key (the emitters' keys are framework field names); anything else is a ValueError."""
+    if re.fullmatch(r"[A-Za-z0-9_-]+", key) is None:
+        raise ValueError(f"not a bare TOML key: {short_repr(key)}")
+    return key
+
+
+def python_identifier(name: str) -> str:
+    """`name` when it is a Python identifier (a class or keyword the emitter names); else a ValueError."""
+    if not name.isidentifier():
+        raise ValueError(f"not a Python identifier: {short_repr(name)}")
+    return name
 
 
 def heredoc_terminator(text: str) -> str:

@@ -63,11 +63,10 @@ Mapping choices (torchtitan shards data parallelism with FSDP2):
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, PlanFacts, check_plan, describe
-from planner.emit.quoting import comment, toml_value
+from planner.emit.quoting import comment, toml_key, toml_value
 from planner.specs import Plan
 
 FRAMEWORK = "torchtitan"
@@ -273,22 +272,15 @@ def _recompute(f: PlanFacts, refuse) -> dict[str, Any]:
 
 
 # ---- TOML ----------------------------------------------------------------------------
-def _toml_key(key: str) -> str:
-    """A bare TOML key (torchtitan's JobConfig field names are all bare keys)."""
-    if not re.fullmatch(r"[A-Za-z0-9_-]+", key):
-        raise ValueError(f"not a bare TOML key: {key!r}")
-    return key
-
-
 def _toml_table(prefix: str, table: dict[str, Any], out: list[str]) -> None:
     scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
     if scalars:
         out.append(f"[{prefix}]")
-        out += [f"{_toml_key(k)} = {toml_value(v)}" for k, v in scalars.items()]
+        out += [f"{toml_key(k)} = {toml_value(v)}" for k, v in scalars.items()]
         out.append("")
     for key, sub in table.items():
         if isinstance(sub, dict):
-            _toml_table(f"{prefix}.{_toml_key(key)}", sub, out)
+            _toml_table(f"{prefix}.{toml_key(key)}", sub, out)
 
 
 def to_toml(plan: Plan) -> str:
@@ -298,7 +290,7 @@ def to_toml(plan: Plan) -> str:
     out += [comment("# note: ", n) for n in notes]
     out.append("")
     for name, table in sections.items():
-        _toml_table(_toml_key(name), table, out)
+        _toml_table(toml_key(name), table, out)
     return "\n".join(out).rstrip("\n") + "\n"
 
 

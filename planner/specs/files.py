@@ -141,13 +141,16 @@ class _UniqueKeyLoader(_BASE_LOADER):  # type: ignore[misc, valid-type]
         return super().construct_mapping(node, deep=deep)
 
 
-def _yaml_shape_ok(text: str, what: str) -> None:
+def _yaml_shape_ok(text: str, what: str) -> bool:
     """Refuse more than MAX_VALUES nodes or nesting deeper than MAX_DEPTH from the event stream,
     stopping at the first node too many or level too deep: nothing is built before the file is known
-    to be small enough (composing a 4 MiB list of a million numbers took a minute and 1.6 GB)."""
+    to be small enough (composing a 4 MiB list of a million numbers took a minute and 1.6 GB).
+    Whether the stream holds an alias (only then can the document expand beyond what was counted)."""
     depth = nodes = 0
+    aliases = False
     for event in yaml.parse(text, Loader=_BASE_LOADER):
         if isinstance(event, _NODE_EVENTS):
+            aliases = aliases or isinstance(event, yaml.AliasEvent)
             nodes += 1
             if nodes > MAX_VALUES:
                 raise SpecError(f"{what} holds more than {MAX_VALUES:,} values; refused")
@@ -157,20 +160,22 @@ def _yaml_shape_ok(text: str, what: str) -> None:
                 raise SpecError(f"{what} nests deeper than {MAX_DEPTH} levels")
         elif isinstance(event, _CLOSE_EVENTS):
             depth -= 1
+    return aliases
 
 
 def parse_yaml(text: str, what: str) -> Any:
     """The plain data of one YAML document (as `yaml.safe_load`), after the count and depth checks
-    above and the alias expansion check (`_measure`), refusing repeated keys."""
+    above and, for a document with aliases, the expansion check (`_measure`); repeated keys refused."""
     try:
-        _yaml_shape_ok(text, what)
+        aliases = _yaml_shape_ok(text, what)
         loader = _UniqueKeyLoader(text)
         loader.what = what
         try:
             node = loader.get_single_node()
             if node is None:
                 return None
-            _measure(node, what)
+            if aliases:
+                _measure(node, what)
             return loader.construct_document(node)
         finally:
             loader.dispose()

@@ -34,8 +34,19 @@ MAX_VALUES = 200_000
 MAX_DEPTH = 64
 
 
+def _check_kind(info: os.stat_result, shown: str, what: str) -> None:
+    if stat.S_ISDIR(info.st_mode):
+        raise SpecError(f"{what} file {shown!r} is a directory, not a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise SpecError(f"{what} file {shown!r} is not a regular file (a device, pipe or socket)")
+    if info.st_size > MAX_FILE_BYTES:
+        raise SpecError(f"{what} file {shown!r} is {info.st_size:,} bytes; at most {MAX_FILE_BYTES:,} are read")
+
+
 def read_text(path: str | os.PathLike, what: str) -> str:
-    """The text of a regular UTF-8 file of at most MAX_FILE_BYTES."""
+    """The text of a regular UTF-8 file of at most MAX_FILE_BYTES. A device or pipe is refused
+    before it is opened (opening some devices acts); the file is then opened without blocking and
+    checked again on the open descriptor, so it cannot be swapped for one in between."""
     shown = str(path)
     try:
         info = os.stat(path)
@@ -43,17 +54,23 @@ def read_text(path: str | os.PathLike, what: str) -> str:
         raise SpecError(f"{what} file {shown!r} does not exist") from None
     except (OSError, ValueError) as exc:
         raise SpecError(f"{what} file {shown!r} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise SpecError(f"{what} file {shown!r} is a directory, not a file")
-    if not stat.S_ISREG(info.st_mode):
-        raise SpecError(f"{what} file {shown!r} is not a regular file (a device, pipe or socket)")
-    if info.st_size > MAX_FILE_BYTES:
-        raise SpecError(f"{what} file {shown!r} is {info.st_size:,} bytes; at most {MAX_FILE_BYTES:,} are read")
+    _check_kind(info, shown, what)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise SpecError(f"{what} file {shown!r} cannot be read: {exc.strerror}") from None
+    try:
+        _check_kind(os.fstat(fd), shown, what)
+        chunks: list[bytes] = []
+        left = MAX_FILE_BYTES + 1
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise SpecError(f"{what} file {shown!r} cannot be read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise SpecError(f"{what} file {shown!r} is larger than {MAX_FILE_BYTES:,} bytes")
     try:

@@ -164,7 +164,7 @@ def _write_file(path: Path, text: str, root: Path, force: bool) -> None:
     a name, never following a link), after `check_target`."""
     check_target(path, root, force)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".meshplan-profile-", suffix=".tmp", dir=path.parent)  # short: any name fits
     try:
         mask = os.umask(0)
         os.umask(mask)

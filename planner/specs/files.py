@@ -27,8 +27,8 @@ from planner.errors import SpecError, short_repr
 
 #: Largest model, cluster or config file read (the largest shipped file is under 100 KiB).
 MAX_FILE_BYTES = 4 * 2**20
-#: Most values (mappings, lists and scalars) a file may hold, and a YAML document expand to with its
-#: aliases followed.
+#: Most values (mappings, lists and scalars, keys included) a file may hold, and a YAML document expand
+#: to with its aliases followed.
 MAX_VALUES = 200_000
 #: Deepest nesting of mappings and lists in a YAML or JSON file.
 MAX_DEPTH = 64
@@ -227,10 +227,11 @@ _JSON_BRACKETS = re.compile(r"[\[\]{}]")
 
 
 def _json_shape_ok(text: str, what: str) -> None:
-    """Refuse more than MAX_VALUES values (commas and opening brackets outside strings) or nesting
-    deeper than MAX_DEPTH, before json.loads builds anything."""
+    """Refuse more than MAX_VALUES values, keys counted as in YAML's event stream (commas, colons and
+    opening brackets outside strings), or nesting deeper than MAX_DEPTH, before json.loads builds
+    anything."""
     bare = _JSON_STRING.sub('""', text)
-    values = 1 + bare.count(",") + bare.count("[") + bare.count("{")
+    values = 1 + bare.count(",") + bare.count(":") + bare.count("[") + bare.count("{")
     if values > MAX_VALUES:
         raise SpecError(f"{what} holds more than {MAX_VALUES:,} values; refused")
     depth = 0

@@ -62,9 +62,16 @@ PROJECT_PACKAGES = ("planner", "profiles", "executors", "cost_models", "benchmar
 
 
 def _is_meshplan_checkout(path: Path) -> bool:
+    """Whether `path` holds meshplan's pyproject.toml (read by the bounded reader: the folders above a
+    user's --output are theirs, and a pipe or device there is no checkout)."""
+    from planner.errors import SpecError
+    from planner.specs.files import read_text
+
+    if not (path / "pyproject.toml").exists():
+        return False
     try:
-        text = (path / "pyproject.toml").read_text()
-    except OSError:
+        text = read_text(path / "pyproject.toml", "pyproject")
+    except SpecError:
         return False
     return 'name = "meshplan"' in text
 

@@ -2,8 +2,8 @@
 Hugging Face config.json and the plan files of `emit`, `evaluate --plan` and `validate --plan`. Each
 refuses, with one SpecError (CLI: one line, exit 2) naming the file and the rule: a device (/dev/zero
 grew memory until killed), a pipe (hung), a binary file (UnicodeDecodeError), an oversized file,
-nesting deeper than MAX_DEPTH (RecursionError), more than MAX_VALUES values (a 4 MiB list took a minute
-and 1.6 GB before it was refused) and a key repeated in one mapping (silently the last one won)."""
+nesting deeper than MAX_DEPTH (RecursionError), more than MAX_VALUES values (a 4 MiB list took close to
+a minute and over a GB before it was refused) and a key repeated in one mapping (silently the last one won)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import json
 import os
 import sys
 import threading
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 import yaml
 
-import planner.specs.files as files
+from planner.specs import files
 from planner.cli import main
 from planner.errors import SpecError
 from planner.specs.files import MAX_DEPTH, MAX_FILE_BYTES, MAX_VALUES, parse_json, parse_yaml, read_input
@@ -29,8 +30,6 @@ from profiles import PROFILES_DIR, load_cluster, load_model
 def _cli(*args: str) -> str:
     """The CLI's one error line (exit 2, no traceback) as a SpecError, so every reader is checked alike."""
     out, err = io.StringIO(), io.StringIO()
-    from contextlib import redirect_stderr, redirect_stdout
-
     with redirect_stdout(out), redirect_stderr(err):
         code = main(list(args))
     text = err.getvalue()

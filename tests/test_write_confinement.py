@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import executors.profiler as profiler
+from executors import profiler
 from executors.profiler import check_targets, default_profile_name, profile_targets, write_profiles
 from planner.cli import main
 from planner.errors import SpecError

@@ -14,7 +14,6 @@ import os
 import sys
 import warnings
 from enum import Enum
-from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer

@@ -161,7 +161,7 @@ class _UniqueKeyLoader(_BASE_LOADER):  # type: ignore[misc, valid-type]
 def _yaml_shape_ok(text: str, what: str) -> bool:
     """Refuse more than MAX_VALUES nodes or nesting deeper than MAX_DEPTH from the event stream,
     stopping at the first node too many or level too deep: nothing is built before the file is known
-    to be small enough (composing a 4 MiB list of a million numbers took a minute and 1.6 GB).
+    to be small enough (composing a 4 MiB list of a million numbers took close to a minute and over a GB).
     Whether the stream holds an alias (only then can the document expand beyond what was counted)."""
     depth = nodes = 0
     aliases = False

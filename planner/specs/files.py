@@ -83,8 +83,10 @@ def read_input(path: str, what: str) -> str:
     """`read_text` of a file path, or for '-' at most MAX_FILE_BYTES of standard input (UTF-8)."""
     if path != "-":
         return read_text(path, what)
+    stream = getattr(sys.stdin, "buffer", None)  # a text stream without one (embedding, tests): characters
     try:
-        data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+        data = (stream.read(MAX_FILE_BYTES + 1) if stream is not None
+                else sys.stdin.read(MAX_FILE_BYTES + 1).encode("utf-8", "surrogateescape"))
     except OSError as exc:
         raise SpecError(f"{what} on standard input cannot be read: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:

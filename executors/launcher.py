@@ -36,6 +36,8 @@ from typing import Callable, Iterator
 
 from executors.parity import grad_norm_error, parity_errors
 from executors.results import ParityCheck, ParityReference, RankResult, RunConfig, RunResult
+from planner.errors import SpecError
+from planner.specs.files import read_text
 
 KILL_GRACE_S = 5.0
 """Grace between SIGTERM and SIGKILL when a run reaches its wall-clock limit."""
@@ -324,9 +326,9 @@ def read_ranks(out_dir: Path) -> list[RankResult]:
     ranks = []
     for path in sorted(out_dir.glob("rank*.json")):
         try:
-            ranks.append(RankResult.model_validate_json(path.read_text()))
-        except ValueError:
-            continue  # a rank killed while writing leaves no usable file
+            ranks.append(RankResult.model_validate_json(read_text(path, "rank result")))
+        except (SpecError, ValueError):
+            continue  # a rank killed while writing (or anything but a result file) leaves no usable file
     return sorted(ranks, key=lambda r: r.rank)
 
 

@@ -33,8 +33,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import statistics
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -59,9 +62,16 @@ PROJECT_PACKAGES = ("planner", "profiles", "executors", "cost_models", "benchmar
 
 
 def _is_meshplan_checkout(path: Path) -> bool:
+    """Whether `path` holds meshplan's pyproject.toml (read by the bounded reader: the folders above a
+    user's --output are theirs, and a pipe or device there is no checkout)."""
+    from planner.errors import SpecError
+    from planner.specs.files import read_text
+
+    if not (path / "pyproject.toml").exists():
+        return False
     try:
-        text = (path / "pyproject.toml").read_text()
-    except OSError:
+        text = read_text(path / "pyproject.toml", "pyproject")
+    except SpecError:
         return False
     return 'name = "meshplan"' in text
 
@@ -82,14 +92,97 @@ def protected_dir(target: Path) -> Path | None:
 
 
 def check_output_dir(target: Path) -> Path:
-    """`target`, resolved, or SpecError when it lies inside the package or a checkout."""
+    """`target`, resolved, or SpecError when it lies inside the package or a checkout, or exists and
+    is not a directory (checked before the measuring, which would otherwise be lost)."""
     from planner.errors import SpecError
 
     inside = protected_dir(target)
     if inside is not None:
         raise SpecError(f"--output ({target}) lies inside meshplan's own files ({inside}); profiles are written "
                         f"to a directory of your own (default: the user profiles directory)")
-    return target.expanduser().resolve()
+    resolved = target.expanduser().resolve()
+    if resolved.exists() and not resolved.is_dir():
+        raise SpecError(f"--output ({target}) is a file, not a directory: it is the profiles root that gpus/, "
+                        "clusters/ and kernels/ are written in")
+    return resolved
+
+
+#: The default profile name on CUDA: `local-` and the device's name in lower case, other characters
+#: as '-' (e.g. local-nvidia-h100-80gb-hbm3), cut to the longest preset name.
+DEFAULT_NAME_PREFIX = "local-"
+
+
+def default_profile_name(device: str, description: str) -> str:
+    """`local-cpu`, or on CUDA `local-<device name>` reduced to a preset name (profiles.PRESET_NAME)."""
+    from profiles import MAX_NAME_BYTES, check_preset_name
+
+    if device == "cpu":
+        return DEFAULT_NAME_PREFIX + "cpu"
+    slug = re.sub(r"[^a-z0-9]+", "-", description.lower()).strip("-") or "gpu"
+    name = (DEFAULT_NAME_PREFIX + slug)[:MAX_NAME_BYTES - len(".yaml")].rstrip("-")
+    check_preset_name("the default profile name", name)
+    return name
+
+
+def profile_targets(name: str, root: Path) -> list[Path]:
+    """Every file a profile called `name` may write (or remove, a stale kernel table) under `root`."""
+    from profiles.tables import TOPICS
+
+    return [root / "gpus" / f"{name}.yaml", root / "clusters" / f"{name}.yaml",
+            *(root / "kernels" / topic / f"{name}.yaml" for topic in TOPICS)]
+
+
+def check_target(path: Path, root: Path, force: bool = False) -> None:
+    """Refuse to write `path` (a file under the profiles root `root`) when it is a symbolic link (it
+    would be followed, overwriting what it points to), lies inside meshplan's own files once its
+    folder is resolved, is not a regular file, or exists and `force` is False; or when a folder on
+    the way to it is not a directory."""
+    from planner.errors import SpecError
+
+    if path.is_symlink():
+        raise SpecError(f"{path} is a symbolic link; `meshplan profile` replaces only regular files (remove the "
+                        "link, or choose another --name or --output)")
+    for folder in (path.parent, *path.parent.parents):
+        if folder == root:
+            break
+        if folder.exists() and not folder.is_dir():
+            raise SpecError(f"{folder} is a file, not a directory: {path} cannot be written")
+    resolved = path.parent.resolve() / path.name
+    inside = protected_dir(resolved)
+    if inside is not None:
+        raise SpecError(f"{path} lies inside meshplan's own files ({inside}); profiles are written to a directory "
+                        "of your own")
+    if path.exists():
+        if not path.is_file():
+            raise SpecError(f"{path} exists and is not a regular file; `meshplan profile` does not replace it")
+        if not force:
+            raise SpecError(f"{path} exists; --force replaces it (and the other files of profile {path.stem!r})")
+
+
+def check_targets(name: str, root: Path, force: bool = False) -> None:
+    """`check_target` of every file of profile `name` under `root`: run before measuring, so that a run
+    is never thrown away for a file it may not write."""
+    for path in profile_targets(name, root):
+        check_target(path, root, force)
+
+
+def _write_file(path: Path, text: str, root: Path, force: bool) -> None:
+    """Write `path` whole or not at all: a temporary file in its folder, then os.replace (which replaces
+    a name, never following a link), after `check_target`."""
+    check_target(path, root, force)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".meshplan-profile-", suffix=".tmp", dir=path.parent)  # short: any name fits
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)  # as an ordinary new file (mkstemp's are private)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def run_profile(nproc: int, out_dir: Path, device: str = "cpu", quick: bool = False,
@@ -103,7 +196,10 @@ def run_profile(nproc: int, out_dir: Path, device: str = "cpu", quick: bool = Fa
     if proc.timed_out or not path.exists():
         why = f"timed out after {timeout_s:.0f} s" if proc.timed_out else f"exited with status {proc.return_code}"
         raise SpecError(f"hardware profile run {why}:\n{proc.stderr_tail}")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"hardware profile run left an unreadable {path}: {exc}") from None
 
 
 # ---- summaries -------------------------------------------------------------
@@ -287,23 +383,34 @@ def _dump(data: dict[str, Any], comments: list[str]) -> str:
 
 
 def _written_by_profile(path: Path) -> bool:
-    """Whether `path` is a kernel table `meshplan profile` wrote (kind: measured, its source line)."""
+    """Whether `path` is a kernel table `meshplan profile` wrote (kind: measured, its source line); read
+    by the bounded reader, so a file that is not one (a pipe, a huge or broken file) is left alone."""
+    from planner.errors import SpecError
+    from planner.specs.files import load_path
+
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        data = load_path(path, "kernel table")
+    except SpecError:
         return False
     return isinstance(data, dict) and data.get("kind") == "measured" and str(data.get("source", "")).startswith(
         "measured by `meshplan profile`")
 
 
-def write_profiles(raw: dict[str, Any], name: str, root: Path) -> tuple[Path, Path]:
+def write_profiles(raw: dict[str, Any], name: str, root: Path, force: bool = False) -> tuple[Path, Path]:
     """Write root/gpus/<name>.yaml, root/clusters/<name>.yaml and the measured kernel tables
     root/kernels/<topic>/<name>.yaml; the cluster names its GPU preset when `root` is on the profile
     search path, and embeds it otherwise. A measured table of an earlier run that this run cannot
-    write (e.g. no full GEMM grid) is removed, so that the set holds this run's numbers only."""
+    write (e.g. no full GEMM grid) is removed, so that the set holds this run's numbers only.
+
+    Nothing is written unless every file may be (`check_targets`: a name that is not a preset name,
+    a symbolic link, meshplan's own files, or an existing file without `force` is refused); each file
+    is written whole (`_write_file`)."""
     from executors.profile_tables import attention_table_profile, elementwise_table_profile, memory_table_profile
-    from profiles import search_dirs
+    from profiles import check_preset_name, search_dirs
     from profiles.tables import TOPICS
+
+    check_preset_name("name", name)
+    check_targets(name, root, force)
 
     gpu = gpu_profile(raw, name)
     source = _source(raw)
@@ -323,16 +430,12 @@ def write_profiles(raw: dict[str, Any], name: str, root: Path) -> tuple[Path, Pa
     comments = [f"Written by `meshplan profile` on {datetime.now().date().isoformat()}; re-run it to refresh.",
                 *measurement_comments(raw)]
     gpu_path, cluster_path = root / "gpus" / f"{name}.yaml", root / "clusters" / f"{name}.yaml"
-    gpu_path.parent.mkdir(parents=True, exist_ok=True)
-    cluster_path.parent.mkdir(parents=True, exist_ok=True)
-    gpu_path.write_text(_dump(gpu, comments))
+    _write_file(gpu_path, _dump(gpu, comments), root, force)
     for topic, table in tables.items():
-        table_path = root / "kernels" / topic / f"{name}.yaml"
-        table_path.parent.mkdir(parents=True, exist_ok=True)
-        table_path.write_text(_dump(table, comments))
+        _write_file(root / "kernels" / topic / f"{name}.yaml", _dump(table, comments), root, force)
     for topic in set(TOPICS) - set(tables):
         stale = root / "kernels" / topic / f"{name}.yaml"
-        if stale.exists() and _written_by_profile(stale):
+        if stale.is_file() and not stale.is_symlink() and _written_by_profile(stale):
             stale.unlink()
-    cluster_path.write_text(_dump(cluster, comments))
+    _write_file(cluster_path, _dump(cluster, comments), root, force)
     return gpu_path, cluster_path

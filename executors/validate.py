@@ -22,15 +22,16 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from executors.compare import PlanComparison, ValidationReport, compare_one, rank_and_summarise
 from executors.footprint import Footprint, host_budget_bytes, reference_footprint, refusal, run_footprint
 from executors.launcher import ProcessOutcome, fold, launch, launch_reference, read_ranks
 from executors.results import Engine, ParityReference, RunConfig, RunResult
 from executors.support import executed_model, unsupported_reasons
-from planner.errors import SpecError
+from planner.errors import SpecError, format_validation_error
 from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, Strategy, TrainSpec
+from planner.specs.files import read_text
 
 PARITY_TOLERANCES = {"fp32": (1e-5, 1e-3), "bf16": (1e-3, 0.1), "fp16": (1e-3, 0.1)}
 """precision -> (parity_rtol, update_rtol): relative tolerances on the parity steps' losses and
@@ -407,11 +408,21 @@ def prepare_runs(strategies: list[Strategy], model: ModelSpec, cluster: ClusterS
     return prepared
 
 
+def _run_config(path: Path) -> RunConfig:
+    """A prepared run's run.json, read by the bounded reader; a broken one is a SpecError naming it."""
+    try:
+        return RunConfig.model_validate_json(read_text(path, "run"))
+    except ValidationError as exc:
+        raise SpecError(f"run file {str(path)!r} is not a run prepared by `meshplan validate --prepare`: "
+                        f"{format_validation_error(exc)}") from None
+
+
 def collect_runs(out_dir: Path, cluster: ClusterSpec) -> ValidationReport:
     """Fold the rank files of runs started elsewhere (see `prepare_runs`) into a report."""
-    configs = [(d, RunConfig.model_validate_json((d / "run.json").read_text()))
-               for d in sorted(out_dir.iterdir()) if d.is_dir() and (d / "run.json").exists()
-               and not d.name.startswith("reference")]
+    if not out_dir.is_dir():
+        raise SpecError(f"--collect {str(out_dir)!r} is not a directory of prepared runs")
+    configs = [(d, _run_config(d / "run.json")) for d in sorted(out_dir.iterdir())
+               if d.is_dir() and (d / "run.json").exists() and not d.name.startswith("reference")]
     if not configs:
         raise SpecError(f"no prepared runs (run.json files) under {str(out_dir)!r}")
     comparisons, runs = [], []

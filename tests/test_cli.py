@@ -47,7 +47,7 @@ FROZEN = {
                  "--format", "--global-batch-size", "--gpus", "--grad-precision", "--hsdp-replicate", "--keep",
                  "--max-host-memory", "--model", "--num-layers", "--optimizer", "--parity-steps", "--plan", "--precision", "--prepare", "--seed",
                  "--seq-len", "--steps", "--strategy", "--timeout", "--top", "--warmup", "--work-dir"],
-    "profile": ["--device", "--format", "--keep", "--name", "--nproc", "--out-dir", "--output", "--quick", "--timeout"],
+    "profile": ["--device", "--force", "--format", "--keep", "--name", "--nproc", "--out-dir", "--output", "--quick", "--timeout"],
 }
 FROZEN["explain"] = FROZEN["evaluate"]
 

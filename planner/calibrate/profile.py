@@ -24,6 +24,7 @@ import yaml
 
 from planner.calibrate.fit import CalibrationResult, Residual
 from planner.errors import SpecError
+from planner.specs.files import load_path
 from profiles import CALIBRATED_FIELDS
 
 #: Decimals of a written error or standard error.
@@ -86,7 +87,8 @@ def parameter_document(result: CalibrationResult, method: str, fitted_on: str | 
 
 def write_calibration_profile(path: str | Path, document: dict[str, Any], keep: Sequence[str] | None = None) -> Path:
     """Write `document` to the calibration file `path` (only there: a temporary file in the same folder,
-    then os.replace).
+    then os.replace; a symbolic link at `path` is refused rather than followed or replaced). The
+    present file is read by the bounded reader (`planner.specs.files.load_path`).
 
     keep None: merge into the file's present mapping (its keys keep their places, `document`'s
     replace or follow them). keep given: `document`, then those keys of the present file as they are."""
@@ -95,15 +97,22 @@ def write_calibration_profile(path: str | Path, document: dict[str, Any], keep: 
         raise SpecError(f"path: a calibration profile is a .yaml file named after its GPU preset (got {str(path)!r})")
     if not path.parent.is_dir():
         raise SpecError(f"path: folder {str(path.parent)!r} does not exist")
+    if path.is_symlink():
+        raise SpecError(f"path: {str(path)!r} is a symbolic link; a calibration profile is written only as a "
+                        "regular file")
     present: dict[str, Any] = {}
     if path.exists():
-        present = yaml.safe_load(path.read_text()) or {}
+        present = load_path(path, "calibration profile") or {}
         if not isinstance(present, dict):
             raise SpecError(f"path: {str(path)!r} holds no mapping (got {type(present).__name__})")
     doc = present | document if keep is None else document | {k: present[k] for k in keep if k in present}
     text = yaml.safe_dump(doc, sort_keys=False, width=YAML_WIDTH)
+    mask = os.umask(0)
+    os.umask(mask)
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~mask  # mkstemp's own is private
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -14,7 +14,6 @@ import os
 import sys
 import warnings
 from enum import Enum
-from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from planner.errors import SpecError
+from planner.specs.files import parse_json, read_input
 
 GIB = 2**30
 
@@ -288,15 +288,10 @@ def _run(command, argv: list[str], format_validation_error) -> int:
     return 0
 
 
-def read_text_arg(path: str) -> str:
-    """Read a file path or '-' for stdin; errors name the path."""
-    if path == "-":
-        return sys.stdin.read()
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise SpecError(f"cannot read {path!r}: {exc.strerror}") from None
-
+def read_text_arg(path: str, what: str = "plan") -> str:
+    """A file path or '-' for stdin, read by the bounded reader (`planner.specs.files.read_input`:
+    a regular UTF-8 file of at most MAX_FILE_BYTES); errors name the path."""
+    return read_input(path, what)
 
 
 # ---- plans read back from `meshplan plan --format json` --------------------------
@@ -311,10 +306,7 @@ def plan_result_from_json(text: str, source: str):
     the flag says which."""
     from planner.specs import Plan, PlanResult
 
-    try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise SpecError(f"{source!r} is not JSON: {exc}") from None
+    obj = parse_json(text, f"plan file {source!r}")
     if not isinstance(obj, dict) or not ({"plans"} <= obj.keys() or {"strategy", "estimate"} <= obj.keys()):
         raise SpecError(f"{source!r} is not a meshplan plan: expected the output of `meshplan plan --format json`")
     try:

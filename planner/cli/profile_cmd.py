@@ -21,6 +21,15 @@ def _default_nproc(device: str) -> int:
     return max(2, os.cpu_count() or 1)
 
 
+def _device_name(device: str) -> str:
+    """The name of the GPU the default profile name is made from ('' on CPU)."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    return ""
+
+
 def print_summary(raw: dict, paths: list[Path]) -> None:
     from executors.profile_tables import ADAM_FP32_BYTES
     from executors.profiler import collective_summary, gemm_summary
@@ -65,18 +74,18 @@ def profile_cmd(
     quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and message sizes (seconds instead of a minute).")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Wall-clock limit of the measurement, seconds.")] = 1200.0,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the temporary measurement directory (raw profile.json, logs) and print its path.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace the files of an existing profile of this name (without it, an existing file is refused before measuring).")] = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Measure GEMM and attention throughput, memory bandwidth, kernel and host overheads, the optimizer
     step and collective bandwidth/latency of this machine, and write a GPU and a cluster profile and
     the kernel tables (kernels/<topic>/<name>.yaml) from them (to your profiles directory, never into
     meshplan's)."""
-    import re
     import shutil
     import tempfile
 
     from executors.launcher import Interrupted
-    from executors.profiler import check_output_dir, run_profile, write_profiles
+    from executors.profiler import check_output_dir, check_targets, default_profile_name, run_profile, write_profiles
     from executors.validate import resolve_device
     from planner.cli.common import ExitWith
     from planner.cli.progress import status
@@ -84,7 +93,8 @@ def profile_cmd(
     from profiles import PROFILES_DIR, check_preset_name, search_dirs, user_profiles_dir
     from profiles.tables import TOPICS
 
-    if name is not None:  # before a minute of measuring: the files are <name>.yaml
+    # Everything that could refuse the files is checked before a minute of measuring.
+    if name is not None:  # the files are <name>.yaml
         check_preset_name("--name", name)
     root = check_output_dir(out_dir if out_dir is not None else user_profiles_dir())
     dev = resolve_device(device)
@@ -93,6 +103,9 @@ def profile_cmd(
     ranks = nproc or _default_nproc(dev)
     if ranks < 1:
         raise SpecError(f"--nproc must be >= 1 (got {ranks})")
+    if name is None:
+        name = default_profile_name(dev, _device_name(dev))
+    check_targets(name, root, force)
     work = Path(tempfile.mkdtemp(prefix="meshplan-profile-"))
     try:
         with status(f"measuring {ranks} ranks on {dev}{' (quick)' if quick else ''}..."):
@@ -105,10 +118,8 @@ def profile_cmd(
             shutil.rmtree(work, ignore_errors=True)
     if keep:
         stderr.print(f"measurement files kept in {work}", markup=False, highlight=False)
-    if name is None:
-        name = "local-cpu" if dev == "cpu" else "local-" + re.sub(r"[^a-z0-9]+", "-", raw["description"].lower()).strip("-")
     root.mkdir(parents=True, exist_ok=True)  # before writing: a root on the search path is referred to by name
-    paths = write_profiles(raw, name, root)
+    paths = write_profiles(raw, name, root, force)
     tables = {t: path for t in TOPICS if (path := root / "kernels" / t / f"{name}.yaml").exists()}
     on_path = any(root == d.resolve() for d in search_dirs())
     shadows = (PROFILES_DIR / "clusters" / f"{name}.yaml").exists()

@@ -32,14 +32,12 @@ MIB = 2**20
 FAILED = ("wrong", "crashed", "timeout")
 
 
-def _plans_from_json(text: str):
+def _plans_from_json(text: str, source: str = "-"):
     """A PlanResult, one Plan, or a list of Plans (as `meshplan plan --format json` writes them)."""
     from planner.specs import Plan, PlanResult
+    from planner.specs.files import parse_json
 
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"--plan is not valid JSON: {exc}") from None
+    data = parse_json(text, f"--plan file {source!r}")
     if isinstance(data, dict) and "plans" in data:
         return PlanResult.model_validate(data).plans
     if isinstance(data, dict):
@@ -165,7 +163,7 @@ def validate_cmd(
         return
     extra = _strategies(strategy)
     if plan_file is not None:
-        plans = _plans_from_json(read_text_arg(plan_file))
+        plans = _plans_from_json(read_text_arg(plan_file, "--plan"), plan_file)
         if not plans:
             raise SpecError("--plan holds no plans")
         first = plans[0]

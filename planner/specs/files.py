@@ -1,17 +1,23 @@
-"""Reading the user's model, cluster and config files safely.
+"""Reading the user's model, cluster, config and plan files safely: the one reader of every input file.
 
 A file is checked before it is read: it must be a regular file (not a directory, device or
-pipe: `/dev/zero` would never end) of at most `MAX_FILE_BYTES`, in UTF-8. YAML is parsed with
-`yaml.safe_load` after its node graph is measured: an alias bomb (a few lines whose aliases
-expand to billions of nodes) is refused before anything is built from it, and so is nesting
-deeper than `MAX_DEPTH`. Every problem is a SpecError naming the file.
+pipe: `/dev/zero` would never end) of at most `MAX_FILE_BYTES`, in UTF-8; '-' reads at most that
+much of standard input. The work of parsing is bounded too: YAML's event stream (libyaml's
+parser where PyYAML has it) is counted first, so more than `MAX_VALUES` values or nesting deeper
+than `MAX_DEPTH` is refused before a node is built; then an alias bomb (a few lines whose aliases
+expand to billions of nodes) is refused before anything is constructed from it. JSON's commas and
+brackets outside strings are counted the same way before `json.loads`. A key repeated in one
+mapping is refused (YAML and JSON keep the last one silently). Every problem is a SpecError naming
+the file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +27,26 @@ from planner.errors import SpecError, short_repr
 
 #: Largest model, cluster or config file read (the largest shipped file is under 100 KiB).
 MAX_FILE_BYTES = 4 * 2**20
-#: Most nodes a YAML document may expand to with its aliases followed.
-MAX_YAML_NODES = 200_000
+#: Most values (mappings, lists and scalars, keys included) a file may hold, and a YAML document expand
+#: to with its aliases followed.
+MAX_VALUES = 200_000
 #: Deepest nesting of mappings and lists in a YAML or JSON file.
 MAX_DEPTH = 64
 
 
+def _check_kind(info: os.stat_result, shown: str, what: str) -> None:
+    if stat.S_ISDIR(info.st_mode):
+        raise SpecError(f"{what} file {shown!r} is a directory, not a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise SpecError(f"{what} file {shown!r} is not a regular file (a device, pipe or socket)")
+    if info.st_size > MAX_FILE_BYTES:
+        raise SpecError(f"{what} file {shown!r} is {info.st_size:,} bytes; at most {MAX_FILE_BYTES:,} are read")
+
+
 def read_text(path: str | os.PathLike, what: str) -> str:
-    """The text of a regular UTF-8 file of at most MAX_FILE_BYTES."""
+    """The text of a regular UTF-8 file of at most MAX_FILE_BYTES. A device or pipe is refused
+    before it is opened (opening some devices acts); the file is then opened without blocking and
+    checked again on the open descriptor, so it cannot be swapped for one in between."""
     shown = str(path)
     try:
         info = os.stat(path)
@@ -36,17 +54,23 @@ def read_text(path: str | os.PathLike, what: str) -> str:
         raise SpecError(f"{what} file {shown!r} does not exist") from None
     except (OSError, ValueError) as exc:
         raise SpecError(f"{what} file {shown!r} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise SpecError(f"{what} file {shown!r} is a directory, not a file")
-    if not stat.S_ISREG(info.st_mode):
-        raise SpecError(f"{what} file {shown!r} is not a regular file (a device, pipe or socket)")
-    if info.st_size > MAX_FILE_BYTES:
-        raise SpecError(f"{what} file {shown!r} is {info.st_size:,} bytes; at most {MAX_FILE_BYTES:,} are read")
+    _check_kind(info, shown, what)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise SpecError(f"{what} file {shown!r} cannot be read: {exc.strerror}") from None
+    try:
+        _check_kind(os.fstat(fd), shown, what)
+        chunks: list[bytes] = []
+        left = MAX_FILE_BYTES + 1
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise SpecError(f"{what} file {shown!r} cannot be read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise SpecError(f"{what} file {shown!r} is larger than {MAX_FILE_BYTES:,} bytes")
     try:
@@ -55,8 +79,26 @@ def read_text(path: str | os.PathLike, what: str) -> str:
         raise SpecError(f"{what} file {shown!r} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
 
 
+def read_input(path: str, what: str) -> str:
+    """`read_text` of a file path, or for '-' at most MAX_FILE_BYTES of standard input (UTF-8)."""
+    if path != "-":
+        return read_text(path, what)
+    stream = getattr(sys.stdin, "buffer", None)  # a text stream without one (embedding, tests): characters
+    try:
+        data = (stream.read(MAX_FILE_BYTES + 1) if stream is not None
+                else sys.stdin.read(MAX_FILE_BYTES + 1).encode("utf-8", "surrogateescape"))
+    except OSError as exc:
+        raise SpecError(f"{what} on standard input cannot be read: {exc.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SpecError(f"{what} on standard input is larger than {MAX_FILE_BYTES:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{what} on standard input is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+
+
 def _measure(node: yaml.Node, what: str) -> None:
-    """Refuse a YAML node graph that expands to more than MAX_YAML_NODES nodes or nests deeper
+    """Refuse a YAML node graph that expands to more than MAX_VALUES nodes or nests deeper
     than MAX_DEPTH; aliases share nodes, so sizes are memoised per node (linear in the file)."""
     sizes: dict[int, int] = {}
     # iterative post-order walk: (node, depth, children done)
@@ -76,9 +118,8 @@ def _measure(node: yaml.Node, what: str) -> None:
             continue
         if done:
             total = 1 + sum(sizes[id(c)] for c in children)
-            if total > MAX_YAML_NODES:
-                raise SpecError(f"{what} expands to more than {MAX_YAML_NODES:,} values (aliases included); "
-                                "refused")
+            if total > MAX_VALUES:
+                raise SpecError(f"{what} expands to more than {MAX_VALUES:,} values (aliases included); refused")
             sizes[id(n)] = total
             continue
         if any(c is n for c in children):
@@ -87,39 +128,76 @@ def _measure(node: yaml.Node, what: str) -> None:
         stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)
 
 
-_OPEN = (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken, yaml.BlockSequenceStartToken,
-         yaml.BlockMappingStartToken)
-_CLOSE = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken, yaml.BlockEndToken)
+#: libyaml's parser where PyYAML was built with it (C, tens of times faster), else PyYAML's own;
+#: both safe (plain data only).
+_BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_NODE_EVENTS = (yaml.ScalarEvent, yaml.AliasEvent, yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_OPEN_EVENTS = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_CLOSE_EVENTS = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
 
 
-def _yaml_depth_ok(text: str, what: str) -> None:
-    """Refuse nesting deeper than MAX_DEPTH from the token stream, stopping at the first level too
-    deep: PyYAML's scanner and composer slow down with the depth (each token looks at every open
-    level) and recurse once per level, so a deep file is refused before they build anything."""
-    depth = 0
-    for token in yaml.scan(text, Loader=yaml.SafeLoader):
-        if isinstance(token, _OPEN):
+class _UniqueKeyLoader(_BASE_LOADER):  # type: ignore[misc, valid-type]
+    """The safe loader, refusing a mapping that repeats a key (YAML keeps the last one silently).
+    Keys merged in with `<<` may be overridden; only the mapping's own keys must differ."""
+
+    what = "YAML"
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=False)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue  # the constructor refuses it itself ("found unhashable key")
+                if key in seen:
+                    raise SpecError(f"{self.what} repeats the key {short_repr(key)} on line "
+                                    f"{key_node.start_mark.line + 1}; each key may appear once in a mapping")
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_shape_ok(text: str, what: str) -> bool:
+    """Refuse more than MAX_VALUES nodes or nesting deeper than MAX_DEPTH from the event stream,
+    stopping at the first node too many or level too deep: nothing is built before the file is known
+    to be small enough (composing a 4 MiB list of a million numbers took close to a minute and over a GB).
+    Whether the stream holds an alias (only then can the document expand beyond what was counted)."""
+    depth = nodes = 0
+    aliases = False
+    for event in yaml.parse(text, Loader=_BASE_LOADER):
+        if isinstance(event, _NODE_EVENTS):
+            aliases = aliases or isinstance(event, yaml.AliasEvent)
+            nodes += 1
+            if nodes > MAX_VALUES:
+                raise SpecError(f"{what} holds more than {MAX_VALUES:,} values; refused")
+        if isinstance(event, _OPEN_EVENTS):
             depth += 1
             if depth > MAX_DEPTH:
                 raise SpecError(f"{what} nests deeper than {MAX_DEPTH} levels")
-        elif isinstance(token, _CLOSE):
+        elif isinstance(event, _CLOSE_EVENTS):
             depth -= 1
+    return aliases
 
 
 def parse_yaml(text: str, what: str) -> Any:
-    """`yaml.safe_load` of `text` after the size and depth checks above."""
+    """The plain data of one YAML document (as `yaml.safe_load`), after the count and depth checks
+    above and, for a document with aliases, the expansion check (`_measure`); repeated keys refused."""
     try:
-        _yaml_depth_ok(text, what)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{what} is not valid YAML: {' '.join(str(exc).split())}") from None
-    except RecursionError:
-        raise SpecError(f"{what} nests deeper than {MAX_DEPTH} levels") from None
-    if node is None:
-        return None
-    _measure(node, what)
-    try:
-        return yaml.safe_load(text)
+        aliases = _yaml_shape_ok(text, what)
+        loader = _UniqueKeyLoader(text)
+        loader.what = what
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            if aliases:
+                _measure(node, what)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         raise SpecError(f"{what} is not valid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:
@@ -130,30 +208,50 @@ def _refuse_constant(token: str) -> Any:
     raise SpecError(f"{token} is not a number JSON allows")
 
 
-def parse_json(text: str, what: str) -> Any:
-    """`json.loads` refusing NaN / Infinity (not JSON) and nesting deeper than MAX_DEPTH."""
+class _RepeatedKey(Exception):
+    """A JSON object names one key twice (`parse_json` says which file)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return out
+
+
+#: A JSON string, escapes included (replaced by "" before brackets and commas are counted).
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_JSON_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def _json_shape_ok(text: str, what: str) -> None:
+    """Refuse more than MAX_VALUES values, keys counted as in YAML's event stream (commas, colons and
+    opening brackets outside strings), or nesting deeper than MAX_DEPTH, before json.loads builds
+    anything."""
+    bare = _JSON_STRING.sub('""', text)
+    values = 1 + bare.count(",") + bare.count(":") + bare.count("[") + bare.count("{")
+    if values > MAX_VALUES:
+        raise SpecError(f"{what} holds more than {MAX_VALUES:,} values; refused")
     depth = 0
-    deepest = 0
-    in_string = escaped = False
-    for ch in text:  # depth of brackets outside strings, before any object is built
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    if deepest > MAX_DEPTH:
-        raise SpecError(f"{what} nests deeper than {MAX_DEPTH} levels")
+    for match in _JSON_BRACKETS.finditer(bare):
+        depth += 1 if match.group() in "[{" else -1
+        if depth > MAX_DEPTH:
+            raise SpecError(f"{what} nests deeper than {MAX_DEPTH} levels")
+
+
+def parse_json(text: str, what: str) -> Any:
+    """`json.loads` refusing NaN / Infinity (not JSON), a key repeated in one object, more than
+    MAX_VALUES values and nesting deeper than MAX_DEPTH."""
+    _json_shape_ok(text, what)
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        raise SpecError(f"{what} repeats the key {short_repr(exc.args[0])} in one object; each key may appear "
+                        "once") from None
     except SpecError as exc:
         raise SpecError(f"{what}: {exc}") from None
     except json.JSONDecodeError as exc:
@@ -171,14 +269,14 @@ def load_path(path: str | Path, what: str, kind: str = "yaml") -> Any:
 
 def check_tree(obj: Any, what: str) -> None:
     """A mapping loaded from JSON or built in Python: text keys, at most MAX_DEPTH levels and
-    MAX_YAML_NODES values (iterative, so a deeply nested input cannot exhaust the stack)."""
+    MAX_VALUES values (iterative, so a deeply nested input cannot exhaust the stack)."""
     stack: list[tuple[Any, int]] = [(obj, 1)]
     count = 0
     while stack:
         node, depth = stack.pop()
         count += 1
-        if count > MAX_YAML_NODES:
-            raise SpecError(f"{what} holds more than {MAX_YAML_NODES:,} values")
+        if count > MAX_VALUES:
+            raise SpecError(f"{what} holds more than {MAX_VALUES:,} values")
         if depth > MAX_DEPTH:
             raise SpecError(f"{what} nests deeper than {MAX_DEPTH} levels")
         if isinstance(node, dict):

@@ -93,7 +93,7 @@ def test_emit_launch_for_torchtitan(capsys, plan_file):
     (["emit"], "give a plan: PLAN_JSON"),
     (["emit", "--model", "llama3-8b"], "missing plan option(s) --cluster, --gpus, --global-batch-size, --seq-len"),
     (["emit", "--rank", "0", *PLAN_ARGS], "--rank must be >= 1 (got 0)"),
-    (["emit", "missing.json"], "cannot read 'missing.json'"),
+    (["emit", "missing.json"], "plan file 'missing.json' does not exist"),
 ])
 def test_user_errors_are_one_line_and_exit_2(capsys, args, message):
     code, out, err = run(capsys, *args)
@@ -115,7 +115,7 @@ def test_not_json_and_not_a_plan(capsys, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     code, _, err = run(capsys, "emit", str(bad))
-    assert code == 2 and "is not JSON" in err
+    assert code == 2 and f"plan file {str(bad)!r} is not valid JSON" in err
     bad.write_text('{"hello": 1}')
     code, _, err = run(capsys, "emit", str(bad))
     assert code == 2 and "is not a meshplan plan" in err

@@ -315,11 +315,11 @@ def test_carried_fields_come_from_the_gpus_own_shipped_set():
 
 
 def test_a_stale_measured_table_is_removed(tmp_path):
-    """Re-profiling under the same name leaves no table of the earlier run the new one could not write."""
+    """Re-profiling under the same name (--force) leaves no table of the earlier run the new one could not write."""
     raw = synthetic_raw()
     write_profiles(raw, "boxstale", tmp_path)
     raw["attention"]["rows"] = []
-    write_profiles(raw, "boxstale", tmp_path)
+    write_profiles(raw, "boxstale", tmp_path, force=True)
     assert not (tmp_path / "kernels" / "attention" / "boxstale.yaml").exists()
     assert (tmp_path / "kernels" / "memory" / "boxstale.yaml").exists()
 

@@ -127,3 +127,21 @@ def test_the_helpers():
     assert len(short_repr(10**5000)) < 60 and "bits" in short_repr(10**5000)
     assert len(short_repr([10**5000, "y" * 10_000])) < 200
     assert len(unknown_name_message("model preset", "q" * 5000, ["llama3-8b"])) < 300
+
+
+def test_models_lists_any_preset_file_and_model_name_as_text(tmp_path, monkeypatch, capsys):
+    doc = yaml.safe_load((PROFILES_DIR / "models" / "llama3-8b.yaml").read_text())
+    _yaml(tmp_path / "models" / "[bold]m[-].yaml", doc | {"name": NAMES["controls"], "source": NAMES["link"]})
+    monkeypatch.setenv("MESHPLAN_PROFILES", str(tmp_path))
+    code, out, err = _run(capsys, "models")
+    assert code == 0, err
+    assert "Traceback" not in out + err and not any(ch in out + err for ch in RAW)
+    assert "[bold]m[-]" in out and "[link=https://e]click[/link]" in out
+
+
+def test_a_bad_option_value_is_one_plain_line(capsys):
+    code, out, err = _run(capsys, "plan", "-m", "llama3-8b", "-c", "dgx-h100", *QUESTION,
+                          "--precision", "x[/]\x1b\u202e")
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    _check_safe(err)
+    assert "x[/]\\x1b\\u202e" in err  # typer's message quotes the value: shown with escapes

@@ -103,8 +103,7 @@ def advice_for(closest: Plan, constraints: dict[str, Any], headroom: float, min_
         floor = memory_floor_gpus(closest.model, closest.train, closest.cluster, headroom)
         out.append(gpus_line(closest.num_gpus, min_gpus, tried, closest.cluster.gpus_per_node, floor))
     elif tried:
-        out.append(f"no plan fits on any GPU count tried up to {tried[-1]:,} ({len(tried)} counts tried: more "
-                   f"than {tried[-1]:,} GPUs, or a smaller question)")
+        out.append(f"no plan fits on any GPU count tried up to {tried[-1]:,} ({len(tried)} counts tried)")
     return out
 
 
@@ -139,8 +138,8 @@ def min_gpus_to_fit(cluster, num_gpus: int, fits_at: Callable[[int], bool],
     caller, found a plan on n GPUs), and every count tried, ascending (None when none of them fits).
 
     Tries the first MAX_SCAN node multiples one by one; beyond them doubles until a count fits (up to
-    MAX_SCALE times `num_gpus` or the cluster's max_gpus, the last step to that bound), then bisects the node multiples between the last
-    failure and it. At most MAX_PROBES counts are searched in all: each is a whole search, slow on large
+    MAX_SCALE times `num_gpus` or the cluster's max_gpus, the last step to that bound), then bisects the
+    node multiples between the last failure and it. At most MAX_PROBES counts are searched in all: each is a whole search, slow on large
     counts. Past the scan the count found fits and the one bisected below it does not, but not every
     count below it was tried (`gpus_line` says which)."""
     node = cluster.gpus_per_node

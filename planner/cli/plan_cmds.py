@@ -53,7 +53,7 @@ from planner.cli.common import (
     stdout,
     train_options,
 )
-from planner.cli.text import MESSAGE_CHARS, NAME_CHARS, plain, shown
+from planner.cli.text import MESSAGE_CHARS, NAME_CHARS, message_lines, plain, shown
 from planner.errors import SpecError
 from planner.specs import Estimate, Plan, PlanResult, Strategy
 
@@ -184,7 +184,7 @@ def print_plan_table(result: PlanResult, wide: bool = False, console=None) -> No
     else:
         out.print(_narrow_table(result, plans, title))
     for line in plan_legend(result, plans, wide):  # the band's basis comes from a profile file: made plain
-        out.print(plain(line, MESSAGE_CHARS), markup=False, highlight=False, soft_wrap=False)
+        out.print(message_lines(line), markup=False, highlight=False, soft_wrap=False)
     st = result.stats
     rejected = ", ".join(f"{k}: {v:,}" for k, v in sorted(st.rejected.items(), key=lambda kv: -kv[1])) or "none"
     out.print(f"candidates evaluated: {st.num_candidates:,} | valid: {st.num_valid:,} | feasible: "

@@ -10,17 +10,23 @@ length) are named when they are not at their limit. `min_gpus_to_fit` searches G
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
+from cost_models.params import num_params
+from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes
+from planner.ranking import headroom_limit
 from planner.rules import host_known
 from planner.specs import Plan
 
 GIB = 2**30
 #: Largest multiple of the starting GPU count the GPU-count search tries (doubling up to it).
 MAX_SCALE = 4096
-#: Node multiples tried one by one above the GPU count asked for, and at most between the last count
-#: that does not fit and the first that does (above it, only those with factors 2, 3, 5 there).
-MAX_SCAN = 24
+#: Node multiples tried one by one from the first count above the GPU count asked for (and the memory floor).
+MAX_SCAN = 8
+#: Most GPU counts the search tries in all (scan, doubling and bisection): each is a whole search. Enough to
+#: finish the bisection from a job of a few nodes up to MAX_SCALE times it.
+MAX_PROBES = 32
 
 #: term -> [(Strategy field or None, what it does, applies(plan) -> the knob is not at its limit)]
 Knob = tuple[str | None, str, Callable[[Plan], bool]]
@@ -94,35 +100,48 @@ def advice_for(closest: Plan, constraints: dict[str, Any], headroom: float, min_
             out.append(f"to shrink {term}: {what}; the constraint {field}={constraints[field]} keeps the search "
                        "from it")
     if min_gpus is not None:
-        out.append(gpus_line(closest.num_gpus, min_gpus, tried, closest.cluster.gpus_per_node))
+        floor = memory_floor_gpus(closest.model, closest.train, closest.cluster, headroom)
+        out.append(gpus_line(closest.num_gpus, min_gpus, tried, closest.cluster.gpus_per_node, floor))
     elif tried:
-        out.append(f"no plan fits on any GPU count tried up to {tried[-1]:,}")
+        out.append(f"no plan fits on any GPU count tried up to {tried[-1]:,} ({len(tried)} counts tried)")
     return out
 
 
-def gpus_line(num_gpus: int, found: int, tried: list[int], node: int) -> str:
-    """`needs at least N GPUs` when every node multiple between was tried, else what was tried."""
-    every = [n for n in range(node, found, node) if n > num_gpus]
+def memory_floor_gpus(model, train, cluster, headroom: float) -> int:
+    """Fewer GPUs than this cannot fit any plan: together they could not hold one copy of the gradients
+    (never offloaded, each parameter's held once across the GPUs whatever the sharding) and, per parameter, the
+    smaller of its weights and its optimizer states (FSDP2's ZeRO-3 keeps no 16-bit weight beside the fp32
+    master, optimizer offload no states; FP8 weights count nothing), each GPU filled to its memory less the
+    headroom. A bound from cost_models.memory.model_state_bytes' terms, so the count search starts at it."""
+    weights = 0 if train.precision == "fp8" else WEIGHT_BYTES[train.precision]
+    per_param = DTYPE_BYTES[train.grad_precision] + min(weights, optimizer_state_bytes(train.optimizer, train.precision))
+    usable = headroom_limit(cluster.gpu.memory_bytes, headroom)
+    return max(1, math.ceil(num_params(model) * per_param / usable))
+
+
+def gpus_line(num_gpus: int, found: int, tried: list[int], node: int, floor: int = 0) -> str:
+    """`needs at least N GPUs` when every node multiple between was tried (or is below the memory floor,
+    `memory_floor_gpus`), else what was tried."""
+    every = [n for n in range(node, found, node) if n > num_gpus and n >= floor]
     if set(every) <= set(tried) and found % node == 0:
-        return f"needs at least {found:,} GPUs (the smallest multiple of {node} GPUs per node that fits)"
+        below = (f"; fewer than {floor:,} cannot hold the gradients and weights" if any(
+            num_gpus < n < floor for n in range(node, found, node)) else "")
+        return f"needs at least {found:,} GPUs (the smallest multiple of {node} GPUs per node that fits{below})"
     return (f"fits on {found:,} GPUs, the smallest of the {len(tried)} GPU counts tried (multiples of {node} GPUs "
             f"per node; not every multiple below it was tried)")
 
 
-def _smooth(k: int) -> bool:
-    for f in (2, 3, 5):
-        while k % f == 0:
-            k //= f
-    return k == 1
+def min_gpus_to_fit(cluster, num_gpus: int, fits_at: Callable[[int], bool],
+                    floor: int = 0) -> tuple[int | None, list[int]]:
+    """The smallest GPU count, a multiple of the node size above `num_gpus` and at least `floor` (the
+    `memory_floor_gpus`: no fewer can fit), at which a plan fits (`fits_at(n)`: the search, run by the
+    caller, found a plan on n GPUs), and every count tried, ascending (None when none of them fits).
 
-
-def min_gpus_to_fit(cluster, num_gpus: int, fits_at: Callable[[int], bool]) -> tuple[int | None, list[int]]:
-    """The smallest GPU count, a multiple of the node size above `num_gpus`, at which a plan fits
-    (`fits_at(n)`: the search, run by the caller, found a plan on n GPUs), and
-    every count tried, ascending (None when none of them fits). Tries the next MAX_SCAN node multiples
-    one by one; beyond them doubles until a count fits (up to MAX_SCALE times `num_gpus` or the
-    cluster's max_gpus), then tries the node multiples between the last failure and it (all of them
-    when at most MAX_SCAN, else those whose node count has no prime factor above 5)."""
+    Tries the first MAX_SCAN node multiples one by one; beyond them doubles until a count fits (up to
+    MAX_SCALE times `num_gpus` or the cluster's max_gpus, the last step to that bound), then bisects the
+    node multiples between the last failure and it. At most MAX_PROBES counts are searched in all: each is a whole search, slow on large
+    counts. Past the scan the count found fits and the one bisected below it does not, but not every
+    count below it was tried (`gpus_line` says which)."""
     node = cluster.gpus_per_node
     bound = num_gpus * MAX_SCALE if cluster.max_gpus is None else min(cluster.max_gpus, num_gpus * MAX_SCALE)
     tried: list[int] = []
@@ -131,7 +150,7 @@ def min_gpus_to_fit(cluster, num_gpus: int, fits_at: Callable[[int], bool]) -> t
         tried.append(n)
         return fits_at(n)
 
-    n = (num_gpus // node + 1) * node
+    n = max(num_gpus // node + 1, -(-floor // node)) * node
     for _ in range(MAX_SCAN):
         if n > bound:
             return None, tried
@@ -139,18 +158,19 @@ def min_gpus_to_fit(cluster, num_gpus: int, fits_at: Callable[[int], bool]) -> t
             return n, tried
         n += node
     lo, hi = n - node, None
-    n = 2 * lo
-    while n <= bound:
+    top = bound // node * node  # the largest count allowed, tried when doubling would pass it
+    while lo < top and len(tried) < MAX_PROBES:
+        n = min(2 * lo, top)
         if fits(n):
             hi = n
             break
-        lo, n = n, 2 * n
+        lo = n
     if hi is None:
         return None, sorted(tried)
-    between = list(range(lo + node, hi, node))
-    if len(between) > MAX_SCAN:
-        between = [m for m in between if _smooth(m // node)]
-    for m in between:
-        if fits(m):
-            return m, sorted(tried)
+    while hi - lo > node and len(tried) < MAX_PROBES:  # lo does not fit, hi does
+        mid = lo + (hi - lo) // node // 2 * node
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
     return hi, sorted(tried)

@@ -14,8 +14,18 @@ import difflib
 import reprlib
 from typing import Any
 
+class _ShortRepr(reprlib.Repr):
+    """reprlib.Repr that describes an integer too long to write out (Python refuses to turn more than
+    sys.get_int_max_str_digits() digits into text) by its size instead of failing."""
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 4 * self.maxother:  # far more digits than are shown anyway
+            return f"<an integer of {x.bit_length():,} bits>"
+        return super().repr_int(x, level)
+
+
 #: How input values are echoed in messages: bounded, whatever their size or nesting.
-_SHORT = reprlib.Repr()
+_SHORT = _ShortRepr()
 _SHORT.maxstring = 60
 _SHORT.maxother = 60
 _SHORT.maxlevel = 2
@@ -23,7 +33,8 @@ _SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 6
 
 
 def short_repr(value: Any) -> str:
-    """`repr(value)` cut to a few dozen characters, without building the full repr of a large value."""
+    """`repr(value)` cut to a few dozen characters, without building the full repr of a large value (a
+    very long integer is described by its size)."""
     return _SHORT.repr(value)
 
 
@@ -55,7 +66,7 @@ def unknown_name_message(kind: str, name: str, choices: list[str]) -> str:
     """`unknown model preset 'llama3-7b'; close matches: llama3-8b, llama2-7b`."""
     close = difflib.get_close_matches(name, choices, n=4, cutoff=0.5)
     hint = f"close matches: {', '.join(close)}" if close else f"choices: {', '.join(sorted(choices))}"
-    return f"unknown {kind} {name!r}; {hint}"
+    return f"unknown {kind} {short_repr(name)}; {hint}"
 
 
 def format_validation_error(exc: Any) -> str:

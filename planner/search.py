@@ -17,7 +17,7 @@ from cost_models.blocks import Micro, model_blocks
 from cost_models.layout import STAGE_NAMES
 from cost_models.memory import kind_activation_bytes
 from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs
-from planner.advice import advice_for, min_gpus_to_fit
+from planner.advice import advice_for, memory_floor_gpus, min_gpus_to_fit
 from planner.error_band import band_fields, errors_of, overlaps_best
 from planner.errors import SpecError
 from planner.ranking import Row, closest_rows, headroom_limit, rank_rows
@@ -131,7 +131,7 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
             except SpecError:  # the constraints leave no strategy at this count
                 return False
 
-        found, tried = (min_gpus_to_fit(cluster, num_gpus, fits_at)
+        found, tried = (min_gpus_to_fit(cluster, num_gpus, fits_at, memory_floor_gpus(model, train, cluster, headroom))
                         if find_min_gpus and not fixed else (None, []))  # fixed degrees fix the GPU count
         extra = dict(min_gpus_to_fit=found, min_gpus_searched=tried,
                      advice=advice_for(near[0], constraints or {}, headroom, found, tried))

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from planner import plan
+from planner.advice import memory_floor_gpus
 from planner.cli import main
 
 NO_FIT = dict(model="llama3.1-405b", cluster="dgx-a100-40gb", num_gpus=8, global_batch_size=8, seq_len=8192)
@@ -34,8 +35,13 @@ def test_smallest_gpu_count_is_searched_and_really_fits(no_fit):
     assert n is not None and n % 8 == 0 and n > 8
     assert plan(**NO_FIT | {"num_gpus": n}, top_k=1).plans
     below = [m for m in range(16, n, 8)]
-    assert set(below) <= set(no_fit.min_gpus_searched)  # every node multiple below it was tried
+    # every node multiple below it was tried, or holds too little memory for the gradients and weights
+    floor = memory_floor_gpus(no_fit.model, no_fit.train, no_fit.cluster, no_fit.headroom)
+    assert set(m for m in below if m >= floor) <= set(no_fit.min_gpus_searched)
     assert not plan(**NO_FIT | {"num_gpus": below[-1]}, top_k=1).plans
+    skipped = [m for m in below if m < floor]
+    assert skipped and not any(m in no_fit.min_gpus_searched for m in skipped)
+    assert not plan(**NO_FIT | {"num_gpus": skipped[-1]}, top_k=1).plans  # the floor skips only what cannot fit
     assert any(f"needs at least {n:,} GPUs" in a for a in no_fit.advice)
 
 

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import os
+import re
 import sys
 import warnings
 from enum import Enum
@@ -20,7 +21,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from planner.errors import SpecError
+from planner.cli.text import MESSAGE_CHARS, message_lines, plain
+from planner.errors import SpecError, short_repr
 from planner.specs.files import parse_json, read_input
 
 GIB = 2**30
@@ -142,24 +144,61 @@ def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
 _JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
+#: The most digits an integer given on the command line may have: every count and degree the planner takes
+#: is below 2**32 (10 digits), and Python refuses to read integers of more than 4,300 digits at all.
+MAX_INT_DIGITS = 18
+_DIGIT_RUN = re.compile(r"\d{%d,}" % (MAX_INT_DIGITS + 1))
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def json_option(text: str, what: str) -> Any:
+    """The JSON value of an option such as --constraints: one SpecError line, never a traceback, for text that
+    is not JSON, nests deeper than planner.specs.files.MAX_DEPTH, writes NaN / Infinity, holds an integer of
+    more than MAX_INT_DIGITS digits or repeats a key inside one object."""
+    run = _DIGIT_RUN.search(_JSON_STRING.sub('""', text))  # numbers only: strings may hold any digits
+    if run:
+        raise SpecError(f"{what}: integers must have at most {MAX_INT_DIGITS} digits (got one of "
+                        f"{len(run.group()):,} digits)")
+    loaded = parse_json(text, what)  # depth checked before any object is built
+
+    def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise SpecError(f"{what} gives {short_repr(key)} twice ({short_repr(out[key])} and "
+                                f"{short_repr(value)}); give each field once")
+            out[key] = value
+        return out
+
+    if isinstance(loaded, (dict, list)):  # read again only to see repeated keys (json keeps the last)
+        json.loads(text, object_pairs_hook=no_repeats)
+    return loaded
+
+
 def parse_constraints(items: list[str] | None, as_json: str | None) -> dict[str, Any]:
-    """`-C tp=8 -C pp=2,4 -C recompute=selective` or `--constraints '{"tp": 8}'`."""
+    """`-C tp=8 -C pp=2,4 -C recompute=selective` or `--constraints '{"tp": 8}'`, or both for different
+    fields: a field given twice (by two -C, or by --constraints and a -C) is refused, naming both values."""
     out: dict[str, Any] = {}
+    where: dict[str, str] = {}
     if as_json:
-        try:
-            loaded = json.loads(as_json)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"--constraints is not valid JSON: {exc}") from None
+        loaded = json_option(as_json, "--constraints")
         if not isinstance(loaded, dict):
             raise SpecError("--constraints must be a JSON object of Strategy field -> value or list of values, "
                             f"e.g. '{{\"tp\": 4, \"pp\": [2, 4]}}' (got a JSON {_JSON_KINDS[type(loaded)]})")
         out.update(loaded)
+        where.update({k: "--constraints" for k in loaded})
     for item in items or []:
         if "=" not in item:
-            raise SpecError(f"constraint {item!r} must look like FIELD=VALUE or FIELD=V1,V2")
+            raise SpecError(f"constraint {short_repr(item)} must look like FIELD=VALUE or FIELD=V1,V2")
         key, raw = item.split("=", 1)
-        values = [_parse_scalar(v) for v in raw.split(",") if v != ""]
-        out[key.strip().replace("-", "_")] = values if len(values) != 1 else values[0]
+        key = key.strip().replace("-", "_")
+        values = [_parse_scalar(v, key) for v in raw.split(",") if v != ""]
+        value = values if len(values) != 1 else values[0]
+        if key in out:
+            raise SpecError(f"constraint {short_repr(key)} is given twice: {short_repr(out[key])} ({where[key]}) and "
+                            f"{short_repr(value)} (-C); give each field once, a list for several values "
+                            f"(-C {key}=V1,V2)")
+        out[key], where[key] = value, "-C"
     return out
 
 
@@ -182,7 +221,8 @@ def parse_headroom(text: str | None) -> float | None:
     return value
 
 
-def _parse_scalar(text: str) -> Any:
+def _parse_scalar(text: str, field: str) -> Any:
+    """One value of `-C field=...`: a boolean, None, an integer of at most MAX_INT_DIGITS digits, or text."""
     low = text.strip().lower()
     if low in {"true", "on", "yes"}:
         return True
@@ -190,6 +230,9 @@ def _parse_scalar(text: str) -> Any:
         return False
     if low in {"none", "null", "all"}:
         return None
+    if low.lstrip("+-").isdigit() and len(low.lstrip("+-")) > MAX_INT_DIGITS:
+        raise SpecError(f"constraint {short_repr(field)}: an integer must have at most {MAX_INT_DIGITS} digits "
+                        f"(got one of {len(low.lstrip('+-')):,} digits)")
     try:
         return int(low)
     except ValueError:
@@ -250,7 +293,7 @@ def _print_config_warnings_once() -> None:
             return default(message, category, filename, lineno, file, line)
         if str(message) not in shown:
             shown.add(str(message))
-            stderr.print(f"warning: {message}", markup=False, highlight=False)
+            stderr.print(f"warning: {plain(message, MESSAGE_CHARS)}", markup=False, highlight=False)
 
     warnings.simplefilter("always", ConfigWarning)
     warnings.showwarning = show
@@ -266,7 +309,7 @@ def _run(command, argv: list[str], format_validation_error) -> int:
             return exc.exit_code
         where = f" (see '{exc.ctx.command_path} --help')" if getattr(exc, "ctx", None) is not None else ""
         text = ' '.join(exc.format_message().replace('Value error, ', '').split())
-        stderr.print(f"error: {text}{where}", markup=False, highlight=False)
+        _error_line(f"{text}{where}")
         return getattr(exc, "exit_code", 2)
     except typer.Abort:
         return 130
@@ -274,24 +317,31 @@ def _run(command, argv: list[str], format_validation_error) -> int:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except ExitWith as exc:
-        if exc.message:
-            stderr.print(exc.message, markup=False, highlight=False)
+        if exc.message:  # the command's own lines, each made plain
+            stderr.print(message_lines(exc.message), markup=False, highlight=False)
         return exc.code
     except SpecError as exc:
-        stderr.print(f"error: {exc}", markup=False, highlight=False)
+        _error_line(str(exc))
         return 2
     except ValidationError as exc:
-        stderr.print(f"error: {format_validation_error(exc)}", markup=False, highlight=False)
+        _error_line(format_validation_error(exc))
         return 2
     except BrokenPipeError:
         return 0
     return 0
 
 
+def _error_line(text: str) -> None:
+    """`error: ...` on stderr as one plain line: a message quoting a user value can neither break the line
+    (newlines, ESC, bidi controls are shown as escapes) nor be read as markup, and is cut at MESSAGE_CHARS."""
+    stderr.print(f"error: {plain(text, MESSAGE_CHARS)}", markup=False, highlight=False)
+
+
 def read_text_arg(path: str, what: str = "plan") -> str:
     """A file path or '-' for stdin, read by the bounded reader (`planner.specs.files.read_input`:
     a regular UTF-8 file of at most MAX_FILE_BYTES); errors name the path."""
     return read_input(path, what)
+
 
 
 # ---- plans read back from `meshplan plan --format json` --------------------------

@@ -53,6 +53,7 @@ from planner.cli.common import (
     stdout,
     train_options,
 )
+from planner.cli.text import MESSAGE_CHARS, NAME_CHARS, message_lines, plain, shown
 from planner.errors import SpecError
 from planner.specs import Estimate, Plan, PlanResult, Strategy
 
@@ -72,8 +73,8 @@ def plan_cmd(
     seq_len: SeqOpt,
     precision: PrecisionOpt = Precision.bf16,
     top: Annotated[int, typer.Option("--top", "-k", help="How many plans to show.")] = 10,
-    constraint: Annotated[Optional[list[str]], typer.Option("--constraint", "-C", help="Fix or restrict a Strategy field: tp=8, pp=2,4, recompute=selective, zero_stage=1 (repeatable).")] = None,
-    constraints: Annotated[Optional[str], typer.Option("--constraints", help='Constraints as a JSON object, e.g. \'{"tp": 8, "pp": [2, 4]}\'.')] = None,
+    constraint: Annotated[Optional[list[str]], typer.Option("--constraint", "-C", help="Fix or restrict a Strategy field: tp=8, pp=2,4, recompute=selective, zero_stage=1 (repeatable, once per field: a field given twice, here or in --constraints, is refused).")] = None,
+    constraints: Annotated[Optional[str], typer.Option("--constraints", help='Constraints as a JSON object, e.g. \'{"tp": 8, "pp": [2, 4]}\'; -C may add other fields, not repeat one.')] = None,
     grad_precision: GradPrecisionOpt = "fp32",
     attention_kernel: AttentionOpt = "flash",
     optimizer: OptimizerOpt = "adam",
@@ -166,8 +167,8 @@ def print_plan_table(result: PlanResult, wide: bool = False, console=None) -> No
     out = console or stdout
     m, c, t = result.model, result.cluster, result.train
     size = f"{num_params(m) / 1e9:.1f}B params" + (f", {num_active_params(m) / 1e9:.1f}B active" if m.is_moe else "")
-    out.print(f"[bold]{m.name}[/] ({size}) on {result.num_gpus} x {c.gpu.name} ({c.name}), global batch "
-              f"{t.global_batch_size} x {t.seq_len} tokens, {t.precision}", soft_wrap=False)
+    out.print(f"[bold]{shown(m.name)}[/] ({size}) on {result.num_gpus} x {shown(c.gpu.name)} ({shown(c.name)}), "
+              f"global batch {t.global_batch_size} x {t.seq_len} tokens, {t.precision}", soft_wrap=False)
     plans = result.plans or result.closest
     title = "ranked plans" if result.plans else "no strategy fits; closest candidates"
     if wide:  # as wide as the table needs: the full detail was asked for
@@ -182,13 +183,13 @@ def print_plan_table(result: PlanResult, wide: bool = False, console=None) -> No
         out.print(table)
     else:
         out.print(_narrow_table(result, plans, title))
-    for line in plan_legend(result, plans, wide):
-        out.print(line, markup=False, highlight=False, soft_wrap=False)
+    for line in plan_legend(result, plans, wide):  # the band's basis comes from a profile file: made plain
+        out.print(message_lines(line), markup=False, highlight=False, soft_wrap=False)
     st = result.stats
     rejected = ", ".join(f"{k}: {v:,}" for k, v in sorted(st.rejected.items(), key=lambda kv: -kv[1])) or "none"
     out.print(f"candidates evaluated: {st.num_candidates:,} | valid: {st.num_valid:,} | feasible: "
               f"{st.num_feasible:,} | search time: {st.search_time_s:.2f} s", soft_wrap=False)
-    out.print(f"rejected by reason: {rejected}", highlight=False, soft_wrap=False)
+    out.print(f"rejected by reason: {rejected}", markup=False, highlight=False, soft_wrap=False)
 
 
 def layout_label(s: Strategy) -> str:
@@ -232,7 +233,8 @@ def _narrow_table(result: PlanResult, plans: list[Plan], title: str) -> Table:
     for p in plans:
         s, e = p.strategy, p.estimate
         table.add_row(f"{p.rank}~" if _mark(result, p) == "~" else str(p.rank), layout_label(s),
-                      zero_label(p), str(s.micro_batch_size), recompute_label(p), s.split_label() or "even",
+                      zero_label(p), str(s.micro_batch_size), shown(recompute_label(p), MESSAGE_CHARS),
+                      s.split_label() or "even",
                       f"{e.step_time_s:.3f}", f"{100 * e.mfu:.1f}", gib(e.peak_memory_bytes))
     return table
 
@@ -253,7 +255,8 @@ def _wide_table(result: PlanResult, plans: list[Plan], title: str) -> Table:
         s, e = p.strategy, p.estimate
         experts = [str(s.ep), str(s.etp)] if moe else []
         table.add_row(str(p.rank), str(s.dp), str(s.tp), str(s.pp), str(s.cp), *experts, str(s.vpp),
-                      "y" if s.sequence_parallel else "-", zero_label(p), str(s.micro_batch_size), recompute_label(p),
+                      "y" if s.sequence_parallel else "-", zero_label(p), str(s.micro_batch_size),
+                      shown(recompute_label(p), MESSAGE_CHARS),
                       s.split_label() or "even", f"{e.step_time_s:.3f}", step_band(e), _mark(result, p),
                       f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.model_tflops_per_gpu:.1f}", f"{100 * e.mfu:.1f}",
                       mfu_band(e), gib(e.peak_memory_bytes),
@@ -458,17 +461,18 @@ def render_evaluate(strategy: Strategy, est: Estimate, fmt: Format) -> None:
 
 
 def print_estimate_summary(strategy: Strategy, est: Estimate) -> None:
-    stdout.print(f"[bold]{strategy.short()}[/]")
+    stdout.print(f"[bold]{shown(strategy.short(), MESSAGE_CHARS)}[/]")
     stdout.print(f"step {est.step_time_s:.3f} s | {est.tokens_per_s:,.0f} tokens/s | {est.tokens_per_s_per_gpu:,.0f} "
                  f"tokens/s/GPU | model {est.model_tflops_per_gpu:.1f} TFLOP/s/GPU | hardware "
                  f"{est.hardware_tflops_per_gpu:.1f} TFLOP/s/GPU | MFU {100 * est.mfu:.1f} %")
     if est.step_time_s_low is not None:
         stdout.print(f"band: step {step_band(est)} s | {est.tokens_per_s_per_gpu_low:,.0f}-"
-                     f"{est.tokens_per_s_per_gpu_high:,.0f} tokens/s/GPU | MFU {mfu_band(est)} % ({est.band_basis})",
+                     f"{est.tokens_per_s_per_gpu_high:,.0f} tokens/s/GPU | MFU {mfu_band(est)} % "
+                     f"({plain(est.band_basis, MESSAGE_CHARS)})",
                      markup=False, highlight=False)
     stdout.print(f"peak memory {gib(est.peak_memory_bytes)} GiB of {gib(est.memory_capacity_bytes)} GiB "
                  f"({est.binding_stage} stage; largest term {est.binding_memory_term}) | "
-                 f"{est.num_microbatches} micro-batches, bubble {100 * est.bubble_fraction:.1f} %")
+                 f"{est.num_microbatches} micro-batches, bubble {100 * est.bubble_fraction:.1f} %", markup=False)
     from planner.specs.results import DEFAULT_HEADROOM
 
     if not est.reasons and est.peak_memory_bytes > est.memory_capacity_bytes * (1 - DEFAULT_HEADROOM):
@@ -477,7 +481,7 @@ def print_estimate_summary(strategy: Strategy, est: Estimate) -> None:
     if est.reasons:
         stdout.print("[bold red]does not fit / invalid:[/]")
         for r in est.reasons:
-            stdout.print(f"  - {r}", markup=False, highlight=False)
+            stdout.print(f"  - {plain(r, MESSAGE_CHARS)}", markup=False, highlight=False)
     else:
         stdout.print("[green]fits[/]")
 
@@ -497,7 +501,7 @@ def render_explain(strategy: Strategy, est: Estimate, fmt: Format) -> None:
         mem.add_column(col, justify="left" if col == "term" else "right")
     for term, value in sorted(est.memory_bytes.items(), key=lambda kv: -kv[1]):
         mark = " <- largest" if term == est.binding_memory_term else ""
-        mem.add_row(term + mark, f"{value / GIB:.2f}", f"{100 * value / est.peak_memory_bytes:.1f}")
+        mem.add_row(shown(term) + mark, f"{value / GIB:.2f}", f"{100 * value / est.peak_memory_bytes:.1f}")
     mem.add_row("[bold]peak[/]", f"{est.peak_memory_bytes / GIB:.2f}", "100.0")
     mem.add_row("capacity", f"{est.memory_capacity_bytes / GIB:.2f}", "")
     stdout.print(mem)
@@ -505,7 +509,7 @@ def render_explain(strategy: Strategy, est: Estimate, fmt: Format) -> None:
     for col in ("term", "s", "% of step"):
         tim.add_column(col, justify="left" if col == "term" else "right")
     for term, value in est.time_s.items():
-        tim.add_row(TIME_TERM_LABELS.get(term, term), f"{value:.4f}", f"{100 * value / est.step_time_s:.1f}")
+        tim.add_row(shown(TIME_TERM_LABELS.get(term, term), MESSAGE_CHARS), f"{value:.4f}", f"{100 * value / est.step_time_s:.1f}")
     tim.add_row("[bold]step[/]", f"{est.step_time_s:.4f}", "100.0")
     stdout.print(tim)
     stdout.print(f"communication hidden behind compute (assumed): {100 * est.comm_hidden_fraction:.0f} %",
@@ -625,6 +629,10 @@ def calibration_status(text: str) -> str:
     return "carried over from A100 (assumed)" if "carried over" in text else "fitted"
 
 
+#: Columns of `models` and `clusters` that hold a name (cut shorter than the other texts).
+NAME_COLUMNS = ("name", "gpu")
+
+
 def _print_rows(rows: list[dict[str, Any]], fmt: Format, title: str) -> None:
     if fmt is Format.json:
         emit_json(rows)
@@ -634,6 +642,6 @@ def _print_rows(rows: list[dict[str, Any]], fmt: Format, title: str) -> None:
         table = Table(title=title, title_justify="left")
         for col in rows[0]:
             table.add_column(col, overflow="fold", max_width=60 if col in ("source", "calibration", "constants") else None)
-        for r in rows:
-            table.add_row(*(str(v) for v in r.values()))
+        for r in rows:  # names cut at NAME_CHARS, longer texts (sources, provenance) at MESSAGE_CHARS
+            table.add_row(*(shown(v, NAME_CHARS if k in NAME_COLUMNS else MESSAGE_CHARS) for k, v in r.items()))
         stdout.print(table)

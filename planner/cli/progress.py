@@ -12,6 +12,7 @@ from typing import Any, Iterator
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from planner.cli.common import stderr
+from planner.cli.text import MESSAGE_CHARS, plain, shown
 
 
 class RunProgress:
@@ -24,7 +25,8 @@ class RunProgress:
         self.kept = False
 
     def line(self, text: str) -> None:
-        (self.live.console if self.live else stderr).print(text, markup=False, highlight=False)
+        """One plain line (labels and reasons quote user input: no control character, no markup)."""
+        (self.live.console if self.live else stderr).print(plain(text, MESSAGE_CHARS), markup=False, highlight=False)
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "work_dir":
@@ -36,7 +38,7 @@ class RunProgress:
             if self.live is not None:
                 if self.task is not None:
                     self.live.remove_task(self.task)
-                self.task = self.live.add_task(f"[{data['index']}/{data['total']}] {data['label']}",
+                self.task = self.live.add_task(f"\\[{data['index']}/{data['total']}] {shown(data['label'])}",
                                                total=data["steps"])
         elif kind == "step" and self.live is not None and self.task is not None:
             self.live.update(self.task, completed=data["step"], total=data["total"])
@@ -67,8 +69,8 @@ def run_progress() -> Iterator[RunProgress]:
 def status(message: str) -> Iterator[None]:
     """A spinner with `message` on a terminal stderr; one plain line elsewhere."""
     if not stderr.is_terminal:
-        stderr.print(message, markup=False, highlight=False)
+        stderr.print(plain(message, MESSAGE_CHARS), markup=False, highlight=False)
         yield
         return
-    with stderr.status(message):
+    with stderr.status(shown(message, MESSAGE_CHARS)):
         yield

@@ -29,8 +29,16 @@ FLOP_PER_S_RANGE = (1e6, 1e18)
 BW_BYTES_PER_S_RANGE = (1e6, 1e15)
 #: A fixed cost per kernel or per message (kernel overhead, link latency): 0 to 1 s.
 LATENCY_S_RANGE = (0.0, 1.0)
+#: An achievable fraction of a peak rate (GEMM, HBM, link, host DRAM efficiencies), which the rate is multiplied
+#: by and the time divided by: 0.1 % to 100 % (a fraction of 1e-300 made a 1e-300 link of a fast one).
+EFFICIENCY_RANGE = (1e-3, 1.0)
 #: host_time_scale, a slowdown of the host's issue times: 1 to 100.
 HOST_TIME_SCALE_RANGE = (1.0, 100.0)
+#: The largest relative step-time error a residual statistic may state (predicted / measured - 1): a prediction
+#: 101 times the measured step, far beyond any calibrated GPU; the band it spans stays finite.
+RELATIVE_ERROR_MAX = 100.0
+#: The most end-to-end rows one band may rest on.
+MAX_RESIDUAL_ROWS = 10**6
 #: Bytes per GiB, the unit messages state memory in.
 GIB = 2**30
 
@@ -45,19 +53,23 @@ class StepTimeResiduals(Spec):
     end_to_end: bool = Field(
         description="True: from this GPU's own published end-to-end runs that no fit used; False: no such run "
         "exists, and the band is another GPU set's widened by the rule `basis` states.")
-    n: int = Field(ge=0, description="Rows the band rests on (on the reference GPUs when end_to_end is False).")
+    n: int = Field(ge=0, le=MAX_RESIDUAL_ROWS,
+                   description="Rows the band rests on (on the reference GPUs when end_to_end is False).")
     tables: list[str] = Field(default_factory=list, description="The published sets the rows come from, "
                               "each with its row count.")
     error_low: float = Field(gt=-1, le=0, description="Signed relative step-time error at the band's fast edge "
                              "(<= 0): the measured step is at most predicted / (1 + error_low).")
-    error_high: float = Field(ge=0, description="Signed relative step-time error at the band's slow edge (>= 0): "
+    error_high: float = Field(ge=0, le=RELATIVE_ERROR_MAX, description="Signed relative step-time error at the band's slow edge (>= 0): "
                               "the measured step is at least predicted / (1 + error_high).")
     coverage: float | None = Field(
         None, gt=0, lt=1, description="Nominal share of new runs inside the band (order-statistic prediction "
         "interval of the rows); None where the band is widened by a rule rather than measured.")
-    median_abs: float | None = Field(None, ge=0, description="Median |relative error| of the rows.")
-    mean_signed: float | None = Field(None, description="Mean signed relative error of the rows (the bias).")
-    max_abs: float | None = Field(None, ge=0, description="Largest |relative error| of the rows.")
+    median_abs: float | None = Field(None, ge=0, le=RELATIVE_ERROR_MAX,
+                                     description="Median |relative error| of the rows.")
+    mean_signed: float | None = Field(None, gt=-1, le=RELATIVE_ERROR_MAX,
+                                      description="Mean signed relative error of the rows (the bias).")
+    max_abs: float | None = Field(None, ge=0, le=RELATIVE_ERROR_MAX,
+                                  description="Largest |relative error| of the rows.")
     basis: str = Field(description="One line: which rows, or which rule, the band comes from.")
     dense: StepTimeResiduals | None = Field(
         None, description="The band of dense-model plans alone, from this GPU's own dense rows (present when "
@@ -79,10 +91,12 @@ class GpuSpec(Spec):
     hbm_bw_bytes_per_s: float = Field(ge=BW_BYTES_PER_S_RANGE[0], le=BW_BYTES_PER_S_RANGE[1],
                                       description="Peak HBM bandwidth in bytes/s (BW_BYTES_PER_S_RANGE).")
     gemm_efficiency: float = Field(
-        0.75, gt=0, le=1, description="Achievable fraction of dense peak for large, well-shaped GEMMs (calibrated)."
+        0.75, ge=EFFICIENCY_RANGE[0], le=EFFICIENCY_RANGE[1],
+        description="Achievable fraction of dense peak for large, well-shaped GEMMs (calibrated)."
     )
     hbm_efficiency: float = Field(
-        0.8, gt=0, le=1, description="Achievable fraction of HBM bandwidth for element-wise kernels (calibrated)."
+        0.8, ge=EFFICIENCY_RANGE[0], le=EFFICIENCY_RANGE[1],
+        description="Achievable fraction of HBM bandwidth for element-wise kernels (calibrated)."
     )
     backward_gemm_ratio: float = Field(
         2.0, gt=0, le=4,
@@ -98,7 +112,7 @@ class GpuSpec(Spec):
         "NCCL, allocator slack; less than memory_bytes."
     )
     grouped_gemm_efficiency: float = Field(
-        1.0, gt=0, le=1,
+        1.0, ge=EFFICIENCY_RANGE[0], le=EFFICIENCY_RANGE[1],
         description="Throughput of a grouped GEMM (MoE experts in one kernel) relative to a dense GEMM of the same "
         "FLOPs, before the roofline's memory bound (which the per-expert shapes already give). Used only on a GPU "
         "without a GEMM kernel table; with one, each expert's GEMM is timed at its own shape (four at a time, "
@@ -110,7 +124,7 @@ class GpuSpec(Spec):
         "pinned copies (BW_BYTES_PER_S_RANGE); None: unknown (optimizer offload is then refused).",
     )
     sustained_compute_fraction: float = Field(
-        1.0, gt=0, le=1,
+        1.0, ge=EFFICIENCY_RANGE[0], le=EFFICIENCY_RANGE[1],
         description="Share of its kernel tables' measured throughput a GPU sustains in training (power- and "
         "clock-limited, kernels back to back, beside communication kernels); fitted per GPU generation on the "
         "end-to-end rows its calibration file names. Applies only to the parts timed from kernel tables.",
@@ -197,10 +211,11 @@ class LinkTier(Spec):
     latency_s: float = Field(ge=LATENCY_S_RANGE[0], le=LATENCY_S_RANGE[1],
                              description="Per-message latency (alpha), seconds (LATENCY_S_RANGE).")
     efficiency: float = Field(
-        0.8, gt=0, le=1, description="Achievable all-reduce bus bandwidth as a fraction of the link rate (NCCL busbw)."
+        0.8, ge=EFFICIENCY_RANGE[0], le=EFFICIENCY_RANGE[1],
+        description="Achievable all-reduce bus bandwidth as a fraction of the link rate (NCCL busbw)."
     )
     gather_scatter_efficiency: float | None = Field(
-        None, gt=0, le=1,
+        None, ge=EFFICIENCY_RANGE[0], le=EFFICIENCY_RANGE[1],
         description="Achievable all-gather / reduce-scatter bus bandwidth as a fraction of the link rate; "
         "default: the all-reduce efficiency (as NCCL gets; gloo on CPU gets less).",
     )
@@ -223,7 +238,8 @@ class HostSpec(Spec):
                                          description="Peak host DRAM bandwidth per server (all sockets), bytes/s "
                                          "(BW_BYTES_PER_S_RANGE).")
     memory_efficiency: float = Field(
-        0.6, gt=0, le=1, description="Share of the peak DRAM bandwidth a vectorised CPU optimizer sustains."
+        0.6, ge=EFFICIENCY_RANGE[0], le=EFFICIENCY_RANGE[1],
+        description="Share of the peak DRAM bandwidth a vectorised CPU optimizer sustains."
     )
     gpus_per_host_link: int = Field(
         1, ge=1, le=MAX_GPUS, description="GPUs whose host copies share one uplink to the CPU (the GPUs behind one "

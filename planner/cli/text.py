@@ -1,0 +1,50 @@
+"""User-given text made safe for the terminal.
+
+Every string the user gave (a model, cluster or GPU name, a file path, a constraint echoed back, an
+error message quoting a value) goes through `shown` before it reaches a rich Table cell, title or a
+markup-interpreted `console.print`, and through `plain` before a `markup=False` print: control and
+format characters (ESC, BEL, NUL, CR, LF, U+202E and the other bidi controls, U+2028...) become
+visible escapes such as `\\x1b` and `\\u202e`, very long strings are cut to their first `limit`
+characters and `…`, and `shown` escapes rich markup, so `x[/]` prints as `x[/]` instead of failing.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from rich.markup import escape
+
+#: Characters of a name kept before it is cut with `…`: enough for any real model, GPU or file name.
+NAME_CHARS = 80
+#: Characters of a message line (an error or a warning) kept before it is cut with `…`.
+MESSAGE_CHARS = 2000
+#: Unicode categories printed as escapes: control, format (bidi overrides, zero-width), line and
+#: paragraph separators.
+_HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def _visible(ch: str) -> str:
+    if unicodedata.category(ch) not in _HIDDEN:
+        return ch
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else (f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+
+
+def plain(text: object, limit: int = NAME_CHARS) -> str:
+    """`text` as a string with no control or format character and at most `limit` characters of it
+    (then `…`); for a print with markup=False."""
+    s = str(text)
+    cut = len(s) > limit
+    s = s[:limit]
+    return "".join(map(_visible, s)) + ("…" if cut else "")
+
+
+def shown(text: object, limit: int = NAME_CHARS) -> str:
+    """`plain(text, limit)` with rich markup escaped: for a Table cell, title or caption and for a
+    print that interprets markup."""
+    return escape(plain(text, limit))
+
+
+def message_lines(text: object, limit: int = MESSAGE_CHARS) -> str:
+    """A message of one or more lines (the CLI's own line breaks kept), each line made `plain`."""
+    return "\n".join(plain(line, limit) for line in str(text).split("\n"))

@@ -38,6 +38,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -61,6 +62,10 @@ LIFELINE = Path(__file__).resolve().with_name("lifeline.py")
 LOCK_FILE = ".meshplan.lock"
 """A run's lock in its folder (`locked_dir`): held while the run lasts, removed after it."""
 LOCK_TRIES = 3
+LOOPBACK = "lo"
+"""The loopback interface the gloo ranks of a local cpu run listen on (GLOO_SOCKET_IFNAME). torchrun's
+own TCP stores (rendezvous and worker store) listen on every interface whatever the flags: torch's
+TCPStore server binds the any-address (checked with `ss -ltnp` during a run, torch 2.13)."""
 
 
 def torchrun_command(nproc: int, config_path: Path, out_dir: Path, *, standalone: bool = True,
@@ -94,6 +99,8 @@ def worker_env(device: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([root, env["PYTHONPATH"]]) if env.get("PYTHONPATH") else root
     if device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")  # the worker sets torch's thread count itself
+        if Path(f"/sys/class/net/{LOOPBACK}").exists():  # every rank is on this machine: gloo listens on loopback
+            env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK)
     return env
 
 
@@ -380,6 +387,26 @@ def locked_dir(folder: Path, field: str = "work_dir") -> Iterator[Path]:
         if _same_file(fd, folder / LOCK_FILE):
             (folder / LOCK_FILE).unlink(missing_ok=True)
         os.close(fd)
+
+
+@contextlib.contextmanager
+def work_folder(given: Path | None, prefix: str, keep: bool = False, field: str = "work_dir") -> Iterator[Path]:
+    """The folder a command's runs go to, locked while the block runs (`locked_dir`): `given`, or
+    a new temporary folder `<tmp>/<prefix>*`, removed when the block ends (also on an exception)
+    unless `keep`. Before a temporary folder is made, the ones killed runs left are removed
+    (`remove_stale_dirs`)."""
+    if given is not None:
+        with locked_dir(given, field) as folder:
+            yield folder
+        return
+    remove_stale_dirs(Path(tempfile.gettempdir()), prefix)
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        with locked_dir(folder, field):
+            yield folder
+    finally:
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def remove_stale_dirs(parent: Path, prefix: str) -> list[Path]:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -34,7 +32,7 @@ from executors.launcher import (
     launch_reference,
     locked_dir,
     read_ranks,
-    remove_stale_dirs,
+    work_folder,
 )
 from executors.results import Engine, ParityReference, RunConfig, RunResult
 from executors.support import executed_model, unsupported_reasons
@@ -276,7 +274,9 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
     a plan whose run would exceed the budget is reported as `unsupported` with the estimate, and
     when no plan can start for that reason alone, SpecError says so (nothing is launched). SIGINT
     and SIGTERM stop the running process tree and raise `executors.launcher.Interrupted`; the
-    temporary work directory is removed then too (unless `keep_work_dir`)."""
+    temporary work directory is removed then too (unless `keep_work_dir`). The work directory is
+    locked while the runs last (`executors.launcher.work_folder`): a second validation on it gets
+    a SpecError at once."""
     from executors.launcher import signals_raise
 
     options = options or ValidateOptions()
@@ -309,42 +309,34 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
         more = len(runnable) - 1
         raise SpecError("validate: " + first["reasons"][-1]
                         + (f" (and {more} more plan{'s' if more > 1 else ''} likewise)" if more else ""))
-    own_dir = options.work_dir is None
-    if own_dir:
-        remove_stale_dirs(Path(tempfile.gettempdir()), TEMP_PREFIX)
-    work = Path(options.work_dir or tempfile.mkdtemp(prefix=TEMP_PREFIX))
     references: dict[str, tuple[ParityReference | None, str]] = {}
     comparisons: list[PlanComparison] = []
     runs: list[RunResult] = []
-    try:
-        with locked_dir(work), signals_raise():
-            event("work_dir", {"path": str(work), "kept": not own_dir or options.keep_work_dir})
-            for it in items:
-                i, st, label, cfg = it["index"], it["strategy"], it["label"], it["cfg"]
-                if it["reasons"]:
-                    run = RunResult(label=label, strategy=st, outcome="unsupported", reason="; ".join(it["reasons"]),
+    with work_folder(options.work_dir, TEMP_PREFIX, options.keep_work_dir) as work, signals_raise():
+        event("work_dir", {"path": str(work), "kept": options.work_dir is not None or options.keep_work_dir})
+        for it in items:
+            i, st, label, cfg = it["index"], it["strategy"], it["label"], it["cfg"]
+            if it["reasons"]:
+                run = RunResult(label=label, strategy=st, outcome="unsupported", reason="; ".join(it["reasons"]),
+                                notes=it["notes"])
+            else:
+                key = it["model"].model_dump_json()
+                if key not in references:
+                    event("reference", {"label": label})
+                    references[key] = launch_reference(cfg, work / f"reference-{len(references)}")
+                ref, ref_error = references[key]
+                if ref is None:
+                    run = RunResult(label=label, strategy=st, outcome="crashed", reason=ref_error,
                                     notes=it["notes"])
                 else:
-                    key = it["model"].model_dump_json()
-                    if key not in references:
-                        event("reference", {"label": label})
-                        references[key] = launch_reference(cfg, work / f"reference-{len(references)}")
-                    ref, ref_error = references[key]
-                    if ref is None:
-                        run = RunResult(label=label, strategy=st, outcome="crashed", reason=ref_error,
-                                        notes=it["notes"])
-                    else:
-                        steps = cfg.parity_steps + cfg.warmup_steps + cfg.timed_steps
-                        event("launch", {"index": i + 1, "total": len(items), "label": label, "steps": steps})
-                        run = launch(cfg.with_reference(ref), work / run_dir_name(i, label),
-                                     on_progress=lambda p, i=i: event("step", {"index": i + 1, **p}))
-                runs.append(run)
-                comparisons.append(compare_one(run, it["estimate"]))
-                if progress:
-                    progress(i + 1, len(items), run)
-    finally:
-        if own_dir and not options.keep_work_dir:
-            shutil.rmtree(work, ignore_errors=True)
+                    steps = cfg.parity_steps + cfg.warmup_steps + cfg.timed_steps
+                    event("launch", {"index": i + 1, "total": len(items), "label": label, "steps": steps})
+                    run = launch(cfg.with_reference(ref), work / run_dir_name(i, label),
+                                 on_progress=lambda p, i=i: event("step", {"index": i + 1, **p}))
+            runs.append(run)
+            comparisons.append(compare_one(run, it["estimate"]))
+            if progress:
+                progress(i + 1, len(items), run)
     summary = rank_and_summarise(comparisons)
     base_model, _ = executed_model(model, Strategy(dp=1), options.num_layers)
     return ValidationReport(model=base_model, cluster=cluster.name, train=train, num_gpus=num_gpus, device=device,

@@ -15,6 +15,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +23,16 @@ import pytest
 import yaml
 from executor_fixtures import TINY, TRAIN
 
-from executors.launcher import LOCK_FILE, alive, descendants, lifeline_command, locked_dir, remove_stale_dirs
+from executors.launcher import (
+    LOCK_FILE,
+    alive,
+    descendants,
+    lifeline_command,
+    locked_dir,
+    remove_stale_dirs,
+    work_folder,
+    worker_env,
+)
 from executors.lifeline import ENV, PARENT_GONE_EXIT
 from planner.errors import SpecError
 
@@ -30,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[2]
 GONE_WITHIN_S = 5.0
 """The acceptance bound: no process of the run is left this long after the kill."""
 START_TIMEOUT_S = 120
+LOOPBACK_HEX = "0100007F"
+"""127.0.0.1 as /proc/net/tcp writes it."""
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -86,6 +98,25 @@ def _left_after(pids: list[int], seconds: float = GONE_WITHIN_S) -> list[int]:
             return []
         time.sleep(0.05)
     return [p for p in pids if alive(p)]
+
+
+def _listening(pid: int) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp writes them) of the TCP sockets `pid` listens on."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    out = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                out.append(fields[1].split(":")[0])
+    return out
 
 
 def _parent(pid: int) -> int:
@@ -209,13 +240,44 @@ def test_stale_temporary_folders_are_removed_and_live_or_kept_ones_stay(tmp_path
         holders[live].wait()
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_temporary_work_folder_is_locked_while_used_and_removed_or_kept_unlocked(tmp_path, monkeypatch, keep):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stale = tmp_path / "meshplan-tune-old"
+    stale.mkdir()
+    (stale / LOCK_FILE).write_text("1\n")  # a lock file nobody holds: its run was killed
+    with work_folder(None, "meshplan-tune-", keep=keep) as folder:
+        assert not stale.exists()
+        assert folder.parent == tmp_path and folder.name.startswith("meshplan-tune-")
+        with pytest.raises(SpecError, match="in use by another meshplan run"):
+            with locked_dir(folder):
+                pass
+    assert folder.is_dir() == keep
+    assert not (folder / LOCK_FILE).exists()
+    assert remove_stale_dirs(tmp_path, "meshplan-tune-") == []  # a kept folder is not stale
+
+
+def test_local_cpu_ranks_listen_on_loopback(monkeypatch):
+    if not Path("/sys/class/net/lo").exists():
+        pytest.skip("no loopback interface named lo")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert worker_env("cpu")["GLOO_SOCKET_IFNAME"] == "lo"
+    assert "GLOO_SOCKET_IFNAME" not in worker_env("cuda")
+
+
 # ---- real runs: kill -9 of meshplan or torchrun ------------------------------------------------
 @pytest.mark.executor
 def test_kill_9_of_meshplan_during_validate_leaves_no_process(tmp_path):
+    """Also: the workers' gloo sockets listen on loopback only (GLOO_SOCKET_IFNAME, worker_env)."""
     pytest.importorskip("torch")
     proc = _cli([*_tiny_args(tmp_path), "--steps", "10000", "--timeout", "300"], tmp_path)
     tree = _wait_for_workers(proc, "executors.worker")
     assert len(tree) >= 3  # torchrun and two workers
+    workers = [p for p in tree if "executors.worker" in _cmdline(p)]
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not all(_listening(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)  # gloo listens once the process group is up
+    assert all(addr == LOOPBACK_HEX for p in workers for addr in _listening(p))
     proc.kill()
     proc.communicate(timeout=30)
     assert _left_after(tree) == []

@@ -75,12 +75,18 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _is_worker(pid: int, module: str) -> bool:
+    """`pid` runs `module` (torchrun's command line names the module too)."""
+    cmdline = _cmdline(pid)
+    return module in cmdline and "torch.distributed.run" not in cmdline
+
+
 def _wait_for_workers(proc: subprocess.Popen, module: str, count: int = 2) -> list[int]:
     """meshplan's whole process tree (from /proc) once `count` processes running `module` are in it."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline and proc.poll() is None:
         tree = descendants(proc.pid)
-        if sum(module in _cmdline(p) for p in tree) >= count:
+        if sum(_is_worker(p, module) for p in tree) >= count:
             time.sleep(0.5)  # past their start: the workers import torch and set up
             return descendants(proc.pid)
         time.sleep(0.2)
@@ -273,7 +279,8 @@ def test_kill_9_of_meshplan_during_validate_leaves_no_process(tmp_path):
     proc = _cli([*_tiny_args(tmp_path), "--steps", "10000", "--timeout", "300"], tmp_path)
     tree = _wait_for_workers(proc, "executors.worker")
     assert len(tree) >= 3  # torchrun and two workers
-    workers = [p for p in tree if "executors.worker" in _cmdline(p)]
+    workers = [p for p in tree if _is_worker(p, "executors.worker")]
+    assert len(workers) == 2
     deadline = time.monotonic() + START_TIMEOUT_S
     while not all(_listening(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.2)  # gloo listens once the process group is up

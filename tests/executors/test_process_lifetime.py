@@ -34,6 +34,7 @@ from executors.launcher import (
     worker_env,
 )
 from executors.lifeline import ENV, PARENT_GONE_EXIT
+from executors.validate import NODE_VARIABLE_ARGS, shell_line
 from planner.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -291,6 +292,7 @@ def test_kill_9_of_meshplan_during_validate_leaves_no_process(tmp_path):
 
 
 @pytest.mark.executor
+@pytest.mark.slow
 def test_kill_9_of_torchrun_during_validate_leaves_no_worker_and_reports_the_crash(tmp_path):
     pytest.importorskip("torch")
     proc = _cli([*_tiny_args(tmp_path), "--steps", "10000", "--timeout", "300"], tmp_path)
@@ -400,3 +402,9 @@ def test_prepare_folder_with_shell_characters_round_trips(tmp_path):
     words = shlex.split(script.read_text().replace("\\\n", " "), comments=True)
     assert str(run_dir / "run.json") in words and str(run_dir) in words
     assert not (tmp_path / "pwned").exists()
+
+
+def test_printed_commands_quote_every_argument_but_the_node_variables():
+    line = shell_line(["python", "--out", "a dir;$(id)", *NODE_VARIABLE_ARGS])
+    assert line == "python --out 'a dir;$(id)' " + " ".join(NODE_VARIABLE_ARGS)
+    assert shlex.split(line)[2] == "a dir;$(id)"

@@ -13,6 +13,14 @@ SIGKILL to whatever is left and reaps torchrun. While a run is waited on,
 SIGINT and SIGTERM raise `Interrupted` in meshplan (`signals_raise`), after the
 run's processes are gone.
 
+Dying with meshplan: every run is started through `executors.lifeline`, so a
+`kill -9` of meshplan kills torchrun (parent-death signal), and each worker binds
+itself to torchrun the same way (`kill -9` of torchrun kills its workers); once
+torchrun has exited, any worker that recorded its pid and still runs is killed too.
+`locked_dir` holds a lock on a run's folder for the run's lifetime (a second run on
+the same folder is refused), and `remove_stale_dirs` removes the temporary folders
+of runs that were killed before they could remove them.
+
 Outcomes are decided from the per-rank JSON files first and the exit status
 second: ranks write their results before teardown, so a run whose processes
 abort at shutdown after writing complete results is still `ok`.
@@ -21,13 +29,16 @@ abort at shutdown after writing complete results is still `ok`.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -48,6 +59,14 @@ POLL_S = 0.5
 PROGRESS_FILE = "progress.json"
 STDERR_TAIL_LINES = 30
 WORKER_MODULE = "executors.worker"
+LIFELINE = Path(__file__).resolve().with_name("lifeline.py")
+LOCK_FILE = ".meshplan.lock"
+"""A run's lock in its folder (`locked_dir`): held while the run lasts, removed after it."""
+LOCK_TRIES = 3
+LOOPBACK = "lo"
+"""The loopback interface the gloo ranks of a local cpu run listen on (GLOO_SOCKET_IFNAME). torchrun's
+own TCP stores (rendezvous and worker store) listen on every interface whatever the flags: torch's
+TCPStore server binds the any-address (checked with `ss -ltnp` during a run, torch 2.13)."""
 
 
 def torchrun_command(nproc: int, config_path: Path, out_dir: Path, *, standalone: bool = True,
@@ -81,6 +100,8 @@ def worker_env(device: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([root, env["PYTHONPATH"]]) if env.get("PYTHONPATH") else root
     if device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")  # the worker sets torch's thread count itself
+        if Path(f"/sys/class/net/{LOOPBACK}").exists():  # every rank is on this machine: gloo listens on loopback
+            env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK)
     return env
 
 
@@ -216,14 +237,7 @@ def _signal_pid(pid: int, sig: int) -> None:
 def run_processes(proc: subprocess.Popen, pid_dir: Path | None) -> list[int]:
     """torchrun, its descendants, and the workers that recorded their pid in `pid_dir`."""
     pids = [proc.pid, *descendants(proc.pid)]
-    for pid_file in sorted(pid_dir.glob("rank*.pid")) if pid_dir else []:
-        try:
-            pid = int(pid_file.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if pid not in pids and _is_our_worker(pid):
-            pids.append(pid)
-    return pids
+    return pids + [pid for pid in recorded_workers(pid_dir) if pid not in pids]
 
 
 def _send(proc: subprocess.Popen, pids: list[int], sig: int) -> None:
@@ -266,6 +280,155 @@ def kill_run(proc: subprocess.Popen, pid_dir: Path | None, grace_s: float = KILL
     _wait_gone(proc, pids, grace_s)
 
 
+def lifeline_command(cmd: list[str]) -> list[str]:
+    """`cmd` started through executors/lifeline.py: it dies when this process does (and its
+    workers when it does, see executors.lifeline)."""
+    return [sys.executable, "-I", str(LIFELINE), str(os.getpid()), "--", *cmd]
+
+
+def recorded_workers(pid_dir: Path | None) -> list[int]:
+    """The living workers that recorded their pid in `pid_dir` (rank*.pid)."""
+    out = []
+    for pid_file in sorted(pid_dir.glob("rank*.pid")) if pid_dir else []:
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if alive(pid) and _is_our_worker(pid):
+            out.append(pid)
+    return out
+
+
+def kill_leftovers(pid_dir: Path | None, grace_s: float = INTERRUPT_GRACE_S) -> None:
+    """SIGKILL the workers of `pid_dir` that outlive their torchrun, and wait up to `grace_s`
+    for them to go (they are reparented and reaped by init)."""
+    pids = recorded_workers(pid_dir)
+    for pid in pids:
+        _signal_pid(pid, signal.SIGKILL)
+    deadline = time.monotonic() + grace_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _lock_holder(fd: int) -> str:
+    try:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    own = os.fstat(fd)
+    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _take_lock(folder: Path, field: str) -> int:
+    """A descriptor holding the lock of `folder` (see `locked_dir`)."""
+    lock = folder / LOCK_FILE
+    for _ in range(LOCK_TRIES):
+        # a new lock file appears already locked and holding our pid (made aside, then linked in)
+        aside = folder / f"{LOCK_FILE}.{os.getpid()}"
+        fd = os.open(aside, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.link(aside, lock)
+            return fd
+        except FileExistsError:
+            os.close(fd)
+        finally:
+            aside.unlink(missing_ok=True)
+        try:  # a lock file is there: another run's, or one a killed run left
+            fd = os.open(lock, os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        if not _try_lock(fd):
+            holder = _lock_holder(fd)
+            os.close(fd)
+            raise SpecError(f"{field} {str(folder)!r} is in use by another meshplan run"
+                            + (f" (pid {holder})" if holder.isdigit() else "")
+                            + "; wait for it to finish or choose another folder")
+        if _same_file(fd, lock):  # the holder died; the lock is ours now
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return fd
+        os.close(fd)  # removed or replaced meanwhile: try again
+    raise SpecError(f"{field} {str(folder)!r}: could not take its lock file {LOCK_FILE} "
+                    f"in {LOCK_TRIES} tries (other runs start and stop there)")
+
+
+@contextlib.contextmanager
+def locked_dir(folder: Path, field: str = "work_dir") -> Iterator[Path]:
+    """Create `folder` if needed and hold its lock file (fcntl.flock on folder/.meshplan.lock)
+    while the block runs: another run on the same folder gets a SpecError naming `field` and
+    the folder at once. The kernel drops the lock when the holder dies, even by SIGKILL; the
+    lock file is removed when the block ends."""
+    if folder.exists() and not folder.is_dir():
+        raise SpecError(f"{field} {str(folder)!r} must be a folder; it is a file")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"{field} {str(folder)!r} cannot be created: {exc.strerror}") from None
+    fd = _take_lock(folder, field)
+    try:
+        yield folder
+    finally:
+        if _same_file(fd, folder / LOCK_FILE):
+            (folder / LOCK_FILE).unlink(missing_ok=True)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def work_folder(given: Path | None, prefix: str, keep: bool = False, field: str = "work_dir") -> Iterator[Path]:
+    """The folder a command's runs go to, locked while the block runs (`locked_dir`): `given`, or
+    a new temporary folder `<tmp>/<prefix>*`, removed when the block ends (also on an exception)
+    unless `keep`. Before a temporary folder is made, the ones killed runs left are removed
+    (`remove_stale_dirs`)."""
+    if given is not None:
+        with locked_dir(given, field) as folder:
+            yield folder
+        return
+    remove_stale_dirs(Path(tempfile.gettempdir()), prefix)
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        with locked_dir(folder, field):
+            yield folder
+    finally:
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_stale_dirs(parent: Path, prefix: str) -> list[Path]:
+    """Remove the folders `parent/<prefix>*` whose lock file no living run holds (the run was
+    killed before it could remove its temporary folder); the removed folders. A folder with
+    no lock file (being set up, or kept with --keep) is left alone."""
+    removed = []
+    for folder in sorted(parent.glob(prefix + "*")) if parent.is_dir() else []:
+        try:
+            fd = os.open(folder / LOCK_FILE, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            if _try_lock(fd) and _same_file(fd, folder / LOCK_FILE):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+        finally:
+            os.close(fd)
+    return removed
+
+
 def read_progress(log_dir: Path) -> dict | None:
     """The run's progress file (written by rank 0 after every step), or None."""
     try:
@@ -277,9 +440,11 @@ def read_progress(log_dir: Path) -> dict | None:
 def run_process(cmd: list[str], timeout_s: float, log_dir: Path, env: dict[str, str],
                 pid_dir: Path | None = None,
                 on_progress: Callable[[dict], None] | None = None) -> ProcessOutcome:
-    """Run `cmd` (no shell, its own session) with stdout/stderr in `log_dir`; kill its whole
-    tree at `timeout_s`, or on SIGINT / SIGTERM (then `Interrupted` is raised once the run's
-    processes are gone). `on_progress` gets the run's progress file each time it changes."""
+    """Run `cmd` (no shell, its own session, dying with this process: `lifeline_command`) with
+    stdout/stderr in `log_dir`; kill its whole tree at `timeout_s`, or on SIGINT / SIGTERM (then
+    `Interrupted` is raised once the run's processes are gone), and kill the workers recorded in
+    `pid_dir` that outlive it. `on_progress` gets the run's progress file each time it changes.
+    Call it from a thread that lives until it returns: the parent-death signal follows the thread."""
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / PROGRESS_FILE).unlink(missing_ok=True)
     # torchrun's own log folders (torchelastic_*) and torch's caches go to the run's folder:
@@ -291,11 +456,14 @@ def run_process(cmd: list[str], timeout_s: float, log_dir: Path, env: dict[str, 
     with signals_raise(), open(log_dir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
         proc = None
         try:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
+            proc = subprocess.Popen(lifeline_command(cmd), stdout=out, stderr=err, env=env,
+                                    start_new_session=True)
             rc, timed_out = _wait(proc, start + timeout_s, log_dir, on_progress)
-            if timed_out:
-                with signals_held():
+            with signals_held():
+                if timed_out:
                     kill_run(proc, pid_dir)
+                else:  # torchrun is gone (killed, perhaps); no worker may outlive it
+                    kill_leftovers(pid_dir)
         except Interrupted:
             if proc is not None:
                 with signals_held():

@@ -47,10 +47,15 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+from executors.lifeline import bind_to_parent
 
-from cost_models.attention_kernels import BACKWARD_FLOP_RATIO  # the tables' backward FLOP convention
+if __name__ == "__main__":
+    bind_to_parent()  # started by meshplan's torchrun: die with it (before torch's import, seconds long)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from cost_models.attention_kernels import BACKWARD_FLOP_RATIO  # noqa: E402  (the tables' backward FLOP convention)
 
 CPU_GEMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CUDA_GEMM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}

@@ -44,12 +44,14 @@ from typing import Any
 
 import yaml
 
-from executors.launcher import run_process, worker_env
+from executors.launcher import locked_dir, remove_stale_dirs, run_process, worker_env
 
 GIB = 2**30
 KIB, MIB = 2**10, 2**20
 CPU_MEMORY_SHARE = 0.9  # leave 10% of MemAvailable to the OS and the launcher
 TRAIN_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
+TEMP_PREFIX = "meshplan-profile-"
+"""Name prefix of `meshplan profile`'s temporary measurement folders."""
 
 
 def profile_command(nproc: int, out_dir: Path, device: str, quick: bool) -> list[str]:
@@ -187,11 +189,15 @@ def _write_file(path: Path, text: str, root: Path, force: bool) -> None:
 
 def run_profile(nproc: int, out_dir: Path, device: str = "cpu", quick: bool = False,
                 timeout_s: float = 1200.0) -> dict[str, Any]:
-    """Run the micro-benchmarks on `nproc` ranks; the raw measurements (see profile_worker)."""
+    """Run the micro-benchmarks on `nproc` ranks; the raw measurements (see profile_worker).
+    `out_dir` is locked while they run; when it is a temporary folder (`TEMP_PREFIX`), the
+    folders of that name that killed runs left beside it are removed first."""
     from planner.errors import SpecError
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    proc = run_process(profile_command(nproc, out_dir, device, quick), timeout_s, out_dir, worker_env(device))
+    if out_dir.name.startswith(TEMP_PREFIX):
+        remove_stale_dirs(out_dir.parent, TEMP_PREFIX)
+    with locked_dir(out_dir, "the measurement folder"):
+        proc = run_process(profile_command(nproc, out_dir, device, quick), timeout_s, out_dir, worker_env(device))
     path = out_dir / "profile.json"
     if proc.timed_out or not path.exists():
         why = f"timed out after {timeout_s:.0f} s" if proc.timed_out else f"exited with status {proc.return_code}"

@@ -17,8 +17,7 @@ included) and the torchrun command to start it on every node
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
+import shlex
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -26,7 +25,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from executors.compare import PlanComparison, ValidationReport, compare_one, rank_and_summarise
 from executors.footprint import Footprint, host_budget_bytes, reference_footprint, refusal, run_footprint
-from executors.launcher import ProcessOutcome, fold, launch, launch_reference, read_ranks
+from executors.launcher import (
+    ProcessOutcome,
+    fold,
+    launch,
+    launch_reference,
+    locked_dir,
+    read_ranks,
+    work_folder,
+)
 from executors.results import Engine, ParityReference, RunConfig, RunResult
 from executors.support import executed_model, unsupported_reasons
 from planner.errors import SpecError, format_validation_error
@@ -75,15 +82,26 @@ fault, in fp32 only, by 3.6x (the routed experts hold 0.4% of |g|²). Tolerances
 (fp32) and ~270x (bf16) above the right runs, 100x below the smaller fault."""
 
 
+MAX_STEPS = 10_000
+"""Upper bound of warmup_steps and timed_steps: a validation run is a few steps (the defaults
+run 1 + 3); 10,000 steps of the smallest model already take minutes on a CPU."""
+MAX_PARITY_STEPS = 1_000
+"""Upper bound of parity_steps: each one also runs in the single-process reference, and their
+losses are stored in every run's config (the default checks 2)."""
+TEMP_PREFIX = "meshplan-validate-"
+"""Name prefix of the temporary work folders."""
+
+
 class ValidateOptions(BaseModel):
     """How each plan is run."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    warmup_steps: int = Field(1, ge=1, description="Untimed steps after the parity steps, at least 1 (the plan's "
-                              "optimizer creates its states in the first; see RunConfig.warmup_steps).")
-    timed_steps: int = Field(3, ge=1, description="Timed steps per plan.")
-    parity_steps: int = Field(2, ge=1, description="Leading steps checked against the single-process reference.")
+    warmup_steps: int = Field(1, ge=1, le=MAX_STEPS, description="Untimed steps after the parity steps, at least 1 "
+                              "(the plan's optimizer creates its states in the first; see RunConfig.warmup_steps).")
+    timed_steps: int = Field(3, ge=1, le=MAX_STEPS, description="Timed steps per plan.")
+    parity_steps: int = Field(2, ge=1, le=MAX_PARITY_STEPS,
+                              description="Leading steps checked against the single-process reference.")
     timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of each run, seconds.")
     num_layers: int | None = Field(None, ge=1, description="Build the model with this many layers (shapes kept).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
@@ -103,14 +121,19 @@ class ValidateOptions(BaseModel):
 
 
 def resolve_device(device: str) -> str:
-    if device != "auto":
+    """auto -> cuda when torch sees a CUDA device, else cpu; cuda without one -> SpecError (before
+    anything starts)."""
+    if device not in ("auto", "cuda"):
         return device
     try:
         import torch
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        has_cuda = torch.cuda.is_available()
     except ImportError:
-        return "cpu"
+        has_cuda = False
+    if device == "cuda" and not has_cuda:
+        raise SpecError("--device cuda: torch has no CUDA device here")
+    return "cuda" if has_cuda else "cpu"
 
 
 def run_label(st: Strategy) -> str:
@@ -138,6 +161,14 @@ def predict(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, num_gpus: 
     except SpecError as exc:
         return None, f"no prediction: {exc}"
     return est, ""
+
+
+def refuse_engine(options: ValidateOptions, device: str, train: TrainSpec) -> None:
+    """SpecError when no plan can run at all with this engine, device and precision
+    (`engine_reasons` do not depend on the plan)."""
+    reasons = engine_reasons(options, device, train)
+    if reasons:
+        raise SpecError("validate: " + "; ".join(reasons) + ": no plan can run")
 
 
 def engine_reasons(options: ValidateOptions, device: str, train: TrainSpec) -> list[str]:
@@ -244,11 +275,14 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
     a plan whose run would exceed the budget is reported as `unsupported` with the estimate, and
     when no plan can start for that reason alone, SpecError says so (nothing is launched). SIGINT
     and SIGTERM stop the running process tree and raise `executors.launcher.Interrupted`; the
-    temporary work directory is removed then too (unless `keep_work_dir`)."""
+    temporary work directory is removed then too (unless `keep_work_dir`). The work directory is
+    locked while the runs last (`executors.launcher.work_folder`): a second validation on it gets
+    a SpecError at once."""
     from executors.launcher import signals_raise
 
     options = options or ValidateOptions()
     device = resolve_device(options.device)
+    refuse_engine(options, device, train)
     event = on_event or (lambda kind, data: None)
     items = []
     for i, st in enumerate(strategies):
@@ -276,40 +310,34 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
         more = len(runnable) - 1
         raise SpecError("validate: " + first["reasons"][-1]
                         + (f" (and {more} more plan{'s' if more > 1 else ''} likewise)" if more else ""))
-    own_dir = options.work_dir is None
-    work = Path(options.work_dir or tempfile.mkdtemp(prefix="meshplan-validate-"))
-    event("work_dir", {"path": str(work), "kept": not own_dir or options.keep_work_dir})
     references: dict[str, tuple[ParityReference | None, str]] = {}
     comparisons: list[PlanComparison] = []
     runs: list[RunResult] = []
-    try:
-        with signals_raise():
-            for it in items:
-                i, st, label, cfg = it["index"], it["strategy"], it["label"], it["cfg"]
-                if it["reasons"]:
-                    run = RunResult(label=label, strategy=st, outcome="unsupported", reason="; ".join(it["reasons"]),
+    with work_folder(options.work_dir, TEMP_PREFIX, options.keep_work_dir) as work, signals_raise():
+        event("work_dir", {"path": str(work), "kept": options.work_dir is not None or options.keep_work_dir})
+        for it in items:
+            i, st, label, cfg = it["index"], it["strategy"], it["label"], it["cfg"]
+            if it["reasons"]:
+                run = RunResult(label=label, strategy=st, outcome="unsupported", reason="; ".join(it["reasons"]),
+                                notes=it["notes"])
+            else:
+                key = it["model"].model_dump_json()
+                if key not in references:
+                    event("reference", {"label": label})
+                    references[key] = launch_reference(cfg, work / f"reference-{len(references)}")
+                ref, ref_error = references[key]
+                if ref is None:
+                    run = RunResult(label=label, strategy=st, outcome="crashed", reason=ref_error,
                                     notes=it["notes"])
                 else:
-                    key = it["model"].model_dump_json()
-                    if key not in references:
-                        event("reference", {"label": label})
-                        references[key] = launch_reference(cfg, work / f"reference-{len(references)}")
-                    ref, ref_error = references[key]
-                    if ref is None:
-                        run = RunResult(label=label, strategy=st, outcome="crashed", reason=ref_error,
-                                        notes=it["notes"])
-                    else:
-                        steps = cfg.parity_steps + cfg.warmup_steps + cfg.timed_steps
-                        event("launch", {"index": i + 1, "total": len(items), "label": label, "steps": steps})
-                        run = launch(cfg.with_reference(ref), work / run_dir_name(i, label),
-                                     on_progress=lambda p, i=i: event("step", {"index": i + 1, **p}))
-                runs.append(run)
-                comparisons.append(compare_one(run, it["estimate"]))
-                if progress:
-                    progress(i + 1, len(items), run)
-    finally:
-        if own_dir and not options.keep_work_dir:
-            shutil.rmtree(work, ignore_errors=True)
+                    steps = cfg.parity_steps + cfg.warmup_steps + cfg.timed_steps
+                    event("launch", {"index": i + 1, "total": len(items), "label": label, "steps": steps})
+                    run = launch(cfg.with_reference(ref), work / run_dir_name(i, label),
+                                 on_progress=lambda p, i=i: event("step", {"index": i + 1, **p}))
+            runs.append(run)
+            comparisons.append(compare_one(run, it["estimate"]))
+            if progress:
+                progress(i + 1, len(items), run)
     summary = rank_and_summarise(comparisons)
     base_model, _ = executed_model(model, Strategy(dp=1), options.num_layers)
     return ValidationReport(model=base_model, cluster=cluster.name, train=train, num_gpus=num_gpus, device=device,
@@ -350,7 +378,7 @@ def emitted_launch_scripts(cfg: RunConfig, cluster: ClusterSpec, estimate: Estim
 
     plan = Plan(rank=1, strategy=cfg.strategy, estimate=estimate, model=cfg.model, cluster=cluster, train=cfg.train,
                 num_gpus=cfg.num_gpus)
-    entry = f"-m executors.worker --config {run_dir / 'run.json'} --out {run_dir}"
+    entry = shlex.join(["-m", "executors.worker", "--config", str(run_dir / "run.json"), "--out", str(run_dir)])
     if cfg.engine == "deepspeed":
         targets = ("deepspeed",)
     else:
@@ -365,6 +393,16 @@ def emitted_launch_scripts(cfg: RunConfig, cluster: ClusterSpec, estimate: Estim
     return {}
 
 
+NODE_VARIABLE_ARGS = ("--rdzv-endpoint=$MASTER_ADDR:29500", "--rdzv-id=$SLURM_JOB_ID")
+"""The multi-node torchrun arguments whose variables the node's shell expands (Slurm sets them)."""
+
+
+def shell_line(cmd: list[str]) -> str:
+    """`cmd` as one shell command line: every argument quoted (shlex.quote), except the
+    `NODE_VARIABLE_ARGS`, written as they are so that the node's shell expands them."""
+    return " ".join(a if a in NODE_VARIABLE_ARGS else shlex.quote(a) for a in cmd)
+
+
 def prepare_runs(strategies: list[Strategy], model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
                  num_gpus: int, options: ValidateOptions, out_dir: Path) -> list[tuple[Path, list[str]]]:
     """Write out_dir/<run>/run.json for every supported strategy (reference losses computed
@@ -373,6 +411,15 @@ def prepare_runs(strategies: list[Strategy], model: ModelSpec, cluster: ClusterS
     from executors.launcher import torchrun_command
 
     device = resolve_device(options.device)
+    refuse_engine(options, device, train)
+    with locked_dir(out_dir, "--prepare folder"):
+        return _prepare(strategies, model, cluster, train, num_gpus, options, out_dir, device)
+
+
+def _prepare(strategies: list[Strategy], model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
+             num_gpus: int, options: ValidateOptions, out_dir: Path, device: str) -> list[tuple[Path, list[str]]]:
+    from executors.launcher import torchrun_command
+
     prepared = []
     references: dict[str, tuple[ParityReference | None, str]] = {}
     for i, st in enumerate(strategies):
@@ -401,8 +448,7 @@ def prepare_runs(strategies: list[Strategy], model: ModelSpec, cluster: ClusterS
             (run_dir / name).write_text(text)
         per_node = min(num_gpus, cluster.gpus_per_node)
         multi = num_gpus > per_node
-        extra = [f"--nnodes={num_gpus // per_node}", "--rdzv-backend=c10d", "--rdzv-endpoint=$MASTER_ADDR:29500",
-                 "--rdzv-id=$SLURM_JOB_ID"] if multi else []
+        extra = [f"--nnodes={num_gpus // per_node}", "--rdzv-backend=c10d", *NODE_VARIABLE_ARGS] if multi else []
         prepared.append((run_dir, torchrun_command(per_node, run_dir / "run.json", run_dir, standalone=not multi,
                                                    extra_args=extra)))
     return prepared
@@ -420,7 +466,7 @@ def _run_config(path: Path) -> RunConfig:
 def collect_runs(out_dir: Path, cluster: ClusterSpec) -> ValidationReport:
     """Fold the rank files of runs started elsewhere (see `prepare_runs`) into a report."""
     if not out_dir.is_dir():
-        raise SpecError(f"--collect {str(out_dir)!r} is not a directory of prepared runs")
+        raise SpecError(f"--collect {str(out_dir)!r} is not a folder (give the folder --prepare wrote)")
     configs = [(d, _run_config(d / "run.json")) for d in sorted(out_dir.iterdir())
                if d.is_dir() and (d / "run.json").exists() and not d.name.startswith("reference")]
     if not configs:

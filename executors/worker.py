@@ -32,6 +32,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from executors.launcher import PROGRESS_FILE
+from executors.lifeline import bind_to_parent
 from executors.parity import parity_failure
 from executors.timing import run_timed_steps
 from executors.results import RankResult, RunConfig, is_oom, write_json_atomic
@@ -146,6 +147,7 @@ def _sync(cfg: RunConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    bind_to_parent()  # started by meshplan's torchrun: die with it
     parser = argparse.ArgumentParser(prog="python -m executors.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, type=Path, help="RunConfig JSON written by the launcher")
     parser.add_argument("--out", required=True, type=Path, help="directory for rank<r>.json results")

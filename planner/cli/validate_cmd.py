@@ -111,6 +111,10 @@ def emit_report(report, fmt: Format) -> None:
     else:
         print_report(report)
     failed = [c for c in report.comparisons if c.outcome in FAILED]
+    if report.comparisons and all(c.outcome == "unsupported" for c in report.comparisons):
+        more = len(report.comparisons) - 1
+        raise ExitWith(1, f"no plan could run here: {report.comparisons[0].label}: {report.comparisons[0].reason}"
+                          + (f" (and {more} more unsupported)" if more else ""))
     if failed:
         raise ExitWith(1, f"{len(failed)} of {len(report.comparisons)} runs did not pass: "
                           + ", ".join(f"{c.label} ({c.outcome})" for c in failed))
@@ -133,9 +137,9 @@ def validate_cmd(
     attention_kernel: AttentionOpt = "flash",
     optimizer: OptimizerOpt = "adam",
     num_layers: Annotated[Optional[int], typer.Option("--num-layers", help="Run the model with this many layers (per-layer shapes kept); predictions use the same.")] = None,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps after the parity steps (at least 1: the plan's optimizer creates its states in the first).")] = 1,
-    steps: Annotated[int, typer.Option("--steps", help="Timed steps per plan (the median is reported).")] = 3,
-    parity_steps: Annotated[int, typer.Option("--parity-steps", help="Leading plain-SGD steps whose loss must equal the single-process reference.")] = 2,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps after the parity steps (1 to 10000; at least 1: the plan's optimizer creates its states in the first).")] = 1,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps per plan, 1 to 10000 (the median is reported; a validation run is short).")] = 3,
+    parity_steps: Annotated[int, typer.Option("--parity-steps", help="Leading plain-SGD steps whose loss must equal the single-process reference, 1 to 1000 (the reference runs them too).")] = 2,
     timeout: Annotated[float, typer.Option("--timeout", help="Wall-clock limit per run, seconds; the run's process group is killed after it.")] = 300.0,
     device: Annotated[str, typer.Option("--device", help="auto, cpu (gloo) or cuda (NCCL).")] = "auto",
     engine: Annotated[str, typer.Option("--engine", help="torch (PyTorch parallel APIs), megatron or deepspeed (CUDA only).")] = "torch",
@@ -150,9 +154,19 @@ def validate_cmd(
 ) -> None:
     """Run the top plans for a few steps, check their loss against a single-process run, and put the
     measured step time and memory next to the prediction."""
-    from executors.validate import ValidateOptions, collect_runs, prepare_runs, validate_strategies
+    from executors.validate import (
+        ValidateOptions,
+        collect_runs,
+        prepare_runs,
+        resolve_device,
+        shell_line,
+        validate_strategies,
+    )
     from profiles import load_cluster
 
+    for flag, folder in (("--work-dir", work_dir), ("--prepare", prepare)):
+        if folder is not None and folder.exists() and not folder.is_dir():
+            raise SpecError(f"{flag} {str(folder)!r} must be a folder; it is a file")
     options = ValidateOptions(warmup_steps=warmup, timed_steps=steps, parity_steps=parity_steps, timeout_s=timeout,
                               num_layers=num_layers, device=device, engine=engine, hsdp_replicate=hsdp_replicate,
                               seed=seed, work_dir=work_dir, keep_work_dir=keep, max_host_memory_gib=max_host_memory)
@@ -161,6 +175,7 @@ def validate_cmd(
             raise SpecError("--collect needs --cluster (the profile the predictions are made on)")
         emit_report(collect_runs(collect, load_cluster(cluster)), fmt)
         return
+    resolve_device(device)  # --device cuda without a CUDA device: refused before the planning
     extra = _strategies(strategy)
     if plan_file is not None:
         plans = _plans_from_json(read_text_arg(plan_file, "--plan"), plan_file)
@@ -203,7 +218,7 @@ def validate_cmd(
             raise ExitWith(exc.exit_code, f"{exc}: every process of the reference run stopped") from None
         for run_dir, cmd in prepared:
             stdout.print(f"# {run_dir.name}", markup=False, highlight=False)
-            stdout.print(" ".join(cmd), markup=False, highlight=False)
+            stdout.print(shell_line(cmd), markup=False, highlight=False)
         return
 
     from planner.cli.progress import run_progress

@@ -154,25 +154,12 @@ _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 def json_option(text: str, what: str) -> Any:
     """The JSON value of an option such as --constraints: one SpecError line, never a traceback, for text that
     is not JSON, nests deeper than planner.specs.files.MAX_DEPTH, writes NaN / Infinity, holds an integer of
-    more than MAX_INT_DIGITS digits or repeats a key inside one object."""
+    more than MAX_INT_DIGITS digits or repeats a key inside one object (`planner.specs.files.parse_json`)."""
     run = _DIGIT_RUN.search(_JSON_STRING.sub('""', text))  # numbers only: strings may hold any digits
     if run:
         raise SpecError(f"{what}: integers must have at most {MAX_INT_DIGITS} digits (got one of "
                         f"{len(run.group()):,} digits)")
-    loaded = parse_json(text, what)  # depth checked before any object is built
-
-    def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                raise SpecError(f"{what} gives {short_repr(key)} twice ({short_repr(out[key])} and "
-                                f"{short_repr(value)}); give each field once")
-            out[key] = value
-        return out
-
-    if isinstance(loaded, (dict, list)):  # read again only to see repeated keys (json keeps the last)
-        json.loads(text, object_pairs_hook=no_repeats)
-    return loaded
+    return parse_json(text, what)  # depth, NaN / Infinity and repeated keys checked before any object is built
 
 
 def parse_constraints(items: list[str] | None, as_json: str | None) -> dict[str, Any]:

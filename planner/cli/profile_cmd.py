@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,6 +12,12 @@ from rich.table import Table
 
 from planner.cli.app import app
 from planner.cli.common import Format, FormatOpt, emit_json, stderr, stdout
+from planner.cli.text import MESSAGE_CHARS, plain, shown
+
+
+def _arg(path: Path) -> str:
+    """A path as one shell word, shown on one line: what the user pastes after `--cluster`."""
+    return plain(shlex.quote(str(path)), MESSAGE_CHARS)
 
 
 def _default_nproc(device: str) -> int:
@@ -34,7 +41,7 @@ def print_summary(raw: dict, paths: list[Path]) -> None:
     from executors.profile_tables import ADAM_FP32_BYTES
     from executors.profiler import collective_summary, gemm_summary
 
-    table = Table(title=f"{raw['description']}: {raw['world_size']} ranks, {raw['backend']}")
+    table = Table(title=f"{shown(raw['description'])}: {raw['world_size']} ranks, {raw['backend']}")
     table.add_column("measurement")
     table.add_column("value", justify="right")
     for dtype, g in gemm_summary(raw).items():
@@ -62,7 +69,7 @@ def print_summary(raw: dict, paths: list[Path]) -> None:
             table.add_row(f"{op} x{n}: busbw (GB/s) / small-message time (us)",
                           f"{s['busbw_bytes_per_s'] / 1e9:.3f} / {s['small_message_s'] * 1e6:.0f}")
     stdout.print(table)
-    stdout.print("\n".join(f"wrote {p}" for p in paths), markup=False, highlight=False)
+    stdout.print("\n".join(f"wrote {plain(p, MESSAGE_CHARS)}" for p in paths), markup=False, highlight=False)
 
 
 @app.command("profile")
@@ -117,14 +124,14 @@ def profile_cmd(
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     if keep:
-        stderr.print(f"measurement files kept in {work}", markup=False, highlight=False)
+        stderr.print(f"measurement files kept in {plain(work, MESSAGE_CHARS)}", markup=False, highlight=False)
     root.mkdir(parents=True, exist_ok=True)  # before writing: a root on the search path is referred to by name
     paths = write_profiles(raw, name, root, force)
     tables = {t: path for t in TOPICS if (path := root / "kernels" / t / f"{name}.yaml").exists()}
     on_path = any(root == d.resolve() for d in search_dirs())
     shadows = (PROFILES_DIR / "clusters" / f"{name}.yaml").exists()
     if not on_path:
-        stderr.print(f"load it with --cluster {paths[1]}, or by name after export MESHPLAN_PROFILES={root}",
+        stderr.print(f"load it with --cluster {_arg(paths[1])}, or by name after export MESHPLAN_PROFILES={_arg(root)}",
                      markup=False, highlight=False)
     else:
         stderr.print(f"load it with --cluster {name}" + (" (it now hides the shipped preset of that name)"

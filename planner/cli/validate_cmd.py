@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from pydantic import ValidationError
 from rich.table import Table
 
 from planner.cli.app import app
@@ -21,14 +21,21 @@ from planner.cli.common import (
     emit_csv,
     emit_json,
     parse_constraints,
+    json_option,
     read_text_arg,
     stderr,
     stdout,
     train_options,
 )
-from planner.errors import SpecError
+from planner.cli.text import MESSAGE_CHARS, plain, shown
+from planner.errors import SpecError, short_repr
 
 MIB = 2**20
+#: ValidateOptions' fields by the flag that sets them, for error messages.
+_OPTION_FLAGS = {"warmup_steps": "--warmup", "timed_steps": "--steps", "parity_steps": "--parity-steps",
+                 "timeout_s": "--timeout", "num_layers": "--num-layers", "device": "--device", "engine": "--engine",
+                 "hsdp_replicate": "--hsdp-replicate", "seed": "--seed", "work_dir": "--work-dir",
+                 "max_host_memory_gib": "--max-host-memory"}
 FAILED = ("wrong", "crashed", "timeout")
 
 
@@ -52,10 +59,10 @@ def _strategies(items: list[str] | None):
 
     out = []
     for item in items or []:
-        try:
-            out.append(coerce_strategy(json.loads(item)))
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"--strategy {item!r} is not a JSON object: {exc}") from None
+        data = json_option(item, "--strategy")
+        if not isinstance(data, dict):
+            raise SpecError(f"--strategy must be a JSON object of Strategy fields (got {short_repr(item)})")
+        out.append(coerce_strategy(data))
     return out
 
 
@@ -68,7 +75,7 @@ def _num(x: float | None, fmt: str = "{:.3f}") -> str:
 
 
 def print_report(report) -> None:
-    table = Table(title=f"{report.model.name}: {report.num_gpus} ranks on {report.cluster} ({report.device}, "
+    table = Table(title=f"{shown(report.model.name)}: {report.num_gpus} ranks on {shown(report.cluster)} ({report.device}, "
                         f"{report.engine}), global batch {report.train.global_batch_size} x {report.train.seq_len}, "
                         f"{report.train.precision}")
     for col in ("#", "strategy", "outcome", "step pred (s)", "step meas (s)", "step err %", "mem pred (MiB)",
@@ -76,7 +83,7 @@ def print_report(report) -> None:
         table.add_column(col, justify="left" if col in ("strategy", "outcome") else "right")
     for i, c in enumerate(report.comparisons, start=1):
         parity = "-" if c.parity is None else ("pass" if c.parity.passed else "FAIL")
-        table.add_row(str(i), c.label, c.outcome, _num(c.predicted_step_time_s), _num(c.measured_step_time_s),
+        table.add_row(str(i), shown(c.label, MESSAGE_CHARS), shown(c.outcome), _num(c.predicted_step_time_s), _num(c.measured_step_time_s),
                       _pct(c.step_time_error),
                       _num(c.predicted_memory_bytes and c.predicted_memory_bytes / MIB, "{:.0f}"),
                       _num(c.measured_memory_bytes and c.measured_memory_bytes / MIB, "{:.0f}"),
@@ -84,13 +91,13 @@ def print_report(report) -> None:
     stdout.print(table)
     for i, c in enumerate(report.comparisons, start=1):
         if c.outcome != "ok":
-            stdout.print(f"  #{i} {c.outcome}: {c.reason}", markup=False, highlight=False)
+            stdout.print(f"  #{i} {c.outcome}: {plain(c.reason, MESSAGE_CHARS)}", markup=False, highlight=False)
         for note in c.notes:
-            stdout.print(f"  #{i} note: {note}", markup=False, highlight=False)
+            stdout.print(f"  #{i} note: {plain(note, MESSAGE_CHARS)}", markup=False, highlight=False)
     if report.median_abs_step_time_error is not None:
         stdout.print(f"median |step-time error|: {100 * report.median_abs_step_time_error:.1f}%   "
                      f"median |memory error|: {100 * (report.median_abs_memory_error or 0):.1f}%")
-        stdout.print(f"measured best: {report.measured_best} (predicted rank {report.measured_best_predicted_rank}; "
+        stdout.print(f"measured best: {plain(report.measured_best, MESSAGE_CHARS)} (predicted rank {report.measured_best_predicted_rank}; "
                      f"in predicted top 2: {'yes' if report.measured_best_in_predicted_top2 else 'no'})",
                      markup=False, highlight=False)
 
@@ -167,9 +174,16 @@ def validate_cmd(
     for flag, folder in (("--work-dir", work_dir), ("--prepare", prepare)):
         if folder is not None and folder.exists() and not folder.is_dir():
             raise SpecError(f"{flag} {str(folder)!r} must be a folder; it is a file")
-    options = ValidateOptions(warmup_steps=warmup, timed_steps=steps, parity_steps=parity_steps, timeout_s=timeout,
-                              num_layers=num_layers, device=device, engine=engine, hsdp_replicate=hsdp_replicate,
-                              seed=seed, work_dir=work_dir, keep_work_dir=keep, max_host_memory_gib=max_host_memory)
+    try:
+        options = ValidateOptions(warmup_steps=warmup, timed_steps=steps, parity_steps=parity_steps,
+                                  timeout_s=timeout, num_layers=num_layers, device=device, engine=engine,
+                                  hsdp_replicate=hsdp_replicate, seed=seed, work_dir=work_dir, keep_work_dir=keep,
+                                  max_host_memory_gib=max_host_memory)
+    except ValidationError as exc:  # named by the flag the user typed, not the option's field
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else ""
+        raise SpecError(f"{_OPTION_FLAGS.get(field, field)} {err['msg'][0].lower()}{err['msg'][1:]} "
+                        f"(got {short_repr(err.get('input'))})") from None
     if collect is not None:
         if cluster is None:
             raise SpecError("--collect needs --cluster (the profile the predictions are made on)")
@@ -223,14 +237,14 @@ def validate_cmd(
 
     from planner.cli.progress import run_progress
 
-    with run_progress() as shown:
+    with run_progress() as progress:
         try:
-            report = validate_strategies(unique, spec_model, spec_cluster, train, num_gpus, options, shown.done,
-                                         on_event=shown.event)
+            report = validate_strategies(unique, spec_model, spec_cluster, train, num_gpus, options, progress.done,
+                                         on_event=progress.event)
         except Interrupted as exc:
-            where = (f"run files kept in {shown.work_dir}" if shown.kept and shown.work_dir
+            where = (f"run files kept in {progress.work_dir}" if progress.kept and progress.work_dir
                      else "temporary run files removed")
             raise ExitWith(exc.exit_code, f"{exc}: every process of the run stopped; {where}") from None
-    if keep and work_dir is None and shown.work_dir:
-        stderr.print(f"run files kept in {shown.work_dir}", markup=False, highlight=False)
+    if keep and work_dir is None and progress.work_dir:
+        stderr.print(f"run files kept in {progress.work_dir}", markup=False, highlight=False)
     emit_report(report, fmt)

@@ -1,22 +1,22 @@
-"""Launch one run with torchrun, enforce its wall-clock limit, fold its results (no torch).
+"""Launch one run on this machine, enforce its wall-clock limit, fold its results (no torch).
 
-Each run is `python -m torch.distributed.run --standalone --nproc_per_node=N -m
-executors.worker --config run.json --out DIR`, started with list arguments in a
-new session, so a Ctrl-C in the terminal reaches only meshplan, which then ends
-the run itself. Stopping a run (`kill_run`: at its wall-clock limit, or on
-SIGINT / SIGTERM to meshplan while it waits) first lists every descendant of
-torchrun (/proc, by parent pid) and every worker that recorded its pid in DIR
-(torchrun starts each worker in a session of its own, so killing torchrun's
-group alone can orphan them), sends SIGTERM to all of those process groups and
-processes at once, waits at most the grace period for them to exit, sends
-SIGKILL to whatever is left and reaps torchrun. While a run is waited on,
-SIGINT and SIGTERM raise `Interrupted` in meshplan (`signals_raise`), after the
-run's processes are gone.
+Each run is `python -m executors.local_run --nproc=N -m executors.worker --config
+run.json --out DIR` (torchrun's one-machine launch, with its store on 127.0.0.1
+only), started with list arguments in a new session, so a Ctrl-C in the terminal
+reaches only meshplan, which then ends the run itself. Stopping a run (`kill_run`:
+at its wall-clock limit, or on SIGINT / SIGTERM to meshplan while it waits) first
+lists every descendant of the launcher (/proc, by parent pid) and every worker that
+recorded its pid in DIR, sends SIGTERM to all of those process groups and processes
+at once, waits at most the grace period for them to exit, sends SIGKILL to whatever
+is left and reaps the launcher. While a run is waited on, SIGINT and SIGTERM raise
+`Interrupted` in meshplan (`signals_raise`), after the run's processes are gone.
+Runs across machines (`validate --prepare`) print torchrun commands instead
+(`torchrun_command`).
 
 Dying with meshplan: every run is started through `executors.lifeline`, so a
-`kill -9` of meshplan kills torchrun (parent-death signal), and each worker binds
-itself to torchrun the same way (`kill -9` of torchrun kills its workers); once
-torchrun has exited, any worker that recorded its pid and still runs is killed too.
+`kill -9` of meshplan kills the launcher (parent-death signal), and each worker binds
+itself to the launcher the same way (`kill -9` of the launcher kills its workers); once
+the launcher has exited, any worker that recorded its pid and still runs is killed too.
 `locked_dir` holds a lock on a run's folder for the run's lifetime (a second run on
 the same folder is refused), and `remove_stale_dirs` removes the temporary folders
 of runs that were killed before they could remove them.
@@ -64,9 +64,9 @@ LOCK_FILE = ".meshplan.lock"
 """A run's lock in its folder (`locked_dir`): held while the run lasts, removed after it."""
 LOCK_TRIES = 3
 LOOPBACK = "lo"
-"""The loopback interface the gloo ranks of a local cpu run listen on (GLOO_SOCKET_IFNAME). torchrun's
-own TCP stores (rendezvous and worker store) listen on every interface whatever the flags: torch's
-TCPStore server binds the any-address (checked with `ss -ltnp` during a run, torch 2.13)."""
+"""The loopback interface the gloo ranks of a local cpu run listen on (GLOO_SOCKET_IFNAME). The run's
+store listens on 127.0.0.1 too (`executors.local_run`; torchrun's stores would listen on every interface
+whatever its flags: torch's TCPStore server binds the any-address, checked with `ss -ltnp`, torch 2.13)."""
 
 
 def torchrun_command(nproc: int, config_path: Path, out_dir: Path, *, standalone: bool = True,
@@ -80,6 +80,18 @@ def torchrun_command(nproc: int, config_path: Path, out_dir: Path, *, standalone
     cmd += [f"--nproc_per_node={nproc}", *(extra_args or []),
             "-m", WORKER_MODULE, "--config", str(config_path), "--out", str(out_dir), *(worker_args or [])]
     return cmd
+
+
+def local_command(nproc: int, module: str, args: list[str]) -> list[str]:
+    """`nproc` ranks of `python -m module args` on this machine (`executors.local_run`: torchrun's
+    environment, its store on 127.0.0.1 only)."""
+    return [sys.executable, "-m", "executors.local_run", f"--nproc={nproc}", "-m", module, *args]
+
+
+def run_command(nproc: int, config_path: Path, out_dir: Path, worker_args: list[str] | None = None) -> list[str]:
+    """The command of one run on this machine: `nproc` worker ranks through `local_command`."""
+    return local_command(nproc, WORKER_MODULE, ["--config", str(config_path), "--out", str(out_dir),
+                                                *(worker_args or [])])
 
 
 def reference_command(config_path: Path, out_dir: Path) -> list[str]:
@@ -559,7 +571,7 @@ def launch(cfg: RunConfig, run_dir: Path, command: list[str] | None = None,
         stale.unlink()
     config_path = run_dir / "run.json"
     config_path.write_text(cfg.model_dump_json(indent=1))
-    cmd = command or torchrun_command(cfg.num_gpus, config_path, run_dir)
+    cmd = command or run_command(cfg.num_gpus, config_path, run_dir)
     proc = run_process(cmd, cfg.timeout_s, run_dir, worker_env(cfg.device), pid_dir=run_dir,
                        on_progress=on_progress)
     return fold(cfg, read_ranks(run_dir), proc)
@@ -570,8 +582,8 @@ def launch_reference(cfg: RunConfig, run_dir: Path) -> tuple[ParityReference | N
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "run.json"
     config_path.write_text(cfg.model_dump_json(indent=1))
-    # Megatron-core needs its parallel state even on one GPU: its reference runs under torchrun.
-    cmd = (torchrun_command(1, config_path, run_dir, worker_args=["--reference"]) if cfg.engine == "megatron"
+    # Megatron-core needs its parallel state even on one GPU: its reference runs as a one-rank run.
+    cmd = (run_command(1, config_path, run_dir, worker_args=["--reference"]) if cfg.engine == "megatron"
            else reference_command(config_path, run_dir))
     proc = run_process(cmd, cfg.timeout_s, run_dir, worker_env(cfg.device), pid_dir=run_dir)
     try:

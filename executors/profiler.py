@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from executors.launcher import locked_dir, remove_stale_dirs, run_process, worker_env
+from executors.launcher import local_command, locked_dir, remove_stale_dirs, run_process, worker_env
 
 GIB = 2**30
 KIB, MIB = 2**10, 2**20
@@ -55,9 +55,9 @@ TEMP_PREFIX = "meshplan-profile-"
 
 
 def profile_command(nproc: int, out_dir: Path, device: str, quick: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "executors.profile_worker", "--out", str(out_dir), "--device", device]
-    return cmd + (["--quick"] if quick else [])
+    """The measurement's ranks on this machine (`executors.local_run`: the store on 127.0.0.1 only)."""
+    return local_command(nproc, "executors.profile_worker",
+                         ["--out", str(out_dir), "--device", device, *(["--quick"] if quick else [])])
 
 
 PROJECT_PACKAGES = ("planner", "profiles", "executors", "cost_models", "benchmarks")

@@ -408,8 +408,6 @@ def prepare_runs(strategies: list[Strategy], model: ModelSpec, cluster: ClusterS
     """Write out_dir/<run>/run.json for every supported strategy (reference losses computed
     here), the emitters' launch scripts next to it when they can express the plan, and
     return (run dir, torchrun command) pairs; `collect_runs` reads the results back."""
-    from executors.launcher import torchrun_command
-
     device = resolve_device(options.device)
     refuse_engine(options, device, train)
     with locked_dir(out_dir, "--prepare folder"):

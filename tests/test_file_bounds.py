@@ -22,7 +22,16 @@ import yaml
 from planner.specs import files
 from planner.cli import main
 from planner.errors import SpecError
-from planner.specs.files import MAX_DEPTH, MAX_FILE_BYTES, MAX_VALUES, parse_json, parse_yaml, read_input
+from planner.specs.files import (
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_PLAN_FILE_BYTES,
+    MAX_PLAN_VALUES,
+    MAX_VALUES,
+    parse_json,
+    parse_yaml,
+    read_input,
+)
 from planner.specs.hf import read_hf_config
 from profiles import PROFILES_DIR, load_cluster, load_model
 
@@ -107,13 +116,19 @@ def test_a_binary_file_is_refused(tmp_path, reader):
     assert str(path) in message and "not UTF-8" in message
 
 
+def bounds(reader: str) -> tuple[int, int]:
+    """(bytes, values) a reader accepts at most: plan files (JSON) have larger bounds than the specs."""
+    return (MAX_PLAN_FILE_BYTES, MAX_PLAN_VALUES) if reader.startswith("plan-") else (MAX_FILE_BYTES, MAX_VALUES)
+
+
 @pytest.mark.parametrize("reader", ALL)
 def test_an_oversized_file_is_refused_unread(tmp_path, reader):
     path = tmp_path / f"big{READERS[reader][0]}"
+    max_bytes = bounds(reader)[0]
     with open(path, "wb") as fh:
-        fh.truncate(MAX_FILE_BYTES + 1)  # sparse: large on paper, nothing to read
+        fh.truncate(max_bytes + 1)  # sparse: large on paper, nothing to read
     message = refusal(reader, path)
-    assert str(path) in message and f"at most {MAX_FILE_BYTES:,}" in message
+    assert str(path) in message and f"at most {max_bytes:,}" in message
 
 
 @pytest.mark.parametrize("reader", ALL)
@@ -134,17 +149,18 @@ def test_deep_nesting_is_refused(tmp_path, reader, depth):
 @pytest.mark.parametrize("reader", ALL)
 @pytest.mark.parametrize("shape", ["flow-list", "block-list", "flat-keys"])
 def test_more_values_than_the_bound_are_refused(tmp_path, reader, shape):
-    n = MAX_VALUES + 1
+    max_values = bounds(reader)[1]
+    n = max_values + 1
     if shape == "flat-keys":
-        text = (json.dumps({f"k{i}": 1 for i in range(n)}) if is_json(reader)
+        text = ("{" + ", ".join(f'"k{i}": 1' for i in range(n)) + "}" if is_json(reader)
                 else "".join(f"k{i}: 1\n" for i in range(n)))
     elif shape == "block-list" and not is_json(reader):
         text = "a:\n" + "- 1\n" * n
     else:
-        text = '{"a": [' + ", ".join(["1"] * n) + "]}"  # a flow list is YAML too
+        text = '{"a": [' + "1, " * (n - 1) + "1]}"  # a flow list is YAML too
     path = write(tmp_path, reader, text)
     message = refusal(reader, path)
-    assert str(path) in message and f"holds more than {MAX_VALUES:,} values" in message
+    assert str(path) in message and f"holds more than {max_values:,} values" in message
 
 
 @pytest.mark.parametrize("reader", ALL)
@@ -234,3 +250,23 @@ def test_stdin_plan_refusals_are_one_line(monkeypatch):
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
         with pytest.raises(SpecError, match=message):
             _cli("emit", "-")
+
+
+def test_a_plan_file_over_the_spec_bound_but_within_the_plan_bound_is_read(tmp_path):
+    """`plan --top 500` writes more than MAX_FILE_BYTES; emit reads it back (plan files are JSON, bounded by
+    MAX_PLAN_FILE_BYTES and MAX_PLAN_VALUES)."""
+    from planner import plan
+
+    result = plan("llama3-8b", "dgx-h100", 8, 64, 4096, top_k=1)
+    data = result.model_dump(mode="json")
+    one = data["plans"][0]
+    copies = MAX_FILE_BYTES // len(json.dumps(one)) + 10
+    data["plans"] = [dict(one, rank=i + 1) for i in range(copies)]
+    path = tmp_path / "plans.json"
+    path.write_text(json.dumps(data))
+    assert MAX_FILE_BYTES < path.stat().st_size < MAX_PLAN_FILE_BYTES
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(["emit", str(path), "--backend", "megatron", "--rank", str(copies)])
+    assert code == 0, err.getvalue()
+    assert "--tensor-model-parallel-size" in out.getvalue()

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from planner.cli.text import MESSAGE_CHARS, message_lines, plain
 from planner.errors import SpecError, short_repr
-from planner.specs.files import parse_json, read_input
+from planner.specs.files import MAX_PLAN_FILE_BYTES, MAX_PLAN_VALUES, parse_json, read_input
 
 GIB = 2**30
 
@@ -327,7 +327,7 @@ def _error_line(text: str) -> None:
 def read_text_arg(path: str, what: str = "plan") -> str:
     """A file path or '-' for stdin, read by the bounded reader (`planner.specs.files.read_input`:
     a regular UTF-8 file of at most MAX_FILE_BYTES); errors name the path."""
-    return read_input(path, what)
+    return read_input(path, what, MAX_PLAN_FILE_BYTES)
 
 
 
@@ -343,7 +343,7 @@ def plan_result_from_json(text: str, source: str):
     the flag says which."""
     from planner.specs import Plan, PlanResult
 
-    obj = parse_json(text, f"plan file {source!r}")
+    obj = parse_json(text, f"plan file {source!r}", MAX_PLAN_VALUES)
     if not isinstance(obj, dict) or not ({"plans"} <= obj.keys() or {"strategy", "estimate"} <= obj.keys()):
         raise SpecError(f"{source!r} is not a meshplan plan: expected the output of `meshplan plan --format json`")
     try:

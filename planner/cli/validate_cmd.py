@@ -42,9 +42,9 @@ FAILED = ("wrong", "crashed", "timeout")
 def _plans_from_json(text: str, source: str = "-"):
     """A PlanResult, one Plan, or a list of Plans (as `meshplan plan --format json` writes them)."""
     from planner.specs import Plan, PlanResult
-    from planner.specs.files import parse_json
+    from planner.specs.files import MAX_PLAN_VALUES, parse_json
 
-    data = parse_json(text, f"--plan file {source!r}")
+    data = parse_json(text, f"--plan file {source!r}", MAX_PLAN_VALUES)
     if isinstance(data, dict) and "plans" in data:
         return PlanResult.model_validate(data).plans
     if isinstance(data, dict):

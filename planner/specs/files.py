@@ -2,7 +2,7 @@
 
 A file is checked before it is read: it must be a regular file (not a directory, device or
 pipe: `/dev/zero` would never end) of at most `MAX_FILE_BYTES`, in UTF-8; '-' reads at most that
-much of standard input. The work of parsing is bounded too: YAML's event stream (libyaml's
+much of standard input (plan files, JSON only: `MAX_PLAN_FILE_BYTES` and `MAX_PLAN_VALUES`). The work of parsing is bounded too: YAML's event stream (libyaml's
 parser where PyYAML has it) is counted first, so more than `MAX_VALUES` values or nesting deeper
 than `MAX_DEPTH` is refused before a node is built; then an alias bomb (a few lines whose aliases
 expand to billions of nodes) is refused before anything is constructed from it. JSON's commas and
@@ -32,19 +32,25 @@ MAX_FILE_BYTES = 4 * 2**20
 MAX_VALUES = 200_000
 #: Deepest nesting of mappings and lists in a YAML or JSON file.
 MAX_DEPTH = 64
+#: Largest plan file (`meshplan plan --format json`, ~11 KB a plan) read by emit, evaluate and validate:
+#: 3,000 plans (32 MB, 1.5 million values) parse and validate in about 2 s and 150 MiB. Only JSON is
+#: read under these larger bounds (its parser is C; YAML's would take minutes).
+MAX_PLAN_FILE_BYTES = 64 * 2**20
+#: Most values a plan file may hold.
+MAX_PLAN_VALUES = 4_000_000
 
 
-def _check_kind(info: os.stat_result, shown: str, what: str) -> None:
+def _check_kind(info: os.stat_result, shown: str, what: str, max_bytes: int) -> None:
     if stat.S_ISDIR(info.st_mode):
         raise SpecError(f"{what} file {shown!r} is a directory, not a file")
     if not stat.S_ISREG(info.st_mode):
         raise SpecError(f"{what} file {shown!r} is not a regular file (a device, pipe or socket)")
-    if info.st_size > MAX_FILE_BYTES:
-        raise SpecError(f"{what} file {shown!r} is {info.st_size:,} bytes; at most {MAX_FILE_BYTES:,} are read")
+    if info.st_size > max_bytes:
+        raise SpecError(f"{what} file {shown!r} is {info.st_size:,} bytes; at most {max_bytes:,} are read")
 
 
-def read_text(path: str | os.PathLike, what: str) -> str:
-    """The text of a regular UTF-8 file of at most MAX_FILE_BYTES. A device or pipe is refused
+def read_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The text of a regular UTF-8 file of at most `max_bytes`. A device or pipe is refused
     before it is opened (opening some devices acts); the file is then opened without blocking and
     checked again on the open descriptor, so it cannot be swapped for one in between."""
     shown = str(path)
@@ -54,15 +60,15 @@ def read_text(path: str | os.PathLike, what: str) -> str:
         raise SpecError(f"{what} file {shown!r} does not exist") from None
     except (OSError, ValueError) as exc:
         raise SpecError(f"{what} file {shown!r} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
-    _check_kind(info, shown, what)
+    _check_kind(info, shown, what, max_bytes)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise SpecError(f"{what} file {shown!r} cannot be read: {exc.strerror}") from None
     try:
-        _check_kind(os.fstat(fd), shown, what)
+        _check_kind(os.fstat(fd), shown, what, max_bytes)
         chunks: list[bytes] = []
-        left = MAX_FILE_BYTES + 1
+        left = max_bytes + 1
         while left > 0 and (chunk := os.read(fd, left)):
             chunks.append(chunk)
             left -= len(chunk)
@@ -71,26 +77,26 @@ def read_text(path: str | os.PathLike, what: str) -> str:
         raise SpecError(f"{what} file {shown!r} cannot be read: {exc.strerror}") from None
     finally:
         os.close(fd)
-    if len(data) > MAX_FILE_BYTES:
-        raise SpecError(f"{what} file {shown!r} is larger than {MAX_FILE_BYTES:,} bytes")
+    if len(data) > max_bytes:
+        raise SpecError(f"{what} file {shown!r} is larger than {max_bytes:,} bytes")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(f"{what} file {shown!r} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
 
 
-def read_input(path: str, what: str) -> str:
-    """`read_text` of a file path, or for '-' at most MAX_FILE_BYTES of standard input (UTF-8)."""
+def read_input(path: str, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """`read_text` of a file path, or for '-' at most `max_bytes` of standard input (UTF-8)."""
     if path != "-":
-        return read_text(path, what)
+        return read_text(path, what, max_bytes)
     stream = getattr(sys.stdin, "buffer", None)  # a text stream without one (embedding, tests): characters
     try:
-        data = (stream.read(MAX_FILE_BYTES + 1) if stream is not None
-                else sys.stdin.read(MAX_FILE_BYTES + 1).encode("utf-8", "surrogateescape"))
+        data = (stream.read(max_bytes + 1) if stream is not None
+                else sys.stdin.read(max_bytes + 1).encode("utf-8", "surrogateescape"))
     except OSError as exc:
         raise SpecError(f"{what} on standard input cannot be read: {exc.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise SpecError(f"{what} on standard input is larger than {MAX_FILE_BYTES:,} bytes")
+    if len(data) > max_bytes:
+        raise SpecError(f"{what} on standard input is larger than {max_bytes:,} bytes")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -228,14 +234,14 @@ _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _JSON_BRACKETS = re.compile(r"[\[\]{}]")
 
 
-def _json_shape_ok(text: str, what: str) -> None:
-    """Refuse more than MAX_VALUES values, keys counted as in YAML's event stream (commas, colons and
+def _json_shape_ok(text: str, what: str, max_values: int) -> None:
+    """Refuse more than `max_values` values, keys counted as in YAML's event stream (commas, colons and
     opening brackets outside strings), or nesting deeper than MAX_DEPTH, before json.loads builds
     anything."""
     bare = _JSON_STRING.sub('""', text)
     values = 1 + bare.count(",") + bare.count(":") + bare.count("[") + bare.count("{")
-    if values > MAX_VALUES:
-        raise SpecError(f"{what} holds more than {MAX_VALUES:,} values; refused")
+    if values > max_values:
+        raise SpecError(f"{what} holds more than {max_values:,} values; refused")
     depth = 0
     for match in _JSON_BRACKETS.finditer(bare):
         depth += 1 if match.group() in "[{" else -1
@@ -243,10 +249,10 @@ def _json_shape_ok(text: str, what: str) -> None:
             raise SpecError(f"{what} nests deeper than {MAX_DEPTH} levels")
 
 
-def parse_json(text: str, what: str) -> Any:
+def parse_json(text: str, what: str, max_values: int = MAX_VALUES) -> Any:
     """`json.loads` refusing NaN / Infinity (not JSON), a key repeated in one object, more than
-    MAX_VALUES values and nesting deeper than MAX_DEPTH."""
-    _json_shape_ok(text, what)
+    `max_values` values and nesting deeper than MAX_DEPTH."""
+    _json_shape_ok(text, what, max_values)
     try:
         return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     except _RepeatedKey as exc:

@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
     directory = Path(PROFILES_DIR) / "calibration"
     for key, note in (("a100-80gb", ""), ("a100-40gb", "; applied to the A100-SXM4-40GB (same A100 silicon)")):
         path = directory / f"{key}.yaml"
-        write_calibration_profile(path, shipped_doc(shipped, lopo_table, note), keep=KEPT)
+        write_calibration_profile(path, shipped_doc(shipped, lopo_table, note), keep=KEPT, shipped=True)
         print(f"wrote {path}")
     # The newer GPUs' A100-fitted constants (gemm_efficiency and the others) are carried over and say
     # so; they time only what those GPUs' kernel tables do not cover. Their sustained_compute_fraction
@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
                          "tables do not time. Replace with `meshplan profile` measurements.",
             "method": "python -m benchmarks.calibrate (carried over)",
         }
-        write_calibration_profile(path, doc, keep=KEPT)
+        write_calibration_profile(path, doc, keep=KEPT, shipped=True)
         print(f"wrote {path} (carried over)")
     return 0
 

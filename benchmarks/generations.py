@@ -157,7 +157,7 @@ def write(fit: GenerationFit, result: CalibrationResult, bounds: tuple[float, fl
               f"bounds {list(bounds)}")
     for gpu in fit.gpus:
         write_calibration_profile(PROFILES_DIR / "calibration" / f"{gpu}.yaml",
-                                  parameter_document(result, method, describe(fit)))
+                                  parameter_document(result, method, describe(fit)), shipped=True)
 
 
 def _report(key: str, result: CalibrationResult) -> None:

@@ -206,7 +206,7 @@ def main(argv: list[str]) -> int:
             if gpu not in result:
                 continue
             rs = [r for r in rows if r.gpu == gpu]
-            write_calibration_profile(path, {"step_time_residuals": document(result[gpu], rs)})
+            write_calibration_profile(path, {"step_time_residuals": document(result[gpu], rs)}, shipped=True)
             print(f"wrote {path}")
     return 0
 

@@ -138,3 +138,15 @@ def test_only_calibrated_gpu_fields_are_written(runs, tmp_path):
         parameter_document(result, "test")
     with pytest.raises(SpecError, match="path"):
         write_calibration_profile(tmp_path / "missing" / "h100-sxm.yaml", {"host_time_scale": 1.0})
+
+
+def test_a_shipped_calibration_file_is_written_only_when_asked_for(tmp_path):
+    """meshplan's own calibration files are refused unless shipped=True (the benchmarks that refit
+    them pass it); nothing is written."""
+    from profiles import PROFILES_DIR
+
+    target = PROFILES_DIR / "calibration" / "h100-sxm.yaml"
+    before = target.read_bytes()
+    with pytest.raises(SpecError, match="shipped profiles"):
+        write_calibration_profile(target, {"host_time_scale": 1.0})
+    assert target.read_bytes() == before

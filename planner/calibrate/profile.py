@@ -25,7 +25,7 @@ import yaml
 from planner.calibrate.fit import CalibrationResult, Residual
 from planner.errors import SpecError
 from planner.specs.files import load_path
-from profiles import CALIBRATED_FIELDS
+from profiles import CALIBRATED_FIELDS, PROFILES_DIR
 
 #: Decimals of a written error or standard error.
 ERROR_DECIMALS = 4
@@ -85,10 +85,13 @@ def parameter_document(result: CalibrationResult, method: str, fitted_on: str | 
     }}
 
 
-def write_calibration_profile(path: str | Path, document: dict[str, Any], keep: Sequence[str] | None = None) -> Path:
+def write_calibration_profile(path: str | Path, document: dict[str, Any], keep: Sequence[str] | None = None,
+                              *, shipped: bool = False) -> Path:
     """Write `document` to the calibration file `path` (only there: a temporary file in the same folder,
     then os.replace; a symbolic link at `path` is refused rather than followed or replaced). The
-    present file is read by the bounded reader (`planner.specs.files.load_path`).
+    present file is read by the bounded reader (`planner.specs.files.load_path`). A file among
+    meshplan's shipped profiles (`profiles.PROFILES_DIR`) is written only with `shipped=True`: the
+    benchmarks that refit the shipped calibration pass it; a user's fit goes to their own profiles.
 
     keep None: merge into the file's present mapping (its keys keep their places, `document`'s
     replace or follow them). keep given: `document`, then those keys of the present file as they are."""
@@ -100,6 +103,9 @@ def write_calibration_profile(path: str | Path, document: dict[str, Any], keep: 
     if path.is_symlink():
         raise SpecError(f"path: {str(path)!r} is a symbolic link; a calibration profile is written only as a "
                         "regular file")
+    if not shipped and path.parent.resolve().is_relative_to(PROFILES_DIR):
+        raise SpecError(f"path: {str(path)!r} is one of meshplan's shipped profiles; write your calibration to "
+                        "your own profiles folder (shipped=True is for refitting the shipped files)")
     present: dict[str, Any] = {}
     if path.exists():
         present = load_path(path, "calibration profile") or {}

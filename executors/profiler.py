@@ -33,11 +33,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import statistics
-import sys
-import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -45,6 +42,7 @@ from typing import Any
 import yaml
 
 from executors.launcher import local_command, locked_dir, remove_stale_dirs, run_process, worker_env
+from planner.specs.files import load_path, read_text, write_whole
 
 GIB = 2**30
 KIB, MIB = 2**10, 2**20
@@ -67,7 +65,6 @@ def _is_meshplan_checkout(path: Path) -> bool:
     """Whether `path` holds meshplan's pyproject.toml (read by the bounded reader: the folders above a
     user's --output are theirs, and a pipe or device there is no checkout)."""
     from planner.errors import SpecError
-    from planner.specs.files import read_text
 
     if not (path / "pyproject.toml").exists():
         return False
@@ -173,18 +170,7 @@ def _write_file(path: Path, text: str, root: Path, force: bool) -> None:
     a name, never following a link), after `check_target`."""
     check_target(path, root, force)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".meshplan-profile-", suffix=".tmp", dir=path.parent)  # short: any name fits
-    try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.fchmod(fd, 0o666 & ~mask)  # as an ordinary new file (mkstemp's are private)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
+    write_whole(path, text)
 
 
 def run_profile(nproc: int, out_dir: Path, device: str = "cpu", quick: bool = False,
@@ -392,7 +378,6 @@ def _written_by_profile(path: Path) -> bool:
     """Whether `path` is a kernel table `meshplan profile` wrote (kind: measured, its source line); read
     by the bounded reader, so a file that is not one (a pipe, a huge or broken file) is left alone."""
     from planner.errors import SpecError
-    from planner.specs.files import load_path
 
     try:
         data = load_path(path, "kernel table")

@@ -16,6 +16,7 @@ from executors import profiler
 from executors.profiler import check_targets, default_profile_name, profile_targets, write_profiles
 from planner.cli import main
 from planner.errors import SpecError
+from planner.specs import files
 from profiles import MAX_NAME_BYTES, PRESET_NAME, PROFILES_DIR
 
 
@@ -212,7 +213,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     def broken_replace(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(profiler.os, "replace", broken_replace)
+    monkeypatch.setattr(files.os, "replace", broken_replace)  # the writer: planner.specs.files.write_whole
     with pytest.raises(OSError):
         write_profiles(RAW, "box", tmp_path, force=True)
     assert gpu.read_text() == before and not list(tmp_path.rglob("*.tmp"))

@@ -14,8 +14,6 @@ Only GPU fields a calibration file may set (`profiles.CALIBRATED_FIELDS`) can be
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ import yaml
 
 from planner.calibrate.fit import CalibrationResult, Residual
 from planner.errors import SpecError
-from planner.specs.files import load_path
+from planner.specs.files import load_path, write_whole
 from profiles import CALIBRATED_FIELDS, PROFILES_DIR
 
 #: Decimals of a written error or standard error.
@@ -113,17 +111,5 @@ def write_calibration_profile(path: str | Path, document: dict[str, Any], keep: 
             raise SpecError(f"path: {str(path)!r} holds no mapping (got {type(present).__name__})")
     doc = present | document if keep is None else document | {k: present[k] for k in keep if k in present}
     text = yaml.safe_dump(doc, sort_keys=False, width=YAML_WIDTH)
-    mask = os.umask(0)
-    os.umask(mask)
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~mask  # mkstemp's own is private
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_whole(path, text)
     return path

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import stat
+import tempfile
 import sys
 from pathlib import Path
 from typing import Any
@@ -292,3 +293,26 @@ def check_tree(obj: Any, what: str) -> None:
             stack.extend((v, depth + 1) for v in node.values())
         elif isinstance(node, (list, tuple)):
             stack.extend((v, depth + 1) for v in node)
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file in its folder, then os.replace, which replaces
+    the name (a symbolic link there is replaced, never followed: callers refuse one first). The file
+    keeps its present mode, or gets an ordinary new file's (0o666 less the umask; mkstemp's is private)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    try:
+        mode = stat.S_IMODE(os.lstat(path).st_mode) if os.path.isfile(path) and not os.path.islink(path) \
+            else 0o666 & ~mask
+    except OSError:
+        mode = 0o666 & ~mask
+    fd, tmp = tempfile.mkstemp(prefix=".meshplan-", suffix=".tmp", dir=Path(path).parent)  # short: any name fits
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise

@@ -78,12 +78,17 @@ def read_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_FILE_BYTE
         raise SpecError(f"{what} file {shown!r} cannot be read: {exc.strerror}") from None
     finally:
         os.close(fd)
+    return _text(data, f"{what} file {shown!r}", max_bytes)
+
+
+def _text(data: bytes, where: str, max_bytes: int) -> str:
+    """`data` (read up to max_bytes + 1) as UTF-8 text, or a SpecError naming `where`."""
     if len(data) > max_bytes:
-        raise SpecError(f"{what} file {shown!r} is larger than {max_bytes:,} bytes")
+        raise SpecError(f"{where} is larger than {max_bytes:,} bytes")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError(f"{what} file {shown!r} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+        raise SpecError(f"{where} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
 
 
 def read_input(path: str, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
@@ -96,12 +101,7 @@ def read_input(path: str, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
                 else sys.stdin.read(max_bytes + 1).encode("utf-8", "surrogateescape"))
     except OSError as exc:
         raise SpecError(f"{what} on standard input cannot be read: {exc.strerror}") from None
-    if len(data) > max_bytes:
-        raise SpecError(f"{what} on standard input is larger than {max_bytes:,} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{what} on standard input is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    return _text(data, f"{what} on standard input", max_bytes)
 
 
 def _measure(node: yaml.Node, what: str) -> None:

@@ -35,7 +35,7 @@ def _error(capsys, *extra: str) -> str:
     (["-C", "tp=8", "-C", "tp=2"], ["'tp' is given twice", "8", "2"]),
     (["--constraints", '{"tp": 8}', "-C", "tp=2"], ["'tp' is given twice", "8 (--constraints)", "2 (-C)"]),
     (["--constraints", '{"zero_stage": 1}', "-C", "zero-stage=2"], ["'zero_stage' is given twice"]),
-    (["--constraints", '{"tp": 8, "tp": 2}'], ["'tp' twice", "8 and 2"]),
+    (["--constraints", '{"tp": 8, "tp": 2}'], ["repeats the key 'tp'", "8 and 2"]),
 ])
 def test_bad_constraints_are_one_line(capsys, extra, words):
     err = _error(capsys, *extra)

@@ -222,11 +222,11 @@ class _RepeatedKey(Exception):
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
             if key in seen:
-                raise _RepeatedKey(key)
-            seen.add(key)
+                raise _RepeatedKey(key, seen[key], value)
+            seen[key] = value
     return out
 
 
@@ -257,8 +257,9 @@ def parse_json(text: str, what: str, max_values: int = MAX_VALUES) -> Any:
     try:
         return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     except _RepeatedKey as exc:
-        raise SpecError(f"{what} repeats the key {short_repr(exc.args[0])} in one object; each key may appear "
-                        "once") from None
+        key, first, second = exc.args
+        raise SpecError(f"{what} repeats the key {short_repr(key)} in one object ({short_repr(first)} and "
+                        f"{short_repr(second)}); each key may appear once") from None
     except SpecError as exc:
         raise SpecError(f"{what}: {exc}") from None
     except json.JSONDecodeError as exc:

@@ -206,6 +206,8 @@ def parse_yaml(text: str, what: str) -> Any:
         finally:
             loader.dispose()
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):  # libyaml >= 0.2.5 stops at its own limit (1,000 levels)
+            raise SpecError(f"{what} nests deeper than {MAX_DEPTH} levels") from None
         raise SpecError(f"{what} is not valid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:
         raise SpecError(f"{what} nests deeper than {MAX_DEPTH} levels") from None

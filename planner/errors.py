@@ -38,6 +38,21 @@ def short_repr(value: Any) -> str:
     return _SHORT.repr(value)
 
 
+def _escape(ch: str) -> str:
+    if ch.isprintable():
+        return ch
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else (f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+
+
+def escape_hidden(text: str) -> str:
+    """`text` with every character `str.isprintable` refuses (control and format characters, bidi
+    overrides such as U+202E, line and paragraph separators, ESC, NUL, newlines) written as `\\xNN`,
+    `\\uNNNN` or `\\UNNNNNNNN`: text that can neither break its line nor hide what follows it. The
+    terminal output (planner.cli.text) and the emitted comments (planner.emit.quoting) both use it."""
+    return "".join(map(_escape, text))
+
+
 class SpecError(ValueError):
     """User input that breaks a rule; the message names the field, the rule and the value."""
 

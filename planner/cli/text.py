@@ -10,33 +10,23 @@ characters and `…`, and `shown` escapes rich markup, so `x[/]` prints as `x[/]
 
 from __future__ import annotations
 
-import unicodedata
-
 from rich.markup import escape
+
+from planner.errors import escape_hidden
 
 #: Characters of a name kept before it is cut with `…`: enough for any real model, GPU or file name.
 NAME_CHARS = 80
 #: Characters of a message line (an error or a warning) kept before it is cut with `…`.
 MESSAGE_CHARS = 2000
-#: Unicode categories printed as escapes: control, format (bidi overrides, zero-width), line and
-#: paragraph separators.
-_HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp"})
-
-
-def _visible(ch: str) -> str:
-    if unicodedata.category(ch) not in _HIDDEN:
-        return ch
-    code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x100 else (f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
 
 
 def plain(text: object, limit: int = NAME_CHARS) -> str:
-    """`text` as a string with no control or format character and at most `limit` characters of it
-    (then `…`); for a print with markup=False."""
+    """`text` as a string with no non-printing character (`planner.errors.escape_hidden`) and at most
+    `limit` characters of it (then `…`); for a print with markup=False."""
     s = str(text)
     cut = len(s) > limit
     s = s[:limit]
-    return "".join(map(_visible, s)) + ("…" if cut else "")
+    return escape_hidden(s) + ("…" if cut else "")
 
 
 def shown(text: object, limit: int = NAME_CHARS) -> str:

@@ -32,7 +32,7 @@ import re
 import shlex
 from typing import Any
 
-from planner.errors import SpecError, short_repr
+from planner.errors import SpecError, escape_hidden, short_repr
 
 #: longest comment line an emitter writes (user text beyond it is cut and marked)
 COMMENT_MAX_CHARS = 1000
@@ -50,20 +50,11 @@ SHELL_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _SHORT_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
 
 
-def _escape_char(ch: str) -> str:
-    code = ord(ch)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
-
-
 def one_line(text: str, max_chars: int = COMMENT_MAX_CHARS) -> str:
     """`text` as one printable line: a backslash doubled, the usual control characters as `\\n`, `\\r`, `\\t`,
     every other character `str.isprintable` refuses (control, format and bidi characters, separators) as
     `\\xNN`, `\\uNNNN` or `\\UNNNNNNNN`; cut to `max_chars` characters (ending in `CUT_MARK`) when longer."""
-    out = "".join(_SHORT_ESCAPES.get(ch) or (ch if ch.isprintable() else _escape_char(ch)) for ch in str(text))
+    out = escape_hidden("".join(_SHORT_ESCAPES.get(ch, ch) for ch in str(text)))
     if len(out) > max_chars:
         out = out[:max_chars - len(CUT_MARK)] + CUT_MARK
     return out

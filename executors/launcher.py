@@ -381,14 +381,19 @@ def _take_lock(folder: Path, field: str) -> int:
                     f"in {LOCK_TRIES} tries (other runs start and stop there)")
 
 
+def check_folder(folder: Path | None, field: str) -> None:
+    """SpecError when `folder` exists and is not a folder (a run's files go inside it)."""
+    if folder is not None and folder.exists() and not folder.is_dir():
+        raise SpecError(f"{field} {str(folder)!r} must be a folder; it is a file")
+
+
 @contextlib.contextmanager
 def locked_dir(folder: Path, field: str = "work_dir") -> Iterator[Path]:
     """Create `folder` if needed and hold its lock file (fcntl.flock on folder/.meshplan.lock)
     while the block runs: another run on the same folder gets a SpecError naming `field` and
     the folder at once. The kernel drops the lock when the holder dies, even by SIGKILL; the
     lock file is removed when the block ends."""
-    if folder.exists() and not folder.is_dir():
-        raise SpecError(f"{field} {str(folder)!r} must be a folder; it is a file")
+    check_folder(folder, field)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -29,6 +29,8 @@ import subprocess
 import sys
 import time
 
+from executors import lifeline
+
 LOOPBACK_ADDR = "127.0.0.1"
 GRACE_S = 5.0
 """Grace between SIGTERM and SIGKILL for the ranks left when one fails or the run is stopped."""
@@ -101,7 +103,7 @@ def run(nproc: int, module: str, args: list[str]) -> int:
     procs: list[subprocess.Popen] = []
     try:
         _store, port = loopback_store()  # held until the ranks are done
-        os.environ.setdefault("MESHPLAN_LIFELINE_PID", str(os.getpid()))  # the ranks bind to this process
+        os.environ.setdefault(lifeline.ENV, str(os.getpid()))  # the ranks bind to this process
         for rank in range(nproc):
             procs.append(subprocess.Popen([sys.executable, "-u", "-m", module, *args],
                                           env=rank_env(dict(os.environ), rank, nproc, port)))

@@ -11,7 +11,6 @@ import csv
 import io
 import json
 import os
-import re
 import sys
 import warnings
 from enum import Enum
@@ -147,19 +146,13 @@ _JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", boo
 #: The most digits an integer given on the command line may have: every count and degree the planner takes
 #: is below 2**32 (10 digits), and Python refuses to read integers of more than 4,300 digits at all.
 MAX_INT_DIGITS = 18
-_DIGIT_RUN = re.compile(r"\d{%d,}" % (MAX_INT_DIGITS + 1))
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 def json_option(text: str, what: str) -> Any:
     """The JSON value of an option such as --constraints: one SpecError line, never a traceback, for text that
     is not JSON, nests deeper than planner.specs.files.MAX_DEPTH, writes NaN / Infinity, holds an integer of
     more than MAX_INT_DIGITS digits or repeats a key inside one object (`planner.specs.files.parse_json`)."""
-    run = _DIGIT_RUN.search(_JSON_STRING.sub('""', text))  # numbers only: strings may hold any digits
-    if run:
-        raise SpecError(f"{what}: integers must have at most {MAX_INT_DIGITS} digits (got one of "
-                        f"{len(run.group()):,} digits)")
-    return parse_json(text, what)  # depth, NaN / Infinity and repeated keys checked before any object is built
+    return parse_json(text, what, max_int_digits=MAX_INT_DIGITS)
 
 
 def parse_constraints(items: list[str] | None, as_json: str | None) -> dict[str, Any]:

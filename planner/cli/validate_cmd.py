@@ -161,6 +161,7 @@ def validate_cmd(
 ) -> None:
     """Run the top plans for a few steps, check their loss against a single-process run, and put the
     measured step time and memory next to the prediction."""
+    from executors.launcher import check_folder
     from executors.validate import (
         ValidateOptions,
         collect_runs,
@@ -172,8 +173,7 @@ def validate_cmd(
     from profiles import load_cluster
 
     for flag, folder in (("--work-dir", work_dir), ("--prepare", prepare)):
-        if folder is not None and folder.exists() and not folder.is_dir():
-            raise SpecError(f"{flag} {str(folder)!r} must be a folder; it is a file")
+        check_folder(folder, flag)  # before the planning; the run checks it again when it locks it
     try:
         options = ValidateOptions(warmup_steps=warmup, timed_steps=steps, parity_steps=parity_steps,
                                   timeout_s=timeout, num_layers=num_layers, device=device, engine=engine,

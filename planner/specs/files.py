@@ -252,12 +252,23 @@ def _json_shape_ok(text: str, what: str, max_values: int) -> None:
             raise SpecError(f"{what} nests deeper than {MAX_DEPTH} levels")
 
 
-def parse_json(text: str, what: str, max_values: int = MAX_VALUES) -> Any:
+def _int_of_at_most(digits: int):
+    def parse_int(token: str) -> int:
+        if len(token.lstrip("-")) > digits:
+            raise SpecError(f"integers must have at most {digits} digits (got one of {len(token.lstrip('-')):,} "
+                            "digits)")
+        return int(token)
+    return parse_int
+
+
+def parse_json(text: str, what: str, max_values: int = MAX_VALUES, max_int_digits: int | None = None) -> Any:
     """`json.loads` refusing NaN / Infinity (not JSON), a key repeated in one object, more than
-    `max_values` values and nesting deeper than MAX_DEPTH."""
+    `max_values` values, nesting deeper than MAX_DEPTH and, when given, an integer of more than
+    `max_int_digits` digits (Python itself reads none of more than 4,300)."""
     _json_shape_ok(text, what, max_values)
     try:
-        return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
+        return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys,
+                          parse_int=_int_of_at_most(max_int_digits) if max_int_digits else None)
     except _RepeatedKey as exc:
         key, first, second = exc.args
         raise SpecError(f"{what} repeats the key {short_repr(key)} in one object ({short_repr(first)} and "

@@ -139,9 +139,9 @@ def min_gpus_to_fit(cluster, num_gpus: int, fits_at: Callable[[int], bool],
 
     Tries the first MAX_SCAN node multiples one by one; beyond them doubles until a count fits (up to
     MAX_SCALE times `num_gpus` or the cluster's max_gpus, the last step to that bound), then bisects the
-    node multiples between the last failure and it. At most MAX_PROBES counts are searched in all: each is a whole search, slow on large
-    counts. Past the scan the count found fits and the one bisected below it does not, but not every
-    count below it was tried (`gpus_line` says which)."""
+    node multiples between the last failure and it. At most MAX_PROBES counts are searched in all: each
+    is a whole search, slow on large counts. Past the scan the count found fits and the one bisected
+    below it does not, but not every count below it was tried (`gpus_line` says which)."""
     node = cluster.gpus_per_node
     bound = num_gpus * MAX_SCALE if cluster.max_gpus is None else min(cluster.max_gpus, num_gpus * MAX_SCALE)
     tried: list[int] = []

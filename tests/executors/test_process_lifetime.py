@@ -136,7 +136,7 @@ def _launcher(tree: list[int]) -> int:
 
 
 # ---- the lifeline, with plain Python processes (fast) -----------------------------------------
-WORKER = f"""
+WORKER = """
 import time
 from executors.lifeline import bind_to_parent
 bind_to_parent()

@@ -268,8 +268,13 @@ def memory_refusals(items: list[dict[str, Any]], cluster: ClusterSpec, train: Tr
 def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
                         num_gpus: int, options: ValidateOptions | None = None,
                         progress: Callable[[int, int, RunResult], None] | None = None,
-                        labels: list[str] | None = None, on_event: EventCallback | None = None) -> ValidationReport:
+                        labels: list[str] | None = None, on_event: EventCallback | None = None,
+                        references: dict[str, tuple[ParityReference | None, str]] | None = None) -> ValidationReport:
     """Run every strategy (in order) and compare each with its prediction.
+
+    `references`: the single-process parity references by executed model (its JSON), filled as
+    they are computed; a caller that validates one strategy at a time (the tuner) passes the
+    same mapping to each call so that each model's reference runs once.
 
     Before anything starts, each local cpu run's host memory is estimated (executors.footprint);
     a plan whose run would exceed the budget is reported as `unsupported` with the estimate, and
@@ -310,7 +315,7 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
         more = len(runnable) - 1
         raise SpecError("validate: " + first["reasons"][-1]
                         + (f" (and {more} more plan{'s' if more > 1 else ''} likewise)" if more else ""))
-    references: dict[str, tuple[ParityReference | None, str]] = {}
+    references = {} if references is None else references
     comparisons: list[PlanComparison] = []
     runs: list[RunResult] = []
     with work_folder(options.work_dir, TEMP_PREFIX, options.keep_work_dir) as work, signals_raise():

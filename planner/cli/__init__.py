@@ -13,6 +13,7 @@ COMMAND_MODULES = [
     "planner.cli.emit_cmd",
     "planner.cli.validate_cmd",
     "planner.cli.profile_cmd",
+    "planner.cli.tune_cmd",
 ]
 
 for _name in COMMAND_MODULES:

@@ -1,0 +1,182 @@
+"""What finished trials teach the cost model: a calibration fit, and a memory reserve after an OOM.
+
+The fit (`fit_trials`) uses the package's least-squares engine (`planner.calibrate.fit_parameters`,
+soft-L1 robust loss on log errors) over at most three physical parameters, one per group of
+`PARAMETER_GROUPS`: the compute-efficiency scale, the bus bandwidth of the link tier the trials'
+groups use, and the fraction of communication that overlaps compute. In a group the first field
+that moves any trial's prediction is fitted (on a GPU with kernel tables the sustained fraction of
+their throughput, without tables the GEMM efficiency; the intra-node tier on one node); a field
+that moves none is left as it is and reported as not identified. At most n - 1 parameters are
+fitted on n trials. Each trial's residual is weighted by sqrt(weight) (`measure.BUSY_WEIGHT` for
+a measurement taken on a busy host). The compute and bandwidth parameters are fitted as scale
+factors of the present values (the engine's steps are relative), and written as values.
+
+An OOM (`reserve_after_oom`) raises the GPU's framework memory reserve just enough that the
+strategy that ran out of memory no longer fits, so the search stops proposing its neighbours.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from planner.calibrate import apply_parameters, fit_parameters
+from planner.calibrate.fit import FitParameter
+from planner.search import evaluate_one
+from planner.specs import ClusterSpec, Estimate, ModelSpec, Strategy, TrainSpec
+from planner.specs.hardware import EFFICIENCY_RANGE
+
+PARAMETER_GROUPS = {
+    "compute": ("sustained_compute_fraction", "gemm_efficiency"),
+    "bandwidth": ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s"),
+    "overlap": ("comm_overlap",),
+}
+"""Per physical effect, the fields that express it, in order of preference."""
+SCALE_BOUNDS = {"compute": (0.1, 10.0), "bandwidth": (0.05, 20.0)}
+"""How far a fit may move the compute efficiency and the bandwidth from the profile's value (factors)."""
+PROBE_FACTOR = 0.8
+"""A field is identified when scaling it by this factor moves some trial's prediction by more than
+`PROBE_MIN_CHANGE`."""
+PROBE_MIN_CHANGE = 0.005
+MIN_FIT_TRIALS = 2
+"""Fewest ok trials a fit needs (one parameter on two trials)."""
+OOM_MARGIN = 0.02
+"""After an OOM the reserve leaves the failed strategy this share of the GPU's memory short of fitting."""
+
+
+class TrialRun(BaseModel):
+    """One ok trial as the fit sees it."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    number: int
+    label: str
+    strategy: Strategy
+    model: ModelSpec  # as executed (fewer layers where the run built fewer)
+    measured_step_s: float
+    weight: float = 1.0
+
+
+class FitReport(BaseModel):
+    """A fit's values (SI, `apply_parameters` names), the fields it could not identify, and each
+    trial's relative error (predicted / measured - 1) before and after."""
+
+    values: dict[str, float]
+    fitted: list[str]
+    not_identified: list[str]
+    standard_errors: dict[str, float | None]
+    before: dict[int, float]
+    after: dict[int, float]
+    converged: bool
+    message: str
+
+    @staticmethod
+    def median_abs(errors: dict[int, float]) -> float | None:
+        return statistics.median(abs(e) for e in errors.values()) if errors else None
+
+
+def current_value(cluster: ClusterSpec, name: str) -> float:
+    if name == "intra_node_bw_bytes_per_s":
+        return cluster.intra_node.bw_bytes_per_s
+    if name == "inter_node_bw_bytes_per_s":
+        return cluster.inter_node.bw_bytes_per_s
+    if name in type(cluster.gpu).model_fields:
+        return float(getattr(cluster.gpu, name))
+    return float(getattr(cluster, name))
+
+
+def predictions(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> np.ndarray:
+    return np.array([evaluate_one(r.model, cluster, train, r.strategy).step_time_s for r in runs])
+
+
+def _errors(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> dict[int, float]:
+    pred = predictions(runs, cluster, train)
+    return {r.number: float(p / r.measured_step_s - 1) for r, p in zip(runs, pred)}
+
+
+def identified_fields(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> tuple[list[str], list[str]]:
+    """Per group, the first field that moves a prediction (`PROBE_FACTOR`), and the groups' fields that
+    were probed and moved nothing."""
+    base = predictions(runs, cluster, train)
+    chosen, idle = [], []
+    for fields in PARAMETER_GROUPS.values():
+        for name in fields:
+            value = current_value(cluster, name)
+            probe = value * PROBE_FACTOR if value > 0 else 0.5
+            moved = predictions(runs, apply_parameters(cluster, {name: probe}), train)
+            if np.max(np.abs(moved / base - 1)) > PROBE_MIN_CHANGE:
+                chosen.append(name)
+                break
+            idle.append(name)
+    return chosen, idle
+
+
+def _group(name: str) -> str:
+    return next(g for g, fields in PARAMETER_GROUPS.items() if name in fields)
+
+
+def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> FitReport | None:
+    """Fit the identified parameters on `runs` (module docstring); None with fewer than
+    `MIN_FIT_TRIALS` runs or nothing identified."""
+    if len(runs) < MIN_FIT_TRIALS:
+        return None
+    chosen, idle = identified_fields(runs, cluster, train)
+    chosen = chosen[:len(runs) - 1]
+    if not chosen:
+        return None
+    start = {n: current_value(cluster, n) for n in chosen}
+    params = []
+    for name in chosen:
+        group = _group(name)
+        if group in SCALE_BOUNDS:
+            lo, hi = SCALE_BOUNDS[group]
+            if group == "compute":  # the value stays a fraction
+                lo, hi = max(lo, EFFICIENCY_RANGE[0] / start[name]), min(hi, EFFICIENCY_RANGE[1] / start[name])
+            params.append(FitParameter(name=name, lower=lo, upper=hi, start=min(max(1.0, lo), hi)))
+        else:
+            params.append(FitParameter(name=name, lower=0.0, upper=1.0, start=start[name]))
+    weights = np.sqrt(np.array([r.weight for r in runs]))
+    measured = np.array([r.measured_step_s for r in runs])
+
+    def absolute(x: dict[str, float]) -> dict[str, float]:
+        return {n: x[n] * start[n] if _group(n) in SCALE_BOUNDS else x[n] for n in chosen}
+
+    def residuals(x: dict[str, float]) -> np.ndarray:
+        pred = predictions(runs, apply_parameters(cluster, absolute(x)), train)
+        return weights * np.log(pred / measured)
+
+    fit = fit_parameters(residuals, params, decimals=6)
+    values = absolute(fit.values)
+    stderr = {n: (None if fit.standard_errors[n] is None else
+                  fit.standard_errors[n] * (start[n] if _group(n) in SCALE_BOUNDS else 1.0)) for n in chosen}
+    return FitReport(values=values, fitted=chosen, not_identified=idle, standard_errors=stderr,
+                     before=_errors(runs, cluster, train),
+                     after=_errors(runs, apply_parameters(cluster, values), train),
+                     converged=fit.converged, message=fit.message)
+
+
+def reserve_after_oom(cluster: ClusterSpec, estimate: Estimate) -> float:
+    """The framework reserve (bytes) that makes the strategy of `estimate`, which ran out of memory
+    though predicted to fit, no longer fit: the present reserve plus what the prediction left
+    free, plus `OOM_MARGIN` of the GPU's memory."""
+    gpu = cluster.gpu
+    free = max(0.0, gpu.memory_bytes - estimate.peak_memory_bytes)  # the peak holds the present reserve
+    return gpu.framework_reserve_bytes + free + OOM_MARGIN * gpu.memory_bytes
+
+
+def calibrated_cluster(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
+    """`cluster` with the fitted and reserve values set (none: `cluster` itself)."""
+    return apply_parameters(cluster, values) if values else cluster
+
+
+def relative_errors_text(errors: dict[int, float]) -> str:
+    med = FitReport.median_abs(errors)
+    return "-" if med is None else f"{100 * med:.1f}%"
+
+
+def finite(values: dict[str, Any]) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values.values())

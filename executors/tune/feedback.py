@@ -1,13 +1,14 @@
 """What finished trials teach the cost model: a calibration fit, and a memory reserve after an OOM.
 
 The fit (`fit_trials`) uses the package's least-squares engine (`planner.calibrate.fit_parameters`,
-soft-L1 robust loss on log errors) over at most three physical parameters, one per group of
+soft-L1 robust loss on log errors) over at most one physical parameter per group of
 `PARAMETER_GROUPS`: the compute-efficiency scale, the bus bandwidth of the link tier the trials'
-groups use, and the fraction of communication that overlaps compute. In a group the first field
-that moves any trial's prediction is fitted (on a GPU with kernel tables the sustained fraction of
-their throughput, without tables the GEMM efficiency; the intra-node tier on one node); a field
-that moves none is left as it is and reported as not identified. At most n - 1 parameters are
-fitted on n trials. Each trial's residual is weighted by sqrt(weight) (`measure.BUSY_WEIGHT` for
+groups use, the fraction of communication that overlaps compute, and the fixed cost per kernel.
+In a group the first field that moves any trial's prediction is fitted (on a GPU with kernel
+tables the sustained fraction of their throughput, without tables the GEMM efficiency; the
+intra-node tier on one node); a field that moves none is left as it is and reported as not
+identified. At most n - 1 parameters are fitted on n trials: the groups whose probe moved the
+predictions most come first. Each trial's residual is weighted by sqrt(weight) (`measure.BUSY_WEIGHT` for
 a measurement taken on a busy host). The compute and bandwidth parameters are fitted as scale
 factors of the present values (the engine's steps are relative), and written as values.
 
@@ -34,10 +35,12 @@ PARAMETER_GROUPS = {
     "compute": ("sustained_compute_fraction", "gemm_efficiency"),
     "bandwidth": ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s"),
     "overlap": ("comm_overlap",),
+    "overhead": ("kernel_overhead_s",),
 }
 """Per physical effect, the fields that express it, in order of preference."""
-SCALE_BOUNDS = {"compute": (0.1, 10.0), "bandwidth": (0.05, 20.0)}
-"""How far a fit may move the compute efficiency and the bandwidth from the profile's value (factors)."""
+SCALE_BOUNDS = {"compute": (0.1, 10.0), "bandwidth": (0.05, 20.0), "overhead": (0.1, 50.0)}
+"""How far a fit may move the compute efficiency, the bandwidth and the per-kernel overhead from the
+profile's value (factors); the overlap fraction is fitted as a value in [0, 1]."""
 PROBE_FACTOR = 0.8
 """A field is identified when scaling it by this factor moves some trial's prediction by more than
 `PROBE_MIN_CHANGE`."""
@@ -102,17 +105,18 @@ def identified_fields(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSp
     """Per group, the first field that moves a prediction (`PROBE_FACTOR`), and the groups' fields that
     were probed and moved nothing."""
     base = predictions(runs, cluster, train)
-    chosen, idle = [], []
+    chosen: list[tuple[float, str]] = []
+    idle = []
     for fields in PARAMETER_GROUPS.values():
         for name in fields:
             value = current_value(cluster, name)
             probe = value * PROBE_FACTOR if value > 0 else 0.5
-            moved = predictions(runs, apply_parameters(cluster, {name: probe}), train)
-            if np.max(np.abs(moved / base - 1)) > PROBE_MIN_CHANGE:
-                chosen.append(name)
+            moved = float(np.max(np.abs(predictions(runs, apply_parameters(cluster, {name: probe}), train) / base - 1)))
+            if moved > PROBE_MIN_CHANGE:
+                chosen.append((moved, name))
                 break
             idle.append(name)
-    return chosen, idle
+    return [name for _, name in sorted(chosen, reverse=True)], idle
 
 
 def _group(name: str) -> str:

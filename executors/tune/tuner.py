@@ -24,6 +24,8 @@ measured and how (`measure.Measurement`), its status and reason (`TrialRecord` r
 from __future__ import annotations
 
 import json
+import os
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -61,6 +63,8 @@ from planner.api import plan
 from planner.errors import SpecError
 from planner.specs import ClusterSpec, ModelSpec, Strategy, TrainSpec
 
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+"""This process, as recorded on the trials it runs."""
 MAX_TRIALS = 10_000
 """Upper bound of the trial budget (each trial is a real run)."""
 EventCallback = Callable[[str, dict[str, Any]], None]
@@ -248,6 +252,7 @@ class _Tuner:
         if values:
             trial.set_user_attr("predicted_step_s_calibrated", now_est.step_time_s)
             trial.set_user_attr("calibrated_on", self.study.user_attrs[CALIBRATION_ATTR].get("trials", []))
+        trial.set_user_attr("worker", WORKER)
         trial.set_user_attr("status", "running")
         self.event("trial_start", {"number": trial.number, "label": label, "origin": origin,
                                    "predicted_step_s": now_est.step_time_s})
@@ -395,6 +400,7 @@ def tune(model: str | ModelSpec, cluster: str | ClusterSpec, num_gpus: int, glob
     if options.grace_period_s <= options.heartbeat_interval_s:
         raise SpecError(f"--grace-period ({options.grace_period_s} s) must be longer than the heartbeat interval "
                         f"({options.heartbeat_interval_s} s): a live worker's trial would be retried")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the tuner reports through on_event
     storage = open_storage(options.storage, options.heartbeat_interval_s, options.grace_period_s)
     sampler = optuna.samplers.TPESampler(seed=options.sampler_seed)
     study = open_study(storage, name, fingerprint, options.storage, sampler)
@@ -411,7 +417,6 @@ def tune(model: str | ModelSpec, cluster: str | ClusterSpec, num_gpus: int, glob
     seeds = seeds_of(seeds_result.plans, seeds_result.worth_a_real_run, options.top_k)
     if already < options.n_trials:
         tuner.enqueue(seeds, "analytic top plan")
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         start = time.monotonic()
         study.optimize(tuner.objective, timeout=options.timeout_s, catch=(TrialFailed,),
                        callbacks=[tuner.after_trial])

@@ -372,6 +372,20 @@ class _Tuner:
         return n
 
 
+def check_one_node(device: str, num_gpus: int) -> None:
+    """A trial runs on this machine (torchrun --standalone): on CUDA it needs `num_gpus` GPUs here."""
+    if device != "cuda":
+        return
+    import torch
+
+    here = torch.cuda.device_count()
+    if num_gpus > here:
+        raise SpecError(f"--gpus {num_gpus}: this node has {here} GPUs and a tuner trial runs on one node "
+                        "(torchrun --standalone); across nodes run one worker per node (meshplan tune "
+                        "--slurm-workers N) with trials of at most one node's GPUs, or check multi-node plans with "
+                        "`meshplan validate --prepare`")
+
+
 def tune(model: str | ModelSpec, cluster: str | ClusterSpec, num_gpus: int, global_batch_size: int, seq_len: int,
          precision: str = "bf16", constraints: dict[str, Any] | None = None, calibration: Any = None,
          options: TuneOptions | None = None, on_event: EventCallback | None = None,
@@ -392,7 +406,7 @@ def tune(model: str | ModelSpec, cluster: str | ClusterSpec, num_gpus: int, glob
         raise SpecError("tune: no strategy fits under the constraints: nothing to tune (see `meshplan plan` for why)")
     pool_result = plan(top_k=POOL_SIZE, ranking="fastest", **common)
     spec_model, spec_cluster, train = seeds_result.model, seeds_result.cluster, seeds_result.train
-    resolve_device(options.run.device)  # --device cuda without a CUDA device: refused before the study is touched
+    check_one_node(resolve_device(options.run.device), num_gpus)  # before the study is touched
     pool = [p.strategy for p in pool_result.plans]
     fingerprint = job_fingerprint(spec_model, spec_cluster, train, num_gpus, constraints, options.run.engine,
                                   options.run.num_layers)

@@ -3,6 +3,8 @@ model calibrated on them, the best measured plan emitted (executors.tune)."""
 
 from __future__ import annotations
 
+import json
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -223,6 +225,7 @@ def tune_cmd(
     grad_precision: GradPrecisionOpt = "fp32",
     attention_kernel: AttentionOpt = "flash",
     optimizer: OptimizerOpt = "adam",
+    slurm_workers: Annotated[Optional[int], typer.Option("--slurm-workers", help="Print a Slurm batch script that runs one tuner worker per node on N nodes, sharing this study (needs a database-server --storage), instead of tuning here.")] = None,
     fmt: Annotated[TuneFormat, typer.Option("--format", "-f", help="table or json.")] = TuneFormat.table,
 ) -> None:
     """Run the best predicted plans briefly in a persistent Optuna study, calibrate the cost model on
@@ -241,6 +244,22 @@ def tune_cmd(
                        grace_period_s=grace_period, run_timeout_s=run_timeout, timed_steps=steps, warmup_steps=warmup,
                        parity_steps=parity_steps, num_layers=num_layers, device=device, engine=engine,
                        work_dir=work_dir)
+    if slurm_workers is not None:
+        from executors.tune.slurm import slurm_workers_script
+        from profiles import load_cluster
+
+        flags = [("--model", model), ("--cluster", cluster), ("--gpus", gpus), ("--global-batch-size", global_batch_size),
+                 ("--seq-len", seq_len), ("--precision", precision.value), ("--trials", trials), ("--top-k", top_k),
+                 ("--calibrate-every", calibrate_every), ("--steps", steps), ("--warmup", warmup),
+                 ("--parity-steps", parity_steps), ("--run-timeout", run_timeout), ("--device", "cuda"),
+                 ("--engine", engine), ("--grad-precision", grad_precision), ("--attention-kernel", attention_kernel),
+                 ("--optimizer", optimizer), ("--heartbeat", heartbeat), ("--grace-period", grace_period),
+                 ("--study-name", study_name), ("--time-budget", time_budget), ("--num-layers", num_layers),
+                 ("--constraints", json.dumps(parse_constraints(constraint, constraints)) if constraint or constraints
+                  else None), ("--calibration", calibration)]
+        args = [str(w) for flag, value in flags if value is not None for w in (flag, value)]
+        sys.stdout.write(slurm_workers_script(args, slurm_workers, load_cluster(cluster).gpus_per_node, storage))
+        return
     progress = _Progress()
     try:
         report = tune(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,

@@ -4,6 +4,9 @@
     result = plan(model="llama3-70b", cluster="dgx-h100", num_gpus=64,
                   global_batch_size=128, seq_len=8192)
     best = result.plans[0]
+
+    from planner import tune            # the auto-tuner (executors.tune): real trials in an Optuna study
+    report = tune("llama3-8b", "dgx-h100", num_gpus=8, global_batch_size=64, seq_len=8192)
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the lazy names below resolve to
     from planner.api import evaluate, plan
+    from executors.tune import tune
     from planner.errors import SpecError
     from planner.specs import (
         ClusterSpec,
@@ -29,8 +33,9 @@ if TYPE_CHECKING:  # what the lazy names below resolve to
 
 # The public names are resolved on first use (PEP 562), so that importing the bottom layer
 # (`planner.errors`, `planner.specs`) from `profiles` or `cost_models` does not run the planner
-# core, which imports those layers in turn.
-_HOME = {"plan": "planner.api", "evaluate": "planner.api", "SpecError": "planner.errors",
+# core, which imports those layers in turn. `tune` is the executors' (it runs real trials and needs
+# optuna): `import planner` loads neither until it is used.
+_HOME = {"plan": "planner.api", "evaluate": "planner.api", "SpecError": "planner.errors", "tune": "executors.tune",
          **{name: "planner.specs" for name in ("ClusterSpec", "Estimate", "GpuSpec", "LinkTier", "ModelSpec", "Plan",
                                                  "PlanResult", "SearchStats", "Strategy", "TrainSpec")}}
 
@@ -61,4 +66,5 @@ __all__ = [
     "TrainSpec",
     "evaluate",
     "plan",
+    "tune",
 ]

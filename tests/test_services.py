@@ -43,16 +43,22 @@ TRIALS_PER_WORKER = 6
 WORKER_TIMEOUT_S = 120
 
 
-def _cluster_folders(tmp_path: Path) -> set[Path]:
-    """The cluster folders postgres_server may have left, wherever it may put them."""
-    return {p for parent in (tmp_path, Path(tempfile.gettempdir()), Path("/tmp"))
-            for p in parent.glob("meshplan-pg-*")}
+@pytest.fixture
+def cluster_folders(monkeypatch) -> list[Path]:
+    """The folders postgres_server creates during the test (recorded as tempfile.mkdtemp makes them)."""
+    made, mkdtemp = [], tempfile.mkdtemp
+
+    def recording_mkdtemp(*args, **kwargs):
+        made.append(Path(mkdtemp(*args, **kwargs)))
+        return str(made[-1])
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recording_mkdtemp)
+    return made
 
 
 @requires_postgres
-def test_workers_in_two_processes_share_one_study_through_postgresql(tmp_path):
+def test_workers_in_two_processes_share_one_study_through_postgresql(tmp_path, cluster_folders):
     psycopg = pytest.importorskip("psycopg")
-    before = _cluster_folders(tmp_path)
     with postgres_server(tmp_path) as url:
         port = urllib.parse.urlsplit(url).port
         assert url == f"postgresql+psycopg://meshplan@127.0.0.1:{port}/meshplan"
@@ -78,19 +84,20 @@ def test_workers_in_two_processes_share_one_study_through_postgresql(tmp_path):
             assert conn.execute("SELECT version()").fetchone()[0].startswith("PostgreSQL")
             assert conn.execute("SELECT count(*) FROM trials").fetchone()[0] == NUM_WORKERS * TRIALS_PER_WORKER
     assert not port_is_open(port)
-    assert _cluster_folders(tmp_path) == before
+    assert [p.name.startswith("meshplan-pg-") for p in cluster_folders] == [True]
+    assert not cluster_folders[0].exists()
 
 
 @requires_postgres
-def test_postgres_server_stops_when_the_test_fails(tmp_path):
-    before = _cluster_folders(tmp_path)
+def test_postgres_server_stops_when_the_test_fails(tmp_path, cluster_folders):
     with pytest.raises(RuntimeError, match="the body failed"):
         with postgres_server(tmp_path) as url:
             port = urllib.parse.urlsplit(url).port
             assert port_is_open(port)
             raise RuntimeError("the body failed")
     assert not port_is_open(port)
-    assert _cluster_folders(tmp_path) == before
+    assert [p.name.startswith("meshplan-pg-") for p in cluster_folders] == [True]
+    assert not cluster_folders[0].exists()
 
 
 @requires_postgres

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Install meshplan with every test dependency (CPU-only torch, megatron-core,
-# DeepSpeed, Colossal-AI) and run the whole test suite. Safe to re-run.
+# DeepSpeed, Colossal-AI, the tuner's optuna-dashboard and PostgreSQL driver; PostgreSQL itself
+# where the script may install it) and run the whole test suite. Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check -c constraints.txt)
 
-"${PIP[@]}" -e ".[test,torch,megatron]"
+"${PIP[@]}" -e ".[test,torch,megatron,tune]"
 # DeepSpeed builds no CUDA ops on a CPU machine.
 DS_BUILD_OPS=0 "${PIP[@]}" "deepspeed==0.19.8"
 # colossalai 0.5.0 pins torch<=2.5.1: install it without its pins, then its real dependencies.
@@ -33,6 +34,21 @@ BPIP=("$BRIDGE_VENV/bin/python" -m pip install --quiet --disable-pip-version-che
 "${BPIP[@]}" -r requirements/megatron-bridge.txt
 "${BPIP[@]}" --no-deps "megatron-bridge==0.3.1" "triton==3.9.0"
 export MESHPLAN_BRIDGE_PYTHON="$(cd "$BRIDGE_VENV" && pwd)/bin/python"
+
+# The tuner's multi-worker tests start a PostgreSQL server of their own (tests/services.py): without
+# initdb they are skipped, saying why. As root on a Debian-like machine without it, install the server.
+have_initdb() { command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; }
+if ! have_initdb; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "scripts/test.sh: installing PostgreSQL with apt-get for the tests that share a study through it" >&2
+    if ! apt_log=$( { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+                      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql
+                    } 2>&1 ); then
+      printf '%s\n' "$apt_log" | tail -n 5 >&2
+    fi
+  fi
+  have_initdb || echo "scripts/test.sh: PostgreSQL is not installed: the tests that need it are skipped" >&2
+fi
 
 # Two workers (pytest-xdist): the tests that start processes run one after another on one of them
 # (tests/conftest.py), the rest of the suite on both.

@@ -78,7 +78,9 @@ def test_benchmarks_stay_out_of_the_wheel():
 DISTRIBUTIONS = {"yaml": "pyyaml"}
 #: Optional packages (pyproject's extras): imported by the executors' torch workers or inside functions only.
 OPTIONAL = {"torch", "megatron", "deepspeed", "colossalai", "transformer_engine", "apex", "triton", "matplotlib",
-            "optuna", "transformers", "torchtitan"}
+            "transformers", "torchtitan"}
+#: The tuner's dependency: a runtime dependency that only the executors and the CLI may import.
+TUNER_ONLY = {"optuna"}
 
 
 def _declared() -> list[str]:
@@ -105,6 +107,27 @@ def test_pyproject_declares_exactly_what_the_installed_packages_import():
     ours = {"planner", "cost_models", "profiles", "executors", "benchmarks"}
     third_party = {m for m in imported - ours - set(sys.stdlib_module_names) if m != "__future__"}
     assert sorted(DISTRIBUTIONS.get(m, m) for m in third_party - OPTIONAL) == _declared()
+
+
+def test_only_the_executors_and_the_cli_import_the_tuners_dependencies():
+    """optuna is installed with the planner but belongs to the tuner: nothing below the executors imports it,
+    at the top or inside a function, so planning never pays for it."""
+    import ast
+
+    below = [path for pkg in ("planner", "cost_models", "profiles") for path in (ROOT / pkg).rglob("*.py")
+             if not path.relative_to(ROOT).is_relative_to("planner/cli") and path.name != "__main__.py"]
+    importers = []
+    for path in below:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = {node.module.split(".")[0]}
+            else:
+                continue
+            importers += [f"{path.relative_to(ROOT)}: {name}" for name in sorted(names & TUNER_ONLY)]
+    assert below, "no module of the planner core found"
+    assert importers == []
 
 
 def test_readme_lists_what_the_first_command_installs():

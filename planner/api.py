@@ -27,10 +27,12 @@ from planner.specs import (
 )
 from planner.specs.base import MAX_GPUS
 from planner.specs.results import DEFAULT_HEADROOM
-from profiles import list_presets, load_cluster, load_model
+from profiles import Calibration, apply_calibration, list_presets, load_cluster, load_model
 
 ModelRef = str | Path | ModelSpec | dict
 ClusterRef = str | Path | ClusterSpec | dict
+#: A user calibration: a file path, a mapping of the file's keys, or a loaded Calibration (profiles.calibration_file).
+CalibrationRef = str | Path | dict | Calibration
 
 
 def make_inputs(
@@ -40,9 +42,13 @@ def make_inputs(
     global_batch_size: int,
     seq_len: int,
     precision: str = "bf16",
+    calibration: CalibrationRef | None = None,
     **train_options: Any,
 ) -> tuple[ModelSpec, ClusterSpec, TrainSpec]:
     """Load and validate the three inputs; every problem is a SpecError naming the field.
+
+    `calibration` (a user calibration file, `profiles.apply_calibration`) sets its fitted values on
+    the loaded cluster before anything else reads it.
 
     Input that is valid but probably not meant gives an `InputWarning` (Python's `warnings`;
     the CLI prints one `warning:` line each): a global batch that leaves only dp = 1, a GPU
@@ -50,6 +56,8 @@ def make_inputs(
     hand-built model of a preset's shape that disagrees with the preset."""
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster)
+    if calibration is not None:
+        cluster_spec = apply_calibration(cluster_spec, calibration)
     if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or not 1 <= num_gpus <= MAX_GPUS:
         raise SpecError(f"num_gpus must be a positive integer, at most {MAX_GPUS} (got {short_repr(num_gpus)})")
     if cluster_spec.max_gpus is not None and num_gpus > cluster_spec.max_gpus:
@@ -124,6 +132,7 @@ def plan(
     top_k: int = 10,
     headroom: float | None = None,
     ranking: str = "simple",
+    calibration: CalibrationRef | None = None,
     **train_options: Any,
 ) -> PlanResult:
     """Search every valid strategy and return the fastest that fit, best first.
@@ -141,6 +150,10 @@ def plan(
     step-time order, one row per strategy, as a benchmark predicting a tuned
     published run wants).
 
+    `calibration`: a user calibration file (path, mapping or `profiles.Calibration`,
+    format in docs/extending.md) whose fitted values replace the cluster profile's;
+    `result.cluster.gpu.calibration` then names the file.
+
     When nothing fits, `result.plans` is empty and `result.closest` holds the
     valid strategies that came closest (their `estimate.reasons` say by how much),
     with `result.advice` and `result.min_gpus_to_fit`. When no strategy is valid,
@@ -155,7 +168,7 @@ def plan(
     if ranking not in ("simple", "fastest"):
         raise SpecError(f"ranking must be 'simple' or 'fastest' (got {ranking!r})")
     model_spec, cluster_spec, train = make_inputs(
-        model, cluster, num_gpus, global_batch_size, seq_len, precision, **train_options
+        model, cluster, num_gpus, global_batch_size, seq_len, precision, calibration, **train_options
     )
     constraints = {} if constraints is None else constraints
     return search(model_spec, cluster_spec, train, num_gpus, constraints, top_k, headroom=float(headroom),
@@ -170,15 +183,16 @@ def evaluate(
     seq_len: int,
     precision: str = "bf16",
     strategy: Strategy | dict | None = None,
+    calibration: CalibrationRef | None = None,
     **train_options: Any,
 ) -> Estimate:
     """Score one strategy. An invalid or non-fitting strategy still gets an
     Estimate, with `fits=False` and its `reasons` (a strategy whose degrees do not
     multiply to the GPU count is scored at the nearest data-parallel degree, dp =
     max(1, GPUs // (tp·cp·pp)), and the mismatch is its first reason);
-    malformed input raises SpecError."""
+    malformed input raises SpecError. `calibration` as in `plan`."""
     model_spec, cluster_spec, train = make_inputs(
-        model, cluster, num_gpus, global_batch_size, seq_len, precision, **train_options
+        model, cluster, num_gpus, global_batch_size, seq_len, precision, calibration, **train_options
     )
     strategy = coerce_strategy(strategy)
     try:

@@ -20,7 +20,11 @@ YAML carries vendor units in key names (`memory_gib`, `peak_tflops`,
 Every number names where it comes from: the file's `source:` (datasheet or
 model card), a `<field>_source:` beside it or in an enclosing mapping (with or
 without the unit: `kernel_overhead_source` for `kernel_overhead_us`; an
-estimate says so there), or, in calibration files, `fitted_on:`. The loaders
+estimate says so there), or, in calibration files, `fitted_on:`.
+
+A user calibration file (`profiles.calibration_file`: `load_calibration`, `apply_calibration`) holds
+parameters fitted on one's own runs, in the same shape; `planner.plan(calibration=...)` and the
+CLI's `--calibration FILE` apply it to the cluster before planning. The loaders
 accept and drop the `_source` keys of known fields; tests/test_profile_sources.py
 checks that every shipped number is covered.
 """
@@ -48,9 +52,17 @@ from planner.specs.hardware import (BW_BYTES_PER_S_RANGE, FLOP_PER_S_RANGE, HOST
                                      MEMORY_BYTES_RANGE, StepTimeResiduals)
 from planner.specs.hf import read_hf_config
 from profiles.bundle import resolve_cluster, resolve_gpu
+from profiles.calibration_file import (
+    USER_CALIBRATION_KEYS,
+    Calibration,
+    apply_calibration,
+    load_calibration,
+    with_parameters,
+)
 from profiles.files import PROFILES_DIR, read_yaml, search_dirs, user_profiles_dir
 
-__all__ = ["PROFILES_DIR", "read_yaml", "resolve_cluster", "resolve_gpu", "search_dirs", "user_profiles_dir"]
+__all__ = ["PROFILES_DIR", "USER_CALIBRATION_KEYS", "Calibration", "apply_calibration", "load_calibration",
+           "read_yaml", "resolve_cluster", "resolve_gpu", "search_dirs", "user_profiles_dir", "with_parameters"]
 
 GIB = 2**30
 GB = 1e9

@@ -6,6 +6,7 @@ fit that recovers the value shows the parameter reaches the predictions and the 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import yaml
 
@@ -150,3 +151,69 @@ def test_a_shipped_calibration_file_is_written_only_when_asked_for(tmp_path):
     with pytest.raises(SpecError, match="shipped profiles"):
         write_calibration_profile(target, {"host_time_scale": 1.0})
     assert target.read_bytes() == before
+
+
+def test_tier_bandwidths_and_cluster_fields_are_parameters():
+    cluster = load_cluster("dgx-h100")
+    out = apply_parameters(cluster, {"intra_node_bw_bytes_per_s": 3e11, "inter_node_bw_bytes_per_s": 2e10,
+                                     "comm_overlap": 0.4, "framework_reserve_bytes": 2.0 * 2**30})
+    assert (out.intra_node.bw_bytes_per_s, out.inter_node.bw_bytes_per_s) == (3e11, 2e10)
+    assert out.intra_node.latency_s == cluster.intra_node.latency_s  # the rest of the tier kept
+    assert out.comm_overlap == 0.4 and out.gpu.framework_reserve_bytes == 2.0 * 2**30
+    assert out.gpu.has_tables
+    for name in ("intra_node", "inter_node", "tiers", "gpu"):
+        with pytest.raises(SpecError, match=f"parameter '{name}'"):
+            apply_parameters(cluster, {name: 1.0})
+
+
+def test_a_fit_recovers_comm_overlap_with_a_fixed_reserve():
+    """Two nodes, so the gradient reduction crosses the network and the overlap shows in the step time;
+    the reserve, held fixed, is applied in every prediction (the runs were made with it)."""
+    reserve = {"framework_reserve_bytes": 4.0 * 2**30}
+    cluster = apply_parameters(load_cluster("dgx-h100"), {"comm_overlap": 0.4} | reserve)
+    runs = []
+    for batch in (16, 32):
+        run = MeasuredRun(label=f"n16 gbs{batch}", source="synthetic", model="llama3-8b", cluster="dgx-h100",
+                          num_gpus=16, global_batch_size=batch, seq_len=4096, measured_step_s=1.0,
+                          strategy=STRATEGY | {"dp": 8, "micro_batch_size": 1})
+        runs.append(run.model_copy(update={"measured_step_s": predict_run(run, cluster).step_s}))
+    result = calibrate(runs, FitSettings(parameters=(FitParameter(name="comm_overlap", lower=0.0, upper=1.0),),
+                                         fixed=reserve))
+    assert result.values["comm_overlap"] == pytest.approx(0.4, abs=5e-3)
+    assert result.values["framework_reserve_bytes"] == reserve["framework_reserve_bytes"]
+
+
+def test_a_run_weight_changes_the_fit(runs):
+    """One run measured 30 % slow: at full weight it pulls the fitted fraction down, at weight 0.01 the
+    fit stays near the value the other runs give. Reported errors stay unweighted."""
+    slow = runs[-1].model_copy(update={"measured_step_s": runs[-1].step_s * 1.3})
+    settings = _settings(loss="linear")
+    full = calibrate(runs[:-1] + [slow], settings)
+    light = calibrate(runs[:-1] + [slow.model_copy(update={"weight": 0.01})], settings)
+    value = "sustained_compute_fraction"
+    assert abs(light.values[value] - TRUE_FRACTION) < abs(full.values[value] - TRUE_FRACTION) / 5
+    assert light.residuals[-1].error == pytest.approx(
+        light.residuals[-1].predicted_s / light.residuals[-1].measured_s - 1)
+    assert light.residuals[-1].error < -0.15  # the slow run's own error, not shrunk by its weight
+    with pytest.raises(SpecError, match="weight"):
+        runs[0].model_validate(runs[0].model_dump() | {"weight": 0.0})
+    with pytest.raises(SpecError, match="weight"):
+        runs[0].model_validate(runs[0].model_dump() | {"weight": 1.5})
+
+
+def test_values_in_seconds_and_bytes_per_second_round_in_their_file_unit():
+    """fit_parameters rounds kernel_overhead_s in microseconds and a bandwidth in GB/s: 4 decimals of
+    seconds would round a few microseconds to nothing."""
+    from planner.calibrate import fit_parameters
+
+    target = {"kernel_overhead_s": 3.21234e-6, "intra_node_bw_bytes_per_s": 312.345678e9}
+
+    def residuals(v):
+        return np.array([v["kernel_overhead_s"] / target["kernel_overhead_s"] - 1,
+                         v["intra_node_bw_bytes_per_s"] / target["intra_node_bw_bytes_per_s"] - 1])
+
+    fit = fit_parameters(residuals, [FitParameter(name="kernel_overhead_s", lower=0.0, upper=2e-5),
+                                     FitParameter(name="intra_node_bw_bytes_per_s", lower=1e11, upper=9e11)],
+                         loss="linear")
+    assert fit.values["kernel_overhead_s"] == pytest.approx(3.2123e-6, rel=1e-9)
+    assert fit.values["intra_node_bw_bytes_per_s"] == pytest.approx(312.3457e9, rel=1e-9)

@@ -8,7 +8,8 @@
                                                                   lower=0.5, upper=1.0),)))
 
 `runs` holds MeasuredRun and prediction; `fit` the least-squares engine, `calibrate` and
-`leave_one_set_out`; `profile` writes a result as a calibration profile.
+`leave_one_set_out`; `profile` writes a result as a calibration profile (a GPU's, or a user
+calibration file that `profiles.load_calibration` and `--calibration` read).
 """
 
 from planner.calibrate.fit import (
@@ -28,6 +29,7 @@ from planner.calibrate.profile import (
     calibration_document,
     fitted_on_text,
     parameter_document,
+    user_calibration_document,
     write_calibration_profile,
 )
 from planner.calibrate.runs import (
@@ -41,5 +43,5 @@ __all__ = [
     "CalibrationResult", "ErrorSummary", "FitParameter", "FitSettings", "HeldOutSet", "MeasuredRun", "ParameterFit",
     "Residual", "RunPrediction", "apply_parameters", "calibrate", "calibration_document", "fit_parameters",
     "fitted_on_text", "leave_one_set_out", "parameter_document", "predict_run", "run_residuals",
-    "write_calibration_profile",
+    "user_calibration_document", "write_calibration_profile",
 ]

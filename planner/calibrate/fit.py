@@ -4,8 +4,9 @@
 scipy least squares. `calibrate` applies it to measured runs (`MeasuredRun`): each run's
 step time is predicted by the planner with the parameters set on its cluster, and the
 residual is its log error log(predicted / measured) (or the relative error) under a
-robust loss, so one run the model cannot describe does not drag the fit. Reported
-errors are always relative, predicted / measured - 1 (< 0: the model is fast).
+robust loss, so one run the model cannot describe does not drag the fit; a run's
+residual is multiplied by sqrt(its weight), so a measurement trusted less counts less. Reported
+errors are always relative (and unweighted), predicted / measured - 1 (< 0: the model is fast).
 `leave_one_set_out` refits without each set and reports that set's errors under the
 refit.
 """
@@ -29,6 +30,7 @@ from planner.calibrate.runs import (
 )
 from planner.errors import SpecError
 from planner.specs.base import Spec
+from profiles.calibration_file import UNIT_SCALE
 
 Loss = Literal["linear", "soft_l1", "huber", "cauchy", "arctan"]
 ErrorKind = Literal["log", "relative"]
@@ -162,33 +164,38 @@ def fit_parameters(residuals: Callable[[dict[str, float]], np.ndarray], paramete
     """Bounded least squares of `residuals(values)` over `parameters` (the others at `fixed`).
 
     Standard errors come from the Jacobian at the optimum (linearised, scaled by the residual
-    variance); a singular Jacobian (a parameter the residuals do not depend on) gives None. Values are rounded to `decimals`, and the
+    variance); a singular Jacobian (a parameter the residuals do not depend on) gives None. Each parameter
+    is searched and rounded to `decimals` in its calibration file's unit (`profiles.calibration_file.UNIT_SCALE`:
+    kernel_overhead_s in microseconds, bandwidths in GB/s, framework_reserve_bytes in GiB, any other name as
+    it is), so a value in seconds or bytes/s neither rounds to nothing nor dwarfs a fraction beside it; the
     returned residuals are those of the rounded values (what a profile written from them gives)."""
     names = [p.name for p in parameters]
     held = dict(fixed or {})
+    # searched and rounded in each parameter's file unit (microseconds, GB/s, GiB; 1 for a fraction)
+    unit = np.array([UNIT_SCALE.get(n, 1.0) for n in names])
 
-    def values_of(x) -> dict[str, float]:
-        return held | dict(zip(names, (float(v) for v in x)))
+    def values_of(u) -> dict[str, float]:
+        return held | dict(zip(names, (float(v) for v in np.asarray(u) * unit)))
 
-    def fun(x) -> np.ndarray:
-        return np.asarray(residuals(values_of(x)), dtype=float)
+    def fun(u) -> np.ndarray:
+        return np.asarray(residuals(values_of(u)), dtype=float)
 
-    lower = np.array([p.lower for p in parameters])
-    upper = np.array([p.upper for p in parameters])
-    result = least_squares(fun, x0=np.array([p.x0 for p in parameters]), bounds=(lower, upper), loss=loss,
+    lower = np.array([p.lower for p in parameters]) / unit
+    upper = np.array([p.upper for p in parameters]) / unit
+    result = least_squares(fun, x0=np.array([p.x0 for p in parameters]) / unit, bounds=(lower, upper), loss=loss,
                            f_scale=f_scale, diff_step=diff_step)
     dof = max(result.fun.size - len(names), 1)
     try:
         cov = np.linalg.inv(result.jac.T @ result.jac) * float(result.fun @ result.fun) / dof
-        stderr = np.sqrt(np.diag(cov))
+        stderr = np.sqrt(np.diag(cov)) * unit
     except np.linalg.LinAlgError:
         stderr = np.full(len(names), np.inf)
     # rounding never leaves the bounds: clip after it
-    x = np.clip(np.round(result.x, decimals), lower, upper)
-    values = values_of(x)
+    u = np.clip(np.round(result.x, decimals), lower, upper)
+    values = values_of(u)
     errors = {n: float(e) if np.isfinite(e) else None for n, e in zip(names, stderr)}
     return ParameterFit(values=values, fitted=tuple(names), standard_errors=errors,
-                        residuals=tuple(float(v) for v in fun(x)), converged=bool(result.success),
+                        residuals=tuple(float(v) for v in fun(u)), converged=bool(result.success),
                         message=str(result.message))
 
 
@@ -226,9 +233,11 @@ def calibrate(runs: Sequence[MeasuredRun], settings: FitSettings) -> Calibration
     clusters = {id(r): resolve_cluster(r) for r in runs}
     runs = [r.model_copy(update={"cluster": clusters[id(r)]}) for r in runs]  # each preset loaded once
 
+    weights = np.sqrt([r.weight for r in runs])
+
     def residuals(values: dict[str, float]) -> np.ndarray:
         errors = np.array([r.error for r in run_residuals(runs, values)])
-        return np.log1p(errors) if settings.error == "log" else errors
+        return weights * (np.log1p(errors) if settings.error == "log" else errors)
 
     fit = fit_parameters(residuals, settings.parameters, settings.fixed, settings.loss, settings.f_scale,
                          settings.decimals, settings.diff_step)

@@ -18,10 +18,12 @@ from planner.errors import SpecError
 from planner.specs import ClusterSpec, GpuSpec, ModelSpec
 from planner.specs.base import MAX_BATCH, MAX_GPUS, MAX_TOKENS, Spec
 from planner.specs.hardware import Precision
-from profiles import load_cluster
+from profiles import load_cluster, with_parameters
+from profiles.calibration_file import TIER_PARAMETERS
 
-#: ClusterSpec fields that are not physical scalars a fit could set.
-NOT_FITTABLE = ("gpu", "name", "tiers", "host", "source")
+#: ClusterSpec fields that are not physical scalars a fit could set (the tiers' bandwidths are set by their
+#: flat names, `profiles.calibration_file.TIER_PARAMETERS`).
+NOT_FITTABLE = ("gpu", "name", "intra_node", "inter_node", "host", "source")
 
 
 class MeasuredRun(Spec):
@@ -45,6 +47,9 @@ class MeasuredRun(Spec):
     measured_step_s: float | None = Field(None, gt=0, description="Measured seconds per optimizer step.")
     tokens_per_s_per_gpu: float | None = Field(None, gt=0, description="Measured throughput, tokens per second "
                                                "per GPU (instead of measured_step_s).")
+    weight: float = Field(1.0, gt=0, le=1, description="How much the run counts in a fit: its residual is "
+                          "multiplied by sqrt(weight) (less than 1 for a measurement less trusted, e.g. one taken on "
+                          "a busy host); reported errors are unweighted.")
 
     @model_validator(mode="after")
     def _one_measurement(self) -> MeasuredRun:
@@ -73,24 +78,26 @@ class RunPrediction(Spec):
 
 
 def check_parameter(name: str) -> None:
-    """Refuse a name that is no numeric GpuSpec or ClusterSpec field (SpecError naming it)."""
+    """Refuse a name that is no numeric GpuSpec or ClusterSpec field nor a link tier's bandwidth
+    (`intra_node_bw_bytes_per_s`, `inter_node_bw_bytes_per_s`): SpecError naming it."""
     if name in GpuSpec.model_fields and name not in ("name", "source", "calibration", "kernel_tables",
                                                      "peak_flop_per_s", "step_time_residuals"):
         return
     if name in ClusterSpec.model_fields and name not in NOT_FITTABLE:
         return
-    raise SpecError(f"parameter {name!r} must be a numeric GpuSpec or ClusterSpec field "
-                    "(e.g. sustained_compute_fraction, host_time_scale, ep_comm_overlap)")
+    if name in TIER_PARAMETERS:
+        return
+    raise SpecError(f"parameter {name!r} must be a numeric GpuSpec or ClusterSpec field or a link tier's bandwidth "
+                    f"({', '.join(TIER_PARAMETERS)}) (e.g. sustained_compute_fraction, host_time_scale, "
+                    "ep_comm_overlap)")
 
 
 def apply_parameters(cluster: ClusterSpec, params: dict[str, float]) -> ClusterSpec:
-    """`cluster` with GPU fields and cluster fields replaced by `params` (values as given: a fit's
-    bounds keep them in range)."""
+    """`cluster` with GPU fields, cluster fields and tier bandwidths replaced by `params`
+    (`profiles.with_parameters`; values as given: a fit's bounds keep them in range)."""
     for name in params:
         check_parameter(name)
-    gpu_update = {k: float(v) for k, v in params.items() if k in GpuSpec.model_fields}
-    cluster_update = {k: float(v) for k, v in params.items() if k not in gpu_update}
-    return cluster.model_copy(update=cluster_update | {"gpu": cluster.gpu.model_copy(update=gpu_update)})
+    return with_parameters(cluster, params)
 
 
 def resolve_cluster(run: MeasuredRun) -> ClusterSpec:

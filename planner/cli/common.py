@@ -63,6 +63,19 @@ GradPrecisionOpt = Annotated[str, typer.Option("--grad-precision", help="Gradien
 AttentionOpt = Annotated[str, typer.Option("--attention-kernel", help="flash (fused, the GPU's fastest measured kernel), flash2 (FlashAttention-2), flash1 (FlashAttention v1 or a Triton kernel of its era) or unfused (scores stored).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adam or sgd.")]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format: table, json or csv.")]
+CalibrationOpt = Annotated[Optional[str], typer.Option(
+    "--calibration", metavar="FILE", help="A user calibration file (YAML: values fitted on your own runs, e.g. "
+    "sustained_compute_fraction, comm_overlap, intra_node_bw_gb_per_s; format in docs/extending.md) whose values "
+    "replace the cluster profile's; its gpu: and cluster: must match --cluster.")]
+
+
+def calibration_note(calibration: str | None) -> None:
+    """Under a table: one line naming the user calibration applied and its values (nothing without one)."""
+    if calibration is not None:
+        from profiles import load_calibration
+
+        stdout.print(f"calibration: {plain(load_calibration(calibration).summary(), MESSAGE_CHARS)}", markup=False,
+                     highlight=False, soft_wrap=False)
 
 
 MoeImbalanceOpt = Annotated[Optional[float], typer.Option(

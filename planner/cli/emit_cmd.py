@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from planner.cli.app import app
 from planner.cli.common import (
     AttentionOpt,
+    CalibrationOpt,
     CeFusionImplOpt,
     CeFusionOpt,
     ClusterOpt,
@@ -107,6 +108,7 @@ def emit_cmd(
     moe_router_padding_for_quantization: RouterPaddingOpt = False,
     torch_compile: TorchCompileOpt = None,
     headroom: HeadroomOpt = None,
+    calibration: CalibrationOpt = None,
     launch_for: Annotated[LaunchFor, typer.Option("--launch-for", help="Framework the torchrun/slurm scripts start.")] = LaunchFor.megatron,
     script: Annotated[Optional[str], typer.Option("--script", help="Training entry point the torchrun/slurm scripts run (default depends on --launch-for).")] = None,
     master_port: Annotated[int, typer.Option("--master-port", help="Rendezvous TCP port on the first node.")] = 29500,
@@ -137,7 +139,7 @@ def emit_cmd(
                    "--cross-entropy-fusion-impl": cross_entropy_fusion_impl, "--framework": framework,
                    "--moe-dispatcher": moe_dispatcher, "--moe-flex-num-sms": moe_flex_num_sms,
                    "--moe-router-padding-for-quantization": moe_router_padding_for_quantization or None,
-                   "--torch-compile": torch_compile, "--headroom": headroom}
+                   "--torch-compile": torch_compile, "--headroom": headroom, "--calibration": calibration}
     if plan_json is not None:
         given = [k for k, v in {**search, **search_only}.items() if v is not None]
         if given:
@@ -169,7 +171,8 @@ def emit_cmd(
                               moe_dispatcher or "alltoall", fp8_param_gather, torch_compile, cross_entropy_fusion_impl,
                               moe_flex_num_sms, moe_router_padding_for_quantization)
         result, source = _search(model, cluster, gpus, global_batch_size, seq_len, (precision or "bf16"), top_k,
-                                 parse_constraints(constraint, constraints), train, parse_headroom(headroom)), "the search"
+                                 parse_constraints(constraint, constraints), train, parse_headroom(headroom),
+                                 calibration), "the search"
     # checked here too so the message names the options as typed (EmitOptions checks them for the API)
     if script is not None:
         shell_command("--script", script)
@@ -224,12 +227,13 @@ SEARCH_DEPTH = 2000
 
 
 def _search(model: str, cluster: str, gpus: int, gbs: int, seq: int, precision, top_k: int,
-            constraints: dict[str, Any], train: dict[str, Any], headroom: float | None) -> PlanResult:
+            constraints: dict[str, Any], train: dict[str, Any], headroom: float | None,
+            calibration: str | None = None) -> PlanResult:
     from planner.api import plan as api_plan
 
     return api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=gbs, seq_len=seq,
                     precision=getattr(precision, "value", precision), constraints=constraints, top_k=top_k,
-                    headroom=headroom, **train)
+                    headroom=headroom, calibration=calibration, **train)
 
 
 def _best_expressible(result: PlanResult, chosen: Plan, backend: str, options) -> Plan:

@@ -15,6 +15,7 @@ from planner.cli.app import app
 from planner.cli.common import (
     GIB,
     AttentionOpt,
+    CalibrationOpt,
     CeFusionImplOpt,
     CeFusionOpt,
     ClusterOpt,
@@ -42,6 +43,7 @@ from planner.cli.common import (
     SeqOpt,
     TorchCompileOpt,
     Zero3ImplOpt,
+    calibration_note,
     emit_csv,
     emit_json,
     gib,
@@ -90,6 +92,7 @@ def plan_cmd(
     moe_router_padding_for_quantization: RouterPaddingOpt = False,
     torch_compile: TorchCompileOpt = None,
     headroom: HeadroomOpt = None,
+    calibration: CalibrationOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column (bands, tokens/s, TFLOP/s, headroom); the "
                                        "default table fits 100 columns.")] = False,
     fmt: FormatOpt = Format.table,
@@ -98,6 +101,7 @@ def plan_cmd(
     simpler layout, near-duplicates share a row: see the README's "Reading the plan table")."""
     kwargs = dict(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size, seq_len=seq_len,
                   precision=precision.value, constraints=parse_constraints(constraint, constraints), top_k=top,
+                  calibration=calibration,
                   headroom=parse_headroom(headroom), **train_options(grad_precision, attention_kernel, optimizer,
                                                                       moe_load_imbalance, zero3_impl, fp8_recipe,
                                                                       cross_entropy_fusion, framework, moe_dispatcher,
@@ -113,6 +117,7 @@ def plan_cmd(
                   for p in result.plans or result.closest])
     elif result.stats.num_valid:
         print_plan_table(result, wide=wide)
+        calibration_note(calibration)
         warn_hidden_comm(result)
     if not result.stats.num_valid:
         raise ExitWith(2, no_valid_message(result))
@@ -397,7 +402,7 @@ def _one_strategy_command(render):
         moe_dispatcher: MoeDispatcherOpt = "alltoall", moe_flex_num_sms: FlexSmsOpt = None,
         moe_router_padding_for_quantization: RouterPaddingOpt = False,
         torch_compile: TorchCompileOpt = None,
-        plan_file: PlanFileOpt = None, rank: RankOpt = 1,
+        plan_file: PlanFileOpt = None, rank: RankOpt = 1, calibration: CalibrationOpt = None,
         fmt: FormatOpt = Format.table,
     ) -> None:
         if plan_file is not None:  # the plan file holds the whole question and the strategy: nothing else may be given
@@ -422,7 +427,7 @@ def _one_strategy_command(render):
                              overlap_param_gather, ep, etp, offload_optimizer, offload_activation_layers,
                              overlap_p2p_comm)
         est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
-                           seq_len=seq_len, precision=precision.value, strategy=strategy,
+                           seq_len=seq_len, precision=precision.value, strategy=strategy, calibration=calibration,
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
                                            zero3_impl, fp8_recipe, cross_entropy_fusion, framework,
                                            moe_dispatcher, fp8_param_gather, torch_compile,
@@ -431,6 +436,8 @@ def _one_strategy_command(render):
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)
+        if fmt is Format.table:
+            calibration_note(calibration)
         if not est.fits:
             raise ExitWith(1)
 

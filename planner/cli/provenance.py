@@ -30,12 +30,16 @@ def kernel_provenance(gpu: GpuSpec) -> dict[str, str]:
 
 
 def constants_provenance(gpu: GpuSpec) -> str:
-    """Where the calibrated constants (gemm/hbm efficiency, backward ratio, kernel overhead) come from."""
+    """Where the calibrated constants (gemm/hbm efficiency, backward ratio, kernel overhead) come from: a user
+    calibration file applied to the cluster (`--calibration`) is named first."""
     text = gpu.calibration
     if gpu.source.startswith(MEASURED):
         return f"{MEASURED} (micro-benchmarks on this machine)"
     if not text:
         return "defaults (assumed): no calibration file"
+    user = re.match(r"(?P<file>[^:]+): fitted on (?P<what>.*?); user calibration of (?P<keys>[^;]+)", text)
+    if user:  # profiles.apply_calibration's note: the user's file first, the profile's constants after it
+        return f"user calibration {user['file']} ({user['keys']}): fitted on {user['what']}"
     fitted = re.findall(r"; ((?:sustained_compute_fraction|host_time_scale) fitted on \d+ end-to-end rows)", text)
     tail = "".join(f"; {f}" for f in fitted)
     if "carried over" in text:

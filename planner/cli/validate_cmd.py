@@ -12,6 +12,7 @@ from rich.table import Table
 from planner.cli.app import app
 from planner.cli.common import (
     AttentionOpt,
+    CalibrationOpt,
     ExitWith,
     Format,
     FormatOpt,
@@ -157,6 +158,7 @@ def validate_cmd(
     max_host_memory: Annotated[Optional[float], typer.Option("--max-host-memory", help="Host memory the local cpu runs may use, GiB (default: 80% of MemAvailable); plans estimated above it are not started.")] = None,
     prepare: Annotated[Optional[Path], typer.Option("--prepare", help="Multi-node: write run configs here and print the torchrun command of each run instead of launching.")] = None,
     collect: Annotated[Optional[Path], typer.Option("--collect", help="Multi-node: fold the results of runs prepared with --prepare (needs --cluster).")] = None,
+    calibration: CalibrationOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Run the top plans for a few steps, check their loss against a single-process run, and put the
@@ -170,7 +172,7 @@ def validate_cmd(
         shell_line,
         validate_strategies,
     )
-    from profiles import load_cluster
+    from profiles import apply_calibration, load_cluster
 
     for flag, folder in (("--work-dir", work_dir), ("--prepare", prepare)):
         check_folder(folder, flag)  # before the planning; the run checks it again when it locks it
@@ -187,11 +189,15 @@ def validate_cmd(
     if collect is not None:
         if cluster is None:
             raise SpecError("--collect needs --cluster (the profile the predictions are made on)")
-        emit_report(collect_runs(collect, load_cluster(cluster)), fmt)
+        spec = load_cluster(cluster)
+        emit_report(collect_runs(collect, spec if calibration is None else apply_calibration(spec, calibration)), fmt)
         return
     resolve_device(device)  # --device cuda without a CUDA device: refused before the planning
     extra = _strategies(strategy)
     if plan_file is not None:
+        if calibration is not None:
+            raise SpecError("--calibration applies to a cluster planned here; a --plan file's plans carry the "
+                            "cluster (and calibration) they were planned on: drop --calibration")
         plans = _plans_from_json(read_text_arg(plan_file, "--plan"), plan_file)
         if not plans:
             raise SpecError("--plan holds no plans")
@@ -206,7 +212,7 @@ def validate_cmd(
         from planner.api import plan as api_plan
 
         result = api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
-                          seq_len=seq_len, precision=precision.value, top_k=top,
+                          seq_len=seq_len, precision=precision.value, top_k=top, calibration=calibration,
                           constraints=parse_constraints(constraint, constraints),
                           **train_options(grad_precision, attention_kernel, optimizer))
         spec_model, spec_cluster, train, num_gpus = result.model, result.cluster, result.train, result.num_gpus

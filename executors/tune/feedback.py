@@ -133,6 +133,10 @@ def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> 
     if not chosen:
         return None
     start = {n: current_value(cluster, n) for n in chosen}
+
+    def fit_name(name: str) -> str:  # a scale factor is its own name: the engine must not convert its unit
+        return f"{name}.scale" if _group(name) in SCALE_BOUNDS else name
+
     params = []
     for name in chosen:
         group = _group(name)
@@ -140,14 +144,14 @@ def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> 
             lo, hi = SCALE_BOUNDS[group]
             if group == "compute":  # the value stays a fraction
                 lo, hi = max(lo, EFFICIENCY_RANGE[0] / start[name]), min(hi, EFFICIENCY_RANGE[1] / start[name])
-            params.append(FitParameter(name=name, lower=lo, upper=hi, start=min(max(1.0, lo), hi)))
+            params.append(FitParameter(name=fit_name(name), lower=lo, upper=hi, start=min(max(1.0, lo), hi)))
         else:
             params.append(FitParameter(name=name, lower=0.0, upper=1.0, start=start[name]))
     weights = np.sqrt(np.array([r.weight for r in runs]))
     measured = np.array([r.measured_step_s for r in runs])
 
     def absolute(x: dict[str, float]) -> dict[str, float]:
-        return {n: x[n] * start[n] if _group(n) in SCALE_BOUNDS else x[n] for n in chosen}
+        return {n: x[fit_name(n)] * start[n] if _group(n) in SCALE_BOUNDS else x[n] for n in chosen}
 
     def residuals(x: dict[str, float]) -> np.ndarray:
         pred = predictions(runs, apply_parameters(cluster, absolute(x)), train)
@@ -155,8 +159,8 @@ def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> 
 
     fit = fit_parameters(residuals, params, decimals=6)
     values = absolute(fit.values)
-    stderr = {n: (None if fit.standard_errors[n] is None else
-                  fit.standard_errors[n] * (start[n] if _group(n) in SCALE_BOUNDS else 1.0)) for n in chosen}
+    stderr = {n: (None if fit.standard_errors[fit_name(n)] is None else
+                  fit.standard_errors[fit_name(n)] * (start[n] if _group(n) in SCALE_BOUNDS else 1.0)) for n in chosen}
     return FitReport(values=values, fitted=chosen, not_identified=idle, standard_errors=stderr,
                      before=_errors(runs, cluster, train),
                      after=_errors(runs, apply_parameters(cluster, values), train),

@@ -442,28 +442,29 @@ def tune(model: str | ModelSpec, cluster: str | ClusterSpec, num_gpus: int, glob
     fit = tuner.calibrate() if len(tuner.trial_runs()) >= MIN_FIT_TRIALS else None
     written = None
     if fit is not None and options.calibration_out is not None:
-        written = str(write_tuned_calibration(options.calibration_out, fit, tuner, name))
+        written = str(write_tuned_calibration(options.calibration_out, fit, tuner, name, masked(options.storage)))
     return report_of(study, name, options, fingerprint, tuner, fit, written)
 
 
 
-def write_tuned_calibration(path: Path, fit: FitReport, tuner: _Tuner, study_name: str) -> Path:
-    """The fit as a calibration profile (planner.calibrate's format) with the trials it came from."""
+def write_tuned_calibration(path: Path, fit: FitReport, tuner: _Tuner, study_name: str, storage: str) -> Path:
+    """The fit (and any OOM reserve) as a user calibration profile (`profiles.load_calibration`'s format),
+    with the trials it came from and the study, written whole."""
     from planner.calibrate.profile import user_calibration_document, write_calibration_profile
 
     trials = [{"trial": r.number, "strategy": r.label, "measured_step_s": round(r.measured_step_s, 6),
                "weight": r.weight} for r in tuner.trial_runs()]
-    values = tuner.values
     doc = user_calibration_document(
-        values, fit="meshplan tune", method="least squares (soft-L1 on log step-time errors, busy-host trials "
-        "weighted down) over the study's ok trials",
+        tuner.values, fit="meshplan tune", method="least squares (soft-L1 on log step-time errors, busy-host trials "
+        "weighted down) over the study's ok trials; framework_reserve_gib raised after an OOM",
         fitted_on=f"study {study_name}: trials " + ", ".join(str(t["trial"]) for t in trials),
-        standard_errors=fit.standard_errors,
+        standard_errors={k: v for k, v in fit.standard_errors.items() if k in tuner.values},
         residuals=[{"row": f"trial {n}", "error": round(e, 4)} for n, e in fit.after.items()],
         gpu=tuner.base.gpu.name, cluster=tuner.base.name,
-        extra={"trials": trials, "not_identified": fit.not_identified,
-               "residuals_before": [{"row": f"trial {n}", "error": round(e, 4)} for n, e in fit.before.items()]})
-    return write_calibration_profile(path, doc, keep=())
+        extra={"trials": trials, "study": {
+            "name": study_name, "storage": storage, "not_identified": fit.not_identified,
+            "residuals_before": [{"row": f"trial {n}", "error": round(e, 4)} for n, e in fit.before.items()]}})
+    return write_calibration_profile(path, doc, kind="user")
 
 
 def report_of(study: optuna.Study, name: str, options: TuneOptions, fingerprint: dict[str, Any], tuner: _Tuner,

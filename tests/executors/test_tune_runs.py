@@ -16,7 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from services import dashboard_server, dashboard_trials, postgres_server, skip_without_postgres
+from services import dashboard_server, dashboard_trials, postgres_server, requires_postgres
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.executor, pytest.mark.slow]
@@ -116,11 +116,13 @@ def test_optuna_dashboard_serves_the_study(finished):
     with dashboard_server(storage) as base:
         trials = dashboard_trials(base, "tiny")
     by_number = {t["number"]: t for t in trials}
-    for t in measured(load(storage)):
+    runs = measured(load(storage))
+    assert runs
+    for t in runs:  # the dashboard's API gives user attributes as key / string-value entries
         served = by_number[t.number]
-        attrs = {a["key"]: a["value"] for a in served["user_attrs"]} if isinstance(served["user_attrs"], list) \
-            else served["user_attrs"]
-        assert "label" in attrs and "predicted_step_s" in attrs
+        attrs = {a["key"]: a["value"] for a in served["user_attrs"]}
+        assert attrs["label"] == t.user_attrs["label"] and attrs["status"] == t.user_attrs["status"]
+        assert float(attrs["predicted_step_s"]) == pytest.approx(t.user_attrs["predicted_step_s"])
 
 
 def _wait_for(predicate, timeout_s: float, what: str):
@@ -209,7 +211,7 @@ def test_two_workers_share_a_sqlite_study(tmp_path):
     _two_workers(f"sqlite:///{tmp_path}/tune.db")
 
 
-@skip_without_postgres
+@requires_postgres
 def test_two_workers_share_a_postgresql_study(tmp_path):
     with postgres_server(tmp_path) as url:
         _two_workers(url)

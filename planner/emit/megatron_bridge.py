@@ -149,8 +149,12 @@ def overrides(plan: Plan) -> dict[str, Any]:
 def _mixed_precision_recipe(train) -> str:
     """The Megatron-Bridge mixed-precision recipe of the plan's precision (and FP8 scaling), refused where the
     recipe would set an FP8 parameter handling other than the plan's."""
-    if train.precision != "fp8":
+    if train.precision in MIXED_PRECISION:
         return MIXED_PRECISION[train.precision]
+    if train.precision != "fp8":
+        raise NotExpressibleError(FRAMEWORK, f"precision {train.precision!r}; the emitter writes one of "
+                                             "Megatron-Bridge's mixed-precision recipes (bf16, fp16, fp8), and "
+                                             "writes no all-fp32 configuration")
     if train.fp8_recipe not in FP8_MIXED_PRECISION:
         raise NotExpressibleError(FRAMEWORK, f"fp8_recipe {train.fp8_recipe!r}; Megatron-Bridge's current-scaling "
                                              "recipe keeps the first and last layer in bf16, which the plan does not cost")

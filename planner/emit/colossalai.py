@@ -58,7 +58,7 @@ FRAMEWORK = "Colossal-AI"
 RUNS = "colossalai"  # the TrainSpec.framework whose costs describe the plugin's run
 CONFIG_PATH = "colossalai_plugin.json"
 #: planner precision -> Colossal-AI `precision` and `use_fp8`
-_PRECISION = {"bf16": ("bf16", False), "fp16": ("fp16", False), "fp8": ("bf16", True)}
+_PRECISION = {"bf16": ("bf16", False), "fp16": ("fp16", False), "fp8": ("bf16", True), "fp32": ("fp32", False)}
 #: grad_precision -> torch dtype name for `communication_dtype`
 _DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 #: data structures the snippet constructs from JSON (class name -> import)
@@ -97,6 +97,11 @@ def plugin_spec(plan: Plan) -> dict[str, Any]:
         _grad_note(f, notes, "Gemini reduces gradients in the compute dtype")
     else:
         plugin, kwargs = "HybridParallelPlugin", _hybrid_kwargs(f, precision, notes)
+    if precision == "fp32" and (plugin == "GeminiPlugin" or kwargs.get("zero_stage", 0) > 0):
+        # GeminiPlugin takes fp16 / bf16 only; the hybrid plugins assert a mixed precision with ZeRO
+        raise NotExpressibleError(FRAMEWORK, f"precision 'fp32' with zero_stage {s.zero_stage}: {plugin} runs ZeRO "
+                                             "only in fp16 or bf16 (LowLevelZeroPlugin, ZeRO-1/2 without tp/pp, "
+                                             "takes fp32)")
     if t.attention_kernel == "flash1":
         notes.append("attention_kernel flash1: the plan is timed with FlashAttention v1 (or a Triton kernel of its "
                      "era); Colossal-AI's flash attention runs FlashAttention-2 or newer and may run faster than planned")

@@ -1,11 +1,16 @@
-"""Runs measured on a busy host: the load rule and the step spread (no torch)."""
+"""Runs measured on a busy host: the load rule, the step spread, and the flags `meshplan validate`
+reports (no torch: the runs are folded from made-up rank results, the load average is made up)."""
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 
 import pytest
 
+import executors.validate as validate_mod
+from executors import host_load
 from executors.host_load import (
     LOAD_MARGIN,
     RecentRuns,
@@ -14,7 +19,12 @@ from executors.host_load import (
     spread_too_wide,
     step_spread,
 )
+from executors.launcher import ProcessOutcome, fold
+from executors.results import ParityReference, RankResult
 from planner.errors import SpecError
+from planner.specs import Strategy
+
+from executor_fixtures import TINY, TRAIN
 
 
 # ---- the rule --------------------------------------------------------------------------------
@@ -162,6 +172,140 @@ def test_spread_too_wide_against_the_band():
     assert not spread_too_wide(None, 0.0, 0.0)
     with pytest.raises(SpecError, match=r"^band_low \(0.1\) must not exceed band_high \(-0.1\)"):
         spread_too_wide(0.1, 0.1, -0.1)
+
+
+# ---- validate: flags, summary, quiet median, warning ------------------------------------------
+
+QUIET_STEPS = [0.010, 0.011, 0.012]
+BUSY_STEPS = [0.030, 0.045, 0.060]
+
+
+def _fake_launch(cfg, run_dir, on_progress=None):
+    """The run as the launcher folds it, from made-up rank results (the second plan's steps are slower)."""
+    times = QUIET_STEPS if cfg.strategy.zero_stage == 0 else BUSY_STEPS
+    ranks = [RankResult(rank=r, status="ok", losses=[5.0, 4.9], step_times_s=times, peak_memory_bytes=1e6)
+             for r in range(cfg.num_gpus)]
+    return fold(cfg, ranks, ProcessOutcome(return_code=0, timed_out=False, wall_s=0.1, stderr_tail=""))
+
+
+class _Clock:
+    """validate's `time` module, advanced by the made-up launches instead of the wall clock."""
+
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+
+def _validate(monkeypatch, tmp_path, loads, run_s=0.0, reference_s=0.0, clock=None, own_runs=None):
+    """validate_strategies over two plans with made-up launches of run_s (reference: reference_s)
+    seconds each, and `loads` as the load averages sampled (before, after) around each run; a new
+    clock and no earlier runs of this process unless given."""
+    clock = clock or _Clock()
+    monkeypatch.setattr(validate_mod, "time", clock)
+
+    def launch(cfg, run_dir, on_progress=None):
+        clock.now_s += run_s
+        return _fake_launch(cfg, run_dir, on_progress)
+
+    def launch_reference(cfg, run_dir):
+        clock.now_s += reference_s
+        return ParityReference(losses=[5.0, 4.9], learning_rate=0.1), ""
+
+    samples = iter(loads)
+    monkeypatch.setattr(host_load, "OWN_RUNS", own_runs or RecentRuns())
+    monkeypatch.setattr(host_load, "sample_load", lambda: next(samples))
+    monkeypatch.setattr(host_load, "host_cpu_count", lambda: 2)
+    monkeypatch.setattr(validate_mod, "launch", launch)
+    monkeypatch.setattr(validate_mod, "launch_reference", launch_reference)
+    from profiles import load_cluster
+
+    options = validate_mod.ValidateOptions(device="cpu", work_dir=tmp_path)
+    return validate_mod.validate_strategies([Strategy(dp=2, zero_stage=0), Strategy(dp=2, zero_stage=1)], TINY,
+                                            load_cluster("local-cpu"), TRAIN, 2, options)
+
+
+def test_validate_flags_the_run_taken_on_a_busy_host(monkeypatch, tmp_path):
+    report = _validate(monkeypatch, tmp_path, [0.2, 1.1, 7.9, 8.1])  # before/after run 1, then run 2
+    quiet, busy = report.comparisons
+    assert [c.outcome for c in report.comparisons] == ["ok", "ok"]
+    assert not quiet.busy and quiet.host_load.load_before == 0.2 and quiet.host_load.cores_in_use == 2
+    assert busy.busy and busy.host_load.reason.startswith("load average 7.9 before and 8.1 after the run on 2 cores")
+    assert report.runs[1].host_load == busy.host_load
+    assert quiet.step_spread == pytest.approx(0.002 / 0.011) and busy.step_spread == pytest.approx(0.030 / 0.045)
+    assert report.host.model_dump() == {"cpu_count": 2, "max_load": 8.1, "num_runs_sampled": 2, "num_busy_runs": 1}
+    errors = [abs(c.step_time_error) for c in report.comparisons]
+    assert report.median_abs_step_time_error == pytest.approx(statistics.median(errors))  # still over all ok runs
+    assert report.median_abs_step_time_error_quiet == pytest.approx(errors[0])
+    assert report.median_abs_step_time_error_quiet != report.median_abs_step_time_error
+
+
+def test_the_cli_warns_of_the_busy_run_in_every_format(monkeypatch, tmp_path, capsys):
+    from planner.cli.common import Format
+    from planner.cli.validate_cmd import emit_report
+
+    report = _validate(monkeypatch, tmp_path, [0.2, 1.1, 7.9, 8.1])
+    emit_report(report, Format.json)
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert [c["busy"] for c in data["comparisons"]] == [False, True]
+    assert data["host"]["num_busy_runs"] == 1 and data["median_abs_step_time_error_quiet"] is not None
+    assert data["median_abs_step_time_error"] == report.median_abs_step_time_error  # the old field stays
+    warning = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1, err
+    assert "1 of 2 runs were measured on a busy host (load average up to 8.1 on 2 cores)" in warning[0]
+    assert "inflated their step times" in warning[0] and "overstate the model's" in warning[0]
+    assert f"over the quiet runs: {100 * report.median_abs_step_time_error_quiet:.1f}%" in warning[0]
+
+    emit_report(report, Format.table)
+    out, err = capsys.readouterr()
+    assert "#2 busy host: load average 7.9 before and 8.1 after the run" in out
+    assert "median |step-time error| of the runs on a quiet host:" in out
+    assert "warning: 1 of 2 runs were measured on a busy host" in err
+
+    emit_report(report, Format.csv)
+    out, err = capsys.readouterr()
+    header, first, second = out.strip().splitlines()[:3]
+    assert "busy" in header.split(",") and first.split(",")[header.split(",").index("busy")] == "False"
+    assert second.split(",")[header.split(",").index("busy")] == "True"
+    assert "warning: 1 of 2 runs" in err
+
+
+def test_no_warning_on_a_quiet_host(monkeypatch, tmp_path, capsys):
+    from planner.cli.common import Format
+    from planner.cli.validate_cmd import emit_report
+
+    report = _validate(monkeypatch, tmp_path, [0.2, 1.1, 0.4, 1.8])  # made-up runs take no time: nothing to discount
+    assert report.host.num_busy_runs == 0 and not any(c.busy for c in report.comparisons)
+    assert report.median_abs_step_time_error_quiet == report.median_abs_step_time_error
+    emit_report(report, Format.table)
+    out, err = capsys.readouterr()
+    assert "busy" not in err and "busy host" not in out and "quiet host" not in out
+
+
+def test_validate_discounts_its_own_earlier_runs_from_the_load_before_a_run(monkeypatch, tmp_path):
+    """A 10-s reference and a 30-s run on both cores leave ~0.97 of the load average before the
+    second run: a load of 1.0 there is this validation's own, 1.6 is other work besides."""
+    own = (2 * (1 - math.exp(-10 / 60)) * math.exp(-30 / 60)) + 2 * (1 - math.exp(-30 / 60))
+    report = _validate(monkeypatch, tmp_path, [0.2, 1.1, 1.0, 1.8], run_s=30.0, reference_s=10.0)
+    first, second = report.comparisons
+    assert first.host_load.own_load_before == pytest.approx(2 * (1 - math.exp(-10 / 60)))
+    assert second.host_load.own_load_before == pytest.approx(own)
+    assert not second.busy and report.host.num_busy_runs == 0
+    report = _validate(monkeypatch, tmp_path, [0.2, 1.1, 1.6, 1.8], run_s=30.0, reference_s=10.0)
+    busy = report.comparisons[1]
+    assert busy.busy and "(1.0 of it this process's earlier runs)" in busy.host_load.reason
+
+
+def test_a_validation_right_after_another_discounts_the_earlier_ones_runs(monkeypatch, tmp_path):
+    """One record per process (host_load.OWN_RUNS): the second validation's first run starts 10 s
+    (its reference) after the first validation's two 30-s runs and is not taken for a busy host."""
+    clock, own_runs = _Clock(), RecentRuns()
+    _validate(monkeypatch, tmp_path / "a", [0.2, 1.1, 1.0, 1.8], 30.0, 10.0, clock, own_runs)
+    report = _validate(monkeypatch, tmp_path / "b", [1.4, 1.9, 1.9, 2.0], 30.0, 10.0, clock, own_runs)
+    assert report.comparisons[0].host_load.own_load_before > 1.2
+    assert report.host.num_busy_runs == 0
 
 
 def test_recent_runs_forget_runs_ten_time_constants_past():

@@ -13,7 +13,11 @@ plan among the predicted top 2.
 The machine is shared and small, so every plan is run `--repeats` times (in
 rounds, so that a burst of load from other processes hits one round, not one
 plan) and the round with the fastest median step is kept: interference only
-ever adds time. The load average before and after is printed with the table.
+ever adds time. The load average before and after is printed with the table,
+and per round the load around its runs (executors.host_load); a run measured
+while other processes competed for its cores is marked busy (`*` after its time
+in the rounds column, `busy` in the host column), and the median step-time error
+is printed again over the kept runs that were not busy.
 
 `--moe` runs an MoE variant (layers 1-3 with 4 experts of width 1024, top-2) and
 its best plans with ep = 2, without ep (every expert on every rank) and with pp = 2.
@@ -110,24 +114,30 @@ def print_table(report: ValidationReport, why: list[str], rounds: list[Validatio
     print(f"\n{MODEL.name}: {MODEL.num_layers} layers, hidden {MODEL.hidden_size}, vocab {MODEL.vocab_size}; "
           f"{NUM_RANKS} ranks, global batch {GLOBAL_BATCH} x {SEQ_LEN} tokens, fp32, cluster {report.cluster}")
     head = (f"{'#':>2} {'strategy':34} {'why':26} {'outcome':8} {'pred (s)':>9} {'meas (s)':>9} {'err':>6} "
-            f"{'rounds (s)':>16} {'pred MiB':>9} {'meas MiB':>9} {'err':>6} {'rank p/m':>8} parity")
+            f"{'rounds (s)':>18} {'pred MiB':>9} {'meas MiB':>9} {'err':>6} {'rank p/m':>8} parity host")
     print(head)
     print("-" * len(head))
     for i, c in enumerate(report.comparisons):
-        per_round = "/".join(f"{r.comparisons[i].measured_step_time_s:.2f}" if r.comparisons[i].measured_step_time_s
-                             else "-" for r in rounds)
+        per_round = "/".join(_round_time(r.comparisons[i]) for r in rounds)
         err = "-" if c.step_time_error is None else f"{100 * c.step_time_error:+.0f}%"
         merr = "-" if c.memory_error is None else f"{100 * c.memory_error:+.0f}%"
         parity = "-" if c.parity is None else ("pass" if c.parity.passed else "FAIL")
         print(f"{i + 1:>2} {c.label:34} {why[i][:26]:26} {c.outcome:8} {c.predicted_step_time_s or 0:9.3f} "
-              f"{c.measured_step_time_s or 0:9.3f} {err:>6} {per_round:>16} {(c.predicted_memory_bytes or 0) / mib:9.0f} "
+              f"{c.measured_step_time_s or 0:9.3f} {err:>6} {per_round:>18} "
+              f"{(c.predicted_memory_bytes or 0) / mib:9.0f} "
               f"{(c.measured_memory_bytes or 0) / mib:9.0f} {merr:>6} {c.predicted_rank or '-'!s:>3}/{c.measured_rank or '-'!s:<4} "
-              f"{parity}")
+              f"{parity:6} {'-' if c.host_load is None else ('busy' if c.busy else 'quiet')}")
         if c.outcome != "ok":
             print(f"   {c.reason}")
+        if c.busy:
+            print(f"   busy host: {c.host_load.reason}")
     step = report.median_abs_step_time_error
     print(f"\nmedian |step-time error|: {100 * step:.1f}% (target <= {100 * STEP_TARGET:.0f}%: "
           f"{'met' if step <= STEP_TARGET else 'NOT met'})")
+    quiet = report.median_abs_step_time_error_quiet
+    print("median |step-time error| over the kept runs on a quiet host: "
+          + ("-" if quiet is None else f"{100 * quiet:.1f}%")
+          + (f" ({report.host.num_busy_runs} of {report.host.num_runs_sampled} kept runs busy)" if report.host else ""))
     print(f"median |memory error|: {100 * (report.median_abs_memory_error or 0):.1f}%")
     print(f"measured best: {report.measured_best} (predicted rank {report.measured_best_predicted_rank} of the ok "
           f"plans; in predicted top 2: {'yes' if report.measured_best_in_predicted_top2 else 'NO'})")
@@ -171,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                                              f"{run.step_time_s or 0:.3f} s", file=sys.stderr, flush=True)))
     report = fastest_rounds(rounds)
     print_table(report, why, rounds)
+    for r, rnd in enumerate(rounds, start=1):
+        print(round_load(r, rnd))
     load_after = os.getloadavg()
     print(f"load average (1 min) before/after: {load_before[0]:.2f}/{load_after[0]:.2f}; "
           f"wall time {time.perf_counter() - start:.0f} s; median round-to-round spread "
@@ -178,6 +190,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(report.model_dump(mode="json"), indent=1))
     return 0
+
+
+def _round_time(c) -> str:
+    """A run's measured step in the rounds column, `*` when it was measured on a busy host."""
+    if not c.measured_step_time_s:
+        return "-"
+    return f"{c.measured_step_time_s:.2f}" + ("*" if c.busy else "")
+
+
+def round_load(index: int, report: ValidationReport) -> str:
+    """One round's load: the 1-minute load average before and after each run, and its busy runs."""
+    loads = [c.host_load for c in report.comparisons if c.host_load is not None]
+    if not loads:
+        return f"round {index}: no run launched"
+    per_run = ", ".join(f"{h.load_before:.1f}->{h.load_after:.1f}{'*' if h.busy else ''}" for h in loads)
+    host = report.host
+    return (f"round {index}: load average before->after each run (* busy) {per_run} on {host.cpu_count} cores; "
+            f"{host.num_busy_runs} of {host.num_runs_sampled} runs busy; median |step-time error| "
+            + ("-" if report.median_abs_step_time_error is None else f"{100 * report.median_abs_step_time_error:.1f}%")
+            + ", over quiet runs "
+            + ("-" if report.median_abs_step_time_error_quiet is None
+               else f"{100 * report.median_abs_step_time_error_quiet:.1f}%"))
 
 
 def _spread(rounds: list[ValidationReport]) -> float:

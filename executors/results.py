@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from executors.host_load import HostLoad
 from planner.errors import SpecError
 from planner.specs import ModelSpec, Strategy, TrainSpec
 
@@ -189,6 +190,9 @@ class RunResult(BaseModel):
     stderr_tail: str = Field("", description="Last lines of the run's stderr when it did not end ok.")
     wall_s: float = Field(0.0, description="Wall time of the whole launch, seconds.")
     notes: list[str] = Field(default_factory=list, description="Deviations of the run from the plan.")
+    host_load: HostLoad | None = Field(None, description="The host's load around the launch and whether other work "
+                                       "competed for the run's cores (executors.host_load); None when the run was "
+                                       "not launched here (unsupported, or started outside meshplan).")
 
 
 #: Messages by which torch, the CUDA caching allocator and the host report running out of memory.

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import re
 import shlex
+import time
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from executors import host_load
 from executors.compare import PlanComparison, ValidationReport, compare_one, rank_and_summarise
 from executors.footprint import Footprint, host_budget_bytes, reference_footprint, refusal, run_footprint
 from executors.launcher import (
@@ -265,6 +267,14 @@ def memory_refusals(items: list[dict[str, Any]], cluster: ClusterSpec, train: Tr
     return out
 
 
+def run_cores(cfg: RunConfig, num_ranks: int, cpu_count: int) -> int:
+    """Runnable threads `num_ranks` ranks of `cfg` keep busy on this host (executors.host_load): on cpu
+    the worker's threads per rank (RunConfig.num_threads, or cores // local ranks); on cuda one
+    thread per rank, which drives its GPU."""
+    threads = cfg.num_threads if cfg.device == "cpu" else 1
+    return host_load.cores_in_use(num_ranks, threads, cpu_count)
+
+
 def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: ClusterSpec, train: TrainSpec,
                         num_gpus: int, options: ValidateOptions | None = None,
                         progress: Callable[[int, int, RunResult], None] | None = None,
@@ -282,7 +292,12 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
     and SIGTERM stop the running process tree and raise `executors.launcher.Interrupted`; the
     temporary work directory is removed then too (unless `keep_work_dir`). The work directory is
     locked while the runs last (`executors.launcher.work_folder`): a second validation on it gets
-    a SpecError at once."""
+    a SpecError at once.
+
+    The 1-minute load average is sampled before each launch and after its results are folded;
+    a run taken while other processes competed for its cores is flagged busy
+    (`executors.host_load.judge_load`; the load this process's earlier runs left is discounted,
+    `executors.host_load.OWN_RUNS`)."""
     from executors.launcher import signals_raise
 
     options = options or ValidateOptions()
@@ -318,6 +333,8 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
     references = {} if references is None else references
     comparisons: list[PlanComparison] = []
     runs: list[RunResult] = []
+    cpu_count = host_load.host_cpu_count()
+    ours = host_load.OWN_RUNS  # one record for the process: a validation right after another discounts it too
     with work_folder(options.work_dir, TEMP_PREFIX, options.keep_work_dir) as work, signals_raise():
         event("work_dir", {"path": str(work), "kept": options.work_dir is not None or options.keep_work_dir})
         for it in items:
@@ -329,7 +346,9 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
                 key = it["model"].model_dump_json()
                 if key not in references:
                     event("reference", {"label": label})
+                    start = time.monotonic()
                     references[key] = launch_reference(cfg, work / f"reference-{len(references)}")
+                    ours.record(start, time.monotonic(), run_cores(cfg, 1, cpu_count))
                 ref, ref_error = references[key]
                 if ref is None:
                     run = RunResult(label=label, strategy=st, outcome="crashed", reason=ref_error,
@@ -337,8 +356,14 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
                 else:
                     steps = cfg.parity_steps + cfg.warmup_steps + cfg.timed_steps
                     event("launch", {"index": i + 1, "total": len(items), "label": label, "steps": steps})
+                    cores = run_cores(cfg, cfg.num_gpus, cpu_count)
+                    load_before, start = host_load.sample_load(), time.monotonic()
                     run = launch(cfg.with_reference(ref), work / run_dir_name(i, label),
                                  on_progress=lambda p, i=i: event("step", {"index": i + 1, **p}))
+                    end, load_after = time.monotonic(), host_load.sample_load()
+                    run.host_load = host_load.judge_load(load_before, load_after, cores, cpu_count,
+                                                         own_load_before=ours.residual(start))
+                    ours.record(start, end, cores)
             runs.append(run)
             comparisons.append(compare_one(run, it["estimate"]))
             if progress:

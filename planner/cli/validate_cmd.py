@@ -80,7 +80,7 @@ def print_report(report) -> None:
                         f"{report.engine}), global batch {report.train.global_batch_size} x {report.train.seq_len}, "
                         f"{report.train.precision}")
     for col in ("#", "strategy", "outcome", "step pred (s)", "step meas (s)", "step err %", "mem pred (MiB)",
-                "mem meas (MiB)", "mem err %", "rank pred", "rank meas", "parity"):
+                "mem meas (MiB)", "mem err %", "rank pred", "rank meas", "parity", "host"):
         table.add_column(col, justify="left" if col in ("strategy", "outcome") else "right")
     for i, c in enumerate(report.comparisons, start=1):
         parity = "-" if c.parity is None else ("pass" if c.parity.passed else "FAIL")
@@ -88,19 +88,48 @@ def print_report(report) -> None:
                       _pct(c.step_time_error),
                       _num(c.predicted_memory_bytes and c.predicted_memory_bytes / MIB, "{:.0f}"),
                       _num(c.measured_memory_bytes and c.measured_memory_bytes / MIB, "{:.0f}"),
-                      _pct(c.memory_error), _num(c.predicted_rank, "{}"), _num(c.measured_rank, "{}"), parity)
+                      _pct(c.memory_error), _num(c.predicted_rank, "{}"), _num(c.measured_rank, "{}"), parity,
+                      _host(c))
     stdout.print(table)
     for i, c in enumerate(report.comparisons, start=1):
         if c.outcome != "ok":
             stdout.print(f"  #{i} {c.outcome}: {plain(c.reason, MESSAGE_CHARS)}", markup=False, highlight=False)
         for note in c.notes:
             stdout.print(f"  #{i} note: {plain(note, MESSAGE_CHARS)}", markup=False, highlight=False)
+        if c.busy:
+            stdout.print(f"  #{i} busy host: {plain(c.host_load.reason, MESSAGE_CHARS)}", markup=False,
+                         highlight=False)
+        if c.step_spread_exceeds_band:
+            stdout.print(f"  #{i} note: its timed steps spread {100 * c.step_spread:.0f}%, more than the "
+                         "prediction's error band is wide: one run this noisy cannot judge the prediction",
+                         markup=False, highlight=False)
     if report.median_abs_step_time_error is not None:
         stdout.print(f"median |step-time error|: {100 * report.median_abs_step_time_error:.1f}%   "
                      f"median |memory error|: {100 * (report.median_abs_memory_error or 0):.1f}%")
+        if report.host is not None and report.host.num_busy_runs:
+            quiet = report.median_abs_step_time_error_quiet
+            stdout.print("median |step-time error| of the runs on a quiet host: "
+                         + ("none was taken on a quiet host" if quiet is None else f"{100 * quiet:.1f}%"))
         stdout.print(f"measured best: {plain(report.measured_best, MESSAGE_CHARS)} (predicted rank {report.measured_best_predicted_rank}; "
                      f"in predicted top 2: {'yes' if report.measured_best_in_predicted_top2 else 'no'})",
                      markup=False, highlight=False)
+
+
+def _host(c) -> str:
+    return "-" if c.host_load is None else ("busy" if c.busy else "quiet")
+
+
+def busy_warning(report) -> str | None:
+    """One line when any run was measured on a busy host: how many, the load, what it means."""
+    host = report.host
+    if host is None or not host.num_busy_runs:
+        return None
+    quiet = report.median_abs_step_time_error_quiet
+    median = ("no run was taken on a quiet host: rerun on a quiet machine" if quiet is None
+              else f"median |step-time error| over the quiet runs: {100 * quiet:.1f}% (or rerun on a quiet machine)")
+    return (f"{host.num_busy_runs} of {host.num_runs_sampled} runs were measured on a busy host (load average up "
+            f"to {host.max_load:.1f} on {host.cpu_count} cores): other processes inflated their step times, so "
+            f"their step-time errors overstate the model's; {median}")
 
 
 def comparison_row(c) -> dict[str, Any]:
@@ -108,7 +137,8 @@ def comparison_row(c) -> dict[str, Any]:
             "measured_step_time_s": c.measured_step_time_s, "step_time_error": c.step_time_error,
             "predicted_memory_bytes": c.predicted_memory_bytes, "measured_memory_bytes": c.measured_memory_bytes,
             "memory_error": c.memory_error, "predicted_rank": c.predicted_rank, "measured_rank": c.measured_rank,
-            "parity_passed": None if c.parity is None else c.parity.passed, "reason": c.reason}
+            "parity_passed": None if c.parity is None else c.parity.passed, "reason": c.reason,
+            "step_spread": c.step_spread, "busy": c.busy if c.host_load is not None else None}
 
 
 def emit_report(report, fmt: Format) -> None:
@@ -118,6 +148,9 @@ def emit_report(report, fmt: Format) -> None:
         emit_csv([comparison_row(c) for c in report.comparisons])
     else:
         print_report(report)
+    warning = busy_warning(report)
+    if warning:  # on stderr in every format: JSON and CSV carry the flags in their fields
+        stderr.print(f"warning: {plain(warning, MESSAGE_CHARS)}", markup=False, highlight=False)
     failed = [c for c in report.comparisons if c.outcome in FAILED]
     if report.comparisons and all(c.outcome == "unsupported" for c in report.comparisons):
         more = len(report.comparisons) - 1

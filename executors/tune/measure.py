@@ -3,8 +3,8 @@
 A trial is `executors.validate.validate_strategies` on one strategy: the executor runs the
 parity steps (checked against a single-process reference, computed once per process and
 model), drops the warm-up steps, and times `timed_steps` steps; their median is the step time
-and their spread is kept. The host's load average is read before and after
-(`executors.host_load`). A run taken on a busy host, or whose steps spread wider than the
+and their spread is kept. The host's load average is read around the run
+(`executors.host_load`, as `meshplan validate` reads it). A run taken on a busy host, or whose steps spread wider than the
 prediction's error band, is run once more; the faster of the two is kept (other processes
 only ever add time). If the second is still flagged, the measurement counts `BUSY_WEIGHT`
 in the calibration fit.
@@ -16,10 +16,9 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from executors.host_load import cores_in_use, judge_load, sample_load, spread_too_wide, step_spread
 from executors.results import ParityReference
 from executors.validate import ValidateOptions, validate_strategies
-from planner.specs import ClusterSpec, Estimate, ModelSpec, Strategy, TrainSpec
+from planner.specs import ClusterSpec, ModelSpec, Strategy, TrainSpec
 
 BUSY_WEIGHT = 0.25
 """Weight of a measurement still flagged after its repeat, in the calibration fit (its residual
@@ -50,47 +49,38 @@ class Measurement(BaseModel):
 
 def _one(st: Strategy, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, num_gpus: int,
          options: ValidateOptions, label: str, references: dict[str, tuple[ParityReference | None, str]],
-         on_event: Callable[[str, dict[str, Any]], None] | None, band: tuple[float, float] | None) -> Measurement:
-    before = sample_load()
+         on_event: Callable[[str, dict[str, Any]], None] | None) -> Measurement:
+    """One run; its host load and spread as validate judged them (`executors.compare`: the load
+    sampled around the launch itself, this process's own earlier runs discounted)."""
     report = validate_strategies([st], model, cluster, train, num_gpus, options, labels=[label], on_event=on_event,
                                  references=references)
-    after = sample_load()
-    run = report.runs[0]
-    spread = step_spread(run.step_times_s)
-    load = judge_load(before, after, cores_in_use(num_gpus))
-    busy, why = load.busy, load.reason
-    if run.outcome == "ok" and band is not None and spread_too_wide(spread, *band):
+    run, c = report.runs[0], report.comparisons[0]
+    load = c.host_load
+    busy, why = c.busy, (load.reason if load is not None and load.busy else "")
+    if run.outcome == "ok" and c.step_spread_exceeds_band:
         busy = True
-        why = "; ".join(filter(None, [why, f"its {len(run.step_times_s)} timed steps spread {100 * spread:.0f}%, "
-                                           f"wider than the prediction's error band ({100 * band[0]:+.0f}% to "
-                                           f"{100 * band[1]:+.0f}%)"]))
+        why = "; ".join(filter(None, [why, f"its {len(run.step_times_s)} timed steps spread "
+                                           f"{100 * c.step_spread:.0f}%, wider than the prediction's error band"]))
     parity = run.parity.max_rel_error if run.parity is not None else None
     return Measurement(outcome=run.outcome, reason=run.reason, step_s=run.step_time_s,
-                       step_times_s=list(run.step_times_s), spread=spread, peak_memory_bytes=run.peak_memory_bytes,
-                       load_before=before, load_after=after, busy=busy, busy_reason=why, wall_s=run.wall_s,
-                       parity_max_rel_error=parity)
-
-
-def band_of(estimate: Estimate | None) -> tuple[float, float] | None:
-    """The prediction's error band as relative errors (low <= 0 <= high), None without one."""
-    if estimate is None or estimate.step_time_s_low is None or estimate.step_time_s_high is None:
-        return None
-    return estimate.step_time_s_low / estimate.step_time_s - 1, estimate.step_time_s_high / estimate.step_time_s - 1
+                       step_times_s=list(run.step_times_s), spread=c.step_spread,
+                       peak_memory_bytes=run.peak_memory_bytes,
+                       load_before=load.load_before if load is not None else 0.0,
+                       load_after=load.load_after if load is not None else 0.0, busy=busy, busy_reason=why,
+                       wall_s=run.wall_s, parity_max_rel_error=parity)
 
 
 def measure(st: Strategy, model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, num_gpus: int,
             options: ValidateOptions, label: str, references: dict[str, tuple[ParityReference | None, str]],
-            estimate: Estimate | None = None,
             on_event: Callable[[str, dict[str, Any]], None] | None = None, repeat_busy: bool = True) -> Measurement:
     """Run `st` (module docstring), repeated once when the host was busy or the steps spread wider
-    than `estimate`'s band (unless `repeat_busy` is False: then a flagged run is weighted down)."""
-    band = band_of(estimate)
-    first = _one(st, model, cluster, train, num_gpus, options, label, references, on_event, band)
+    than its prediction's error band (unless `repeat_busy` is False: then a flagged run is weighted down)."""
+    first = _one(st, model, cluster, train, num_gpus, options, label, references, on_event)
     if first.outcome != "ok" or not first.busy:
         return first
     if not repeat_busy:
         return first.model_copy(update={"weight": BUSY_WEIGHT})
-    second = _one(st, model, cluster, train, num_gpus, options, label + " (repeat)", references, on_event, band)
+    second = _one(st, model, cluster, train, num_gpus, options, label + " (repeat)", references, on_event)
     if second.outcome != "ok":
         return first.model_copy(update={"repeated": True, "weight": BUSY_WEIGHT,
                                         "busy_reason": first.busy_reason + f"; the repeat ended {second.outcome}"})

@@ -16,7 +16,9 @@ the search space. A worker for another job is refused before it writes anything.
 from __future__ import annotations
 
 import json
+import random
 import re
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ and retried. Four heartbeats: a worker busy launching a run still beats (the hea
 MAX_RETRY = 2
 """Retries of a trial whose worker was killed (its heartbeat stopped). A run that crashed, ran out
 of memory, timed out or failed loss parity ended by itself: it is recorded and never retried."""
+SCHEMA_RACE_TRIES = 5
+"""Attempts to open a storage whose tables another worker is creating at the same moment."""
 SQLITE_TIMEOUT_S = 60
 """How long a SQLite writer waits for another process's lock before it fails."""
 JOB_ATTR = "meshplan_job"
@@ -84,18 +88,41 @@ def open_storage(url: str, heartbeat_interval_s: int = HEARTBEAT_INTERVAL_S,
         engine_kwargs["connect_args"] = {"timeout": SQLITE_TIMEOUT_S}
     else:
         engine_kwargs["pool_pre_ping"] = True
-    try:
-        with warnings.catch_warnings():  # the heartbeat and its retry callback are marked experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval_s,
-                              grace_period=grace_period_s,
-                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY))
-    except ImportError as exc:
-        raise SpecError(f"--storage {masked(url)!r}: its database driver is not installed ({exc}); for PostgreSQL "
-                        "install meshplan[tune] (psycopg)") from None
-    except Exception as exc:  # SQLAlchemy's OperationalError, ArgumentError, ...: say which, in one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecError(f"--storage {masked(url)!r}: cannot open the study storage: {first[:300]}") from None
+    attempt = 1
+    while True:
+        try:
+            return _storage(url, engine_kwargs, heartbeat_interval_s, grace_period_s)
+        except Exception as exc:
+            if attempt >= SCHEMA_RACE_TRIES or not _schema_race(exc):
+                raise _refusal(url, exc) from None
+        attempt += 1
+        time.sleep(random.uniform(0.2, 1.0))  # another worker is creating the tables: then they exist
+
+
+def _schema_race(exc: Exception) -> bool:
+    """Two workers creating Optuna's tables in one database at once: one of them fails on a duplicate
+    catalogue entry (PostgreSQL) or on the schema version row the other wrote first (SQLite, PostgreSQL)."""
+    text = str(exc)
+    return any(words in text for words in ("already exists", "duplicate key value", "UniqueViolation",
+                                           "UNIQUE constraint failed", "database is locked"))
+
+
+def _storage(url: str, engine_kwargs: dict[str, Any], heartbeat_interval_s: int, grace_period_s: int) -> RDBStorage:
+    with warnings.catch_warnings():  # the heartbeat and its retry callback are marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval_s,
+                          grace_period=grace_period_s,
+                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY))
+
+
+def _refusal(url: str, exc: Exception) -> SpecError:
+    """One line naming the storage (password masked) and the first line of what went wrong."""
+    if isinstance(exc, ImportError):
+        return SpecError(f"--storage {masked(url)!r}: its database driver is not installed ({exc}); for PostgreSQL "
+                         "install meshplan[tune] (psycopg)")
+    # SQLAlchemy's OperationalError, ArgumentError, ...: say which, in one line
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return SpecError(f"--storage {masked(url)!r}: cannot open the study storage: {first[:300]}")
 
 
 def job_fingerprint(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, num_gpus: int,

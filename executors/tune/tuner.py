@@ -257,7 +257,7 @@ class _Tuner:
         self.event("trial_start", {"number": trial.number, "label": label, "origin": origin,
                                    "predicted_step_s": now_est.step_time_s})
         m = measure(st, self.model, self.base, self.train, self.num_gpus, self.options.run, f"trial-{trial.number}",
-                    self.references, estimate=now_est, on_event=self.event, repeat_busy=self.options.repeat_busy)
+                    self.references, on_event=self.event, repeat_busy=self.options.repeat_busy)
         return self.record(trial, st, label, m, base_est.step_time_s, now_est)
 
     def record(self, trial: optuna.Trial, st: Strategy, label: str, m: Measurement, base_pred: float, now_est) -> float:

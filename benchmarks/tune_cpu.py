@@ -43,6 +43,10 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.0f}%"
 
 
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=9, help="measured trials")
@@ -77,9 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in report.trials:
         if r.state == "PRUNED":
             continue
-        print(f"{r.number:>3} {r.label[:34]:34} {r.origin[:34]:34} {r.status[:8]:8} {r.predicted_step_s or 0:9.3f} "
-              f"{r.predicted_step_s_calibrated or 0:9.3f} {r.measured_step_s or 0:9.3f} {_pct(r.error):>6} "
-              f"{_pct(r.error_calibrated):>7} {_pct(r.spread):>6} {'yes' if r.busy else 'no'}")
+        spread = "-" if r.spread is None else f"{100 * r.spread:.0f}%"
+        print(f"{r.number:>3} {r.label[:34]:34} {r.origin[:34]:34} {r.status[:8]:8} {_num(r.predicted_step_s):>9} "
+              f"{_num(r.predicted_step_s_calibrated):>9} {_num(r.measured_step_s):>9} {_pct(r.error):>6} "
+              f"{_pct(r.error_calibrated):>7} {spread:>6} {'yes' if r.busy else 'no'}")
     rr = report.reranked_errors
     if rr.get("n"):
         print(f"\nheld out (trials run after a calibration fitted on earlier ones, n={rr['n']:.0f}): median "
@@ -91,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"in sample (final fit on {len(cal.after)} ok trials): median |step-time error| "
               f"{100 * cal.median_abs(cal.before):.1f}% -> {100 * cal.median_abs(cal.after):.1f}%; fitted "
               + ", ".join(f"{k} = {v:.4g}" for k, v in cal.values.items())
+              + (f"; at the bound of its range: {', '.join(cal.at_bound)}" if cal.at_bound else "")
               + (f"; not identified: {', '.join(cal.not_identified)}" if cal.not_identified else ""))
     ok = [r for r in report.trials if r.status == "ok"]
     if ok:

@@ -23,7 +23,7 @@ import statistics
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from planner.calibrate import apply_parameters, fit_parameters
 from planner.calibrate.fit import FitParameter
@@ -71,6 +71,9 @@ class FitReport(BaseModel):
     values: dict[str, float]
     fitted: list[str]
     not_identified: list[str]
+    at_bound: list[str] = Field(default_factory=list, description="Fitted parameters that ended on a bound of "
+                                "their range: the trials ask for more than the parameter can give, a sign of an "
+                                "effect the model does not have (or of a bound too tight).")
     standard_errors: dict[str, float | None]
     before: dict[int, float]
     after: dict[int, float]
@@ -159,9 +162,12 @@ def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> 
 
     fit = fit_parameters(residuals, params, decimals=6)
     values = absolute(fit.values)
+    at_bound = [n for n, prm in zip(chosen, params)
+                if min(abs(fit.values[prm.name] - prm.lower), abs(fit.values[prm.name] - prm.upper))
+                <= 1e-6 * max(1.0, abs(prm.upper))]
     stderr = {n: (None if fit.standard_errors[fit_name(n)] is None else
                   fit.standard_errors[fit_name(n)] * (start[n] if _group(n) in SCALE_BOUNDS else 1.0)) for n in chosen}
-    return FitReport(values=values, fitted=chosen, not_identified=idle, standard_errors=stderr,
+    return FitReport(values=values, fitted=chosen, not_identified=idle, at_bound=at_bound, standard_errors=stderr,
                      before=_errors(runs, cluster, train),
                      after=_errors(runs, apply_parameters(cluster, values), train),
                      converged=fit.converged, message=fit.message)

@@ -150,6 +150,9 @@ def print_report(report) -> None:
         stdout.print(f"calibration on {len(cal.after)} trials: median |step-time error| "
                      f"{100 * cal.median_abs(cal.before):.1f}% before, {100 * cal.median_abs(cal.after):.1f}% after "
                      f"({', '.join(f'{k} = {v:.4g}' for k, v in cal.values.items())})", markup=False, highlight=False)
+        if cal.at_bound:
+            stdout.print(f"  at the bound of its range: {', '.join(cal.at_bound)} (the trials ask for more than it can "
+                         "give: an effect the model lacks)", markup=False, highlight=False)
         if cal.not_identified:
             stdout.print(f"  not identified by these trials (left as profiled): {', '.join(cal.not_identified)}",
                          markup=False, highlight=False)

@@ -17,7 +17,7 @@ from planner.emit import ds_config, emit, megatron_args, omissions
 PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
              "--seq-len", "4096"]
 # Frozen `emit` surface: extend it, never rename (users' scripts depend on it).
-FROZEN_EMIT = ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--cluster",
+FROZEN_EMIT = ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--calibration", "--cluster",
                "--constraint", "--constraints", "--cross-entropy-fusion", "--cross-entropy-fusion-impl",
                "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",
                "--grad-precision", "--headroom", "--job-name", "--launch-for", "--master-port", "--model",

@@ -7,8 +7,10 @@ groups use, the fraction of communication that overlaps compute, and the fixed c
 In a group the first field that moves any trial's prediction is fitted (on a GPU with kernel
 tables the sustained fraction of their throughput, without tables the GEMM efficiency; the
 intra-node tier on one node); a field that moves none is left as it is and reported as not
-identified. At most n - 1 parameters are fitted on n trials: the groups whose probe moved the
-predictions most come first. Each trial's residual is weighted by sqrt(weight) (`measure.BUSY_WEIGHT` for
+identified. The fitted set is chosen by forward selection: the parameter whose fit lowers the
+weighted mean |log error| most first, then the next while it lowers it by `MIN_GAIN` or more, at
+most `MAX_FITTED` and at most n - 1 on n trials (a tiny model's steps are kernel overhead, a large
+one's compute: the data say which). Each trial's residual is weighted by sqrt(weight) (`measure.BUSY_WEIGHT` for
 a measurement taken on a busy host). The compute and bandwidth parameters are fitted as scale
 factors of the present values (the engine's steps are relative), and written as values.
 
@@ -47,6 +49,11 @@ PROBE_FACTOR = 0.8
 PROBE_MIN_CHANGE = 0.005
 MIN_FIT_TRIALS = 2
 """Fewest ok trials a fit needs (one parameter on two trials)."""
+MAX_FITTED = 3
+"""Most parameters one fit moves."""
+MIN_GAIN = 0.1
+"""Forward selection adds a parameter only if it lowers the weighted mean |log error| by at least this
+share: a smaller gain is what any extra free parameter buys on noisy measurements."""
 OOM_MARGIN = 0.02
 """After an OOM the reserve leaves the failed strategy this share of the GPU's memory short of fitting."""
 
@@ -108,18 +115,17 @@ def identified_fields(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSp
     """Per group, the first field that moves a prediction (`PROBE_FACTOR`), and the groups' fields that
     were probed and moved nothing."""
     base = predictions(runs, cluster, train)
-    chosen: list[tuple[float, str]] = []
-    idle = []
+    chosen, idle = [], []
     for fields in PARAMETER_GROUPS.values():
         for name in fields:
             value = current_value(cluster, name)
             probe = value * PROBE_FACTOR if value > 0 else 0.5
             moved = float(np.max(np.abs(predictions(runs, apply_parameters(cluster, {name: probe}), train) / base - 1)))
             if moved > PROBE_MIN_CHANGE:
-                chosen.append((moved, name))
+                chosen.append(name)
                 break
             idle.append(name)
-    return [name for _, name in sorted(chosen, reverse=True)], idle
+    return chosen, idle
 
 
 def _group(name: str) -> str:
@@ -127,14 +133,51 @@ def _group(name: str) -> str:
 
 
 def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> FitReport | None:
-    """Fit the identified parameters on `runs` (module docstring); None with fewer than
-    `MIN_FIT_TRIALS` runs or nothing identified."""
+    """Fit the identified parameters on `runs` (module docstring), chosen by forward selection; None
+    with fewer than `MIN_FIT_TRIALS` runs or nothing identified."""
     if len(runs) < MIN_FIT_TRIALS:
         return None
-    chosen, idle = identified_fields(runs, cluster, train)
-    chosen = chosen[:len(runs) - 1]
-    if not chosen:
+    candidates, idle = identified_fields(runs, cluster, train)
+    if not candidates:
         return None
+    chosen: list[str] = []
+    best: tuple[float, _Fit] | None = None
+    while candidates and len(chosen) < min(MAX_FITTED, len(runs) - 1):
+        tries = [(_score(fit, runs), name, fit) for name in candidates
+                 for fit in [_fit(runs, cluster, train, [*chosen, name])]]
+        score, name, fit = min(tries, key=lambda t: t[0])
+        if best is not None and score > best[0] * (1 - MIN_GAIN):
+            break  # one more parameter would only chase noise
+        chosen.append(name)
+        candidates.remove(name)
+        best = (score, fit)
+    assert best is not None
+    fit = best[1]
+    values = fit.values
+    return FitReport(values=values, fitted=chosen, not_identified=idle, at_bound=fit.at_bound,
+                     standard_errors=fit.standard_errors, before=_errors(runs, cluster, train),
+                     after=_errors(runs, apply_parameters(cluster, values), train), converged=fit.converged,
+                     message=fit.message)
+
+
+class _Fit(BaseModel):
+    values: dict[str, float]
+    standard_errors: dict[str, float | None]
+    at_bound: list[str]
+    residuals: list[float]
+    converged: bool
+    message: str
+
+
+def _score(fit: _Fit, runs: list[TrialRun]) -> float:
+    """Weighted mean |log error| of a fit: what forward selection minimises."""
+    weights = np.array([r.weight for r in runs])
+    return float(np.sum(np.abs(fit.residuals)) / np.sum(np.sqrt(weights)))
+
+
+def _fit(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec, chosen: list[str]) -> _Fit:
+    """The package's robust least squares over `chosen` (compute, bandwidth and overhead as scale
+    factors of the present values, the overlap as a value)."""
     start = {n: current_value(cluster, n) for n in chosen}
 
     def fit_name(name: str) -> str:  # a scale factor is its own name: the engine must not convert its unit
@@ -161,16 +204,13 @@ def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> 
         return weights * np.log(pred / measured)
 
     fit = fit_parameters(residuals, params, decimals=6)
-    values = absolute(fit.values)
     at_bound = [n for n, prm in zip(chosen, params)
                 if min(abs(fit.values[prm.name] - prm.lower), abs(fit.values[prm.name] - prm.upper))
                 <= 1e-6 * max(1.0, abs(prm.upper))]
     stderr = {n: (None if fit.standard_errors[fit_name(n)] is None else
                   fit.standard_errors[fit_name(n)] * (start[n] if _group(n) in SCALE_BOUNDS else 1.0)) for n in chosen}
-    return FitReport(values=values, fitted=chosen, not_identified=idle, at_bound=at_bound, standard_errors=stderr,
-                     before=_errors(runs, cluster, train),
-                     after=_errors(runs, apply_parameters(cluster, values), train),
-                     converged=fit.converged, message=fit.message)
+    return _Fit(values=absolute(fit.values), standard_errors=stderr, at_bound=at_bound,
+                residuals=list(fit.residuals), converged=fit.converged, message=fit.message)
 
 
 def reserve_after_oom(cluster: ClusterSpec, estimate: Estimate) -> float:

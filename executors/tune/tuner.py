@@ -36,7 +36,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, Field
 
 from executors.results import ParityReference
-from executors.support import executed_model
+from executors.support import executed_model, unsupported_reasons
 from executors.tune.feedback import (
     MIN_FIT_TRIALS,
     FitReport,
@@ -181,6 +181,7 @@ class _Tuner:
         self.study, self.space, self.pool, self.model = study, space, pool, model
         self.base, self.train, self.num_gpus, self.options, self.event = cluster, train, num_gpus, options, on_event
         self.references: dict[str, tuple[ParityReference | None, str]] = {}
+        self.device = resolve_device(options.run.device)
         self.idle = 0
         self.stopped = "the trial budget is reached"
         self.fits_seen = len([t for t in measured_trials(study) if t.user_attrs.get("status") == "ok"])
@@ -240,6 +241,9 @@ class _Tuner:
         if not now_est.fits:
             why = "; ".join(now_est.reasons) or "does not fit"
             self.skip(trial, label, "not run", f"the cost model says it cannot run: {why}")
+        cannot = unsupported_reasons(run_model, self.train, st, self.device, self.options.run.hsdp_replicate)
+        if cannot:
+            self.skip(trial, label, "not run", "the executor cannot run it: " + "; ".join(cannot))
         other = self.taken_by(key, trial.number)
         if other is not None:
             what = "is being measured" if other.state == TrialState.RUNNING else "was measured"

@@ -69,15 +69,20 @@ def _options(run_timeout_s: float, **kw: Any):
 
 
 class _Progress:
-    """Live progress on stderr: the current trial, the best so far, predicted against measured."""
+    """Live progress on stderr: the current trial, the best so far, predicted against measured; on a
+    terminal the running trial's steps as a bar (planner.cli.progress), elsewhere plain lines."""
 
-    def __init__(self) -> None:
-        self.live = None
+    def __init__(self, runs) -> None:
+        self.runs = runs  # planner.cli.progress.RunProgress: the bar of the running trial's steps
 
     def line(self, text: str) -> None:
-        stderr.print(plain(text, MESSAGE_CHARS), markup=False, highlight=False)
+        self.runs.line(text)
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind in ("work_dir", "launch", "step"):
+            if kind != "launch" or self.runs.live is not None:  # piped: the trial's own lines say enough
+                self.runs.event(kind, data)
+            return
         if kind == "study":
             what = (f"resumed, {data['measured']} of {data['budget']} trials measured" if data["resumed"]
                     else f"new, budget {data['budget']} trials")
@@ -124,8 +129,8 @@ def print_report(report) -> None:
                 "mem pred (MiB)", "mem meas (MiB)", "tokens/s"):
         table.add_column(col, justify="left" if col in ("strategy", "origin", "status") else "right")
     for r in report.trials:
-        if r.status in ("", "not run") and r.state == "PRUNED":
-            continue
+        if r.state in ("WAITING", "PRUNED") and r.status in ("", "not run"):
+            continue  # queued for a later run, or a proposal that did not run (counted below)
         status = r.status + (" (busy)" if r.busy else "") if r.status else r.state.lower()
         table.add_row(str(r.number), shown(r.label, MESSAGE_CHARS), shown(r.origin), shown(status),
                       _num(r.predicted_step_s), _num(r.measured_step_s), _pct(r.error), _pct(r.error_calibrated),
@@ -138,6 +143,11 @@ def print_report(report) -> None:
     if skipped:
         stdout.print(f"{len(skipped)} proposals not run (do not fit, make no strategy, or already tried)",
                      markup=False, highlight=False)
+    queued = [r for r in report.trials if r.state == "WAITING"]
+    if queued:
+        stdout.print(f"{len(queued)} candidates queued in the study for a larger --trials: "
+                     + ", ".join(f"#{r.number} ({plain(r.origin)})" for r in queued[:8]), markup=False,
+                     highlight=False)
     for r in report.trials:
         if r.state == "FAIL" and r.reason:
             stdout.print(f"  trial {r.number} {r.status}: {plain(r.reason, MESSAGE_CHARS)}", markup=False,
@@ -263,18 +273,23 @@ def tune_cmd(
         args = [str(w) for flag, value in flags if value is not None for w in (flag, value)]
         sys.stdout.write(slurm_workers_script(args, slurm_workers, load_cluster(cluster).gpus_per_node, storage))
         return
-    progress = _Progress()
-    try:
-        report = tune(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
-                      seq_len=seq_len, precision=precision.value, constraints=parse_constraints(constraint, constraints),
-                      calibration=calibration, options=options, on_event=progress.event,
-                      **train_options(grad_precision, attention_kernel, optimizer))
-    except Interrupted as exc:
-        raise ExitWith(exc.exit_code, f"{exc}: the running trial's processes stopped; finished trials are kept in "
-                                      "the study (rerun the same command to resume)") from None
+    from planner.cli.progress import run_progress
+
+    with run_progress() as runs:
+        progress = _Progress(runs)
+        try:
+            report = tune(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
+                          seq_len=seq_len, precision=precision.value,
+                          constraints=parse_constraints(constraint, constraints), calibration=calibration,
+                          options=options, on_event=progress.event,
+                          **train_options(grad_precision, attention_kernel, optimizer))
+        except Interrupted as exc:
+            raise ExitWith(exc.exit_code, f"{exc}: the running trial's processes stopped; finished trials are kept "
+                                          "in the study (rerun the same command to resume)") from None
     if emit_dir is not None and report.best_configs:
         written = write_configs(emit_dir, report.best_configs)
-        progress.line(f"best plan's configs written: {', '.join(p.name for p in written)}")
+        stderr.print(f"best plan's configs written: {', '.join(p.name for p in written)}", markup=False,
+                     highlight=False)
     if fmt is TuneFormat.json:
         emit_json(report.model_dump(mode="json"))
     else:

@@ -186,6 +186,8 @@ class _Tuner:
         self.stopped = "the trial budget is reached"
         self.fits_seen = len([t for t in measured_trials(study) if t.user_attrs.get("status") == "ok"])
         self.last_fit: FitReport | None = None
+        self.given_values: dict[str, float] = {}  # the --calibration the study started from
+        self.given_source = ""
 
     # ---- calibration state (shared through the study) ----
     @property
@@ -428,6 +430,11 @@ def tune(model: str | ModelSpec, cluster: str | ClusterSpec, num_gpus: int, glob
         study.set_user_attr(SPACE_ATTR, space.to_attr())
     tuner = _Tuner(study, space, pool, spec_model, spec_cluster, train, num_gpus, options, event)
     tuner.constraints, tuner.train_options = constraints, train_options
+    if calibration is not None:  # what the written profile carries over unfitted
+        from profiles import load_calibration
+
+        given = load_calibration(calibration)
+        tuner.given_values, tuner.given_source = given.values, given.source or "the given calibration"
     already = len(measured_trials(study))
     event("study", {"name": name, "storage": masked(options.storage), "resumed": bool(study.trials),
                     "measured": already, "budget": options.n_trials, "pool": len(pool),
@@ -458,9 +465,13 @@ def write_tuned_calibration(path: Path, fit: FitReport, tuner: _Tuner, study_nam
 
     trials = [{"trial": r.number, "strategy": r.label, "measured_step_s": round(r.measured_step_s, 6),
                "weight": r.weight} for r in tuner.trial_runs()]
+    carried = {k: v for k, v in tuner.given_values.items() if k not in tuner.values}
+    method = ("least squares (soft-L1 on log step-time errors, busy-host trials weighted down) over the study's ok "
+              "trials; framework_reserve_gib raised after an OOM")
+    if carried:
+        method += f"; {', '.join(carried)} carried over unfitted from {tuner.given_source}"
     doc = user_calibration_document(
-        tuner.values, fit="meshplan tune", method="least squares (soft-L1 on log step-time errors, busy-host trials "
-        "weighted down) over the study's ok trials; framework_reserve_gib raised after an OOM",
+        carried | tuner.values, fit="meshplan tune", method=method,
         fitted_on=f"study {study_name}: trials " + ", ".join(str(t["trial"]) for t in trials),
         standard_errors={k: v for k, v in fit.standard_errors.items() if k in tuner.values},
         residuals=[{"row": f"trial {n}", "error": round(e, 4)} for n, e in fit.after.items()],

@@ -53,7 +53,10 @@ def finished(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tune")
     storage = f"sqlite:///{folder}/tune.db"
     (folder / "configs").mkdir()
+    given = folder / "given.yaml"  # a calibration to start from: what the tuner does not refit is carried over
+    given.write_text("hbm_efficiency: 0.5\ngpu: local-cpu\nfitted_on: a test's stated value\n")
     proc = run_tune(storage, "--study-name", "tiny", "--trials", "3", "--calibrate-every", "2",
+                    "--calibration", str(given),
                     "--calibration-out", str(folder / "cal.yaml"), "--emit-dir", str(folder / "configs"),
                     "--format", "json")
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -89,6 +92,7 @@ def test_a_study_runs_end_to_end(finished):
 
     written = yaml.safe_load((folder / "cal.yaml").read_text())
     assert written["trials"] and written["fit"] == "meshplan tune"
+    assert written["hbm_efficiency"] == 0.5 and "hbm_efficiency carried over unfitted" in written["method"]
     assert len(written["residuals"]) == len(cal["after"])
     # the best measured plan's configs
     assert report["best_configs"] and sorted(p.name for p in (folder / "configs").iterdir())

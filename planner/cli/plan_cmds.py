@@ -311,7 +311,7 @@ def band_legend(result: PlanResult, best: Estimate, wide: bool = True) -> str:
     if result.plans:
         others = [r for r in result.worth_a_real_run if r != 1]
         lines.append("~ : step-time band overlaps plan 1's, the model cannot order them: worth a real run "
-                     "(`meshplan validate`)" + ("" if others else "; none here"))
+                     "(`meshplan tune` or `validate`)" + ("" if others else "; none here"))
     return "\n".join(lines)
 
 

@@ -154,7 +154,8 @@ class PlanResult(BaseModel):
     )
     worth_a_real_run: list[int] = Field(
         default_factory=list, description="Ranks of the plans whose step-time band overlaps the best plan's (rank 1 "
-        "included): the cost model cannot order them, so short real runs (`meshplan validate`) should.")
+        "included): the cost model cannot order them, so short real runs (`meshplan tune`, which runs them first, "
+        "or `meshplan validate`) should.")
     stats: SearchStats = Field(description="Counts and timing of the search.")
     model: ModelSpec = Field(description="The model planned for.")
     cluster: ClusterSpec = Field(description="The cluster planned for.")

@@ -167,3 +167,26 @@ def test_strategy_key_tells_strategies_apart():
     a = Strategy(dp=2).resolve(2)
     b = Strategy(dp=2, zero_stage=1).resolve(2)
     assert strategy_key(a) != strategy_key(b) and strategy_key(a) == strategy_key(Strategy(dp=2).resolve(2))
+
+
+def test_the_engine_follows_the_plans_framework_where_it_can_run():
+    from executors.tune.tuner import resolve_engine
+    from profiles import load_model
+
+    dense, moe = load_model("llama3-8b"), load_model("mixtral-8x7b")
+    assert resolve_engine("auto", "cuda", "megatron", dense) == ("megatron", "")
+    assert resolve_engine("auto", "cuda", "deepspeed", dense) == ("deepspeed", "")
+    engine, note = resolve_engine("auto", "cuda", "megatron", moe)
+    assert engine == "torch" and "dense layers only" in note
+    engine, note = resolve_engine("auto", "cpu", "megatron", dense)
+    assert engine == "torch" and "needs CUDA" in note
+    assert resolve_engine("auto", "cuda", "torchtitan", dense) == ("torch", "")
+    assert resolve_engine("deepspeed", "cpu", "megatron", dense) == ("deepspeed", "")
+
+
+def test_an_engine_that_cannot_run_here_is_refused_before_the_study(capsys, tmp_path):
+    db = tmp_path / "t.db"
+    code, _, err = run(capsys, "tune", *JOB, "--storage", f"sqlite:///{db}", "--engine", "megatron", "--device", "cpu")
+    line = one_line_error(code, err)
+    assert "needs CUDA" in line
+    assert not db.exists() or not optuna.get_all_study_summaries(f"sqlite:///{db}")

@@ -29,7 +29,7 @@ import socket
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -58,7 +58,7 @@ from executors.tune.study import (
     open_storage,
     open_study,
 )
-from executors.validate import ValidateOptions, resolve_device
+from executors.validate import ValidateOptions, engine_reasons, resolve_device
 from planner.api import plan
 from planner.errors import SpecError
 from planner.specs import ClusterSpec, ModelSpec, Strategy, TrainSpec
@@ -94,6 +94,9 @@ class TuneOptions(BaseModel):
     sampler_seed: int | None = Field(None, description="Seed of Optuna's TPE sampler.")
     max_idle_proposals: int = Field(64, ge=1, le=100_000, description="Stop after this many proposals in a row "
                                     "that could not run (do not fit, already measured).")
+    engine: Literal["auto", "torch", "megatron", "deepspeed"] = Field(
+        "auto", description="Executor of the trials; auto: the plan's framework's where it runs here (Megatron-core "
+        "or DeepSpeed on CUDA), else the torch-native one. Replaces run.engine.")
     repeat_busy: bool = Field(True, description="Run a trial taken on a busy host (or with steps spread wider than "
                               "its error band) once more and keep the faster.")
     heartbeat_interval_s: int = Field(HEARTBEAT_INTERVAL_S, ge=1, le=3600, description="Seconds between a running "
@@ -378,6 +381,23 @@ class _Tuner:
         return n
 
 
+def resolve_engine(engine: str, device: str, framework: str, model: ModelSpec) -> tuple[str, str]:
+    """The executor the trials run on, and a note when auto chose other than the plan's framework:
+    auto takes Megatron-core for framework megatron and DeepSpeed for deepspeed, on CUDA (they need it);
+    on a CPU, for torchtitan and Colossal-AI plans, and for an MoE model under megatron (the Megatron
+    executor builds dense layers only), the torch-native executor."""
+    if engine != "auto":
+        return engine, ""
+    if framework not in ("megatron", "deepspeed"):
+        return "torch", ""
+    if device != "cuda":
+        return "torch", f"the plans are costed for {framework}; its executor needs CUDA, so the trials run torch-native"
+    if framework == "megatron" and model.is_moe:
+        return "torch", ("the Megatron executor builds dense layers only: the MoE trials run torch-native "
+                         "(their plans are costed for megatron)")
+    return framework, ""
+
+
 def check_one_node(device: str, num_gpus: int) -> None:
     """A trial runs on this machine (torchrun --standalone): on CUDA it needs `num_gpus` GPUs here."""
     if device != "cuda":
@@ -412,7 +432,13 @@ def tune(model: str | ModelSpec, cluster: str | ClusterSpec, num_gpus: int, glob
         raise SpecError("tune: no strategy fits under the constraints: nothing to tune (see `meshplan plan` for why)")
     pool_result = plan(top_k=POOL_SIZE, ranking="fastest", **common)
     spec_model, spec_cluster, train = seeds_result.model, seeds_result.cluster, seeds_result.train
-    check_one_node(resolve_device(options.run.device), num_gpus)  # before the study is touched
+    device = resolve_device(options.run.device)
+    check_one_node(device, num_gpus)  # before the study is touched
+    engine, engine_note = resolve_engine(options.engine, device, train.framework, spec_model)
+    options = options.model_copy(update={"run": options.run.model_copy(update={"engine": engine})})
+    reasons = engine_reasons(options.run, device, train)
+    if reasons:  # e.g. --engine megatron without CUDA, fp16 on a CPU: no trial could run
+        raise SpecError("tune: " + "; ".join(reasons) + ": no trial can run")
     pool = [p.strategy for p in pool_result.plans]
     fingerprint = job_fingerprint(spec_model, spec_cluster, train, num_gpus, constraints, options.run.engine,
                                   options.run.num_layers)
@@ -436,6 +462,8 @@ def tune(model: str | ModelSpec, cluster: str | ClusterSpec, num_gpus: int, glob
         given = load_calibration(calibration)
         tuner.given_values, tuner.given_source = given.values, given.source or "the given calibration"
     already = len(measured_trials(study))
+    if engine_note:
+        event("note", {"text": engine_note})
     event("study", {"name": name, "storage": masked(options.storage), "resumed": bool(study.trials),
                     "measured": already, "budget": options.n_trials, "pool": len(pool),
                     "space": {k: len(v) for k, v in space.choices.items()}})

@@ -57,7 +57,8 @@ def _options(run_timeout_s: float, **kw: Any):
     from executors.tune import TuneOptions
     from executors.validate import ValidateOptions
 
-    run_fields = {k: kw.pop(k) for k in list(kw) if k in ValidateOptions.model_fields and k != "timeout_s"}
+    run_fields = {k: kw.pop(k) for k in list(kw) if k in ValidateOptions.model_fields and k not in ("timeout_s",
+                                                                                                     "engine")}
     try:
         run = ValidateOptions(timeout_s=run_timeout_s, **run_fields)
     except ValidationError as exc:
@@ -106,6 +107,8 @@ class _Progress:
                           + (" [busy host]" if data.get("busy") else "") + best_text)
             else:
                 self.line(f"trial {data['number']}: {data['status']}: {data.get('reason', '')[:300]}{best_text}")
+        elif kind == "note":
+            self.line(f"note: {data['text']}")
         elif kind == "calibrated":
             values = ", ".join(f"{k} {v:.4g}" for k, v in data["values"].items())
             self.line(f"calibrated on {data['trials']} trials: median |error| {100 * data['before']:.1f}% -> "
@@ -229,7 +232,7 @@ def tune_cmd(
     run_timeout: Annotated[float, typer.Option("--run-timeout", help="Wall-clock limit of each trial's run, seconds.")] = 300.0,
     num_layers: Annotated[Optional[int], typer.Option("--num-layers", help="Run the model with this many layers (shapes kept).")] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu (gloo) or cuda (NCCL).")] = "auto",
-    engine: Annotated[str, typer.Option("--engine", help="torch, megatron or deepspeed (the last two need CUDA).")] = "torch",
+    engine: Annotated[str, typer.Option("--engine", help="auto (the plan's framework's executor where it runs: Megatron-core or DeepSpeed on CUDA; else torch-native), torch, megatron or deepspeed (the last two need CUDA).")] = "auto",
     work_dir: Annotated[Optional[Path], typer.Option("--work-dir", help="Folder for the runs' files (default: temporary, removed).")] = None,
     sampler_seed: Annotated[Optional[int], typer.Option("--sampler-seed", help="Seed of the TPE sampler.")] = None,
     repeat_busy: Annotated[bool, typer.Option("--repeat-busy/--no-repeat-busy", help="Run a trial taken on a busy host once more and keep the faster (otherwise it is only weighted down in the calibration).")] = True,

@@ -62,11 +62,21 @@ def test_sampled_values_that_make_no_strategy_say_why(planned):
     assert st is None and "must divide the number of GPUs" in why
 
 
-def test_seeds_are_the_top_k_then_the_near_ties(planned):
-    seeds = seeds_of(planned.plans, planned.worth_a_real_run, 2)
-    assert seeds[:2] == [p.strategy for p in planned.plans[:2]]
-    ties = [planned.plans[r - 1].strategy for r in planned.worth_a_real_run if r > 2]
-    assert seeds[2:] == [s for s in ties if s not in seeds[:2]]
+def test_seeds_are_the_top_k_then_near_ties_of_other_layouts():
+    from executors.tune.space import layout_of
+
+    ranked = plan(model=MODEL, cluster="local-cpu", num_gpus=2, global_batch_size=4, seq_len=32, precision="fp32",
+                  top_k=64)
+    assert len(ranked.worth_a_real_run) > 6  # a wide band holds many plans: seeding them all would be the budget
+    seeds = seeds_of(ranked.plans, ranked.worth_a_real_run, 2, 3)
+    assert seeds[:2] == [p.strategy for p in ranked.plans[:2]]
+    extra = seeds[2:]
+    assert 1 <= len(extra) <= 3
+    assert all(layout_of(s) not in {layout_of(t) for t in seeds[:2]} for s in extra)
+    assert len({layout_of(s) for s in extra}) == len(extra)
+    ties = [ranked.plans[r - 1].strategy for r in ranked.worth_a_real_run]
+    assert all(s in ties for s in extra)  # inside the top plan's band
+    assert seeds_of(ranked.plans, ranked.worth_a_real_run, 2, 0) == seeds[:2]
 
 
 def test_empty_pool_is_refused():

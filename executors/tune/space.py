@@ -118,12 +118,30 @@ def score(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: Strategy
     return evaluate_one(model, cluster, train, st)
 
 
-def seeds_of(plans: list[Plan], worth: list[int], top_k: int) -> list[Strategy]:
-    """The analytic top-K, then the near-ties inside the top plan's error band (`worth_a_real_run`)
-    that the top-K leaves out, in rank order."""
+LAYOUT_FIELDS = ("tp", "pp", "cp", "ep", "etp", "vpp", "zero_stage")
+"""What makes two strategies different layouts (not just another micro-batch or recomputation)."""
+NEAR_TIE_DEPTH = 64
+"""Ranked plans searched for near-ties of the top plan."""
+
+
+def layout_of(st: Strategy) -> tuple:
+    return tuple(getattr(st, n) for n in LAYOUT_FIELDS)
+
+
+def seeds_of(plans: list[Plan], worth: list[int], top_k: int, near_ties: int) -> list[Strategy]:
+    """The analytic top-K, then at most `near_ties` near-ties inside the top plan's error band
+    (`worth_a_real_run`) in rank order, each of a layout the seeds do not have yet: the error band
+    of a planner's estimate is often wide enough to hold dozens of plans, and the real question is
+    between layouts (the sampler and the re-ranking explore the rest)."""
     out = [p.strategy for p in plans[:top_k]]
+    layouts = {layout_of(st) for st in out}
+    added = 0
     for rank in worth:
+        if added >= near_ties:
+            break
         st = plans[rank - 1].strategy if 0 < rank <= len(plans) else None
-        if st is not None and st not in out:
+        if st is not None and st not in out and layout_of(st) not in layouts:
             out.append(st)
+            layouts.add(layout_of(st))
+            added += 1
     return out

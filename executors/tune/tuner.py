@@ -28,6 +28,7 @@ import os
 import socket
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -46,7 +47,7 @@ from executors.tune.feedback import (
     reserve_after_oom,
 )
 from executors.tune.measure import Measurement, measure
-from executors.tune.space import POOL_SIZE, Space, build_space, params_of, score, seeds_of, strategy_for, strategy_key
+from executors.tune.space import NEAR_TIE_DEPTH, POOL_SIZE, Space, build_space, params_of, score, seeds_of, strategy_for, strategy_key
 from executors.tune.study import (
     CALIBRATION_ATTR,
     SPACE_ATTR,
@@ -88,7 +89,9 @@ class TuneOptions(BaseModel):
     study_name: str | None = Field(None, description="Default: <model>-<cluster>-n<gpus>-b<batch>-s<seq>-<precision>.")
     n_trials: int = Field(8, ge=1, le=MAX_TRIALS, description="Measured trials the study should hold (all workers).")
     timeout_s: float | None = Field(None, gt=0, description="Wall-clock budget of this worker, seconds.")
-    top_k: int = Field(4, ge=1, le=64, description="Analytic top plans enqueued first (near-ties added).")
+    top_k: int = Field(4, ge=1, le=64, description="Analytic top plans enqueued first.")
+    near_ties: int = Field(4, ge=0, le=64, description="Then at most this many near-ties of the top plan (inside its "
+                           "error band) of layouts the seeds do not have yet.")
     calibrate_every: int = Field(3, ge=1, le=MAX_TRIALS, description="Refit after this many new ok trials.")
     calibration_out: Path | None = Field(None, description="Write the final calibration profile here (.yaml).")
     sampler_seed: int | None = Field(None, description="Seed of Optuna's TPE sampler.")
@@ -368,8 +371,9 @@ class _Tuner:
         return False
 
     def enqueue(self, strategies: list[Strategy], origin: str) -> int:
-        waiting = {json.dumps(t.params, sort_keys=True) for t in self.study.get_trials(deepcopy=False,
-                                                                                      states=(TrialState.WAITING,))}
+        # an enqueued trial's parameters are its fixed_params until it runs (Optuna keeps them there)
+        waiting = {json.dumps(t.system_attrs.get("fixed_params") or t.params, sort_keys=True)
+                   for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
         n = 0
         for i, st in enumerate(strategies, start=1):
             params = params_of(st, self.space.names)
@@ -427,7 +431,7 @@ def tune(model: str | ModelSpec, cluster: str | ClusterSpec, num_gpus: int, glob
                   seq_len=seq_len, precision=precision, constraints=constraints, **train_options)
     if calibration is not None:
         common["calibration"] = calibration
-    seeds_result = plan(top_k=options.top_k, **common)
+    seeds_result = plan(top_k=max(options.top_k, NEAR_TIE_DEPTH), **common)
     if not seeds_result.plans:
         raise SpecError("tune: no strategy fits under the constraints: nothing to tune (see `meshplan plan` for why)")
     pool_result = plan(top_k=POOL_SIZE, ranking="fastest", **common)
@@ -467,9 +471,13 @@ def tune(model: str | ModelSpec, cluster: str | ClusterSpec, num_gpus: int, glob
     event("study", {"name": name, "storage": masked(options.storage), "resumed": bool(study.trials),
                     "measured": already, "budget": options.n_trials, "pool": len(pool),
                     "space": {k: len(v) for k, v in space.choices.items()}})
-    seeds = seeds_of(seeds_result.plans, seeds_result.worth_a_real_run, options.top_k)
+    seeds = seeds_of(seeds_result.plans, seeds_result.worth_a_real_run, options.top_k, options.near_ties)
     if already < options.n_trials:
-        tuner.enqueue(seeds, "analytic top plan")
+        with warnings.catch_warnings():  # a killed worker's trial is retried before this run's seeds queue up
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        tuner.enqueue(seeds[:options.top_k], "analytic top plan")
+        tuner.enqueue(seeds[options.top_k:], "near-tie of the top plan, another layout")
         start = time.monotonic()
         study.optimize(tuner.objective, timeout=options.timeout_s, catch=(TrialFailed,),
                        callbacks=[tuner.after_trial])

@@ -31,7 +31,7 @@ from planner.errors import SpecError, short_repr
 
 #: TuneOptions' and ValidateOptions' fields by the flag that sets them, for error messages.
 _FLAGS = {"storage": "--storage", "study_name": "--study-name", "n_trials": "--trials", "timeout_s": "--time-budget",
-          "top_k": "--top-k", "calibrate_every": "--calibrate-every", "calibration_out": "--calibration-out",
+          "top_k": "--top-k", "near_ties": "--near-ties", "calibrate_every": "--calibrate-every", "calibration_out": "--calibration-out",
           "sampler_seed": "--sampler-seed", "max_idle_proposals": "--max-idle", "warmup_steps": "--warmup",
           "timed_steps": "--steps", "parity_steps": "--parity-steps", "num_layers": "--num-layers",
           "device": "--device", "engine": "--engine", "work_dir": "--work-dir", "seed": "--seed",
@@ -222,7 +222,8 @@ def tune_cmd(
     study_name: Annotated[Optional[str], typer.Option("--study-name", help="Default: <model>-<cluster>-n<gpus>-b<batch>-s<seq>-<precision>. Rerunning the same command resumes it.")] = None,
     trials: Annotated[int, typer.Option("--trials", help="Measured trials the study should hold, all workers together (1 to 10000).")] = 8,
     time_budget: Annotated[Optional[float], typer.Option("--time-budget", help="Wall-clock budget of this worker, seconds (the running trial finishes).")] = None,
-    top_k: Annotated[int, typer.Option("--top-k", help="Analytic top plans run first (their near-ties in the error band too), 1 to 64.")] = 4,
+    top_k: Annotated[int, typer.Option("--top-k", help="Analytic top plans run first, 1 to 64.")] = 4,
+    near_ties: Annotated[int, typer.Option("--near-ties", help="Then at most this many near-ties of the top plan (inside its error band) of other layouts, 0 to 64.")] = 4,
     calibrate_every: Annotated[int, typer.Option("--calibrate-every", help="Refit the calibration after this many new ok trials and re-rank.")] = 3,
     calibration_out: Annotated[Optional[Path], typer.Option("--calibration-out", help="Write the final calibration profile (YAML) here.")] = None,
     emit_dir: Annotated[Optional[Path], typer.Option("--emit-dir", help="Write the best measured plan's configs (every framework that can express it) into this folder.")] = None,
@@ -255,6 +256,7 @@ def tune_cmd(
     if calibration_out is not None and calibration_out.suffix != ".yaml":
         raise SpecError(f"--calibration-out must name a .yaml file (got {str(calibration_out)!r})")
     options = _options(storage=storage, study_name=study_name, n_trials=trials, timeout_s=time_budget, top_k=top_k,
+                       near_ties=near_ties,
                        calibrate_every=calibrate_every, calibration_out=calibration_out, sampler_seed=sampler_seed,
                        max_idle_proposals=64, repeat_busy=repeat_busy, heartbeat_interval_s=heartbeat,
                        grace_period_s=grace_period, run_timeout_s=run_timeout, timed_steps=steps, warmup_steps=warmup,
@@ -265,7 +267,7 @@ def tune_cmd(
         from profiles import load_cluster
 
         flags = [("--model", model), ("--cluster", cluster), ("--gpus", gpus), ("--global-batch-size", global_batch_size),
-                 ("--seq-len", seq_len), ("--precision", precision.value), ("--trials", trials), ("--top-k", top_k),
+                 ("--seq-len", seq_len), ("--precision", precision.value), ("--trials", trials), ("--top-k", top_k), ("--near-ties", near_ties),
                  ("--calibrate-every", calibrate_every), ("--steps", steps), ("--warmup", warmup),
                  ("--parity-steps", parity_steps), ("--run-timeout", run_timeout), ("--device", "cuda"),
                  ("--engine", engine), ("--grad-precision", grad_precision), ("--attention-kernel", attention_kernel),

@@ -141,7 +141,8 @@ def _wait_for(predicate, timeout_s: float, what: str):
 
 def test_kill_9_mid_study_loses_nothing_and_resumes(tmp_path):
     storage = f"sqlite:///{tmp_path}/tune.db"
-    args = ("--study-name", "tiny", "--trials", "3", "--heartbeat", "1", "--grace-period", "4")
+    # no near-ties: a retry queues behind the candidates already waiting, and the budget must leave it room
+    args = ("--study-name", "tiny", "--trials", "3", "--heartbeat", "1", "--grace-period", "4", "--near-ties", "0")
     proc = subprocess.Popen(tune_command(storage, *args), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:

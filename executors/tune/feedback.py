@@ -9,7 +9,7 @@ tables the sustained fraction of their throughput, without tables the GEMM effic
 intra-node tier on one node); a field that moves none is left as it is and reported as not
 identified. The fitted set is chosen by forward selection: the parameter whose fit lowers the
 weighted mean |log error| most first, then the next while it lowers it by `MIN_GAIN` or more, at
-most `MAX_FITTED` and at most n - 1 on n trials (a tiny model's steps are kernel overhead, a large
+most `MAX_FITTED` and at most one per `TRIALS_PER_PARAMETER` trials (a tiny model's steps are kernel overhead, a large
 one's compute: the data say which). Each trial's residual is weighted by sqrt(weight) (`measure.BUSY_WEIGHT` for
 a measurement taken on a busy host). The compute and bandwidth parameters are fitted as scale
 factors of the present values (the engine's steps are relative), and written as values.
@@ -51,6 +51,10 @@ MIN_FIT_TRIALS = 2
 """Fewest ok trials a fit needs (one parameter on two trials)."""
 MAX_FITTED = 3
 """Most parameters one fit moves."""
+TRIALS_PER_PARAMETER = 3
+"""A fit moves at most one parameter per this many ok trials (at least one): with fewer, a parameter
+fits the noise of the trials it saw and predicts the next ones worse (a held-out check of
+benchmarks/tune_cpu.py saw this with two parameters on three trials)."""
 MIN_GAIN = 0.1
 """Forward selection adds a parameter only if it lowers the weighted mean |log error| by at least this
 share: a smaller gain is what any extra free parameter buys on noisy measurements."""
@@ -142,7 +146,7 @@ def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> 
         return None
     chosen: list[str] = []
     best: tuple[float, _Fit] | None = None
-    while candidates and len(chosen) < min(MAX_FITTED, len(runs) - 1):
+    while candidates and len(chosen) < min(MAX_FITTED, max(1, len(runs) // TRIALS_PER_PARAMETER)):
         tries = [(_score(fit, runs), name, fit) for name in candidates
                  for fit in [_fit(runs, cluster, train, [*chosen, name])]]
         score, name, fit = min(tries, key=lambda t: t[0])

@@ -91,3 +91,8 @@ def test_predictions_follow_the_cluster(job):
     base = predictions(runs, job.cluster, job.train)
     slower = predictions(runs, apply_parameters(job.cluster, {"gemm_efficiency": 0.3}), job.train)
     assert (slower > base).all()
+
+
+def test_nothing_is_fitted_when_the_profile_already_predicts_the_trials(job):
+    runs = _runs(job, job.cluster, 6)  # measured exactly as the profile predicts
+    assert fit_trials(runs, job.cluster, job.train) is None

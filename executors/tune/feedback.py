@@ -8,7 +8,9 @@ In a group the first field that moves any trial's prediction is fitted (on a GPU
 tables the sustained fraction of their throughput, without tables the GEMM efficiency; the
 intra-node tier on one node); a field that moves none is left as it is and reported as not
 identified. The fitted set is chosen by forward selection: the parameter whose fit lowers the
-weighted mean |log error| most first, then the next while it lowers it by `MIN_GAIN` or more, at
+weighted mean |log error| most first (if it lowers the profile's own error by `MIN_GAIN` or more:
+otherwise nothing is fitted and the profile stays as it is), then the next while it lowers it by
+`MIN_GAIN` or more, at
 most `MAX_FITTED` and at most one per `TRIALS_PER_PARAMETER` trials (a tiny model's steps are kernel overhead, a large
 one's compute: the data say which). Each trial's residual is weighted by sqrt(weight) (`measure.BUSY_WEIGHT` for
 a measurement taken on a busy host). The compute and bandwidth parameters are fitted as scale
@@ -138,24 +140,30 @@ def _group(name: str) -> str:
 
 def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> FitReport | None:
     """Fit the identified parameters on `runs` (module docstring), chosen by forward selection; None
-    with fewer than `MIN_FIT_TRIALS` runs or nothing identified."""
+    with fewer than `MIN_FIT_TRIALS` runs, nothing identified, or no parameter that lowers the
+    weighted mean |log error| of the profile itself by `MIN_GAIN`."""
     if len(runs) < MIN_FIT_TRIALS:
         return None
     candidates, idle = identified_fields(runs, cluster, train)
     if not candidates:
         return None
     chosen: list[str] = []
-    best: tuple[float, _Fit] | None = None
+    weights = np.sqrt(np.array([r.weight for r in runs]))
+    measured = np.array([r.measured_step_s for r in runs])
+    profile_score = float(np.sum(weights * np.abs(np.log(predictions(runs, cluster, train) / measured)))
+                          / np.sum(weights))
+    best: tuple[float, _Fit | None] = (profile_score, None)  # no parameter moved: the profile as it is
     while candidates and len(chosen) < min(MAX_FITTED, max(1, len(runs) // TRIALS_PER_PARAMETER)):
         tries = [(_score(fit, runs), name, fit) for name in candidates
                  for fit in [_fit(runs, cluster, train, [*chosen, name])]]
         score, name, fit = min(tries, key=lambda t: t[0])
-        if best is not None and score > best[0] * (1 - MIN_GAIN):
-            break  # one more parameter would only chase noise
+        if score >= best[0] * (1 - MIN_GAIN):
+            break  # this parameter (or one more) would only chase noise
         chosen.append(name)
         candidates.remove(name)
         best = (score, fit)
-    assert best is not None
+    if best[1] is None:
+        return None  # no parameter lowers the error enough: the profile predicts these trials as well as a fit
     fit = best[1]
     values = fit.values
     return FitReport(values=values, fitted=chosen, not_identified=idle, at_bound=fit.at_bound,

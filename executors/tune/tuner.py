@@ -341,9 +341,13 @@ class _Tuner:
     def calibrate(self) -> FitReport | None:
         runs = self.trial_runs()
         fit = fit_trials(runs, self.base, self.train)
-        if fit is None:
-            return None
         reserve = {k: v for k, v in self.values.items() if k == "framework_reserve_bytes"}
+        if fit is None:
+            if len(runs) >= MIN_FIT_TRIALS and self.values != reserve:  # an earlier fit no longer helps: drop it
+                self.store_values(reserve, trials=[r.number for r in runs], note="profile kept")
+                self.event("note", {"text": f"calibration on {len(runs)} trials: no parameter lowers the profile's "
+                                            "error by 10 % or more; the profile's own values are used"})
+            return None
         self.store_values(fit.values | reserve, trials=[r.number for r in runs])
         self.last_fit = fit
         self.event("calibrated", {"trials": len(runs), "before": FitReport.median_abs(fit.before),

@@ -169,6 +169,9 @@ def print_report(report) -> None:
         if cal.not_identified:
             stdout.print(f"  not identified by these trials (left as profiled): {', '.join(cal.not_identified)}",
                          markup=False, highlight=False)
+    elif report.measured >= 2:
+        stdout.print("calibration: no parameter lowered the profile's error on these trials by 10 % or more; the "
+                     "profile is kept and no calibration profile is written", markup=False, highlight=False)
     rr = report.reranked_errors
     if rr.get("n"):
         stdout.print(f"trials run after a calibration ({rr['n']:.0f}): median |error| {100 * rr['before']:.1f}% on the "

@@ -58,10 +58,10 @@ def test_a_parameter_no_trial_depends_on_is_not_fitted(job):
 
 def test_too_few_trials_fit_nothing(job):
     assert fit_trials(_runs(job, job.cluster, MIN_FIT_TRIALS - 1), job.cluster, job.train) is None
-    fit = fit_trials(_runs(job, job.cluster, 2), job.cluster, job.train)
-    assert fit is not None and len(fit.fitted) == 1
     truth = apply_parameters(job.cluster, {"gemm_efficiency": job.cluster.gpu.gemm_efficiency * 0.6,
                                            "intra_node_bw_bytes_per_s": job.cluster.intra_node.bw_bytes_per_s * 0.5})
+    fit = fit_trials(_runs(job, truth, 2), job.cluster, job.train)
+    assert fit is not None and len(fit.fitted) == 1
     assert len(fit_trials(_runs(job, truth, 5), job.cluster, job.train).fitted) == 1  # one per three trials
     assert len(fit_trials(_runs(job, truth, 6), job.cluster, job.train).fitted) <= 2
 

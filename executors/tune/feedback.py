@@ -7,13 +7,13 @@ groups use, the fraction of communication that overlaps compute, and the fixed c
 In a group the first field that moves any trial's prediction is fitted (on a GPU with kernel
 tables the sustained fraction of their throughput, without tables the GEMM efficiency; the
 intra-node tier on one node); a field that moves none is left as it is and reported as not
-identified. The fitted set is chosen by forward selection: the parameter whose fit lowers the
-weighted mean |log error| most first (if it lowers the profile's own error by `MIN_GAIN` or more:
-otherwise nothing is fitted and the profile stays as it is), then the next while it lowers it by
-`MIN_GAIN` or more, at
-most `MAX_FITTED` and at most one per `TRIALS_PER_PARAMETER` trials (a tiny model's steps are kernel overhead, a large
-one's compute: the data say which). Each trial's residual is weighted by sqrt(weight) (`measure.BUSY_WEIGHT` for
-a measurement taken on a busy host). The compute and bandwidth parameters are fitted as scale
+identified. The fitted set is the one of every subset (at most `MAX_FITTED` parameters, at most
+one per `TRIALS_PER_PARAMETER` trials) whose fit has the lowest weighted mean |log error| with
+each parameter charged `MIN_GAIN` (the error divided by (1 - MIN_GAIN) per parameter), the
+profile itself (no parameter) included: a parameter that does not lower the error by that much
+is not moved, and when none does the profile stays as it is (a tiny model's steps are kernel
+overhead, a large one's compute: the data say which). Each trial's residual is weighted by
+sqrt(weight) (`measure.BUSY_WEIGHT` for a measurement taken on a busy host). The compute and bandwidth parameters are fitted as scale
 factors of the present values (the engine's steps are relative), and written as values.
 
 An OOM (`reserve_after_oom`) raises the GPU's framework memory reserve just enough that the
@@ -22,6 +22,7 @@ strategy that ran out of memory no longer fits, so the search stops proposing it
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from typing import Any
@@ -139,7 +140,7 @@ def _group(name: str) -> str:
 
 
 def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> FitReport | None:
-    """Fit the identified parameters on `runs` (module docstring), chosen by forward selection; None
+    """Fit the identified parameters on `runs` (module docstring), the subset that pays for its parameters; None
     with fewer than `MIN_FIT_TRIALS` runs, nothing identified, or no parameter that lowers the
     weighted mean |log error| of the profile itself by `MIN_GAIN`."""
     if len(runs) < MIN_FIT_TRIALS:
@@ -147,24 +148,22 @@ def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> 
     candidates, idle = identified_fields(runs, cluster, train)
     if not candidates:
         return None
-    chosen: list[str] = []
     weights = np.sqrt(np.array([r.weight for r in runs]))
     measured = np.array([r.measured_step_s for r in runs])
     profile_score = float(np.sum(weights * np.abs(np.log(predictions(runs, cluster, train) / measured)))
                           / np.sum(weights))
-    best: tuple[float, _Fit | None] = (profile_score, None)  # no parameter moved: the profile as it is
-    while candidates and len(chosen) < min(MAX_FITTED, max(1, len(runs) // TRIALS_PER_PARAMETER)):
-        tries = [(_score(fit, runs), name, fit) for name in candidates
-                 for fit in [_fit(runs, cluster, train, [*chosen, name])]]
-        score, name, fit = min(tries, key=lambda t: t[0])
-        if score >= best[0] * (1 - MIN_GAIN):
-            break  # this parameter (or one more) would only chase noise
-        chosen.append(name)
-        candidates.remove(name)
-        best = (score, fit)
-    if best[1] is None:
+    most = min(MAX_FITTED, max(1, len(runs) // TRIALS_PER_PARAMETER), len(candidates))
+    best: tuple[float, list[str], _Fit | None] = (profile_score, [], None)  # nothing moved: the profile itself
+    for k in range(1, most + 1):
+        for subset in itertools.combinations(candidates, k):
+            fit = _fit(runs, cluster, train, list(subset))
+            # each parameter must pay for itself: the error, charged MIN_GAIN per parameter, must beat the best
+            if _score(fit, runs) / (1 - MIN_GAIN) ** k < best[0] / (1 - MIN_GAIN) ** len(best[1]):
+                best = (_score(fit, runs), list(subset), fit)
+    if best[2] is None:
         return None  # no parameter lowers the error enough: the profile predicts these trials as well as a fit
-    fit = best[1]
+    chosen = best[1]
+    fit = best[2]
     values = fit.values
     return FitReport(values=values, fitted=chosen, not_identified=idle, at_bound=fit.at_bound,
                      standard_errors=fit.standard_errors, before=_errors(runs, cluster, train),
@@ -182,7 +181,7 @@ class _Fit(BaseModel):
 
 
 def _score(fit: _Fit, runs: list[TrialRun]) -> float:
-    """Weighted mean |log error| of a fit: what forward selection minimises."""
+    """Weighted mean |log error| of a fit: what the subset choice minimises."""
     weights = np.array([r.weight for r in runs])
     return float(np.sum(np.abs(fit.residuals)) / np.sum(np.sqrt(weights)))
 
@@ -204,7 +203,10 @@ def _fit(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec, chosen: l
                 lo, hi = max(lo, EFFICIENCY_RANGE[0] / start[name]), min(hi, EFFICIENCY_RANGE[1] / start[name])
             params.append(FitParameter(name=fit_name(name), lower=lo, upper=hi, start=min(max(1.0, lo), hi)))
         else:
-            params.append(FitParameter(name=name, lower=0.0, upper=1.0, start=start[name]))
+            # from mid-range when the profile sits on a bound (gloo profiles measure no overlap: 0), where
+            # the search could not leave it
+            x0 = start[name] if 0.0 < start[name] < 1.0 else 0.5
+            params.append(FitParameter(name=name, lower=0.0, upper=1.0, start=x0))
     weights = np.sqrt(np.array([r.weight for r in runs]))
     measured = np.array([r.measured_step_s for r in runs])
 

@@ -53,8 +53,10 @@ def finished(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tune")
     storage = f"sqlite:///{folder}/tune.db"
     (folder / "configs").mkdir()
-    given = folder / "given.yaml"  # a calibration to start from: what the tuner does not refit is carried over
-    given.write_text("hbm_efficiency: 0.5\ngpu: local-cpu\nfitted_on: a test's stated value\n")
+    # a calibration to start from, far from this machine (GEMMs 18x too slow) so that a fit must move it, and
+    # with a value the tuner does not refit, which the written profile carries over
+    given = folder / "given.yaml"
+    given.write_text("gemm_efficiency: 0.05\nhbm_efficiency: 0.5\ngpu: local-cpu\nfitted_on: a test's stated values\n")
     proc = run_tune(storage, "--study-name", "tiny", "--trials", "3", "--calibrate-every", "2",
                     "--calibration", str(given),
                     "--calibration-out", str(folder / "cal.yaml"), "--emit-dir", str(folder / "configs"),
@@ -87,6 +89,8 @@ def test_a_study_runs_end_to_end(finished):
     # the calibration: fitted on the ok trials, written with them, errors before and after
     cal = report["calibration"]
     assert cal is not None and cal["fitted"]
+    median = sorted(abs(e) for e in cal["after"].values())[len(cal["after"]) // 2]
+    assert median < sorted(abs(e) for e in cal["before"].values())[len(cal["before"]) // 2]
     assert report["calibration_file"] == str(folder / "cal.yaml")
     import yaml
 

@@ -89,10 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     if rr.get("n"):
         print(f"\nheld out (trials run after a calibration fitted on earlier ones, n={rr['n']:.0f}): median "
               f"|step-time error| {100 * rr['before']:.1f}% on the profile -> {100 * rr['after']:.1f}% calibrated")
+    elif any(r.predicted_step_s_calibrated is not None for r in report.trials):
+        print("\nheld out: no ok trial ran after a calibration (raise --trials)")
     else:
-        print("\nheld out: no trial ran after a calibration (raise --trials)")
+        print("\nheld out: no calibration was in force while trials ran (no fit paid for its parameters on the "
+              "trials before; the profile was kept)")
     cal = report.calibration
-    if cal is not None:
+    if cal is None:
+        print("in sample: no parameter set lowers the profile's error on these trials enough to pay for itself "
+              "(10 % a parameter): the profile is kept")
+    else:
         print(f"in sample (final fit on {len(cal.after)} ok trials): median |step-time error| "
               f"{100 * cal.median_abs(cal.before):.1f}% -> {100 * cal.median_abs(cal.after):.1f}%; fitted "
               + ", ".join(f"{k} = {v:.4g}" for k, v in cal.values.items())

@@ -140,9 +140,9 @@ def _group(name: str) -> str:
 
 
 def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> FitReport | None:
-    """Fit the identified parameters on `runs` (module docstring), the subset that pays for its parameters; None
-    with fewer than `MIN_FIT_TRIALS` runs, nothing identified, or no parameter that lowers the
-    weighted mean |log error| of the profile itself by `MIN_GAIN`."""
+    """Fit the identified parameters on `runs` (module docstring): the subset that pays for its
+    parameters. None with fewer than `MIN_FIT_TRIALS` runs, nothing identified, or no subset that
+    beats the profile itself."""
     if len(runs) < MIN_FIT_TRIALS:
         return None
     candidates, idle = identified_fields(runs, cluster, train)

@@ -91,6 +91,9 @@ class FitReport(BaseModel):
     standard_errors: dict[str, float | None]
     before: dict[int, float]
     after: dict[int, float]
+    score_before: float = Field(0.0, description="Weighted mean |log(predicted / measured)| on the profile: what the "
+                                "fit lowers (weights: sqrt of each trial's weight).")
+    score_after: float = Field(0.0, description="The same with the fitted values.")
     converged: bool
     message: str
 
@@ -166,6 +169,7 @@ def fit_trials(runs: list[TrialRun], cluster: ClusterSpec, train: TrainSpec) -> 
     fit = best[2]
     values = fit.values
     return FitReport(values=values, fitted=chosen, not_identified=idle, at_bound=fit.at_bound,
+                     score_before=profile_score, score_after=best[0],
                      standard_errors=fit.standard_errors, before=_errors(runs, cluster, train),
                      after=_errors(runs, apply_parameters(cluster, values), train), converged=fit.converged,
                      message=fit.message)

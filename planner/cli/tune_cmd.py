@@ -160,7 +160,8 @@ def print_report(report) -> None:
                          "in the calibration)", markup=False, highlight=False)
     cal = report.calibration
     if cal is not None:
-        stdout.print(f"calibration on {len(cal.after)} trials: median |step-time error| "
+        stdout.print(f"calibration on {len(cal.after)} trials: weighted mean |log error| (what the fit lowers) "
+                     f"{cal.score_before:.3f} -> {cal.score_after:.3f}; median |step-time error| "
                      f"{100 * cal.median_abs(cal.before):.1f}% before, {100 * cal.median_abs(cal.after):.1f}% after "
                      f"({', '.join(f'{k} = {v:.4g}' for k, v in cal.values.items())})", markup=False, highlight=False)
         if cal.at_bound:

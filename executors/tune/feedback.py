@@ -23,9 +23,7 @@ strategy that ran out of memory no longer fits, so the search stops proposing it
 from __future__ import annotations
 
 import itertools
-import math
 import statistics
-from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -243,12 +241,3 @@ def reserve_after_oom(cluster: ClusterSpec, estimate: Estimate) -> float:
 def calibrated_cluster(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
     """`cluster` with the fitted and reserve values set (none: `cluster` itself)."""
     return apply_parameters(cluster, values) if values else cluster
-
-
-def relative_errors_text(errors: dict[int, float]) -> str:
-    med = FitReport.median_abs(errors)
-    return "-" if med is None else f"{100 * med:.1f}%"
-
-
-def finite(values: dict[str, Any]) -> bool:
-    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values.values())

@@ -21,8 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from planner.errors import SpecError, format_validation_error
-from planner.search import evaluate_one
-from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, Strategy, TrainSpec
+from planner.specs import Plan, Strategy
 
 POOL_SIZE = 256
 """Fastest fitting strategies kept from the analytic search. Their field values are the Optuna
@@ -83,19 +82,6 @@ def build_space(pool: list[Strategy]) -> Space:
     return Space(choices=choices, fixed=fixed)
 
 
-class Candidate(BaseModel):
-    """A strategy the tuner may run, with its prediction on the cluster it was scored on."""
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-    strategy: Strategy
-    estimate: Estimate
-
-    @property
-    def key(self) -> str:
-        return strategy_key(self.strategy)
-
-
 def strategy_for(params: dict[str, Any], space: Space, pool: list[Strategy],
                  num_gpus: int) -> tuple[Strategy | None, str]:
     """The strategy a sampled parameter set stands for: the fastest pool strategy with these
@@ -111,11 +97,6 @@ def strategy_for(params: dict[str, Any], space: Space, pool: list[Strategy],
     except (SpecError, ValidationError) as exc:
         why = format_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
         return None, why
-
-
-def score(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: Strategy) -> Estimate:
-    """The cost model's estimate of `st` (invalid or not fitting: `fits` False with the reasons)."""
-    return evaluate_one(model, cluster, train, st)
 
 
 LAYOUT_FIELDS = ("tp", "pp", "cp", "ep", "etp", "vpp", "zero_stage")

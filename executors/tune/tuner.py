@@ -47,7 +47,16 @@ from executors.tune.feedback import (
     reserve_after_oom,
 )
 from executors.tune.measure import Measurement, measure
-from executors.tune.space import NEAR_TIE_DEPTH, POOL_SIZE, Space, build_space, params_of, score, seeds_of, strategy_for, strategy_key
+from executors.tune.space import (
+    NEAR_TIE_DEPTH,
+    POOL_SIZE,
+    Space,
+    build_space,
+    params_of,
+    seeds_of,
+    strategy_for,
+    strategy_key,
+)
 from executors.tune.study import (
     CALIBRATION_ATTR,
     SPACE_ATTR,
@@ -62,6 +71,7 @@ from executors.tune.study import (
 from executors.validate import ValidateOptions, engine_reasons, resolve_device
 from planner.api import plan
 from planner.errors import SpecError
+from planner.search import evaluate_one
 from planner.specs import ClusterSpec, ModelSpec, Strategy, TrainSpec
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
@@ -191,7 +201,6 @@ class _Tuner:
         self.idle = 0
         self.stopped = "the trial budget is reached"
         self.fits_seen = len([t for t in measured_trials(study) if t.user_attrs.get("status") == "ok"])
-        self.last_fit: FitReport | None = None
         self.given_values: dict[str, float] = {}  # the --calibration the study started from
         self.given_source = ""
 
@@ -243,9 +252,10 @@ class _Tuner:
         key = strategy_key(st)
         trial.set_user_attr("key", key)  # written before the check below: two workers never both run it
         run_model = self.run_model(st)
-        base_est = score(run_model, self.base, self.train, st)
+        base_est = evaluate_one(run_model, self.base, self.train, st)
         values = self.values
-        now_est = score(run_model, calibrated_cluster(self.base, values), self.train, st) if values else base_est
+        now_est = (evaluate_one(run_model, calibrated_cluster(self.base, values), self.train, st) if values
+                   else base_est)
         if not now_est.fits:
             why = "; ".join(now_est.reasons) or "does not fit"
             self.skip(trial, label, "not run", f"the cost model says it cannot run: {why}")
@@ -270,9 +280,9 @@ class _Tuner:
                                    "predicted_step_s": now_est.step_time_s})
         m = measure(st, self.model, self.base, self.train, self.num_gpus, self.options.run, f"trial-{trial.number}",
                     self.references, on_event=self.event, repeat_busy=self.options.repeat_busy)
-        return self.record(trial, st, label, m, base_est.step_time_s, now_est)
+        return self.record(trial, label, m, base_est.step_time_s, now_est)
 
-    def record(self, trial: optuna.Trial, st: Strategy, label: str, m: Measurement, base_pred: float, now_est) -> float:
+    def record(self, trial: optuna.Trial, label: str, m: Measurement, base_pred: float, now_est) -> float:
         for name in ("spread", "busy", "busy_reason", "repeated", "weight", "load_before", "load_after",
                      "parity_max_rel_error"):
             trial.set_user_attr(name, getattr(m, name))
@@ -349,7 +359,6 @@ class _Tuner:
                                             "error by 10 % or more; the profile's own values are used"})
             return None
         self.store_values(fit.values | reserve, trials=[r.number for r in runs])
-        self.last_fit = fit
         self.event("calibrated", {"trials": len(runs), "before": FitReport.median_abs(fit.before),
                                   "after": FitReport.median_abs(fit.after), "values": fit.values,
                                   "not_identified": fit.not_identified})
@@ -547,7 +556,7 @@ def best_configs(best: TrialRecord, tuner: _Tuner) -> tuple[dict[str, str], dict
     from planner.specs import Plan
 
     st = Strategy.model_validate(best.strategy)
-    estimate = score(tuner.model, tuner.cluster_now(), tuner.train, st)
+    estimate = evaluate_one(tuner.model, tuner.cluster_now(), tuner.train, st)
     chosen = Plan(rank=1, strategy=st, estimate=estimate, model=tuner.model, cluster=tuner.cluster_now(),
                   train=tuner.train, num_gpus=tuner.num_gpus)
     out, refused = {}, {}

@@ -48,10 +48,12 @@ from planner.errors import (
     unknown_name_message,
 )
 from planner.specs import ClusterSpec, GpuSpec, HostSpec, LinkTier, ModelSpec
+from planner.specs.topology import TopologySpec
 from planner.specs.hardware import (BW_BYTES_PER_S_RANGE, FLOP_PER_S_RANGE, HOST_TIME_SCALE_RANGE, LATENCY_S_RANGE,
                                      MEMORY_BYTES_RANGE, StepTimeResiduals)
 from planner.specs.hf import read_hf_config
 from profiles.bundle import resolve_cluster, resolve_gpu
+from profiles.topology import with_fabric
 from profiles.calibration_file import (
     USER_CALIBRATION_KEYS,
     Calibration,
@@ -374,9 +376,34 @@ def cluster_from_yaml(data: dict[str, Any], what: str = "cluster") -> ClusterSpe
             fields[key] = data.pop(key)
     if "host" in data:
         fields["host"] = _host(data.pop("host"), f"{what}.host")
+    if "topology" in data:
+        fields["topology"] = _topology(data.pop("topology"), f"{what}.topology")
     if data:
         raise SpecError(f"{what} has unknown field(s): {', '.join(sorted(data))}")
     return _validated(ClusterSpec, fields, what)
+
+
+#: The numeric keys of a fabric level in a cluster YAML file's `topology.levels`.
+LEVEL_YAML_FIELDS = ("unit_gpus", "oversubscription", "latency_us")
+
+
+def _topology(data: Any, what: str) -> TopologySpec:
+    """A cluster file's `topology:` mapping (planner.specs.topology.TopologySpec; level latencies in µs)."""
+    data = dict(_mapping(data, "topology", what))
+    levels = []
+    raw = data.pop("levels", [])
+    if not isinstance(raw, list):
+        raise SpecError(f"{what}.levels must be a list of mappings (name, unit_gpus, oversubscription)")
+    for i, level in enumerate(raw):
+        level = dict(_mapping(level, f"levels[{i}]", what))
+        _pop_sources(level, LEVEL_YAML_FIELDS, f"{what}.levels[{i}]")
+        if "latency_us" in level:
+            level["latency_s"] = _si(level.pop("latency_us"), "latency_us", f"{what}.levels[{i}]", MICRO,
+                                     LATENCY_S_RANGE)
+        levels.append(level)
+    if levels:
+        data["levels"] = levels
+    return _validated(TopologySpec, data, what)
 
 
 def load_cluster(ref: str | Path | ClusterSpec | dict) -> ClusterSpec:
@@ -387,7 +414,8 @@ def load_cluster(ref: str | Path | ClusterSpec | dict) -> ClusterSpec:
     if isinstance(ref, dict):
         return resolve_cluster(cluster_from_yaml(ref, "cluster"))
     path = _resolve("clusters", str(ref))
-    return resolve_cluster(cluster_from_yaml(read_yaml(path, "cluster"), f"cluster {path.stem}"))
+    cluster = cluster_from_yaml(read_yaml(path, "cluster"), f"cluster {path.stem}")
+    return resolve_cluster(with_fabric(cluster, base=path.parent))
 
 
 # ---- models ----------------------------------------------------------------

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from planner.errors import SpecError
 from planner.specs import ClusterSpec, GpuSpec
+from profiles.topology import with_fabric
 from profiles.attention import AttentionTable, attention_tables_from
 from profiles.collectives import Curves, curves_from_table
 from profiles.dispatch import DispatchMeasurements, dispatch_measurements_from
@@ -143,6 +144,8 @@ def resolve_gpu(gpu: GpuSpec) -> GpuSpec:
 
 
 def resolve_cluster(cluster: ClusterSpec) -> ClusterSpec:
-    """`cluster` with its GPU's tables resolved (`resolve_gpu`)."""
+    """`cluster` with its GPU's tables resolved (`resolve_gpu`) and its fabric derived from its topology
+    graph (`profiles.topology.with_fabric`; a graph file's relative path is read from the working directory)."""
     gpu = resolve_gpu(cluster.gpu)
+    cluster = with_fabric(cluster)
     return cluster if gpu is cluster.gpu else cluster.model_copy(update={"gpu": gpu})

@@ -3,6 +3,7 @@
 A number is covered by
 - a `<field>_source` (or the same without the unit, `kernel_overhead_source`) in
   its mapping or an enclosing one;
+- a cluster's `topology.source` for the numbers of its `topology:` mapping;
 - the file's `source:` for the fields a datasheet or model card gives
   (`DATASHEET`), or for every field of a profile `meshplan profile` measured;
 - in calibration files, `fitted_on:` for the calibrated fields; the other
@@ -53,6 +54,8 @@ def unsourced(kind: str, doc: dict) -> list[str]:
             continue
         if kind == "models" and source:
             continue
+        if kind == "clusters" and top == "topology" and str(doc["topology"].get("source") or "").strip():
+            continue  # the fabric's structure (unit sizes, oversubscription) as its `topology.source` publishes it
         if kind in DATASHEET and source and (top in DATASHEET[kind] or field in DATASHEET[kind]):
             continue
         if kind in ("gpus", "clusters") and source.startswith(MEASURED):

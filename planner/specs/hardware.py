@@ -15,6 +15,7 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from planner.errors import SpecError, short_repr
 from planner.specs.base import MAX_GPUS, MAX_HEADS, Spec
+from planner.specs.topology import Fabric, FabricLevel, TopologySpec
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32"]
 
@@ -302,6 +303,11 @@ class ClusterSpec(Spec):
         "all-to-all and the experts wait for the busiest rank. A training run's own value overrides it.",
     )
     host: HostSpec | None = Field(None, description="The servers' CPU and DRAM (optimizer offload); None: unknown.")
+    topology: TopologySpec | None = Field(None, description="How the cluster's topology graph is built "
+                                          "(planner.specs.topology); None: the two tiers alone.")
+    fabric: Fabric | None = Field(None, description="The per-level figures derived from the topology graph by "
+                                  "profiles.topology (set when the cluster is loaded); None: one level, the NVLink "
+                                  "domain, whose egress is the inter_node tier (the two-tier model).")
     source: str = Field("", description="Datasheets the numbers come from.")
 
     @model_validator(mode="after")
@@ -311,7 +317,19 @@ class ClusterSpec(Spec):
             raise SpecError(
                 f"nvlink_domain_size ({domain}) and gpus_per_node ({self.gpus_per_node}) must divide one another"
             )
+        if self.fabric is not None and self.fabric.levels[0].unit_gpus != domain:
+            raise SpecError(f"fabric level 0 ({self.fabric.levels[0].name}) holds {self.fabric.levels[0].unit_gpus} "
+                            f"GPUs but the NVLink domain has {domain}: they are the same unit")
         return self
+
+    @property
+    def levels(self) -> list[FabricLevel]:
+        """The fabric's levels, innermost first (`fabric`), or the two-tier model's one level: the NVLink
+        domain, left at the inter_node tier's link rate and latency."""
+        if self.fabric is not None:
+            return list(self.fabric.levels)
+        return [FabricLevel(name="nvlink-domain", unit_gpus=self.domain_size,
+                            egress_bytes_per_s=self.inter_node.bw_bytes_per_s, latency_s=self.inter_node.latency_s)]
 
     @property
     def domain_size(self) -> int:

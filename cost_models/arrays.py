@@ -1,7 +1,8 @@
 """StrategyArrays: many strategies as one struct of numpy arrays.
 
 The field names are the Strategy field names (one vocabulary); categorical
-fields are integer codes (`recompute`: 0 none, 1 selective, 2 full). Optional
+fields are integer codes (`recompute`: 0 none, 1 selective, 2 full; `rank_order`: the index in
+RANK_ORDERS). Optional
 integers use 0 for "not set" (`recompute_num_layers` 0 = all layers of the
 chunk; `num_layers_in_first_stage` 0 = even split; `offload_activation_layers` 0 = off). `stage_layers`, the one
 field that is a list (pp counts, or pp·vpp counts one per virtual stage, where 0
@@ -16,7 +17,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from planner.specs.strategy import RECOMPUTE_MODULES
+from planner.specs.strategy import RANK_ORDERS, RECOMPUTE_MODULES
 
 RECOMPUTE_NAMES = ("none", "selective", "full")
 RECOMPUTE_CODE = {name: code for code, name in enumerate(RECOMPUTE_NAMES)}
@@ -30,12 +31,14 @@ OPTIONAL_COUNTS = ("recompute_num_layers", "num_layers_in_first_stage", "num_lay
 
 
 #: Columns `StrategyArrays.from_columns` may be given without (their Strategy defaults, as codes).
-COLUMN_DEFAULTS = {"embedding_as_layer": False, "loss_as_layer": False, "overlap_moe_comm": False,
+COLUMN_DEFAULTS = {"rank_order": 0, "embedding_as_layer": False, "loss_as_layer": False, "overlap_moe_comm": False,
                    "overlap_p2p_comm": True, "recompute_modules": 0, "offload_activation_layers": 0}
 
 
 #: Fields a strategy-like object may leave out (their Strategy defaults).
-DEFAULTED = {**{name: None for name in OPTIONAL_COUNTS}, "overlap_p2p_comm": True}
+DEFAULTED = {**{name: None for name in OPTIONAL_COUNTS}, "overlap_p2p_comm": True, "rank_order": RANK_ORDERS[0]}
+#: A rank order's code in the arrays: its index in planner.specs.strategy.RANK_ORDERS.
+RANK_ORDER_CODE = {name: code for code, name in enumerate(RANK_ORDERS)}
 
 
 def modules_mask(modules: list[str] | tuple[str, ...] | None) -> int:
@@ -85,6 +88,7 @@ class StrategyArrays:
     embedding_as_layer: np.ndarray  # bool
     loss_as_layer: np.ndarray  # bool
     stage_layers: np.ndarray  # (N, P) int, -1-padded; P = 0 when no candidate has an explicit split
+    rank_order: np.ndarray  # index into RANK_ORDERS (0: Megatron's default tp-cp-ep-dp-pp)
 
     BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "overlap_grad_reduce", "overlap_param_gather",
                    "overlap_moe_comm", "overlap_p2p_comm", "embedding_as_layer", "loss_as_layer")
@@ -148,6 +152,7 @@ class StrategyArrays:
             out[name] = bool(value) if name in self.BOOL_FIELDS else int(value)
         out["recompute"] = RECOMPUTE_NAMES[out["recompute"]]
         out["recompute_modules"] = modules_of(out["recompute_modules"])
+        out["rank_order"] = RANK_ORDERS[out["rank_order"]]
         for name in OPTIONAL_COUNTS:
             out[name] = out[name] or None
         return out
@@ -159,6 +164,7 @@ def row_of(strategy: Any) -> dict[str, Any]:
            for name in StrategyArrays.names()}
     row["recompute"] = RECOMPUTE_CODE[row["recompute"]]
     row["recompute_modules"] = modules_mask(row["recompute_modules"])
+    row["rank_order"] = RANK_ORDER_CODE[row["rank_order"]]
     for name in OPTIONAL_COUNTS:
         row[name] = row[name] or 0
     row["stage_layers"] = list(row["stage_layers"] or [])

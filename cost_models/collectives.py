@@ -69,14 +69,14 @@ class CurveCommModel(TierCommModel):
         local = np.zeros(n.shape)
         if span.any():  # members of a spanning group in one domain (at least 1, at most the group)
             local[span] = np.minimum(np.maximum(self.domain // np.maximum(stride[span], 1), 1), n[span])
-        return shape, nbytes, n, local, inside, span
+        return shape, nbytes, n, stride, local, inside, span
 
     def _collective_s(self, ops: tuple[str, ...], nbytes, size, stride, hops) -> np.ndarray:
         """Mean time of `ops` (one, or all-gather and reduce-scatter) of `nbytes` over `size` ranks.
         Inside a domain: the measured curve. Spanning domains: TierCommModel's busbw = min(NVLink,
         k · NIC) (the NIC tier's all-reduce or gather/scatter bandwidth), the NVLink side from the
         curve of the k members one domain holds, plus the network tier's latency per hop."""
-        shape, nbytes, n, local, inside, span = self._groups(nbytes, size, stride)
+        shape, nbytes, n, stride, local, inside, span = self._groups(nbytes, size, stride)
         hops = np.broadcast_to(np.asarray(hops, dtype=float), shape).ravel()
         out = np.zeros(n.shape)
         for op in ops:
@@ -85,9 +85,10 @@ class CurveCommModel(TierCommModel):
                 out[inside] += curve.time_s(op, nbytes[inside], n[inside])
             if span.any():
                 b, k = nbytes[span], local[span]
-                nic_bw = self.inter_bw if op == "all_reduce" else self.inter_gs_bw
-                span_bw = np.minimum(curve.busbw(b, np.maximum(k, 2)), nic_bw * k)
-                out[span] += bus_factor(op, n[span]) * b / span_bw + hops[span] * self.inter_lat
+                egress = self.egress if op == "all_reduce" else self.egress_gs
+                share, lat, _ = self._crossing(n[span], stride[span], egress, sharp=op == "all_reduce")
+                span_bw = np.minimum(curve.busbw(b, np.maximum(k, 2)), share)
+                out[span] += bus_factor(op, n[span]) * b / span_bw + hops[span] * lat
         return (out / len(ops)).reshape(shape)
 
     def all_reduce_s(self, nbytes, size, stride) -> np.ndarray:
@@ -104,7 +105,7 @@ class CurveCommModel(TierCommModel):
         """Inside a domain the measured curve; across domains TierCommModel's rule (the slower of
         the NVLink share and the NIC share) with the NVLink share at the curve's bandwidth. The
         scales multiply each tier's bytes (a deduplicating dispatcher, `cost_models.dispatch`)."""
-        shape, nbytes, n, local, inside, span = self._groups(nbytes, size, stride)
+        shape, nbytes, n, stride, local, inside, span = self._groups(nbytes, size, stride)
         intra_scale = np.broadcast_to(np.asarray(intra_scale, dtype=float), shape).ravel()
         inter_scale = np.broadcast_to(np.asarray(inter_scale, dtype=float), shape).ravel()
         curve = self.nvlink["all_to_all"]
@@ -112,11 +113,12 @@ class CurveCommModel(TierCommModel):
         if inside.any():
             out[inside] = curve.time_s("all_to_all", nbytes[inside] * intra_scale[inside], n[inside])
         if span.any():
-            b, k, m = nbytes[span], local[span], n[span]
+            b, k, m, d = nbytes[span], local[span], n[span], stride[span]
             bi = b * intra_scale[span]
             intra_s = bi * (k - 1) / m / curve.busbw(bi, np.maximum(k, 2))
-            inter_s = inter_scale[span] * b * (m - k) / m / self.inter_bw
-            out[span] = np.maximum(intra_s, inter_s) + np.ceil(np.log2(m)) * self.inter_lat
+            inter_s = self._leaving_s(b, m, d, inter_scale[span])
+            _, lat, _ = self._crossing(m, d, self.egress)
+            out[span] = np.maximum(intra_s, inter_s) + np.ceil(np.log2(m)) * lat
         return out.reshape(shape)
 
 

@@ -58,29 +58,65 @@ class CommModel(Protocol):
 
 
 class TierCommModel:
-    """Two-tier alpha-beta model of a cluster of NVLink domains.
+    """Alpha-beta model of a cluster of NVLink domains joined by a fabric of levels (`ClusterSpec.levels`,
+    derived from the topology graph by `profiles.topology`; the two-tier model is one level).
 
-    A group that fits in one NVLink domain (size·stride ≤ domain) runs at the
-    intra-domain bus bandwidth. A group that spans domains is limited by the
-    scale-out NICs: with one NIC per GPU and k members per domain, k NICs carry
-    its traffic (other groups use the others), so busbw = min(intra, k · inter).
+    A group inside one NVLink domain (size·stride ≤ domain) runs at the intra-domain bus bandwidth. A
+    group that crosses the units of level L (size·stride > unit_L) with k_L members per unit is limited by
+    what leaves a unit: every GPU of the unit belongs to one group of this dimension and all of them run at
+    once, so the unit's egress (egress_L per GPU, all GPUs sending) is shared by unit_L / k_L groups and
+    each gets k_L · egress_L. A ring (or NCCL's hierarchical tree) enters and leaves each unit once per
+    channel, so that share is its bus bandwidth there:
+
+        busbw = min(intra, min over the levels it crosses of k_L · egress_L · tier efficiency)
+
+    On one level, the NVLink domain with the inter_node tier's rate, that is min(intra, k · inter): with one
+    NIC per GPU and k members per domain, k NICs carry the group's traffic. An oversubscribed level (a pod's
+    uplinks at 1:7) binds once k_L · egress_L drops below the levels under it. A level whose switches reduce
+    in the network (SHARP) sends an all-reduce's bytes once up and once down: its share is multiplied by
+    the ring's 2(n-1)/n. The latency is the highest crossed level's.
     """
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self.domain = cluster.domain_size
         self.intra_bw = cluster.intra_node.bus_bw_bytes_per_s
         self.intra_lat = cluster.intra_node.latency_s
-        self.inter_bw = cluster.inter_node.bus_bw_bytes_per_s
-        self.inter_lat = cluster.inter_node.latency_s
         self.intra_gs_bw = cluster.intra_node.gather_scatter_bw_bytes_per_s
-        self.inter_gs_bw = cluster.inter_node.gather_scatter_bw_bytes_per_s
+        inter = cluster.inter_node
+        levels = cluster.levels
+        # per level, as (L, 1) columns that broadcast against flattened groups
+        self.unit = np.array([lv.unit_gpus for lv in levels], dtype=float)[:, None]
+        raw = np.array([lv.egress_bytes_per_s for lv in levels], dtype=float)[:, None]
+        self.egress = raw * inter.efficiency
+        self.egress_gs = raw * (inter.gather_scatter_efficiency or inter.efficiency)
+        self.level_lat = np.array([lv.latency_s for lv in levels], dtype=float)
+        self.sharp = np.array([lv.sharp for lv in levels], dtype=bool)[:, None]
+        self.level_names = [lv.name for lv in levels]
+        # one GPU's own scale-out rate (its NIC: level 0's share per GPU), what a point-to-point flow gets
+        self.inter_bw = float(self.egress[0, 0])
+        self.inter_gs_bw = float(self.egress_gs[0, 0])
+        self.inter_lat = float(self.level_lat[0])
 
-    def _tier(self, size, stride, intra_bw, inter_bw):
-        size, stride = np.asarray(size, dtype=float), np.asarray(stride, dtype=float)
-        inside = size * stride <= self.domain
-        bw = np.where(inside, intra_bw, np.minimum(intra_bw, inter_bw * self.domain_members(size, stride)))
-        lat = np.where(inside, self.intra_lat, self.inter_lat)
-        return bw, lat
+    def _crossing(self, size, stride, egress, sharp: bool = False):
+        """(bus bandwidth share over the levels a group crosses, inf where it crosses none; the latency of
+        the highest level it crosses, the intra-domain latency where none; how many levels it crosses),
+        each in the broadcast shape of `size` and `stride`."""
+        n, d = np.broadcast_arrays(np.asarray(size, dtype=float), np.asarray(stride, dtype=float))
+        shape = n.shape
+        n, d = n.ravel(), d.ravel()
+        crossed = (n * d)[None, :] > self.unit  # (L, N); nested units: crossing L means crossing those below
+        k = np.clip(self.unit // np.maximum(d, 1)[None, :], 1, n[None, :])
+        share = egress * k
+        if sharp:
+            share = np.where(self.sharp, share * 2 * (n - 1) / np.maximum(n, 1), share)
+        share = np.where(crossed, share, np.inf).min(axis=0)
+        count = crossed.sum(axis=0)
+        lat = np.where(count > 0, self.level_lat[np.maximum(count - 1, 0)], self.intra_lat)
+        return share.reshape(shape), lat.reshape(shape), count.reshape(shape)
+
+    def _tier(self, size, stride, intra_bw, egress, sharp: bool = False):
+        share, lat, _ = self._crossing(size, stride, egress, sharp)
+        return np.minimum(intra_bw, share), lat
 
     def all_reduce_s(self, nbytes, size, stride) -> np.ndarray:
         """All-reduce of `nbytes` over `size` ranks `stride` apart, seconds.
@@ -89,61 +125,129 @@ class TierCommModel:
         2·7/8·1e9/1e11 + 2·3·1e-5 = 0.01756 s.
 
         >>> from types import SimpleNamespace as S
-        >>> tier = S(bus_bw_bytes_per_s=1e11, latency_s=1e-5, gather_scatter_bw_bytes_per_s=1e11)
-        >>> comm = TierCommModel(S(domain_size=8, intra_node=tier, inter_node=tier))
+        >>> tier = S(bus_bw_bytes_per_s=1e11, latency_s=1e-5, gather_scatter_bw_bytes_per_s=1e11,
+        ...          efficiency=1.0, gather_scatter_efficiency=None)
+        >>> level = S(unit_gpus=8, egress_bytes_per_s=1e11, latency_s=1e-5, sharp=False, name="nvlink-domain")
+        >>> comm = TierCommModel(S(domain_size=8, intra_node=tier, inter_node=tier, levels=[level]))
         >>> round(float(comm.all_reduce_s(1e9, 8, 1)), 5)
         0.01756
         """
         n = np.asarray(size, dtype=float)
-        bw, lat = self._tier(n, stride, self.intra_bw, self.inter_bw)
+        bw, lat = self._tier(n, stride, self.intra_bw, self.egress, sharp=True)
         t = 2 * (n - 1) / n * nbytes / bw + 2 * np.ceil(np.log2(np.maximum(n, 1))) * lat
         return np.where(n > 1, t, 0.0)
 
     def gather_scatter_s(self, nbytes, size, stride) -> np.ndarray:
         n = np.asarray(size, dtype=float)
-        bw, lat = self._tier(n, stride, self.intra_gs_bw, self.inter_gs_bw)
+        bw, lat = self._tier(n, stride, self.intra_gs_bw, self.egress_gs)
         t = (n - 1) / n * nbytes / bw + (n - 1) * lat
         return np.where(n > 1, t, 0.0)
 
     def p2p_s(self, nbytes, stride, span) -> np.ndarray:
-        """Pipeline neighbours cross a domain boundary somewhere once the pipeline
-        spans more than one domain; the slowest hop sets the pace."""
-        inside = np.asarray(span) <= self.domain
-        link_bw = np.where(inside, self.intra_bw, self.inter_bw)
-        lat = np.where(inside, self.intra_lat, self.inter_lat)
+        """One transfer between neighbours `stride` apart in a group (a pipeline, a context-parallel ring)
+        spanning `span` ranks. Every pair of neighbours sends at once, and the slowest hop sets the pace:
+        the group crosses level L somewhere once span > unit_L. One flow runs over one NIC (egress_0), and
+        at a higher level the min(unit_L, stride) flows that leave one unit share its egress:
+        rate = min(NIC, egress_L · unit_L / min(unit_L, stride)) over the crossed levels."""
+        span = np.asarray(span, dtype=float)
+        d = np.broadcast_to(np.asarray(stride, dtype=float), np.broadcast_shapes(np.shape(stride), span.shape))
+        span = np.broadcast_to(span, d.shape)
+        flat_d, flat_span = d.ravel(), span.ravel()
+        crossed = flat_span[None, :] > self.unit
+        flows = np.minimum(self.unit, np.maximum(flat_d, 1)[None, :])
+        rate = np.minimum(self.inter_bw, self.egress * self.unit / flows)
+        rate = np.where(crossed, rate, np.inf).min(axis=0)
+        count = crossed.sum(axis=0)
+        link_bw = np.where(count > 0, rate, self.intra_bw).reshape(d.shape)
+        lat = np.where(count > 0, self.level_lat[np.maximum(count - 1, 0)], self.intra_lat).reshape(d.shape)
         return nbytes / link_bw + lat
 
     def domain_members(self, size, stride) -> np.ndarray:
         """Members of a group of `size` ranks `stride` apart that share one NVLink domain."""
         return np.clip(self.domain // np.maximum(np.asarray(stride, dtype=float), 1), 1, np.asarray(size, dtype=float))
 
+    def members(self, size, stride) -> np.ndarray:
+        """Members per unit of each level, (L, ...) over the broadcast shape of `size` and `stride`."""
+        n, d = np.broadcast_arrays(np.asarray(size, dtype=float), np.asarray(stride, dtype=float))
+        unit = self.unit.reshape((-1,) + (1,) * n.ndim)
+        return np.clip(unit // np.maximum(d, 1), 1, n)
+
+    def _leaving_s(self, nbytes, size, stride, inter_scale):
+        """All-to-all: the time of the bytes that leave each crossed level's units, the slowest level's
+        (each GPU sends (n - k_L)/n of its bytes out of its unit, and the unit's egress carries them all)."""
+        n, d = np.broadcast_arrays(np.asarray(size, dtype=float), np.asarray(stride, dtype=float))
+        k = self.members(n, d)
+        unit = self.unit.reshape((-1,) + (1,) * n.ndim)
+        egress = self.egress.reshape((-1,) + (1,) * n.ndim)
+        crossed = n * d > unit
+        t = np.where(crossed, inter_scale * nbytes * (n - k) / n / egress, 0.0)
+        return t.max(axis=0)
+
     def all_to_all_s(self, nbytes, size, stride, intra_scale=1.0, inter_scale=1.0) -> np.ndarray:
         """All-to-all (MoE token dispatch): each rank sends (n-1)/n of `nbytes` to the other
-        members at once; those inside its NVLink domain over NVLink, the others over its NIC,
-        so the slower of the two shares sets the time. Latency: ⌈log2 n⌉ hops of the tier
-        (an estimate of NCCL's concurrent sends). `intra_scale` and `inter_scale` scale each
-        tier's bytes: a deduplicating dispatcher's copies against the all-to-all's
-        (`cost_models.dispatch.tier_scales`).
+        members at once; those inside its NVLink domain over NVLink, the others over the fabric,
+        whose slowest crossed level (the bytes leaving a unit over its egress) sets the network's
+        time, so the slower of the two shares sets the time. Latency: ⌈log2 n⌉ hops of the highest
+        crossed level (an estimate of NCCL's concurrent sends). `intra_scale` and `inter_scale` scale
+        the bytes that stay in the domain and those that leave it: a deduplicating dispatcher's copies
+        against the all-to-all's (`cost_models.dispatch.tier_scales`).
 
         64 ranks, 8 per domain, 1 MB each at 400 GB/s NVLink and 45 GB/s NIC: the 56/64 MB
         that leave the node take 19.4 µs, plus 6 hops of 6 µs:
 
         >>> from types import SimpleNamespace as S
         >>> nv = S(bus_bw_bytes_per_s=4e11, latency_s=3e-6, gather_scatter_bw_bytes_per_s=4e11)
-        >>> ib = S(bus_bw_bytes_per_s=4.5e10, latency_s=6e-6, gather_scatter_bw_bytes_per_s=4.5e10)
-        >>> comm = TierCommModel(S(domain_size=8, intra_node=nv, inter_node=ib))
+        >>> ib = S(bus_bw_bytes_per_s=4.5e10, latency_s=6e-6, gather_scatter_bw_bytes_per_s=4.5e10,
+        ...        efficiency=1.0, gather_scatter_efficiency=None)
+        >>> level = S(unit_gpus=8, egress_bytes_per_s=4.5e10, latency_s=6e-6, sharp=False, name="nvlink-domain")
+        >>> comm = TierCommModel(S(domain_size=8, intra_node=nv, inter_node=ib, levels=[level]))
         >>> round(float(comm.all_to_all_s(1e6, 64, 1)) * 1e6, 1)  # µs
         55.4
         """
         n = np.asarray(size, dtype=float)
         stride = np.asarray(stride, dtype=float)
-        inside = n * stride <= self.domain
         local = self.domain_members(n, stride)
         intra_s = intra_scale * nbytes * (local - 1) / n / self.intra_bw
-        inter_s = inter_scale * nbytes * (n - local) / n / self.inter_bw
-        lat = np.where(inside, self.intra_lat, self.inter_lat)
+        inter_s = self._leaving_s(nbytes, n, stride, inter_scale)
+        _, lat, _ = self._crossing(n, stride, self.egress)
         t = np.maximum(intra_s, inter_s) + np.ceil(np.log2(np.maximum(n, 1))) * lat
         return np.where(n > 1, t, 0.0)
+
+    def describe(self, size: int, stride: int, op: str = "all_reduce") -> dict:
+        """The levels one group of `size` ranks `stride` apart crosses and the bus bandwidth it gets (op
+        all_reduce, gather or all_to_all; for explanations): {crosses: the highest level or None, busbw,
+        latency_s, shares: bandwidth per crossed level, bottleneck: nvlink or the level with the least}."""
+        egress = self.egress if op in ("all_reduce", "all_to_all") else self.egress_gs
+        intra = self.intra_gs_bw if op == "gather" else self.intra_bw
+        share, lat, count = self._crossing(size, stride, egress, sharp=op == "all_reduce")
+        crossed = int(count)
+        if op == "all_to_all":  # the bytes leaving each crossed level's units over its egress: (n-1)/n of the
+            n = float(size)     # rank's bytes at the bus rate the share below states
+            members = self.members(size, stride).ravel()
+            shares = {self.level_names[i]: float(egress[i, 0] * (n - 1) / max(n - members[i], 1))
+                      for i in range(crossed)}
+        else:
+            members = self.members(size, stride).ravel()
+            shares = {self.level_names[i]: float(egress[i, 0] * members[i]
+                                                 * (2 * (size - 1) / size if op == "all_reduce" and self.sharp[i, 0]
+                                                    else 1.0)) for i in range(crossed)}
+        return self._described(crossed, shares, intra, float(lat))
+
+    def describe_p2p(self, stride: int, span: int) -> dict:
+        """As `describe`, for one transfer between neighbours `stride` apart in a group spanning `span` ranks
+        (`p2p_s`'s rate)."""
+        crossed = int((float(span) > self.unit[:, 0]).sum())
+        shares = {self.level_names[i]: float(min(self.inter_bw, self.egress[i, 0] * self.unit[i, 0]
+                                                 / min(self.unit[i, 0], max(stride, 1)))) for i in range(crossed)}
+        lat = float(self.level_lat[crossed - 1]) if crossed else self.intra_lat
+        return self._described(crossed, shares, self.intra_bw, lat)
+
+    def _described(self, crossed: int, shares: dict[str, float], intra: float, lat: float) -> dict:
+        least = min(shares, key=shares.get) if shares else None
+        limited = least if least is not None and shares[least] < intra else "nvlink"
+        bw = min([intra, *shares.values()])
+        return {"crosses": self.level_names[crossed - 1] if crossed else None, "busbw": bw, "latency_s": lat,
+                "shares": shares, "bottleneck": limited}
 
 
 def exposed_s(comm_s, window_s, overlap: float):

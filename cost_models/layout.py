@@ -70,8 +70,10 @@ from typing import Any
 
 import numpy as np
 
+from planner.specs.strategy import RANK_ORDERS
+
 #: Megatron-core's default order, innermost first.
-DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
+DEFAULT_RANK_ORDER = RANK_ORDERS[0]
 DENSE_DIMS = ("tp", "cp", "dp", "pp")
 STAGE_NAMES = ("first", "middle", "last")
 
@@ -104,26 +106,44 @@ class ParallelLayout:
     loss_as_layer: np.ndarray  # bool
     stage_layers: np.ndarray | None = None
     rank_order: str = DEFAULT_RANK_ORDER
+    orders: np.ndarray | None = None
+    order_names: tuple[str, ...] = RANK_ORDERS
     _rows: "StageRows | None" = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        """`orders` (each candidate's index into `order_names`) defaults to `rank_order` for every candidate;
+        a `rank_order` outside RANK_ORDERS gets a list of its own."""
+        if self.orders is None:
+            if self.rank_order not in self.order_names:
+                self.order_names = (self.rank_order,)
+            self.orders = np.full(len(self.tp), self.order_names.index(self.rank_order), dtype=np.int64)
+        for name in self.order_names:
+            dims = [d for d in name.split("-") if d in DENSE_DIMS]
+            if sorted(dims) != sorted(DENSE_DIMS):
+                raise ValueError(f"rank order {name!r} must name each of {', '.join(DENSE_DIMS)} once")
 
     # ---- construction -------------------------------------------------------
     @classmethod
-    def of(cls, st: Any, num_layers: int, rank_order: str = DEFAULT_RANK_ORDER) -> "ParallelLayout":
-        """From `StrategyArrays` (arrays) or a resolved `Strategy` (one candidate)."""
+    def of(cls, st: Any, num_layers: int, rank_order: str | None = None) -> "ParallelLayout":
+        """From `StrategyArrays` (arrays) or a resolved `Strategy` (one candidate), each candidate in its own
+        rank order (`rank_order` given: every candidate in that one)."""
         if isinstance(st.tp, (int, np.integer)):
             return cls.of_strategy(st, num_layers, rank_order)
         n = len(st.tp)
         explicit = getattr(st, "stage_layers", None)
+        codes = getattr(st, "rank_order", None)
         return cls(num_layers=int(num_layers), tp=st.tp, cp=st.cp, dp=st.dp, pp=st.pp, vpp=st.vpp, ep=st.ep,
                    etp=st.etp, first=st.num_layers_in_first_stage, last=st.num_layers_in_last_stage,
                    embedding_as_layer=_arr(getattr(st, "embedding_as_layer", False), n, bool),
                    loss_as_layer=_arr(getattr(st, "loss_as_layer", False), n, bool),
                    stage_layers=explicit if explicit is not None and explicit.size and (explicit > 0).any() else None,
-                   rank_order=rank_order)
+                   rank_order=rank_order if rank_order is not None else DEFAULT_RANK_ORDER,
+                   orders=_arr(codes, n) if rank_order is None and codes is not None else None)
 
     @classmethod
-    def of_strategy(cls, s: Any, num_layers: int, rank_order: str = DEFAULT_RANK_ORDER) -> "ParallelLayout":
-        """One resolved Strategy (dp an integer) as a layout of one candidate."""
+    def of_strategy(cls, s: Any, num_layers: int, rank_order: str | None = None) -> "ParallelLayout":
+        """One resolved Strategy (dp an integer) as a layout of one candidate, in its rank order (or
+        `rank_order`)."""
         explicit = getattr(s, "stage_layers", None)
         one = lambda v: np.array([v], dtype=np.int64)  # noqa: E731
         return cls(num_layers=int(num_layers), tp=one(s.tp), cp=one(s.cp), dp=one(s.dp), pp=one(s.pp),
@@ -132,7 +152,7 @@ class ParallelLayout:
                    embedding_as_layer=np.array([bool(getattr(s, "embedding_as_layer", False))]),
                    loss_as_layer=np.array([bool(getattr(s, "loss_as_layer", False))]),
                    stage_layers=np.array([list(explicit)], dtype=np.int64) if explicit else None,
-                   rank_order=rank_order)
+                   rank_order=rank_order or getattr(s, "rank_order", DEFAULT_RANK_ORDER))
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -153,11 +173,21 @@ class ParallelLayout:
         return np.maximum(self.tp * self.cp * self.dp // np.maximum(self.etp * self.ep, 1), 1)  # 1 where the rules refuse
 
     # ---- rank order and groups -------------------------------------------------
-    def _order(self) -> list[str]:
-        dims = [d for d in self.rank_order.split("-") if d in DENSE_DIMS]
-        if sorted(dims) != sorted(DENSE_DIMS):
-            raise ValueError(f"rank order {self.rank_order!r} must name each of {', '.join(DENSE_DIMS)} once")
-        return dims
+    def _order(self, i: int = 0) -> list[str]:
+        """Candidate i's dense dimensions, innermost first."""
+        return [d for d in self.order_names[int(self.orders[i])].split("-") if d in DENSE_DIMS]
+
+    def _per_order(self, fn) -> np.ndarray:
+        """`fn(order)` (an array over all candidates, for one rank order given as its dense dimensions) taken
+        for each candidate from its own order: one evaluation per order in use."""
+        codes = np.unique(self.orders)
+        if len(codes) == 1:
+            return fn([d for d in self.order_names[int(codes[0])].split("-") if d in DENSE_DIMS])
+        out = None
+        for code in codes:
+            value = fn([d for d in self.order_names[int(code)].split("-") if d in DENSE_DIMS])
+            out = value.copy() if out is None else np.where(self.orders == code, value, out)
+        return out
 
     def stride(self, dim: str) -> np.ndarray:
         """Rank distance between neighbours of a group along `dim` (product of the inner sizes).
@@ -173,25 +203,46 @@ class ParallelLayout:
         >>> lay.mesh_dims(), lay.mesh_shape(), lay.coords(13)
         (('pp', 'dp', 'cp', 'tp'), (4, 2, 1, 2), {'tp': 1, 'cp': 0, 'dp': 0, 'pp': 3})
         """
-        out = np.ones(len(self), dtype=np.int64)
-        for d in self._order():
-            if d == dim:
-                return out
-            out = out * getattr(self, d)
-        raise ValueError(f"unknown dimension {dim!r}; dimensions: {', '.join(DENSE_DIMS)}")
+        if dim not in DENSE_DIMS:
+            raise ValueError(f"unknown dimension {dim!r}; dimensions: {', '.join(DENSE_DIMS)}")
+
+        def one(order):
+            out = np.ones(len(self), dtype=np.int64)
+            for d in order[:order.index(dim)]:
+                out = out * getattr(self, d)
+            return out
+        return self._per_order(one)
 
     def group(self, *dims: str) -> tuple[np.ndarray, np.ndarray]:
         """(size, stride) of the group spanning `dims` together (e.g. `group("dp", "cp")`,
-        the ZeRO group). The stride is the innermost member's; dims that are not
-        adjacent in the rank order are refused (the group would not be a strided range)."""
-        order = self._order()
-        pos = sorted(order.index(d) for d in dims)
-        if pos != list(range(pos[0], pos[0] + len(pos))):
-            raise ValueError(f"dimensions {dims} are not adjacent in rank order {self.rank_order!r}")
+        the ZeRO group). The stride is the innermost member's. Dimensions must be adjacent in the rank
+        order (the group is then a strided range) once those of size 1 are left out; a candidate whose
+        group is not (tp-cp-ep-pp-dp with cp > 1 for the dp·cp group, which planner.rules refuses) gets the
+        product of the sizes at the innermost member's stride."""
         size = np.ones(len(self), dtype=np.int64)
         for d in dims:
             size = size * getattr(self, d)
-        return size, self.stride(order[pos[0]])
+
+        def one(order):
+            pos = sorted(order.index(d) for d in dims)
+            inner = np.full(len(self), len(order))  # the innermost dimension of size > 1 (any, if all are 1)
+            for d in dims:
+                p = order.index(d)
+                inner = np.where(getattr(self, d) > 1, np.minimum(inner, p), inner)
+            inner = np.where(inner == len(order), pos[0], inner)
+            strides = {p: self.stride_in(order, order[p]) for p in set(pos)}
+            out = np.ones(len(self), dtype=np.int64)
+            for p, st in strides.items():
+                out = np.where(inner == p, st, out)
+            return out
+        return size, self._per_order(one)
+
+    def stride_in(self, order: list[str], dim: str) -> np.ndarray:
+        """`dim`'s stride under `order` (dense dimensions, innermost first) for every candidate."""
+        out = np.ones(len(self), dtype=np.int64)
+        for d in order[:order.index(dim)]:
+            out = out * getattr(self, d)
+        return out
 
     def embedding_group(self) -> tuple[np.ndarray, np.ndarray]:
         """The first and last pipeline ranks holding copies of tied word embeddings:
@@ -206,24 +257,25 @@ class ParallelLayout:
             return self.etp.copy(), np.ones(len(self), dtype=np.int64)
         if dim == "ep":
             return self.ep.copy(), self.etp.copy()
-        if dim == "edp":
-            return self.expert_dp, self.etp * self.ep
+        if dim == "edp":  # pipeline inside data parallelism (tp-cp-ep-pp-dp): the edp ranks lie pp stages apart
+            pp_inside = self._per_order(lambda order: np.full(len(self), order.index("pp") < order.index("dp")))
+            return self.expert_dp, self.etp * self.ep * np.where(pp_inside, self.pp, 1)
         raise ValueError(f"unknown expert dimension {dim!r}; dimensions: etp, ep, edp")
 
-    def mesh_dims(self) -> tuple[str, ...]:
-        """The dense dimensions outermost first: the axis order of a row-major device mesh
+    def mesh_dims(self, i: int = 0) -> tuple[str, ...]:
+        """Candidate i's dense dimensions outermost first: the axis order of a row-major device mesh
         (e.g. torch's DeviceMesh) whose coordinates are `coords`. Default: pp, dp, cp, tp
         (example in `stride`)."""
-        return tuple(reversed(self._order()))
+        return tuple(reversed(self._order(i)))
 
     def mesh_shape(self, i: int = 0) -> tuple[int, ...]:
         """Sizes of candidate i along `mesh_dims()`."""
-        return tuple(int(getattr(self, d)[i]) for d in self.mesh_dims())
+        return tuple(int(getattr(self, d)[i]) for d in self.mesh_dims(i))
 
     def coords(self, rank: int, i: int = 0) -> dict[str, int]:
         """Coordinates of global `rank` of candidate i along each dense dimension."""
         out, rest = {}, int(rank)
-        for d in self._order():
+        for d in self._order(i):
             size = int(getattr(self, d)[i])
             out[d] = rest % size
             rest //= size
@@ -231,7 +283,7 @@ class ParallelLayout:
 
     def rank(self, i: int = 0, **coords: int) -> int:
         """Global rank of candidate i at the given coordinates (missing ones are 0)."""
-        return int(sum(int(coords.get(d, 0)) * int(self.stride(d)[i]) for d in self._order()))
+        return int(sum(int(coords.get(d, 0)) * int(self.stride(d)[i]) for d in self._order(i)))
 
     def stage_ranks(self, stage: int, i: int = 0) -> list[int]:
         """Every global rank of pipeline stage `stage` of candidate i, ascending."""
@@ -398,7 +450,7 @@ class ParallelLayout:
         if n < 2:
             return None
         cols = [self.tp, self.cp, self.dp, self.pp, self.vpp, self.ep, self.etp, self.first, self.last,
-                self.embedding_as_layer, self.loss_as_layer]
+                self.embedding_as_layer, self.loss_as_layer, self.orders]
         if self.stage_layers is not None:
             cols.append(self.split_ids)
         key = row_ids(np.stack([np.broadcast_to(np.asarray(c, dtype=np.int64), (n,)) for c in cols], axis=1))

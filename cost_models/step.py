@@ -613,7 +613,7 @@ def pipeline_comm(s: Setup, chunk_s: np.ndarray | None = None) -> np.ndarray:
     stage row's forward of one chunk, the shorter of its two passes)."""
     lay, x, m = s.lay, s.x, s.num_microbatches
     h = s.model.hidden_size
-    p2p = s.comm.p2p_s(x.tokens * h * x.act / lay.tp, lay.stride("pp"), lay.num_gpus)
+    p2p = s.comm.p2p_s(x.tokens * h * x.act / lay.tp, lay.stride("pp"), lay.stride("pp") * lay.pp)
     grad_b = DTYPE_BYTES[s.train.grad_precision]
     emb_size, emb_stride = lay.embedding_group()
     embedding_grads = padded_vocab(s.model.vocab_size, lay.tp) * h / lay.tp * grad_b

@@ -89,6 +89,22 @@ def fp8_recipe_problem(train, gpu) -> str | None:
             "mxfp8 needs a Blackwell GPU (B200, GB200)")
 
 
+def _rank_order_msg(ctx: Context, r: dict) -> str:
+    framework = getattr(ctx.train, "framework", "megatron")
+    why = []
+    if framework != "megatron":
+        why.append(f"framework megatron (is {framework!r}, whose mesh nests tp-cp-ep-dp-pp only)")
+    if r["cp"] != 1:
+        why.append(f"cp 1 (is {r['cp']}: with context parallelism the data-parallel group of this order is not a "
+                   "strided range of ranks, which the cost model does not price)")
+    if r["zero_stage"] == 3:
+        why.append("zero_stage below 3 (Megatron-FSDP, Megatron's zero_stage 3, does not take the mapping)")
+    if _moe(ctx) and r["etp"] * r["ep"] != r["tp"] * r["cp"]:
+        why.append(f"etp·ep = tp·cp for an MoE model ({r['etp']}·{r['ep']} vs {r['tp']}·{r['cp']}: Megatron-core "
+                   "requires the expert and dense pipeline groups to coincide)")
+    return f"rank_order {r['rank_order']!r} (Megatron's --use-tp-pp-dp-mapping) needs " + "; ".join(why)
+
+
 @dataclass(frozen=True)
 class Rule:
     key: str
@@ -185,6 +201,11 @@ RULES: tuple[Rule, ...] = (
          lambda c, r: f"etp·ep ({r['etp']}·{r['ep']} = {r['etp'] * r['ep']}) must divide the tp·cp·dp ranks of a "
                       f"pipeline stage that hold the experts ({r['tp']}·{r['cp']}·{r['dp']} = "
                       f"{r['tp'] * r['cp'] * r['dp']})"),
+    Rule("rank_order",
+         lambda c, s: (s.rank_order == 0) | (np.bool_(getattr(c.train, "framework", "megatron") == "megatron")
+                                            & (s.cp == 1) & (s.zero_stage < 3)
+                                            & (~np.bool_(_moe(c)) | (s.etp * s.ep == s.tp * s.cp))),
+         lambda c, r: _rank_order_msg(c, r)),
     Rule("etp_ffn",
          lambda c, s: ~np.bool_(_moe(c)) | (c.model.expert_ffn % s.etp == 0),
          lambda c, r: f"etp ({r['etp']}) must divide moe_ffn_hidden_size ({c.model.expert_ffn})"),

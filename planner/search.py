@@ -16,6 +16,7 @@ from cost_models.arrays import RECOMPUTE_CODE, modules_mask
 from cost_models.blocks import Micro, model_blocks
 from cost_models.layout import STAGE_NAMES
 from cost_models.memory import kind_activation_bytes
+from cost_models.placement import group_links
 from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs
 from planner.advice import advice_for, memory_floor_gpus, min_gpus_to_fit
 from planner.error_band import band_fields, errors_of, overlaps_best
@@ -24,7 +25,7 @@ from planner.ranking import Row, closest_rows, headroom_limit, rank_rows
 from planner.rules import RULES, Context, check, first_failure_counts, messages
 from planner.space import enumerate_space, normalise_constraints, search_space
 from planner.specs import Estimate, GpuSpec, Plan, PlanResult, SearchStats, Strategy
-from planner.specs.results import DEFAULT_HEADROOM, Folded, Rejection
+from planner.specs.results import DEFAULT_HEADROOM, Folded, GroupLink, Rejection
 
 GIB = 2**30
 NUM_CLOSEST = 3
@@ -276,8 +277,12 @@ def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:
     valid = not reasons
     costs = evaluate_arrays(model, cluster, train, st)
     reasons += _memory_reason(costs, 0)
-    return estimate_from(costs, 0, num_gpus, train, reasons=reasons, valid=valid, gpu=cluster.gpu,
-                         moe=model.num_experts > 0)
+    est = estimate_from(costs, 0, num_gpus, train, reasons=reasons, valid=valid, gpu=cluster.gpu,
+                        moe=model.num_experts > 0)
+    if not valid:
+        return est
+    links = group_links(cluster, strategy, model.num_layers, model.num_experts > 0)
+    return est.model_copy(update={"groups": [GroupLink(**g) for g in links]})
 
 
 def _memory_reason(costs: CostArrays, i: int) -> list[str]:

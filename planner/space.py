@@ -50,6 +50,10 @@ Default choices per field (constraints replace them):
   recomputation, the twin that offloads just enough layers' activations to fit).
 - overlap_grad_reduce / overlap_param_gather / overlap_p2p_comm: on. overlap_moe_comm: off (a constraint turns it on:
   Megatron's restrictions on it, below the rules, would halve the MoE space to search it).
+- rank_order: Megatron's default tp-cp-ep-dp-pp, and for framework megatron also tp-cp-ep-pp-dp
+  (--use-tp-pp-dp-mapping) wherever the two differ and the rules allow it: pp > 1, dp > 1, cp 1 and, for an
+  MoE model, etp·ep = tp·cp. Which is faster depends on the fabric: pipeline transfers inside an NVLink
+  domain or a pod against data-parallel rings spread over more of them.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from cost_models.arrays import RECOMPUTE_CODE, RECOMPUTE_MODULES, StrategyArrays, modules_mask
+from cost_models.arrays import RANK_ORDER_CODE, RECOMPUTE_CODE, RECOMPUTE_MODULES, StrategyArrays, modules_mask
 from cost_models.layout import ParallelLayout
 from planner.errors import SpecError, short_repr
 from planner.rules import RULES, Context, check, first_failure_counts
@@ -149,6 +153,10 @@ def _check_value(key: str, v: Any) -> Any:
                 or any(not isinstance(m, str) or m not in RECOMPUTE_MODULES for m in v)):
             raise SpecError(f"constraint recompute_modules={v!r} must be a list of {', '.join(RECOMPUTE_MODULES)}")
         return modules_mask(list(v))
+    if key == "rank_order":
+        if not isinstance(v, str) or v not in RANK_ORDER_CODE:
+            raise SpecError(f"constraint rank_order={short_repr(v)} must be one of {', '.join(RANK_ORDER_CODE)}")
+        return RANK_ORDER_CODE[v]
     if key == "recompute":
         if not isinstance(v, str) or v not in RECOMPUTE_CODE:
             raise SpecError(f"constraint recompute={v!r} must be one of {', '.join(RECOMPUTE_CODE)}")
@@ -315,7 +323,10 @@ def enumerate_heads(model, train, num_gpus: int, cons: dict[str, list[Any]], clu
     ep_key = tuple(cons["ep"]) if "ep" in cons else None
     etp_key = tuple(cons["etp"]) if "etp" in cons else None
     moe = model.num_experts > 0
-    # One row per structure: (dp, tp, pp, cp, ep, etp, vpp, first, last, split index, emb, loss, choice id).
+    orders = cons.get("rank_order")  # None: the default order, and Megatron's tp-pp-dp mapping where it differs
+    alt_order = getattr(train, "framework", "megatron") == "megatron"
+    # One row per structure: (dp, tp, pp, cp, ep, etp, vpp, first, last, split index, emb, loss, choice id,
+    # rank order code).
     structure: list[tuple[int, ...]] = []
     split_index: dict[tuple[int, ...], int] = {(): 0}  # explicit stage_layers choices; index 0 = none
     choice_index: dict[tuple, int] = {}  # recompute choice lists
@@ -334,8 +345,15 @@ def enumerate_heads(model, train, num_gpus: int, cons: dict[str, list[Any]], clu
             index = split_index.setdefault(explicit, len(split_index))
             choice = choice_index.setdefault(_recompute_choices(rc_key, chunk), len(choice_index))
             for ep, etp in experts:
-                structure.append((dp, tp, pp, cp, ep, etp, vpp, first, last, index, emb, loss, choice))
-                blocks.append(grid)
+                if orders is not None:
+                    codes = orders
+                elif alt_order and pp > 1 and dp > 1 and cp == 1 and (not moe or ep * etp == tp * cp):
+                    codes = (0, 1)  # the two orders place pipeline and data-parallel groups differently
+                else:
+                    codes = (0,)  # the orders coincide (pp or dp of 1), or the rules refuse the other
+                for code in codes:
+                    structure.append((dp, tp, pp, cp, ep, etp, vpp, first, last, index, emb, loss, choice, code))
+                    blocks.append(grid)
     if not blocks:
         raise SpecError(_empty_space_message(num_gpus, cons))
     sizes = np.fromiter((len(b) for b in blocks), dtype=np.int64, count=len(blocks))
@@ -350,6 +368,7 @@ def enumerate_heads(model, train, num_gpus: int, cons: dict[str, list[Any]], clu
         "offload_optimizer": inner[:, 3].astype(bool), "recompute": 0, "recompute_num_layers": 0,
         "stage_layers": _split_table(list(split_index))[struct[:, 9]] if len(split_index) > 1 else np.zeros((n, 0)),
         "embedding_as_layer": struct[:, 10].astype(bool), "loss_as_layer": struct[:, 11].astype(bool),
+        "rank_order": struct[:, 13],
     }
     lists = list(choice_index)
     width = max(len(c) for c in lists)

@@ -50,8 +50,27 @@ def test_coordinates_round_trip_and_groups_are_strided_ranges(tp, cp, dp, pp):
 def test_groups_follow_another_rank_order():
     lay = ParallelLayout.of_strategy(strat(tp=2, cp=1, dp=4, pp=2), 8, rank_order="tp-cp-ep-pp-dp")
     assert int(lay.stride("pp")[0]) == 2 and int(lay.stride("dp")[0]) == 4
-    with pytest.raises(ValueError, match="not adjacent"):
-        lay.group("cp", "dp")
+    # cp 1 leaves the ZeRO group the dp group: a strided range across the pipeline
+    assert [int(v[0]) for v in lay.group("cp", "dp")] == [4, 4]
+    assert lay.mesh_dims() == ("dp", "pp", "cp", "tp") and lay.coords(5) == {"tp": 1, "cp": 0, "pp": 0, "dp": 1}
+    size, stride = lay.expert_group("edp")  # etp = ep = 1: the dp ranks, pp stages apart
+    assert (int(size[0]), int(stride[0])) == (8, 2)
+    refused = evaluate(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096,
+                       strategy=Strategy(tp=2, pp=2, cp=2, rank_order="tp-cp-ep-pp-dp"))
+    assert not refused.valid and refused.reasons == [
+        "rank_order 'tp-cp-ep-pp-dp' (Megatron's --use-tp-pp-dp-mapping) needs cp 1 (is 2: with context parallelism "
+        "the data-parallel group of this order is not a strided range of ranks, which the cost model does not price)"]
+
+
+def test_candidates_keep_their_own_rank_orders():
+    """Arrays of candidates mix orders: each candidate's strides follow its own."""
+    from cost_models.arrays import StrategyArrays
+
+    both = [Strategy(tp=2, pp=2, dp=2), Strategy(tp=2, pp=2, dp=2, rank_order="tp-cp-ep-pp-dp")]
+    lay = ParallelLayout.of(StrategyArrays.from_strategies(both), 8)
+    assert lay.stride("pp").tolist() == [4, 2] and lay.stride("dp").tolist() == [2, 4]
+    assert [int(v) for v in lay.group("cp", "dp")[1]] == [2, 4]
+    assert lay.distinct is None  # two layouts, not one
 
 
 def test_embedding_group_spans_the_first_and_last_pipeline_ranks():

@@ -331,7 +331,7 @@ def _strategy(dp: Optional[int], tp: int, pp: int, cp: int, vpp: int, sp: bool, 
               last_stage_layers: Optional[int], stage_layers: Optional[str], embedding_as_layer: bool,
               loss_as_layer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool, ep: int = 1, etp: int = 1,
               offload_optimizer: bool = False, offload_activation_layers: Optional[int] = None,
-              overlap_p2p_comm: bool = True) -> Strategy:
+              overlap_p2p_comm: bool = True, rank_order: str = "tp-cp-ep-dp-pp") -> Strategy:
     return Strategy(dp=dp if dp is not None else "auto", tp=tp, pp=pp, cp=cp, ep=ep, etp=etp,
                     offload_optimizer=offload_optimizer, offload_activation_layers=offload_activation_layers,
                     vpp=vpp, sequence_parallel=sp,
@@ -340,7 +340,7 @@ def _strategy(dp: Optional[int], tp: int, pp: int, cp: int, vpp: int, sp: bool, 
                     num_layers_in_last_stage=last_stage_layers, stage_layers=parse_stage_layers(stage_layers),
                     embedding_as_layer=embedding_as_layer, loss_as_layer=loss_as_layer,
                     overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                    overlap_p2p_comm=overlap_p2p_comm)
+                    overlap_p2p_comm=overlap_p2p_comm, rank_order=rank_order)
 
 
 def parse_stage_layers(text: Optional[str]) -> Optional[list[int]]:
@@ -376,6 +376,7 @@ EmbLayerOpt = Annotated[bool, typer.Option("--embedding-as-layer", help="Count t
 LossLayerOpt = Annotated[bool, typer.Option("--loss-as-layer", help="Count the output layer and loss as one layer in an even split (the last stage gets one transformer layer fewer; Megatron's --account-for-loss-in-pipeline-split).")]
 OgrOpt = Annotated[bool, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Overlap the gradient reduction with backward.")]
 OpgOpt = Annotated[bool, typer.Option("--overlap-param-gather/--no-overlap-param-gather", help="Overlap ZeRO parameter gathers with forward.")]
+RankOrderOpt = Annotated[str, typer.Option("--rank-order", help="How ranks map onto the dimensions, innermost first: tp-cp-ep-dp-pp (Megatron's default) or tp-cp-ep-pp-dp (Megatron's --use-tp-pp-dp-mapping: pipelines close together, data-parallel replicas far apart).")]
 Op2pOpt = Annotated[bool, typer.Option("--overlap-p2p-comm/--no-overlap-p2p-comm", help="With vpp > 1: overlap the steady-state pipeline transfers with compute (Megatron's --overlap-p2p-communication, its default); off: every transfer blocks.")]
 
 
@@ -393,7 +394,7 @@ def _one_strategy_command(render):
         recompute_num_layers: RclOpt = None, first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
         stage_layers: StageLayersOpt = None, embedding_as_layer: EmbLayerOpt = False, loss_as_layer: LossLayerOpt = False,
         overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True, overlap_p2p_comm: Op2pOpt = True,
-        grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash",
+        rank_order: RankOrderOpt = "tp-cp-ep-dp-pp", grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash",
         optimizer: OptimizerOpt = "adam", moe_load_imbalance: MoeImbalanceOpt = None,
         zero3_impl: Zero3ImplOpt = None, fp8_recipe: Fp8RecipeOpt = "delayed",
         fp8_param_gather: Fp8ParamGatherOpt = False,
@@ -425,7 +426,7 @@ def _one_strategy_command(render):
         strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
                              last_stage_layers, stage_layers, embedding_as_layer, loss_as_layer, overlap_grad_reduce,
                              overlap_param_gather, ep, etp, offload_optimizer, offload_activation_layers,
-                             overlap_p2p_comm)
+                             overlap_p2p_comm, rank_order)
         est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                            seq_len=seq_len, precision=precision.value, strategy=strategy, calibration=calibration,
                            **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
@@ -521,6 +522,23 @@ def render_explain(strategy: Strategy, est: Estimate, fmt: Format) -> None:
     stdout.print(tim)
     stdout.print(f"communication hidden behind compute (assumed): {100 * est.comm_hidden_fraction:.0f} %",
                  highlight=False)
+    if est.groups:
+        stdout.print(placement_table(strategy, est))
+
+
+def placement_table(strategy: Strategy, est: Estimate) -> Table:
+    """Per parallel dimension: the link its groups cross and the bus bandwidth each group gets there, with
+    every level's share (Estimate.groups)."""
+    table = Table(title=f"placement (rank order {strategy.rank_order}, innermost first): the link each group "
+                  "crosses, all groups of a dimension at once", title_justify="left")
+    for col in ("dim", "group", "ranks apart", "collective", "crosses", "GB/s per group", "limited by",
+                "per level (GB/s)"):
+        table.add_column(col, justify="right" if col in ("group", "ranks apart", "GB/s per group") else "left")
+    for g in est.groups:
+        shares = ", ".join(f"{shown(level)} {bw / 1e9:.1f}" for level, bw in g.shares_bytes_per_s.items()) or "-"
+        table.add_row(g.dim, str(g.size), str(g.stride), g.collective, shown(g.tier, MESSAGE_CHARS),
+                      f"{g.bus_bw_bytes_per_s / 1e9:.1f}", shown(g.limited_by), shares)
+    return table
 
 
 #: What each step-time term is, beside its name in `explain`.

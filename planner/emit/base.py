@@ -39,6 +39,7 @@ from cost_models.layout import ParallelLayout
 from planner.emit.quoting import NAME_PATTERN, SHELL_IDENTIFIER, check_name, clip, one_line, shell_command, shell_word
 from planner.errors import SpecError, unknown_name_message
 from planner.specs import Plan, Strategy
+from planner.specs.strategy import RANK_ORDERS
 
 
 class NotExpressibleError(SpecError):
@@ -200,6 +201,10 @@ def facts(plan: Plan) -> PlanFacts:
     )
 
 
+#: The emitters whose framework takes a rank order other than Megatron's default (`Strategy.rank_order`).
+RANK_ORDER_FRAMEWORKS = ("Megatron-LM", "Megatron-Bridge")
+
+
 def check_plan(plan: Plan, framework: str) -> PlanFacts:
     """Rules every framework needs and some accept silently, then the facts.
 
@@ -247,6 +252,14 @@ def check_plan(plan: Plan, framework: str) -> PlanFacts:
     if m.position_embedding == "learned" and t.seq_len > m.max_position_embeddings:
         refuse(f"seq_len ({t.seq_len}) exceeds the learned position table (max_position_embeddings "
                f"{m.max_position_embeddings})")
+    if s.rank_order != RANK_ORDERS[0]:
+        if framework not in RANK_ORDER_FRAMEWORKS:
+            refuse(f"rank_order {s.rank_order!r}: {framework} lays ranks out {RANK_ORDERS[0]} only (its process-group "
+                   "mesh takes no other order); Megatron-LM and Megatron-Bridge take this one "
+                   "(--use-tp-pp-dp-mapping)")
+        if s.cp > 1 or s.zero_stage == 3:
+            refuse(f"rank_order {s.rank_order!r} with cp {s.cp} and zero_stage {s.zero_stage}: the order is costed "
+                   "with cp 1 only, and Megatron-FSDP (zero_stage 3) does not take --use-tp-pp-dp-mapping")
     return f
 
 

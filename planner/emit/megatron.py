@@ -123,6 +123,7 @@ FLAGS: dict[str, Flag] = {
     "sequence_parallel": Flag("--sequence-parallel", "switch"),
     "tp_comm_overlap": Flag("--tp-comm-overlap", "switch"),
     "overlap_p2p_comm": Flag("--no-overlap-p2p-communication", "negswitch"),
+    "use_tp_pp_dp_mapping": Flag("--use-tp-pp-dp-mapping", "switch"),
     # batch and sequence
     "micro_batch_size": Flag("--micro-batch-size", "int"),
     "global_batch_size": Flag("--global-batch-size", "int"),
@@ -264,6 +265,8 @@ def settings(plan: Plan) -> dict[str, Any]:
     if s.loss_as_layer:
         out["account_for_loss_in_pipeline_split"] = True
     out["context_parallel_size"] = s.cp
+    if s.rank_order == "tp-cp-ep-pp-dp":  # Megatron-LM's initialize: order "tp-cp-ep-pp-dp" under this switch
+        out["use_tp_pp_dp_mapping"] = True
     if plan.model.is_moe:  # always both: Megatron-LM's default etp is tp, not 1
         out["expert_model_parallel_size"] = s.ep
         out["expert_tensor_parallel_size"] = s.etp
@@ -698,7 +701,8 @@ _RENAMED = {"decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_s
 def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Megatron-LM's translation of its arguments into megatron-core configs.
 
-    Returns kwargs for `parallel` (ModelParallelConfig), `transformer`
+    Returns kwargs for `parallel` (ModelParallelConfig), `initialize` (initialize_model_parallel's rank
+    `order`), `transformer`
     (TransformerConfig), `ddp` (DistributedDataParallelConfig), `optimizer`
     (OptimizerConfig), `gpt` (GPTModel arguments) and `training` (batch and
     sequence). Dtypes are names (`bfloat16`); `swiglu` is `gated_linear_unit`
@@ -767,8 +771,10 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "share_embeddings_and_output_weights": not args.get("untie_embeddings_and_output_weights", False),
     }
     training = {k: args[k] for k in ("micro_batch_size", "global_batch_size", "seq_length")}
+    # megatron/training/initialize.py: initialize_model_parallel(order=...) from --use-tp-pp-dp-mapping
+    initialize = {"order": "tp-cp-ep-pp-dp" if args.get("use_tp_pp_dp_mapping") else "tp-cp-ep-dp-pp"}
     return {"parallel": parallel, "transformer": transformer, "ddp": ddp, "optimizer": optimizer, "gpt": gpt,
-            "training": training}
+            "training": training, "initialize": initialize}
 
 
 #: Megatron-LM's --rotary-base default (and megatron-core GPTModel's rotary_base)

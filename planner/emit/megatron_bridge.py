@@ -138,6 +138,8 @@ def overrides(plan: Plan) -> dict[str, Any]:
             FRAMEWORK, f"grad_precision {plan.train.grad_precision!r} with precision {plan.train.precision!r}; the "
             f"{recipe} mixed-precision recipe sets ddp.grad_reduce_in_fp32={RECIPE_GRAD_REDUCE_IN_FP32[recipe]} when "
             "the config is validated, over any override")
+    if core["initialize"]["order"] != "tp-cp-ep-dp-pp":  # DistributedInitConfig (training/config.py)
+        out["dist.use_tp_pp_dp_mapping"] = True
     out["mixed_precision"] = recipe
     # a recipe's CommOverlapConfig rewrites the model's and DDP's overlap settings when the config is
     # set up (tp_comm_overlap, overlap_moe_expert_parallel_comm, p2p overlap); the plan's own settings

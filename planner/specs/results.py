@@ -21,6 +21,30 @@ BAND_TOLERANCE = 1e-9
 DEFAULT_HEADROOM = 0.05
 
 
+class GroupLink(BaseModel):
+    """Where one parallel dimension's groups sit on the cluster's fabric: the link tier their collectives
+    cross and the bus bandwidth each group gets there with every group of the dimension running at once
+    (cost_models.placement)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dim: str = Field(description="The dimension: tp, cp, dp (the data-parallel / ZeRO group, dp·cp), pp, ep, edp.")
+    size: int = Field(description="Ranks in one group.")
+    stride: int = Field(description="Rank distance between neighbours of a group (from the rank order).")
+    collective: str = Field(description="What the group runs: all_reduce, all_gather / reduce_scatter, "
+                            "all_to_all or send_recv.")
+    tier: str = Field(description="The link the traffic crosses: the NVLink tier's name inside one domain, else "
+                      "the scale-out tier's across the highest fabric level the group spans (e.g. 'roce-400g "
+                      "across pod').")
+    level: str | None = Field(description="The highest fabric level the group spans (None: inside one NVLink domain).")
+    bus_bw_bytes_per_s: float = Field(description="Bus bandwidth one group gets (a send/recv: one transfer's "
+                                      "rate), bytes/s, at the tiers' efficiencies (large messages).")
+    limited_by: str = Field(description="What sets that bandwidth: nvlink, or the fabric level whose share is "
+                            "the smallest.")
+    shares_bytes_per_s: dict[str, float] = Field(default_factory=dict, description="Per crossed fabric level, the "
+                                                 "bandwidth one group gets there.")
+
+
 class Estimate(BaseModel):
     """What the cost model predicts for one strategy."""
 
@@ -61,6 +85,9 @@ class Estimate(BaseModel):
     mfu_high: float | None = Field(None, description="High edge of the MFU band (from step_time_s_low).")
     band_basis: str = Field("", description="Where the band comes from: the published end-to-end runs whose "
                             "residuals set it, or the rule that widened it for a GPU without such runs.")
+    groups: list[GroupLink] = Field(default_factory=list, description="Per parallel dimension of more than one "
+                                    "rank, the link its groups cross and the bandwidth they get (`evaluate` and "
+                                    "`explain` fill it; the ranked plans of `plan` leave it empty).")
 
     @model_validator(mode="after")
     def _band_contains_point(self) -> "Estimate":

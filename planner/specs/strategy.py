@@ -18,6 +18,11 @@ from planner.specs.base import MAX_BATCH, MAX_GPUS, MAX_LAYERS, Spec
 Recompute = Literal["none", "selective", "full"]
 #: Megatron-core's `--recompute-modules` names, in the order `StrategyArrays.recompute_modules`
 #: holds them as a bit mask (bit i = RECOMPUTE_MODULES[i]).
+#: The rank orders a strategy may take, innermost dimension first: Megatron-core's default (tp, then cp, then
+#: the data-parallel ranks, pipeline outermost; torchtitan's, DeepSpeed's and Colossal-AI's meshes nest the same
+#: way), and Megatron's --use-tp-pp-dp-mapping (pipeline inside data parallelism: the stages of one pipeline sit
+#: close together and the data-parallel replicas far apart, the order of Llama 3's training, [TP, CP, PP, DP]).
+RANK_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts", "moe")
 
 
@@ -89,6 +94,11 @@ class Strategy(Spec):
         "transfers with the neighbouring chunks' compute (Megatron's --overlap-p2p-communication, on by default "
         "there and in Megatron-Bridge's interleaved recipes); off: every transfer blocks, as in the 2021-22 "
         "schedule. No effect with vpp 1 or on frameworks whose schedule does not overlap them.")
+    rank_order: Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"] = Field(
+        "tp-cp-ep-dp-pp", description="How ranks map onto the parallel dimensions, innermost first (RANK_ORDERS): "
+        "which groups share an NVLink domain, a rack or a pod. tp-cp-ep-dp-pp is Megatron-core's default (and "
+        "every other framework's); tp-cp-ep-pp-dp is Megatron's --use-tp-pp-dp-mapping (Megatron and "
+        "Megatron-Bridge only).")
     overlap_moe_comm: bool = Field(
         False, description="MoE: overlap each micro-batch's token all-to-all with another micro-batch's compute "
         "(Megatron's --overlap-moe-expert-parallel-comm, which runs one micro-batch's forward beside another's "
@@ -227,4 +237,6 @@ class Strategy(Spec):
             parts.append("a2a-overlap")
         if self.vpp > 1 and not self.overlap_p2p_comm:
             parts.append("p2p-blocking")
+        if self.rank_order != RANK_ORDERS[0]:
+            parts.append("order=" + self.rank_order)
         return " ".join(parts)

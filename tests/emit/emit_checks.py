@@ -65,6 +65,7 @@ def megatron_configs(argv: list[str]) -> dict[str, Any]:
         "optimizer": None if te_needed else OptimizerConfig(**resolve(kw["optimizer"])),
         "gpt": kw["gpt"],
         "training": kw["training"],
+        "initialize": kw["initialize"],
         "args": parse_args(argv),
     }
 

@@ -56,6 +56,9 @@ ALLOWED_REFUSALS = {
     "torchrun": [],
     "slurm": [],
 }
+# Megatron's --use-tp-pp-dp-mapping, which the search turns for framework megatron: the other meshes nest one way
+for _backend in ("deepspeed", "colossalai", "torchtitan"):
+    ALLOWED_REFUSALS[_backend].append(r"rank_order 'tp-cp-ep-pp-dp': [\w-]+ lays ranks out tp-cp-ep-dp-pp only")
 ALLOWED_REFUSALS["megatron-deepspeed"] = ALLOWED_REFUSALS["deepspeed"]
 LAUNCH_EVERY = 10  # bash -n one launch script in ten (a subprocess each)
 _INITIALIZED: set[tuple] = set()  # deepspeed.initialize inputs already built into an engine and checked
@@ -81,11 +84,12 @@ def test_sample_covers_every_knob(sample):
             "embedding_as_layer+vpp": s.embedding_as_layer and s.vpp > 1,
             f"zero{s.zero_stage}": True, f"recompute={s.recompute}": True, p.train.precision: True,
             "unfused": p.train.attention_kernel == "unfused", "does-not-fit": not p.estimate.fits,
-            "act-offload": s.offload_activation_layers is not None}.items() if on)
+            "act-offload": s.offload_activation_layers is not None,
+            "rank_order": s.rank_order != "tp-cp-ep-dp-pp"}.items() if on)
     expected = {"tp", "pp", "cp", "vpp", "sp", "uneven", "recompute_num_layers", "zero0", "zero1", "zero2", "zero3",
                 "stage_layers", "stage_layers+vpp", "embedding_as_layer", "loss_as_layer", "embedding_as_layer+vpp",
                 "recompute=none", "recompute=selective", "recompute=full", "bf16", "fp16", "fp8", "unfused",
-                "does-not-fit", "act-offload"}
+                "does-not-fit", "act-offload", "rank_order"}
     assert expected <= set(seen), expected - set(seen)
 
 

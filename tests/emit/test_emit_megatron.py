@@ -47,6 +47,8 @@ EDGE_CASES = {
     "offload": LLAMA + (dict(tp=8, pp=2, zero_stage=1, offload_optimizer=True),),
     "activation-offload": LLAMA + (dict(tp=8, sequence_parallel=True, zero_stage=1, offload_activation_layers=40),),
     "no-overlap": LLAMA + (dict(tp=8, pp=4, zero_stage=1, overlap_grad_reduce=False, overlap_param_gather=False),),
+    # Llama 3's placement ([TP, CP, PP, DP], Llama 3 paper Sec. 3.3.2): Megatron's --use-tp-pp-dp-mapping
+    "tp-pp-dp-mapping": LLAMA + (dict(tp=4, pp=4, zero_stage=1, sequence_parallel=True, rank_order="tp-cp-ep-pp-dp"),),
 }
 
 
@@ -408,3 +410,37 @@ def test_megatrons_default_norm_epsilon_is_written_too():
     argv = megatron_args(make_plan(*LLAMA, strategy=dict(tp=8, pp=4, zero_stage=1)))
     assert dict(zip(argv, argv[1:]))["--norm-epsilon"] == "1e-05"
     assert megatron_configs(argv)["transformer"].layernorm_epsilon == 1e-5
+
+
+@pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"])
+def test_rank_order_is_megatrons_mapping_and_megatron_core_builds_the_same_groups(order):
+    """The emitted switch gives megatron-core's RankGenerator the plan's order, and its tensor, pipeline and
+    data-parallel groups are the ones the cost model priced (ParallelLayout)."""
+    from megatron.core.parallel_state import RankGenerator
+
+    from cost_models.layout import ParallelLayout
+
+    p = make_plan(*LLAMA, strategy=dict(tp=4, pp=4, zero_stage=1, sequence_parallel=True, rank_order=order))
+    args = megatron_args(p)
+    assert ("--use-tp-pp-dp-mapping" in args) == (order != "tp-cp-ep-dp-pp")
+    emitted_order = megatron_configs(args)["initialize"]["order"]
+    assert emitted_order == order
+    s = p.strategy
+    gen = RankGenerator(tp=s.tp, ep=1, dp=s.dp, pp=s.pp, cp=s.cp, order=emitted_order)
+    lay = ParallelLayout.of_strategy(s, p.model.num_layers)
+    for dim in ("tp", "pp", "dp"):
+        size, stride = int(getattr(lay, dim)[0]), int(lay.stride(dim)[0])
+        ours = sorted(sorted(lay.rank(**{**lay.coords(r), dim: i}) for i in range(size)) for r in range(64)
+                      if lay.coords(r)[dim] == 0)
+        assert sorted(sorted(g) for g in gen.get_ranks(dim)) == ours, dim
+        assert all(g[1] - g[0] == stride for g in gen.get_ranks(dim) if len(g) > 1), dim
+    bridge = emit_data(p, "megatron-bridge")
+    text = str(bridge)
+    assert ("dist.use_tp_pp_dp_mapping" in text) == (order != "tp-cp-ep-dp-pp")
+
+
+@pytest.mark.parametrize("backend", ["deepspeed", "torchtitan", "colossalai"])
+def test_other_frameworks_refuse_megatrons_tp_pp_dp_mapping(backend):
+    p = make_plan(*LLAMA, strategy=dict(tp=4, pp=4, zero_stage=1, sequence_parallel=True, rank_order="tp-cp-ep-pp-dp"))
+    with pytest.raises(NotExpressibleError, match="rank_order 'tp-cp-ep-pp-dp'.*only"):
+        emit_data(p, backend)

@@ -7,7 +7,10 @@ parts are the level below's adds no level, and the tier whose part is the whole 
 Every unit of a level must hold the same number of GPUs with consecutive ranks (the rank order maps
 parallel groups onto units by rank arithmetic); the derivation refuses another graph, naming a node.
 
-A unit's egress is the max-flow (networkx preflow-push) from its GPUs to the nodes just outside it,
+A tier whose parts are the level below's (a top-of-rack switch per server) adds no level: its switches join
+the units below, whose egress then counts their uplinks too, and whose latency the links up to them.
+
+A unit's egress is the max-flow (scipy's Dinic, exact min cut) from its GPUs to the nodes just outside it,
 over the unit's own links and the links that leave it, each link a capacity per direction. The
 units of a level are usually alike, so the flow is computed once per distinct shape of unit (its GPU
 count and the sorted capacities of its links and boundary links) and reused: on the 24,576-GPU
@@ -100,7 +103,7 @@ def _max_flow(sources: np.ndarray, ia: np.ndarray, ib: np.ndarray, cap: np.ndarr
     """Max-flow from the nodes `sources` over the links (ia, ib, cap), each a capacity per direction, to the
     nodes `out` (with the capacity `out_cap` of the boundary link from each), bytes/s: scipy's Dinic on
     capacities scaled to integers (`_FLOW_MAX`) (networkx's preflow-push took a second on one 3,072-GPU pod;
-    tests/test_topology.py checks the two agree)."""
+    tests/test_topology_maxflow.py checks the two agree)."""
     if not len(out):
         return 0.0
     nodes = np.unique(np.concatenate([sources, ia, ib, out]))
@@ -136,47 +139,47 @@ def derive_fabric(graph: nx.Graph, what: str = "topology graph", torus: TorusSpe
     arr = _Arrays(graph, gpus)
     is_switch = arr.kind == "switch"
     tiers = sorted(set(arr.tier[is_switch].tolist()))
-    # (name, unit of each node, units' ranks, sharp: the switches that join this level's units reduce)
+    # per level: name, unit of each node, units' ranks, sharp (the switches that join this level's units
+    # reduce), and the latency of the links inside a unit that a message leaving it crosses first
     first, first_units = _units(arr, arr.parts((arr.kind == "gpu") | (arr.kind == "nvswitch")))
-    partitions = [("ici-slice" if torus is not None else "nvlink-domain", first, first_units, False)]
+    first = _with_nics(arr, first)
+    partitions = [{"name": "ici-slice" if torus is not None else "nvlink-domain", "unit": first,
+                   "units": first_units, "sharp": False, "inner_latency": 0.0}]
     for t in tiers:
         unit, units = _units(arr, arr.parts(~is_switch | (arr.tier <= t)))
         at_tier = [i for i in np.flatnonzero(is_switch & (arr.tier == t))]
         sharp = any(bool(graph.nodes[arr.nodes[i]].get("sharp")) for i in at_tier)
-        if len(units) == len(partitions[-1][2]):
+        below = partitions[-1]
+        if len(units) == len(below["units"]):
+            # The tier joins no two units of the level below (a top-of-rack switch per server): its switches
+            # belong to those units, whose egress is then what leaves the switches (the NICs' or the switch's
+            # uplinks, whichever is less), and a message leaving one crosses the links up to them first.
+            below["inner_latency"] += _leaving(arr, below["unit"])[2]
+            below["unit"] = unit
             continue
         names = {graph.nodes[arr.nodes[i]].get("level") for i in at_tier}
         name = str(next(iter(names))) if len(names) == 1 and None not in names else f"tier{t}"
-        partitions.append((name, unit, units, sharp))
+        partitions.append({"name": name, "unit": unit, "units": units, "sharp": sharp, "inner_latency": 0.0})
     levels: list[FabricLevel] = []
     latency = 0.0
-    for i, (name, unit, units, _) in enumerate(partitions):
+    gpu_node = np.empty(n, dtype=np.int64)
+    gpu_node[arr.rank[arr.rank >= 0]] = np.flatnonzero(arr.rank >= 0)
+    for i, part in enumerate(partitions):
+        name, unit, units = part["name"], part["unit"], part["units"]
         size = _check_units(units, gpus, name, what)
-        if i and size % len(partitions[i - 1][2][0]):
+        if i and size % len(partitions[i - 1]["units"][0]):
             raise SpecError(f"{what}: a {name} unit ({size} GPUs) is not a whole number of "
-                            f"{partitions[i - 1][0]} units")
+                            f"{partitions[i - 1]['name']} units")
         if size == n:  # the whole graph: nothing outside it
             break
-        if i == 0:  # the domain's NICs belong to it: their links count in its egress
-            unit = unit.copy()
-            nic_a = (arr.kind[arr.a] == "nic") & (arr.rank[arr.b] >= 0)
-            nic_b = (arr.kind[arr.b] == "nic") & (arr.rank[arr.a] >= 0)
-            unit[arr.a[nic_a]] = unit[arr.b[nic_a]]
-            unit[arr.b[nic_b]] = unit[arr.a[nic_b]]
-        ua, ub = unit[arr.a], unit[arr.b]
-        inside = (ua == ub) & (ua >= 0)
-        leave_a = (ua >= 0) & (ua != ub)  # the link leaves a's unit
-        leave_b = (ub >= 0) & (ua != ub)
+        ua = unit[arr.a]
+        inside = (ua == unit[arr.b]) & (ua >= 0)
+        (out_from, out_bw, out_lat), leave_unit, _ = _leaving(arr, unit)
+        in_by = _group(ua[inside], len(units))
+        out_by = _group(leave_unit, len(units))
+        in_a, in_b, in_bw = arr.a[inside], arr.b[inside], arr.bw[inside]
         worst, lat_max = float("inf"), 0.0
         flows: dict[tuple, float] = {}
-        in_by = _group(ua[inside], len(units))
-        out_by = _group(np.concatenate([ua[leave_a], ub[leave_b]]), len(units))
-        out_from = np.concatenate([arr.a[leave_a], arr.b[leave_b]])
-        out_bw = np.concatenate([arr.bw[leave_a], arr.bw[leave_b]])
-        out_lat = np.concatenate([arr.lat[leave_a], arr.lat[leave_b]])
-        in_a, in_b, in_bw = arr.a[inside], arr.b[inside], arr.bw[inside]
-        gpu_node = np.empty(n, dtype=np.int64)
-        gpu_node[arr.rank[arr.rank >= 0]] = np.flatnonzero(arr.rank >= 0)
         for u, ranks in enumerate(units):
             e_in, e_out = in_by[u], out_by[u]
             shape = (len(ranks), tuple(np.sort(in_bw[e_in]).tolist()), tuple(np.sort(out_bw[e_out]).tolist()))
@@ -188,14 +191,37 @@ def derive_fabric(graph: nx.Graph, what: str = "topology graph", torus: TorusSpe
                 lat_max = max(lat_max, float(out_lat[e_out].max()))
         if worst <= 0:
             raise SpecError(f"{what}: no link leaves the {name} unit of GPU {short_repr(gpus[units[0][0]])}")
-        latency += lat_max
-        sharp = partitions[i + 1][3] if i + 1 < len(partitions) else False
+        latency += part["inner_latency"] + lat_max
+        sharp = partitions[i + 1]["sharp"] if i + 1 < len(partitions) else False
         levels.append(FabricLevel(name=name, unit_gpus=size, egress_bytes_per_s=worst / size, latency_s=latency,
                                   sharp=sharp))
     if not levels:  # one domain holds every GPU: no scale-out level
-        levels.append(FabricLevel(name=partitions[0][0], unit_gpus=n, egress_bytes_per_s=1e15, latency_s=0.0))
+        levels.append(FabricLevel(name=partitions[0]["name"], unit_gpus=n, egress_bytes_per_s=1e15, latency_s=0.0))
     return Fabric(levels=levels, torus=torus, nodes=graph.number_of_nodes(), edges=graph.number_of_edges(),
                   source=f"{what}: {graph.number_of_nodes():,} nodes, {graph.number_of_edges():,} edges, {n:,} GPUs")
+
+
+def _with_nics(arr: _Arrays, unit: np.ndarray) -> np.ndarray:
+    """`unit` with each GPU's NICs in the GPU's unit (a domain's NICs belong to it: their links count in its
+    egress)."""
+    unit = unit.copy()
+    nic_a = (arr.kind[arr.a] == "nic") & (arr.rank[arr.b] >= 0)
+    nic_b = (arr.kind[arr.b] == "nic") & (arr.rank[arr.a] >= 0)
+    unit[arr.a[nic_a]] = unit[arr.b[nic_a]]
+    unit[arr.b[nic_b]] = unit[arr.a[nic_b]]
+    return unit
+
+
+def _leaving(arr: _Arrays, unit: np.ndarray):
+    """The links that leave a unit: ((node inside, rate, latency) arrays, the unit each leaves, the largest
+    latency among them)."""
+    ua, ub = unit[arr.a], unit[arr.b]
+    leave_a = (ua >= 0) & (ua != ub)
+    leave_b = (ub >= 0) & (ua != ub)
+    out_from = np.concatenate([arr.a[leave_a], arr.b[leave_b]])
+    out_bw = np.concatenate([arr.bw[leave_a], arr.bw[leave_b]])
+    out_lat = np.concatenate([arr.lat[leave_a], arr.lat[leave_b]])
+    return (out_from, out_bw, out_lat), np.concatenate([ua[leave_a], ub[leave_b]]), float(out_lat.max(initial=0.0))
 
 
 def _group(unit_of: np.ndarray, count: int) -> list[np.ndarray]:

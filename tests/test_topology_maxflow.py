@@ -50,7 +50,8 @@ def random_hierarchy(seed: int, children: list[int] | None = None) -> Hierarchy:
     innermost first, the last the number of top units), 1 to 3 parallel switches per unit, each lower switch
     linked to each switch of its parent unit, and a core tier joining the top units. Capacities are whole
     GB/s, random per template link; each level's uplinks carry its downlinks over a random oversubscription
-    (1:2 under- to 7:1 over-subscribed), jittered per link; latencies random. Every unit of a level repeats one template (module docstring)."""
+    (1:2 under- to 7:1 over-subscribed), jittered per link; latencies random. Every unit of a level repeats
+    one template (module docstring)."""
     rng = random.Random(seed)
     domain = rng.choice([1, 2, 4])
     if children is None:

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Install meshplan with every test dependency (CPU-only torch, megatron-core,
-# DeepSpeed, Colossal-AI, the tuner's optuna-dashboard and PostgreSQL driver; PostgreSQL itself
-# where the script may install it) and run the whole test suite. Safe to re-run.
+# DeepSpeed, Colossal-AI, the tuner's optuna-dashboard and PostgreSQL driver, matplotlib for the
+# topology picture; PostgreSQL itself where the script may install it) and run the whole test suite.
+# Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check -c constraints.txt)
 
-"${PIP[@]}" -e ".[test,torch,megatron,tune]"
+"${PIP[@]}" -e ".[test,torch,megatron,tune,plot]"
 # DeepSpeed builds no CUDA ops on a CPU machine.
 DS_BUILD_OPS=0 "${PIP[@]}" "deepspeed==0.19.8"
 # colossalai 0.5.0 pins torch<=2.5.1: install it without its pins, then its real dependencies.

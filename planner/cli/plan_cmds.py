@@ -47,6 +47,7 @@ from planner.cli.common import (
     emit_csv,
     emit_json,
     gib,
+    json_option,
     load_plan,
     parse_constraints,
     parse_headroom,
@@ -56,6 +57,9 @@ from planner.cli.common import (
     train_options,
 )
 from planner.cli.text import MESSAGE_CHARS, NAME_CHARS, message_lines, plain, shown
+from planner.cli.topology_plot import draw_topology
+from planner.cli.topology_view import (check_png_target, group_spans, print_summary, rank_order, topology_summary,
+                                       write_png)
 from planner.errors import SpecError
 from planner.specs import Estimate, Plan, PlanResult, Strategy
 
@@ -593,13 +597,50 @@ def models_cmd(fmt: FormatOpt = Format.table) -> None:
     _print_rows(rows, fmt, "model presets")
 
 
+ShowOpt = Annotated[Optional[str], typer.Option(
+    "--show", metavar="NAME", help="Show one cluster's topology (a preset name or cluster YAML): its kind, "
+    "levels (GPUs per unit, egress per GPU in GB/s, the oversubscription it implies, latency) and graph; with "
+    "--model/--gpus/--global-batch-size/--seq-len also where the best plan's (or --strategy's) groups fall.")]
+PlotOpt = Annotated[Optional[str], typer.Option(
+    "--plot", metavar="FILE.png", help="With --show: draw the topology to this PNG file (summarised: the first "
+    "two units of each level, the rest as blocks; a plan's groups coloured). Needs matplotlib (meshplan[plot]).")]
+ShowStrategyOpt = Annotated[Optional[str], typer.Option(
+    "--strategy", help='With --show and a model: place this strategy (JSON, e.g. \'{"tp": 8, "pp": 2}\') '
+    "instead of planning.")]
+
+
 @app.command("clusters")
-def clusters_cmd(fmt: FormatOpt = Format.table) -> None:
+def clusters_cmd(
+    fmt: FormatOpt = Format.table,
+    show: ShowOpt = None,
+    plot: PlotOpt = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="With --show: the model to plan.")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", help="With --show: GPUs of the plan.")] = None,
+    global_batch_size: Annotated[Optional[int], typer.Option("--global-batch-size", "-b", help="With --show: "
+                                                             "sequences per optimizer step.")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", "-s", help="With --show: tokens per "
+                                                   "sequence.")] = None,
+    strategy: ShowStrategyOpt = None,
+    constraint: Annotated[Optional[list[str]], typer.Option("--constraint", "-C", help="With --show: restrict "
+                                                            "the plan as `plan -C` does.")] = None,
+    constraints: Annotated[Optional[str], typer.Option("--constraints", help="With --show: constraints as a "
+                                                       "JSON object.")] = None,
+) -> None:
     """List cluster presets, and where each GPU's numbers come from: kernel tables per topic (measured by
     `meshplan profile`, public kernel data, or none), the calibrated constants (fitted on which runs, or
-    carried over from which GPU) and the error band (end-to-end residuals, or widened)."""
+    carried over from which GPU) and the error band (end-to-end residuals, or widened). With --show NAME: one
+    cluster's topology (and --plot FILE.png its picture)."""
     from planner.cli.provenance import gpu_provenance
     from profiles import list_presets, load_cluster
+
+    question = {"--model": model, "--gpus": gpus, "--global-batch-size": global_batch_size, "--seq-len": seq_len}
+    if show is not None:
+        show_topology(show, fmt, plot, question, strategy, constraint, constraints)
+        return
+    given = [k for k, v in {"--plot": plot, **question, "--strategy": strategy, "--constraint": constraint,
+                            "--constraints": constraints}.items() if v is not None]
+    if given:
+        raise SpecError(f"{', '.join(given)} work with --show NAME (the cluster whose topology is shown)")
 
     rows, gpus = [], {}
     for name in list_presets("clusters"):
@@ -622,6 +663,78 @@ def clusters_cmd(fmt: FormatOpt = Format.table) -> None:
     _print_rows([{k: v for k, v in g.items() if k not in ("error_band_basis", "calibration")}
                  for g in gpus.values()], fmt, "where each GPU's numbers come from")
     stdout.print(PROVENANCE_LEGEND, markup=False, highlight=False)
+
+
+def show_topology(name: str, fmt: Format, plot: str | None, question: dict[str, Any], strategy: str | None,
+                  constraint: list[str] | None, constraints: str | None) -> None:
+    """`clusters --show NAME`: the topology summary, a plan's groups on it, and the picture."""
+    from planner.api import coerce_strategy
+    from profiles import load_cluster, load_model
+    from profiles.topology import build_graph
+
+    target = check_png_target(plot) if plot is not None else None
+    if target is not None:
+        try:
+            import matplotlib  # noqa: F401  (the plot extra)
+        except ImportError:
+            raise SpecError("--plot needs matplotlib: pip install 'meshplan[plot]'") from None
+    asked = {k: v for k, v in question.items() if v is not None}
+    if not asked and (strategy is not None or constraint or constraints is not None):
+        raise SpecError("--strategy and constraints need --model, --gpus, --global-batch-size and --seq-len")
+    missing = [k for k, v in question.items() if v is None]
+    if asked and missing:
+        raise SpecError(f"--show with a plan needs {', '.join(missing)} too (or none of --model, --gpus, "
+                        "--global-batch-size, --seq-len for the topology alone)")
+    if strategy is not None and (constraint or constraints is not None):
+        raise SpecError("--strategy fixes the strategy; drop --constraint/--constraints (or --strategy to plan)")
+    cluster = load_cluster(name)
+    graph = build_graph(cluster)
+    summary = topology_summary(cluster, graph)
+    placed, num_layers, plan_info, note = None, 1, None, ""
+    if asked:
+        inputs = dict(model=question["--model"], cluster=cluster, num_gpus=question["--gpus"],
+                      global_batch_size=question["--global-batch-size"], seq_len=question["--seq-len"])
+        if strategy is not None:
+            data = json_option(strategy, "--strategy")
+            if not isinstance(data, dict):
+                raise SpecError(f"--strategy must be a JSON object of Strategy fields (got {shown(strategy)})")
+            given = coerce_strategy(data)
+            est = api_evaluate(strategy=given, **inputs)
+            if not est.valid:
+                raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
+            placed, how = given.resolve(inputs["num_gpus"]), "the given strategy"
+            num_layers = load_model(inputs["model"]).num_layers
+            if not est.fits:
+                note = "the given strategy does not fit: " + "; ".join(est.reasons)
+        else:
+            with searching(f"searching strategies for {inputs['num_gpus']:,} GPUs"):
+                result = api_plan(**inputs, constraints=parse_constraints(constraint, constraints), top_k=1)
+            if not result.stats.num_valid:
+                raise ExitWith(2, no_valid_message(result))
+            if not result.plans:
+                raise ExitWith(1, no_fit_message(result))
+            placed, how, num_layers = result.plans[0].strategy, "the best plan", result.model.num_layers
+        plan_info = {"label": layout_label(placed), "num_gpus": inputs["num_gpus"], "how": how,
+                     "rank_order": rank_order(placed), "strategy": placed.model_dump(mode="json"),
+                     "groups": group_spans(placed, num_layers, inputs["num_gpus"], cluster)}
+    if target is not None:
+        title = f"{cluster.name}: " + (f"{plan_info['label']} on {plan_info['num_gpus']:,} GPUs ({plan_info['how']}, "
+                                       f"rank order {plan_info['rank_order']})" if plan_info else "topology")
+        figure = draw_topology(cluster, graph, num_gpus=question["--gpus"], strategy=placed, num_layers=num_layers,
+                               title=title)
+        size = write_png(target, figure)
+        summary["plot"] = {"file": str(target), "bytes": size}
+    if fmt is Format.json:
+        emit_json(summary | {"plan": plan_info})
+    elif fmt is Format.csv:
+        emit_csv(summary["levels"])
+    else:
+        print_summary(summary, plan_info)
+        if target is not None:
+            stdout.print(plain(f"wrote {target} ({summary['plot']['bytes']:,} bytes)", MESSAGE_CHARS), markup=False,
+                         highlight=False)
+    if note:
+        raise ExitWith(1, note)
 
 
 #: The lines under `meshplan clusters`' provenance table.

@@ -169,19 +169,20 @@ def test_the_random_graphs_cover_over_and_undersubscription():
 
 def test_a_private_tier_above_a_domain():
     """One top-of-rack switch per 8-GPU server, 2:1 above it (400 GB/s of NICs, 200 GB/s up), four servers
-    per pod: the ToR tier's units are the servers, so it adds no level, and the NVLink domain's egress is
-    taken at the NICs (50 GB/s per GPU) while the flow out to the other GPUs is the ToR's uplink, 25 GB/s per
-    GPU. The pod level, whose own uplinks carry the same 2:1, states 25. Recorded as it stands: the domain's
-    egress is the flow to the switches just outside it, and here the switch just outside belongs to it alone."""
+    per pod: the ToR tier joins no two servers, so it adds no level but belongs to the server's unit, whose
+    egress is then the ToR's uplink, 25 GB/s per GPU, as networkx's flow to the other GPUs says; the latency
+    of a message leaving the server counts the NIC's link and the uplink."""
     c = load_cluster("dgx-h100")
-    server = c.topology.levels[0].model_copy(update={"name": "server", "unit_gpus": 8, "oversubscription": 2.0})
+    server = c.topology.levels[0].model_copy(update={"name": "server", "unit_gpus": 8, "oversubscription": 2.0,
+                                                     "latency_s": 1e-6})
     pod = c.topology.levels[0].model_copy(update={"name": "pod", "unit_gpus": 32})
     cluster = c.model_copy(update={"topology": c.topology.model_copy(update={"rails": False, "levels": [server, pod]}),
                                    "fabric": None})
     graph = fat_tree(cluster, 64)
     fabric = derive_fabric(graph)
     assert [(lv.name, lv.unit_gpus, lv.egress_bytes_per_s) for lv in fabric.levels] == [
-        ("nvlink-domain", 8, 50e9), ("pod", 32, 25e9)]
+        ("nvlink-domain", 8, 25e9), ("pod", 32, 25e9)]
+    assert fabric.levels[0].latency_s == pytest.approx(c.inter_node.latency_s + 1e-6)
     assert reference_egress(graph, range(8)) / 8 == pytest.approx(25e9, rel=1e-9)
     assert reference_egress(graph, range(32)) / 32 == pytest.approx(25e9, rel=1e-9)
 

@@ -1,10 +1,12 @@
-"""Search speed over the full knob space, two questions:
+"""Search speed over the full knob space, three questions:
 
 - dense: Llama-3.1-405B on 16,384 H100s, global batch 2,048, sequence 8,192;
+- fabric: the same on llama3-h100-24k, Meta's published cluster (racks, 3,072-GPU pods, 1:7 above), where
+  the placement of every group is priced over three fabric levels and both rank orders are searched;
 - moe: DeepSeek-V3 on 2,048 H100s, global batch 4,096, sequence 4,096 (issue #8's
   acceptance: at least 100,000 candidates scored in at most 2 s on one core).
 
-    python benchmarks/search_speed.py [--repeat 5] [--case dense|moe|all]
+    python benchmarks/search_speed.py [--repeat 5] [--case dense|fabric|moe|all]
 
 Every knob is free (tp, pp, vpp, uneven splits, cp, ep, etp, zero, micro-batch,
 recompute, optimizer offload). Prints candidates enumerated and scored, seconds and
@@ -32,6 +34,7 @@ from planner import ModelSpec, plan  # noqa: E402
 from profiles import list_presets  # noqa: E402
 
 DENSE = dict(model="llama3.1-405b", cluster="dgx-h100", num_gpus=16384, global_batch_size=2048, seq_len=8192)
+FABRIC = DENSE | {"cluster": "llama3-h100-24k"}
 MOE = dict(cluster="dgx-h100", num_gpus=2048, global_batch_size=4096, seq_len=4096)
 
 # DeepSeek-V3 as published: deepseek-ai/DeepSeek-V3 config.json (num_hidden_layers 61, hidden_size 7168,
@@ -84,10 +87,12 @@ def run(name: str, question: dict, repeat: int, origin: str = "") -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--case", choices=("dense", "moe", "all"), default="all")
+    parser.add_argument("--case", choices=("dense", "fabric", "moe", "all"), default="all")
     args = parser.parse_args()
     if args.case in ("dense", "all"):
         run("dense", DENSE, args.repeat)
+    if args.case in ("fabric", "all"):
+        run("fabric", FABRIC, args.repeat)
     if args.case in ("moe", "all"):
         question, origin = moe_question()
         run("moe", question, args.repeat, origin)

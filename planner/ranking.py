@@ -27,7 +27,8 @@ offloading plan ranks first only when it is faster than every plan that does not
 tie tolerance); fewer pipeline stages (`pp`); no or less context parallelism (`cp`); fewer virtual stages
 (`vpp`); larger micro-batches; an even layer split;
 smaller `tp`; less recomputation (none < selective < full, then fewer recomputed layers); no
-optimizer offload; lower ZeRO stage.
+optimizer offload; lower ZeRO stage; Megatron's default rank order (every framework runs it) before
+--use-tp-pp-dp-mapping.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ CP_MIN_TOKENS_PER_RANK = 4096
 
 #: The simplicity key's parts, most significant first (see the module docstring).
 SIMPLICITY_KEY = ("short_sequence_cp", "offload_activation_layers", "pp", "cp", "vpp", "-micro_batch_size", "uneven_split", "tp", "recompute", "recompute_num_layers",
-                  "offload_optimizer", "zero_stage")
+                  "offload_optimizer", "zero_stage", "rank_order")
 
 @dataclass(frozen=True)
 class Row:
@@ -82,7 +83,7 @@ def simplicity_columns(st: StrategyArrays, seq_len: int | None = None) -> list[n
     short_cp = (np.ones_like(st.cp) if seq_len is None
                 else np.where(seq_len / st.cp < CP_MIN_TOKENS_PER_RANK, st.cp, 1))
     return [short_cp, st.offload_activation_layers, st.pp, st.cp, st.vpp, -st.micro_batch_size, uneven.astype(np.int64), st.tp, st.recompute, layers,
-            st.offload_optimizer.astype(np.int64), st.zero_stage]
+            st.offload_optimizer.astype(np.int64), st.zero_stage, st.rank_order]
 
 
 def layout_matrix(st: StrategyArrays) -> np.ndarray:

@@ -202,10 +202,12 @@ def print_plan_table(result: PlanResult, wide: bool = False, console=None) -> No
 
 
 def layout_label(s: Strategy) -> str:
-    """`dp64 tp8 pp16 cp2 vpp8 sp`: the degrees (cp, ep, etp, vpp only when > 1) and sequence parallelism."""
+    """`dp64 tp8 pp16 cp2 vpp8 sp`: the degrees (cp, ep, etp, vpp only when > 1) and sequence parallelism, and
+    `pp<dp` where the rank order nests the pipeline inside data parallelism (Megatron's --use-tp-pp-dp-mapping)."""
     parts = [f"dp{s.dp}", f"tp{s.tp}", f"pp{s.pp}"]
     parts += [f"{k}{v}" for k, v in (("cp", s.cp), ("ep", s.ep), ("etp", s.etp), ("vpp", s.vpp)) if v > 1]
-    return " ".join(parts + (["sp"] if s.sequence_parallel else []))
+    order = [] if s.rank_order == "tp-cp-ep-dp-pp" else ["pp<dp"]
+    return " ".join(parts + (["sp"] if s.sequence_parallel else []) + order)
 
 
 def zero_label(p: Plan) -> str:
@@ -293,6 +295,9 @@ def plan_legend(result: PlanResult, plans: list[Plan], wide: bool) -> list[str]:
     if not wide:
         lines.append("layout: degrees (cp, ep, etp, vpp shown when > 1), sp = sequence parallel; --wide for the "
                      "bands, tokens/s and TFLOP/s")
+    if any(p.strategy.rank_order != "tp-cp-ep-dp-pp" for p in plans):
+        lines.append("pp<dp: ranks ordered tp-cp-ep-pp-dp, each pipeline's stages adjacent and the data-parallel "
+                     "replicas outermost (Megatron's --use-tp-pp-dp-mapping; evaluate --rank-order tp-cp-ep-pp-dp)")
     if any(p.strategy.offload_activation_layers for p in plans):
         lines.append("recompute none+cpu(N): the activations of the first N layers offloaded to host memory "
                      "(Megatron's --cpu-offloading-num-layers N; evaluate --offload-activation-layers N)")

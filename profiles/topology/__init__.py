@@ -15,17 +15,20 @@ from planner.specs.topology import Fabric
 from profiles.topology.fabric import derive_fabric
 from profiles.topology.generators import fat_tree, graph_gpus
 from profiles.topology.graph import check_graph
+from profiles.topology.torus import torus_graph
 
-__all__ = ["build_graph", "check_graph", "derive_fabric", "fat_tree", "graph_gpus", "with_fabric"]
+__all__ = ["build_graph", "check_graph", "derive_fabric", "fat_tree", "graph_gpus", "torus_graph", "with_fabric"]
 
 
 def build_graph(cluster: ClusterSpec, num_gpus: int | None = None, base: Path | None = None) -> nx.Graph:
-    """The topology graph of `cluster` (`num_gpus` GPUs, default `generators.graph_gpus`): its topology's
-    generator, its graph file (relative paths from `base`), or, without a topology, the two-tier model's
-    flat fat tree."""
+    """The topology graph of `cluster` (`num_gpus` GPUs, default `generators.graph_gpus`; a torus: every
+    chip of every slice): its topology's generator, its graph file (relative paths from `base`), or,
+    without a topology, the two-tier model's flat fat tree."""
     spec = cluster.topology
     if spec is None or spec.kind == "fat-tree":
         return fat_tree(cluster, num_gpus)
+    if spec.kind == "torus":
+        return torus_graph(cluster, num_gpus)
     raise SpecError(f"cluster {cluster.name}: topology kind {spec.kind!r} cannot be built yet")
 
 

@@ -42,7 +42,7 @@ DOCTEST_MODULES = ["cost_models.memory", "cost_models.units", "cost_models.compu
                    "cost_models.layout", "cost_models.blocks", "planner.specs.strategy", "planner.specs.model",
                    "planner.emit.megatron", "profiles.gemm", "cost_models.sharding",
                    "cost_models.elementwise", "planner.error_band", "cost_models.step", "planner.space",
-                   "cost_models.params", "executors.host_load"]
+                   "cost_models.params", "executors.host_load", "cost_models.torus"]
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)

@@ -78,7 +78,7 @@ def test_benchmarks_stay_out_of_the_wheel():
 DISTRIBUTIONS = {"yaml": "pyyaml"}
 #: Optional packages (pyproject's extras): imported by the executors' torch workers or inside functions only.
 OPTIONAL = {"torch", "megatron", "deepspeed", "colossalai", "transformer_engine", "apex", "triton", "matplotlib",
-            "transformers", "torchtitan"}
+            "transformers", "torchtitan", "jax"}
 #: The tuner's dependency: a runtime dependency that only the executors and the CLI may import.
 TUNER_ONLY = {"optuna"}
 

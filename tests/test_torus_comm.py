@@ -3,6 +3,7 @@ the ring-of-two limit, the DCN rule across slices, and the refusal of groups tha
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from types import SimpleNamespace as S
@@ -182,3 +183,42 @@ def test_the_cli_refuses_it_with_exit_2_and_no_traceback():
     assert proc.returncode == 2
     assert "tp group of 3 ranks at stride 1 does not tile the 4x4x8 torus" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+# ---- planning on a TPU preset ----------------------------------------------------------------------------
+def test_plan_on_a_tpu_preset_gives_a_ranked_table():
+    proc = subprocess.run([sys.executable, "-m", "planner", "plan", "--model", "llama3-8b", "--cluster", "tpu-v5p-128",
+                           "--gpus", "128", "--global-batch-size", "256", "--seq-len", "8192", "--top", "3"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if re.match(r"^\s*1~?\s+dp\d+", line)]
+    assert "ranked plans" in proc.stdout and rows, proc.stdout
+
+
+def _torus_wired(monkeypatch):
+    """Price with TorusCommModel on torus clusters: as comm_model_for does once it is wired (cost_models.collectives),
+    or by putting it where the step model asks for its model until then."""
+    import cost_models.collectives as collectives
+    import cost_models.step as step
+
+    tpu = load_cluster("tpu-v5p-128")
+    if isinstance(collectives.comm_model_for(tpu), TorusCommModel):
+        return
+    base = getattr(step, "comm_model_for", None)
+    assert base is not None, "cost_models.step no longer asks comm_model_for: wire TorusCommModel where it asks now"
+    monkeypatch.setattr(step, "comm_model_for", lambda c: TorusCommModel(c) if c.topology is not None
+                        and c.topology.kind == "torus" else base(c))
+
+
+def test_a_search_priced_on_the_torus(monkeypatch):
+    from planner import plan
+
+    tier = evaluate("llama3-8b", "tpu-v5p-128", 128, 256, 8192, strategy=Strategy(tp=4, sequence_parallel=True,
+                                                                                  zero_stage=3))
+    _torus_wired(monkeypatch)
+    torus = evaluate("llama3-8b", "tpu-v5p-128", 128, 256, 8192, strategy=Strategy(tp=4, sequence_parallel=True,
+                                                                                   zero_stage=3))
+    # the tp group is the x ring: both directions of its wrapped links, where the two-tier model has one link
+    assert 0 < torus.time_s["tp_comm"] < tier.time_s["tp_comm"]
+    result = plan("llama3-70b", "tpu-v5p-2x128", 256, 512, 4096, top_k=3)
+    assert result.plans and all(np.isfinite(p.estimate.step_time_s) and p.estimate.fits for p in result.plans)

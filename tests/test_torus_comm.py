@@ -178,7 +178,8 @@ def test_evaluate_refuses_a_group_that_does_not_tile_the_torus():
 
 def test_the_cli_refuses_it_with_exit_2_and_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "planner", "evaluate", "--model", "gpt3-175b", "--cluster",
-                           "tpu-v5p-128", "--gpus", "96", "--global-batch-size", "96", "--seq-len", "2048", "--tp", "3"],
+                           "tpu-v5p-128", "--gpus", "96", "--global-batch-size", "96", "--seq-len", "2048",
+                           "--tp", "3"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "tp group of 3 ranks at stride 1 does not tile the 4x4x8 torus" in proc.stderr

@@ -26,7 +26,8 @@ from planner.emit.base import (  # noqa: F401
 from planner.specs import Plan
 
 # Importing a backend module registers its emitters (order = `backends()` order).
-from planner.emit import megatron, megatron_bridge, deepspeed, colossalai, torchtitan, maxtext, launch  # noqa: E402,F401  isort:skip
+from planner.emit import megatron, megatron_bridge, deepspeed, colossalai, torchtitan  # noqa: E402,F401  isort:skip
+from planner.emit import maxtext, launch  # noqa: E402,F401  isort:skip
 # Each backend's structured form as a plain function of a plan (each raises NotExpressibleError
 # when the framework cannot run the plan as planned).
 from planner.emit.colossalai import plugin_spec  # noqa: E402,F401  isort:skip

@@ -339,7 +339,8 @@ class MaxTextEmitter:
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
         keys, mesh, notes = config(plan)
-        return {"config": {BASE_CONFIG_KEY: BASE_CONFIG} | keys, "mesh": {"axis_names": list(mesh), "shape": list(mesh.values())},
+        return {"config": {BASE_CONFIG_KEY: BASE_CONFIG} | keys,
+                "mesh": {"axis_names": list(mesh), "shape": list(mesh.values())},
                 "maxtext_version": MAXTEXT_VERSION, "notes": notes}
 
     def render(self, plan: Plan, options: EmitOptions) -> str:

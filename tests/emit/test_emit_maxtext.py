@@ -134,7 +134,8 @@ def test_the_text_names_the_version_the_mesh_and_the_costs():
     text = emit(plan_of("tp-sp-selective"), "maxtext")
     assert text.splitlines()[0].startswith("# MaxText plan 1: llama3-8b on 128x TPU-v5p")
     assert f"# MaxText {MAXTEXT_VERSION}: python3 -m maxtext.trainers.pre_train.train" in text
-    assert "axis_names=('fsdp', 'tensor')" in text and "costed as megatron runs it: the cost model has no MaxText profile" in text
+    assert "axis_names=('fsdp', 'tensor')" in text
+    assert "costed as megatron runs it: the cost model has no MaxText profile" in text
     assert yaml.safe_load(text)["base_config"] == "base.yml"
     assert get_emitter("maxtext").runs == "torchtitan" and get_emitter("maxtext").syntax == "yaml"
 

@@ -24,7 +24,9 @@ reported as fast). oom: out of memory. timeout: killed at the wall-clock limit.
 crashed: exited with an error (stderr tail kept). unsupported: this executor
 cannot run the strategy (the reason says why); nothing was launched."""
 
-Engine = Literal["torch", "megatron", "deepspeed"]
+Engine = Literal["torch", "megatron", "deepspeed", "jax"]
+"""torch, megatron, deepspeed: torchrun workers (executors.validate); jax: the plan's JAX mesh on simulated
+XLA CPU devices (executors.jax_run), never a RunConfig's."""
 Fault = Literal["none", "hang", "crash", "oom", "grad_x2", "expert_grad_edp_mean", "expert_grad_dense"]
 
 GRADIENT_FAULTS = {"grad_x2": 2.0}

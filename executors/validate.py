@@ -107,7 +107,8 @@ class ValidateOptions(BaseModel):
     timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of each run, seconds.")
     num_layers: int | None = Field(None, ge=1, description="Build the model with this many layers (shapes kept).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
-    engine: Engine = Field("torch", description="torch, megatron or deepspeed (the last two need CUDA).")
+    engine: Engine = Field("torch", description="torch, megatron or deepspeed (the last two need CUDA), or jax (the "
+                           "plan's JAX mesh on simulated CPU devices, executors.jax_run).")
     hsdp_replicate: int = Field(1, ge=1, description="HSDP replicas for zero_stage >= 2 (1 = plain FSDP).")
     seed: int = Field(1234, description="Seed of weights and data.")
     learning_rate: float = Field(1e-3, gt=0, description="Learning rate of the plan's optimizer (the parity "
@@ -175,6 +176,8 @@ def refuse_engine(options: ValidateOptions, device: str, train: TrainSpec) -> No
 
 def engine_reasons(options: ValidateOptions, device: str, train: TrainSpec) -> list[str]:
     reasons = []
+    if options.engine == "jax":
+        return ["engine 'jax' runs the plan's JAX mesh through executors.jax_run.validate_jax, not torchrun"]
     if options.engine != "torch" and device != "cuda":
         reasons.append(f"engine {options.engine!r} needs CUDA (device is {device})")
     if options.engine == "torch" and train.precision == "fp8":

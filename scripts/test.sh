@@ -8,7 +8,15 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check -c constraints.txt)
 
-"${PIP[@]}" -e ".[test,torch,megatron,tune,plot]"
+"${PIP[@]}" -e ".[test,torch,megatron,tune,plot,tpu]"
+# MaxText, the maxtext emitter's target, needs Python >= 3.12 and cannot be installed next to this interpreter:
+# its released wheel is downloaded (not installed) into build/maxtext/, where tests/emit/test_emit_maxtext.py opens
+# it and checks every key the emitter writes against its configs/base.yml. The version is the emitter's
+# MAXTEXT_VERSION (planner/emit/maxtext.py).
+MAXTEXT_VERSION=$("$PY" -c 'from planner.emit.maxtext import MAXTEXT_VERSION; print(MAXTEXT_VERSION)')
+[ -f "build/maxtext/maxtext-$MAXTEXT_VERSION-py3-none-any.whl" ] ||
+  "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --python-version 3.12 --only-binary=:all: \
+    -d build/maxtext "maxtext==$MAXTEXT_VERSION"
 # DeepSpeed builds no CUDA ops on a CPU machine.
 DS_BUILD_OPS=0 "${PIP[@]}" "deepspeed==0.19.8"
 # colossalai 0.5.0 pins torch<=2.5.1: install it without its pins, then its real dependencies.

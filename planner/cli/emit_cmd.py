@@ -118,7 +118,7 @@ def emit_cmd(
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Print text that cannot carry the whole plan (what it drops goes to stderr) instead of exiting 2.")] = False,
 ) -> None:
     """Emit a plan as Megatron-LM flags, Megatron-Bridge overrides, a DeepSpeed JSON, Colossal-AI plugin
-    kwargs, a torchtitan TOML, or a torchrun / Slurm launch script."""
+    kwargs, a torchtitan TOML, a MaxText config with its JAX mesh, or a torchrun / Slurm launch script."""
     from planner.emit import EmitOptions, costed_elsewhere, get_emitter, runs_framework
     from planner.emit.quoting import check_name, shell_command
 

@@ -183,7 +183,7 @@ def validate_cmd(
     parity_steps: Annotated[int, typer.Option("--parity-steps", help="Leading plain-SGD steps whose loss must equal the single-process reference, 1 to 1000 (the reference runs them too).")] = 2,
     timeout: Annotated[float, typer.Option("--timeout", help="Wall-clock limit per run, seconds; the run's process group is killed after it.")] = 300.0,
     device: Annotated[str, typer.Option("--device", help="auto, cpu (gloo) or cuda (NCCL).")] = "auto",
-    engine: Annotated[str, typer.Option("--engine", help="torch (PyTorch parallel APIs), megatron or deepspeed (CUDA only).")] = "torch",
+    engine: Annotated[str, typer.Option("--engine", help="torch (PyTorch parallel APIs), megatron or deepspeed (CUDA only), or jax (the plan's JAX mesh, as the MaxText emitter writes it, on simulated CPU devices; TPU plans).")] = "torch",
     hsdp_replicate: Annotated[int, typer.Option("--hsdp-replicate", help="With ZeRO-2/3: HSDP replicas (2-D mesh); 1 = plain FSDP.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights and synthetic data.")] = 1234,
     work_dir: Annotated[Optional[Path], typer.Option("--work-dir", help="Directory for run configs, per-rank results and logs (default: a temporary directory, removed at the end and on Ctrl-C). A given directory is kept.")] = None,
@@ -219,13 +219,18 @@ def validate_cmd(
         field = str(err["loc"][0]) if err["loc"] else ""
         raise SpecError(f"{_OPTION_FLAGS.get(field, field)} {err['msg'][0].lower()}{err['msg'][1:]} "
                         f"(got {short_repr(err.get('input'))})") from None
+    if options.engine == "jax" and (collect is not None or prepare is not None):
+        raise SpecError("--engine jax runs here, on simulated CPU devices: --prepare and --collect are for torchrun runs")
     if collect is not None:
         if cluster is None:
             raise SpecError("--collect needs --cluster (the profile the predictions are made on)")
         spec = load_cluster(cluster)
         emit_report(collect_runs(collect, spec if calibration is None else apply_calibration(spec, calibration)), fmt)
         return
-    resolve_device(device)  # --device cuda without a CUDA device: refused before the planning
+    if options.engine != "jax":
+        resolve_device(device)  # --device cuda without a CUDA device: refused before the planning
+    elif device == "cuda":
+        raise SpecError("--engine jax runs the plan's mesh on simulated CPU devices: --device cuda is not for it")
     extra = _strategies(strategy)
     if plan_file is not None:
         if calibration is not None:
@@ -276,6 +281,13 @@ def validate_cmd(
 
     from planner.cli.progress import run_progress
 
+    if options.engine == "jax":
+        from executors.jax_run import validate_jax
+
+        with run_progress() as progress:
+            report = validate_jax(unique, spec_model, spec_cluster, train, num_gpus, options, progress.done)
+        emit_report(report, fmt)
+        return
     with run_progress() as progress:
         try:
             report = validate_strategies(unique, spec_model, spec_cluster, train, num_gpus, options, progress.done,

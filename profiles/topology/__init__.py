@@ -17,9 +17,10 @@ from profiles.topology.fabric import derive_fabric
 from profiles.topology.files import read_graph
 from profiles.topology.generators import fat_tree, graph_gpus
 from profiles.topology.graph import check_graph
+from profiles.topology.torus import torus_graph
 
 __all__ = ["build_graph", "check_graph", "derive_fabric", "fat_tree", "graph_file", "graph_gpus", "read_graph",
-           "with_fabric"]
+           "torus_graph", "with_fabric"]
 
 
 def graph_file(cluster: ClusterSpec, base: Path | None = None) -> Path | None:
@@ -36,13 +37,16 @@ def graph_file(cluster: ClusterSpec, base: Path | None = None) -> Path | None:
 
 
 def build_graph(cluster: ClusterSpec, num_gpus: int | None = None, base: Path | None = None) -> nx.Graph:
-    """The topology graph of `cluster` (`num_gpus` GPUs, default `generators.graph_gpus`): its topology's
+    """The topology graph of `cluster` (`num_gpus` GPUs, default `generators.graph_gpus`; a torus: every
+    chip of every slice): its topology's
     generator, its graph file (relative paths from `base`: `graph_file`), or, without a topology, the
     two-tier model's flat fat tree. A graph file is the whole cluster: `num_gpus`, when given, must be
     its GPU count."""
     spec = cluster.topology
     if spec is None or spec.kind == "fat-tree":
         return fat_tree(cluster, num_gpus)
+    if spec.kind == "torus":
+        return torus_graph(cluster, num_gpus)
     if spec.kind == "graph":
         path = graph_file(cluster, base)
         graph = read_graph(path)

@@ -679,3 +679,63 @@ def torchtitan_recomputed_layers(plan: Plan, toml_text: str) -> list[int]:
             ac.apply_ac(part, config)
             counts[c] = sum(isinstance(layer, CheckpointWrapper) for layer in part.layers.values())
     return counts
+
+
+# ---- MaxText ---------------------------------------------------------------------------------
+#: Where scripts/test.sh downloads the MaxText wheel (MaxText needs Python >= 3.12 and is not installed).
+MAXTEXT_WHEEL_DIR = Path(__file__).resolve().parents[2] / "build" / "maxtext"
+MAXTEXT_BASE_YML = "maxtext/configs/base.yml"
+
+
+def maxtext_wheel() -> Path:
+    from planner.emit.maxtext import MAXTEXT_VERSION
+
+    return MAXTEXT_WHEEL_DIR / f"maxtext-{MAXTEXT_VERSION}-py3-none-any.whl"
+
+
+@lru_cache(maxsize=1)
+def maxtext_base_config() -> dict[str, Any]:
+    """MaxText's own configs/base.yml, read from the released wheel (the caller skips when it is absent)."""
+    import zipfile
+
+    import yaml
+
+    with zipfile.ZipFile(maxtext_wheel()) as wheel:
+        return yaml.safe_load(wheel.read(MAXTEXT_BASE_YML))
+
+
+def _same_kind(ours: Any, theirs: Any) -> bool:
+    """A value of the type MaxText's default has (an int where a float is, a list where a list is)."""
+    if isinstance(theirs, bool) or isinstance(ours, bool):
+        return isinstance(ours, bool) and isinstance(theirs, bool)
+    if isinstance(theirs, (int, float)):
+        return isinstance(ours, (int, float))
+    if theirs is None:
+        return True
+    return isinstance(ours, type(theirs))
+
+
+def check_maxtext(plan: Plan, data: dict[str, Any], text: str) -> None:
+    """Every key the config sets exists in MaxText's base.yml with a value of its type (base_config is the
+    inheritance key MaxText's pyconfig reads), the YAML text is the data form, and the degrees multiply to
+    the plan's chips."""
+    import yaml
+
+    from planner.emit.maxtext import BASE_CONFIG_KEY
+
+    base = maxtext_base_config()
+    config = data["config"]
+    assert yaml.safe_load(text) == config
+    unknown = [k for k in config if k != BASE_CONFIG_KEY and k not in base]
+    assert not unknown, f"keys MaxText's base.yml does not have: {unknown}"
+    wrong = [k for k, v in config.items() if k != BASE_CONFIG_KEY and not _same_kind(v, base[k])]
+    assert not wrong, [(k, config[k], base[k]) for k in wrong]
+    product = 1
+    for key, value in config.items():
+        if key.endswith("_parallelism"):
+            product *= value
+    assert product == plan.num_gpus, (product, plan.num_gpus)
+    mesh = data["mesh"]
+    assert set(mesh["axis_names"]) <= set(base["mesh_axes"])
+    shown = [a for a in base["mesh_axes"] if a in mesh["axis_names"]]
+    assert shown == mesh["axis_names"]  # MaxText's order, outermost first

@@ -285,6 +285,19 @@ def check_toml_marker(text: str, marker: str) -> None:
             assert line.lstrip().startswith("#") or in_string, line
 
 
+def check_yaml_marker(text: str, marker: str) -> None:
+    """The file parses as YAML (safe_load), no key or value holds `marker`, and every line with it is a comment."""
+    import yaml
+
+    doc = yaml.safe_load(text)
+    keys = _keys(doc, [])
+    assert not any(marker in k for k in keys), keys
+    assert marker not in repr(doc)
+    for line in text.splitlines():
+        if marker in line:
+            assert line.lstrip().startswith("#"), line
+
+
 def check_json_marker(text: str, marker: str) -> None:
     """The file parses as JSON and no key holds `marker`."""
     keys = _keys(json.loads(text), [])

@@ -16,8 +16,8 @@ import re
 
 import pytest
 
-from emit_checks import (check_bridge, check_colossalai, check_deepspeed, check_deepspeed_initialize, check_megatron,
-                         check_shell, check_torchtitan)
+from emit_checks import (check_bridge, check_colossalai, check_deepspeed, check_deepspeed_initialize, check_maxtext,
+                         check_megatron, check_shell, check_torchtitan, maxtext_wheel)
 from emit_plans import search_sample
 from planner.emit import EmitOptions, Emitter, NotExpressibleError, backends, get_emitter
 
@@ -53,6 +53,15 @@ ALLOWED_REFUSALS = {
                    r"offload_optimizer; torchtitan", r"etp \(\d+\) with ep", r"num_mtp_layers \(\d+\)",
                    r"offload_activation_layers \(\d+\); torchtitan has no activation offloading",
                    r"recompute_modules \[[\w', ]+\]; torchtitan's selective checkpointing is per operator"],
+    "maxtext": [r"zero_stage 2; MaxText shards", r"(cp|ep) \(\d+\)( and ep \(\d+\))? > 1 with zero_stage [01]",
+                r"ep \(\d+\) with cp \(\d+\) > 1", r"etp \(\d+\) must equal tp", r"precision '(fp16|fp8)'",
+                r"grad_precision 'fp16'", r"offload_optimizer; MaxText", r"offload_activation_layers \(\d+\); MaxText",
+                r"recompute_num_layers \(\d+\); MaxText", r"recompute_modules \[[\w', ]+\]; MaxText",
+                r"(stage_layers \[[\d, ]+\]|num_layers_in_first_stage|embedding_as_layer|loss_as_layer)[\w ,]* with pp",
+                r"num_microbatches \(\d+\) must be a multiple of pp", r"overlap_moe_comm; MaxText",
+                r"moe_dispatcher \w+; MaxText", r"fp8_param_gather; the emitted config",
+                r"per_device_batch_size [\d/()·]+ is not exact", r"num_gpus \(\d+\) is not a whole number of slices",
+                r"\w+ \(\d+\) at rank stride \d+ does not split", r"ep \(\d+\) does not divide"],
     "torchrun": [],
     "slurm": [],
 }
@@ -101,6 +110,8 @@ def test_every_backend_is_in_the_contract():
 def test_backend_accepts_or_refuses_every_searched_strategy(backend, sample, deepspeed_comm, tmp_path):
     emitter = get_emitter(backend)
     assert isinstance(emitter, Emitter)
+    if backend == "maxtext" and not maxtext_wheel().exists():
+        pytest.skip(f"the MaxText wheel is not at {maxtext_wheel()} (scripts/test.sh downloads it)")
     options = EmitOptions()
     counts = collections.Counter()
     for i, plan in enumerate(sample):
@@ -145,5 +156,7 @@ def _check_with_real_library(backend, plan, data, text, tmp_path, i):
         check_colossalai(plan, data)
     elif backend == "torchtitan":
         check_torchtitan(plan, text, tmp_path, full_parse=i % FULL_PARSE_EVERY == 0)
+    elif backend == "maxtext":
+        check_maxtext(plan, data, text)
     elif i % LAUNCH_EVERY == 0:
         check_shell(text, tmp_path)

@@ -26,8 +26,8 @@ from planner.emit import (
 from planner.emit.base import shell_array
 from planner.errors import SpecError
 
-EXPECTED = ["megatron", "megatron-bridge", "deepspeed", "megatron-deepspeed", "colossalai", "torchtitan", "torchrun",
-            "slurm"]
+EXPECTED = ["megatron", "megatron-bridge", "deepspeed", "megatron-deepspeed", "colossalai", "torchtitan", "maxtext",
+            "torchrun", "slurm"]
 
 
 def test_registered_backends():
@@ -35,7 +35,7 @@ def test_registered_backends():
     for name in EXPECTED:
         emitter = get_emitter(name)
         assert isinstance(emitter, Emitter) and emitter.name == name
-        assert emitter.syntax in ("shell", "json", "toml", "python")
+        assert emitter.syntax in ("shell", "json", "toml", "python", "yaml")
 
 
 def test_unknown_backend_lists_close_matches():

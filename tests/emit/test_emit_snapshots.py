@@ -31,7 +31,7 @@ from planner.emit import NotExpressibleError, backends, emit, emit_data
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("MESHPLAN_UPDATE_SNAPSHOTS") == "1"
 PLANS = PUBLISHED | ARCHITECTURES
-SUFFIX = {"shell": "sh", "json": "json", "toml": "toml", "python": "py.txt"}  # snippets, not modules
+SUFFIX = {"shell": "sh", "json": "json", "toml": "toml", "python": "py.txt", "yaml": "yml"}  # snippets, not modules
 ESTIMATE = re.compile(r"(predicted(?: \(as \w+ runs it, not \w+\))?) [^\n]*? GiB peak per GPU")
 
 

@@ -24,6 +24,7 @@ from injection_checks import (
     check_python_marker,
     check_shell_marker,
     check_toml_marker,
+    check_yaml_marker,
     shell_words,
 )
 from pydantic import ValidationError
@@ -105,6 +106,8 @@ def check_output(backend: str, plan: Plan, options: EmitOptions, marker: str, tm
         check_toml_marker(text, marker)
     elif emitter.syntax == "json":
         check_json_marker(text, marker)
+    elif emitter.syntax == "yaml":
+        check_yaml_marker(text, marker)
     else:
         raise AssertionError(f"no check for {emitter.syntax} output of {backend}")
     return text
@@ -113,8 +116,8 @@ def check_output(backend: str, plan: Plan, options: EmitOptions, marker: str, tm
 def test_every_backend_and_launch_target_is_covered():
     assert sorted(LAUNCH_TARGETS) == sorted(t.value for t in LaunchFor)
     assert {b for b, _ in COMBOS} == {"megatron", "megatron-bridge", "deepspeed", "megatron-deepspeed", "colossalai",
-                                      "torchtitan", "torchrun", "slurm"}
-    assert len(COMBOS) == 14
+                                      "torchtitan", "maxtext", "torchrun", "slurm"}
+    assert len(COMBOS) == 15
 
 
 @pytest.mark.parametrize(("backend", "target"), COMBOS)
@@ -159,11 +162,11 @@ def test_regressions(backend, target, source, tmp_path):
 
 
 def test_before_after_count():
-    """`x\\nid > marker\\n#` as a model, cluster or GPU name comes out as a line of code in none of the 42
-    backend / --launch-for / source combinations (39 of them did before names were quoted)."""
+    """`x\\nid > marker\\n#` as a model, cluster or GPU name comes out as a line of code in none of the 45
+    backend / --launch-for / source combinations (39 of the first 42 did before names were quoted)."""
     hits = [(b, t, s) for b, t in COMBOS for s in SOURCES
             if any(line.strip() == "id > marker" for line in emit(named(s, REGRESSIONS[0]), b, options_for(t)).splitlines())]
-    assert len(COMBOS) * len(SOURCES) == 42 and hits == []
+    assert len(COMBOS) * len(SOURCES) == 45 and hits == []
 
 
 # ---- the files a user gives: model YAML, Hugging Face config, cluster YAML (its GPU), plan JSON ------------

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cost_models.comm import TierCommModel
+from cost_models.torus import TorusCommModel
 from planner.errors import SpecError
 from profiles.collectives import OPS, Curves, bus_factor, mean_curve
 
@@ -122,8 +123,11 @@ class CurveCommModel(TierCommModel):
         return out.reshape(shape)
 
 
-def comm_model_for(cluster: ClusterSpec) -> TierCommModel:
-    """The cluster's communication model: measured curves when its GPU's table set has a
-    collectives table, otherwise the calibrated two-tier alpha-beta model."""
+def comm_model_for(cluster: ClusterSpec) -> TierCommModel | TorusCommModel:
+    """The cluster's communication model: a TPU slice's torus (cost_models.torus); measured curves when its
+    GPU's table set has a collectives table; otherwise the calibrated alpha-beta model over the fabric's
+    levels."""
+    if cluster.topology is not None and cluster.topology.kind == "torus":
+        return TorusCommModel(cluster)
     curves = cluster.gpu.tables.collectives
     return CurveCommModel(cluster, curves) if curves is not None else TierCommModel(cluster)

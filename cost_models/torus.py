@@ -329,6 +329,31 @@ class TorusCommModel:
         dcn = nb / self.dcn_bw + self.dcn_lat
         return np.where(span <= self.chips_per_slice, ici, dcn).reshape(shape)
 
+    def describe(self, size: int, stride: int, op: str = "all_reduce") -> dict:
+        """As `cost_models.comm.TierCommModel.describe`: the level a group crosses (None inside one slice,
+        "ici-slice" across slices over DCN) and its bus bandwidth, read off the time of two message sizes
+        (the latency cancels)."""
+        timed = {"all_reduce": self.all_reduce_s, "gather": self.gather_scatter_s, "all_to_all": self.all_to_all_s}[op]
+        factor = 2.0 if op == "all_reduce" else 1.0
+        n = float(size)
+        dt = float(timed(2e9, size, stride)) - float(timed(1e9, size, stride))
+        busbw = factor * (n - 1) / n * 1e9 / dt if dt > 0 else float("inf")
+        k = float(self.domain_members(size, stride))
+        across = size * stride > self.chips_per_slice
+        dcn = self.dcn_bw if op == "all_reduce" else self.dcn_gs_bw
+        shares = {"ici-slice": k * dcn} if across else {}
+        limited = "ici-slice" if across and k * dcn <= busbw * (1 + 1e-9) else "ici"
+        return {"crosses": "ici-slice" if across else None, "busbw": busbw, "latency_s": self.dcn_lat if across
+                else self.ici_lat, "shares": shares, "bottleneck": limited}
+
+    def describe_p2p(self, stride: int, span: int) -> dict:
+        """As `describe`, for one send/recv between ranks `stride` apart in a group spanning `span` ranks."""
+        across = span > self.chips_per_slice
+        bw = self.dcn_bw if across else self.link * self.ar_eff
+        return {"crosses": "ici-slice" if across else None, "busbw": bw,
+                "latency_s": self.dcn_lat if across else self.ici_lat,
+                "shares": {"ici-slice": self.dcn_bw} if across else {}, "bottleneck": "ici-slice" if across else "ici"}
+
     def domain_members(self, size, stride) -> np.ndarray:
         """Members of a group that share one slice (the ICI domain)."""
         return np.clip(self.chips_per_slice // np.maximum(np.asarray(stride, dtype=float), 1), 1,

@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from cost_models.attention_kernels import kernel_problem
-from cost_models.layout import ParallelLayout
-from cost_models.torus import check_torus_groups
 from planner.errors import InputWarning, SpecError, SpecValidationError, short_repr
 from planner.rules import (
     batch_warning,
@@ -192,8 +190,7 @@ def evaluate(
     Estimate, with `fits=False` and its `reasons` (a strategy whose degrees do not
     multiply to the GPU count is scored at the nearest data-parallel degree, dp =
     max(1, GPUs // (tp·cp·pp)), and the mismatch is its first reason);
-    malformed input raises SpecError, and so does, on a TPU cluster, a parallel group that does not tile
-    its torus (`cost_models.torus.check_torus_groups`). `calibration` as in `plan`."""
+    malformed input raises SpecError. `calibration` as in `plan`."""
     model_spec, cluster_spec, train = make_inputs(
         model, cluster, num_gpus, global_batch_size, seq_len, precision, calibration, **train_options
     )
@@ -205,9 +202,6 @@ def evaluate(
         mp = strategy.model_parallel_size
         dp = strategy.dp if strategy.dp != "auto" else max(1, num_gpus // mp)
         resolved, mismatch = strategy.model_copy(update={"dp": dp}), str(exc)
-    if mismatch is None:  # a TPU torus: every parallel group must tile it (cost_models.torus)
-        check_torus_groups(cluster_spec, ParallelLayout.of_strategy(resolved, model_spec.num_layers),
-                           model_spec.num_experts > 0)
     est = evaluate_one(model_spec, cluster_spec, train, resolved)
     if mismatch is None:
         return est

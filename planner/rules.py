@@ -20,6 +20,7 @@ from cost_models.elementwise import elementwise_model
 from cost_models.layout import ParallelLayout
 from cost_models.params import num_params
 from cost_models.frameworks import cannot_run_masks, framework_of
+from cost_models.torus import torus_groups_ok, torus_groups_message
 from profiles import list_presets, load_model
 
 
@@ -252,11 +253,17 @@ def _framework_msg(ctx: Context, r: dict) -> str:
     return f"not expressible in {getattr(ctx.train, 'framework', 'megatron')}: " + "; ".join(hits)
 
 
+#: On a TPU cluster every parallel group must tile the slice's torus (cost_models.torus): a tp of 3 on a 4x4x8
+#: slice has no ring of ICI links to run on.
+TORUS_RULE = Rule("torus_tiling",
+                  lambda c, s: torus_groups_ok(c.cluster, _layout(c, s), _moe(c)),
+                  lambda c, r: torus_groups_message(c.cluster, _row_layout(c, r), _moe(c)) or "")
+
 FRAMEWORK_RULE = Rule("framework",
                       lambda c, s: ~np.any([hit for _, hit in _framework_failures(c, s)] or [np.zeros(len(s), bool)],
                                            axis=0),
                       _framework_msg)
-RULES = RULES + (FRAMEWORK_RULE,)
+RULES = RULES + (TORUS_RULE, FRAMEWORK_RULE)
 
 
 def check(ctx: Context, st: StrategyArrays) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -101,8 +101,10 @@ def test_send_recv_is_one_link_plus_the_hops_of_the_stride():
 def test_one_axis_of_two_chips_is_a_ring_of_two():
     lat = 2e-6
     torus = TorusCommModel.of([2, 1], [True, False], ici_bw_bytes_per_s=L, ici_efficiency=EFF, ici_latency_s=lat)
-    tier = S(bus_bw_bytes_per_s=L * EFF, latency_s=lat, gather_scatter_bw_bytes_per_s=L * EFF)
-    ring = TierCommModel(S(domain_size=2, intra_node=tier, inter_node=tier))
+    tier = S(bus_bw_bytes_per_s=L * EFF, latency_s=lat, gather_scatter_bw_bytes_per_s=L * EFF, efficiency=EFF,
+             gather_scatter_efficiency=None)
+    level = S(name="nvlink-domain", unit_gpus=2, egress_bytes_per_s=L, latency_s=lat, sharp=False)
+    ring = TierCommModel(S(domain_size=2, intra_node=tier, inter_node=tier, levels=[level]))
     for nbytes in (0.0, 1e3, 1e6, 1e9):
         assert torus.all_reduce_s(nbytes, 2, 1) == pytest.approx(ring.all_reduce_s(nbytes, 2, 1))
         assert torus.gather_scatter_s(nbytes, 2, 1) == pytest.approx(ring.gather_scatter_s(nbytes, 2, 1))
@@ -170,10 +172,13 @@ def test_the_rule_passes_tiling_candidates_and_drops_the_others():
 
 
 def test_evaluate_refuses_a_group_that_does_not_tile_the_torus():
-    with pytest.raises(SpecError, match=r"tp group of 3 ranks at stride 1 does not tile the 4x4x8 torus"):
-        evaluate("gpt3-175b", "tpu-v5p-128", 96, 96, 2048, strategy=Strategy(tp=3))
+    """A rule like every other (planner.rules): the strategy is invalid with the reason named, and the
+    search drops such candidates."""
+    bad = evaluate("gpt3-175b", "tpu-v5p-128", 96, 96, 2048, strategy=Strategy(tp=3))
+    assert not bad.valid
+    assert any(re.match(r"the tp group of 3 ranks at stride 1 does not tile the 4x4x8 torus", r) for r in bad.reasons)
     est = evaluate("llama3-8b", "tpu-v5p-128", 128, 256, 8192, strategy=Strategy(tp=4, zero_stage=3))
-    assert est.step_time_s > 0
+    assert est.valid and est.step_time_s > 0
 
 
 def test_the_cli_refuses_it_with_exit_2_and_no_traceback():
@@ -196,30 +201,19 @@ def test_plan_on_a_tpu_preset_gives_a_ranked_table():
     assert "ranked plans" in proc.stdout and rows, proc.stdout
 
 
-def _torus_wired(monkeypatch):
-    """Price with TorusCommModel on torus clusters: as comm_model_for does once it is wired (cost_models.collectives),
-    or by putting it where the step model asks for its model until then."""
-    import cost_models.collectives as collectives
-    import cost_models.step as step
-
-    tpu = load_cluster("tpu-v5p-128")
-    if isinstance(collectives.comm_model_for(tpu), TorusCommModel):
-        return
-    base = getattr(step, "comm_model_for", None)
-    assert base is not None, "cost_models.step no longer asks comm_model_for: wire TorusCommModel where it asks now"
-    monkeypatch.setattr(step, "comm_model_for", lambda c: TorusCommModel(c) if c.topology is not None
-                        and c.topology.kind == "torus" else base(c))
-
-
-def test_a_search_priced_on_the_torus(monkeypatch):
+def test_a_search_priced_on_the_torus():
+    from cost_models.collectives import comm_model_for
     from planner import plan
 
-    tier = evaluate("llama3-8b", "tpu-v5p-128", 128, 256, 8192, strategy=Strategy(tp=4, sequence_parallel=True,
-                                                                                  zero_stage=3))
-    _torus_wired(monkeypatch)
-    torus = evaluate("llama3-8b", "tpu-v5p-128", 128, 256, 8192, strategy=Strategy(tp=4, sequence_parallel=True,
-                                                                                   zero_stage=3))
+    tpu = load_cluster("tpu-v5p-128")
+    torus = comm_model_for(tpu)
+    assert isinstance(torus, TorusCommModel)
+    flat = comm_model_for(tpu.model_copy(update={"topology": None, "fabric": None}))
     # the tp group is the x ring: both directions of its wrapped links, where the two-tier model has one link
-    assert 0 < torus.time_s["tp_comm"] < tier.time_s["tp_comm"]
+    assert 0 < float(torus.all_reduce_s(GB, 4, 1)) < float(flat.all_reduce_s(GB, 4, 1))
+    est = evaluate("llama3-8b", "tpu-v5p-128", 128, 256, 8192, strategy=Strategy(tp=4, sequence_parallel=True,
+                                                                                zero_stage=3))
+    tp = {g.dim: g for g in est.groups}["tp"]
+    assert tp.tier == tpu.intra_node.name and tp.bus_bw_bytes_per_s == pytest.approx(2 * L * EFF)
     result = plan("llama3-70b", "tpu-v5p-2x128", 256, 512, 4096, top_k=3)
     assert result.plans and all(np.isfinite(p.estimate.step_time_s) and p.estimate.fits for p in result.plans)

@@ -55,7 +55,7 @@ def build_graph(cluster: ClusterSpec, num_gpus: int | None = None, base: Path | 
             raise SpecError(f"cluster {cluster.name}: its topology graph {str(path)!r} holds {gpus:,} GPUs, not "
                             f"{num_gpus:,}; a graph file is the whole cluster")
         return graph
-    raise SpecError(f"cluster {cluster.name}: topology kind {spec.kind!r} cannot be built yet")
+    raise SpecError(f"cluster {cluster.name}: unknown topology kind {spec.kind!r}; kinds: fat-tree, torus, graph")
 
 
 @functools.lru_cache(maxsize=64)

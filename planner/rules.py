@@ -91,10 +91,7 @@ def fp8_recipe_problem(train, gpu) -> str | None:
 
 
 def _rank_order_msg(ctx: Context, r: dict) -> str:
-    framework = getattr(ctx.train, "framework", "megatron")
-    why = []
-    if framework != "megatron":
-        why.append(f"framework megatron (is {framework!r}, whose mesh nests tp-cp-ep-dp-pp only)")
+    why = []  # the other frameworks refuse the order itself (their profiles' cannot_run)
     if r["cp"] != 1:
         why.append(f"cp 1 (is {r['cp']}: with context parallelism the data-parallel group of this order is not a "
                    "strided range of ranks, which the cost model does not price)")
@@ -203,8 +200,7 @@ RULES: tuple[Rule, ...] = (
                       f"pipeline stage that hold the experts ({r['tp']}·{r['cp']}·{r['dp']} = "
                       f"{r['tp'] * r['cp'] * r['dp']})"),
     Rule("rank_order",
-         lambda c, s: (s.rank_order == 0) | (np.bool_(getattr(c.train, "framework", "megatron") == "megatron")
-                                            & (s.cp == 1) & (s.zero_stage < 3)
+         lambda c, s: (s.rank_order == 0) | ((s.cp == 1) & (s.zero_stage < 3)
                                             & (~np.bool_(_moe(c)) | (s.etp * s.ep == s.tp * s.cp))),
          lambda c, r: _rank_order_msg(c, r)),
     Rule("etp_ffn",

@@ -17,6 +17,7 @@ from planner.api import plan
 from planner.errors import SpecError
 from planner.specs import ClusterSpec, GpuSpec, ModelSpec
 from planner.specs.base import MAX_BATCH, MAX_GPUS, MAX_TOKENS, Spec
+from planner.specs.strategy import RANK_ORDERS
 from planner.specs.hardware import Precision
 from profiles import load_cluster, with_parameters
 from profiles.calibration_file import TIER_PARAMETERS
@@ -111,17 +112,19 @@ def predict_run(run: MeasuredRun, cluster: ClusterSpec | None = None) -> RunPred
 
     A published interleaving that splits the layers in a way the planner's stage vocabulary
     cannot (a custom pipeline layout) is predicted without interleaving, and the strategy text
-    says so."""
+    says so. A run that does not state its rank order ran in its framework's default order
+    (Megatron's tp-cp-ep-dp-pp; every framework's): the order is fixed to it, not searched."""
     def search(constraints: dict[str, Any]):
         return plan(model=run.model, cluster=cluster or run.cluster, num_gpus=run.num_gpus,
                     global_batch_size=run.global_batch_size, seq_len=run.seq_len, precision=run.precision,
                     constraints=constraints, top_k=1, headroom=0.0, ranking="fastest", **run.train_options)
 
-    result, tag = search(run.strategy), ""
+    fixed = {"rank_order": RANK_ORDERS[0]} | dict(run.strategy)
+    result, tag = search(fixed), ""
     vp = run.strategy.get("vpp")
     if not result.plans and not result.closest and isinstance(vp, int) and vp > 1 \
             and any(r.rule == "layers" for r in result.rejections):
-        result, tag = search(run.strategy | {"vpp": 1}), f" [published vp{vp} not expressible: vpp 1]"
+        result, tag = search(fixed | {"vpp": 1}), f" [published vp{vp} not expressible: vpp 1]"
     if result.plans:
         best = result.plans[0]
         return RunPrediction(step_s=best.estimate.step_time_s, strategy=best.strategy.short() + tag)

@@ -11,9 +11,7 @@ in one unit (a unit's GPUs have consecutive ranks).
 from __future__ import annotations
 
 import io
-import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from planner.cli.common import stdout
 from planner.cli.text import MESSAGE_CHARS, plain, shown
 from planner.errors import SpecError
 from planner.specs import ClusterSpec, Strategy
+from planner.specs.files import write_whole
 from profiles.topology import graph_file
 
 #: The dimensions whose groups are placed, in the order they are listed (ep: the expert mesh's).
@@ -195,16 +194,5 @@ def write_png(target: Path, figure: Any) -> int:
     FigureCanvasAgg(figure).print_png(buf)
     data = buf.getvalue()
     check_png_target(str(target))  # again: the drawing took a while
-    mask = os.umask(0)
-    os.umask(mask)
-    fd, tmp = tempfile.mkstemp(prefix=".meshplan-", suffix=".tmp", dir=target.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~mask)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
+    write_whole(target, data)
     return len(data)

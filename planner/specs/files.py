@@ -309,8 +309,8 @@ def check_tree(obj: Any, what: str) -> None:
             stack.extend((v, depth + 1) for v in node)
 
 
-def write_whole(path: Path, text: str) -> None:
-    """Write `path` whole or not at all: a temporary file in its folder, then os.replace, which replaces
+def write_whole(path: Path, text: str | bytes) -> None:
+    """Write `path` (text as UTF-8, or bytes) whole or not at all: a temporary file in its folder, then os.replace, which replaces
     the name (a symbolic link there is replaced, never followed: callers refuse one first). The file
     keeps its present mode, or gets an ordinary new file's (0o666 less the umask; mkstemp's is private)."""
     mask = os.umask(0)
@@ -323,8 +323,8 @@ def write_whole(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".meshplan-", suffix=".tmp", dir=Path(path).parent)  # short: any name fits
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text if isinstance(text, bytes) else text.encode("utf-8"))
         os.replace(tmp, path)
     except BaseException:
         if os.path.lexists(tmp):

@@ -36,6 +36,13 @@ MAX_OVERSUBSCRIPTION = 1024.0
 TopologyKind = Literal["fat-tree", "torus", "graph"]
 
 
+def _check_nested(sizes: list[int], what: str) -> None:
+    """Units of each level are whole numbers of the level below's: sizes grow, each dividing the next."""
+    for a, b in zip(sizes, sizes[1:]):
+        if b <= a or b % a:
+            raise SpecError(f"{what}: unit_gpus must grow, each a multiple of the one below (got {a} then {b})")
+
+
 class FabricTier(Spec):
     """One level of a switched fabric above the NVLink domain, as a cluster YAML states it: the units of
     `unit_gpus` GPUs that one tier of switches joins, and how much less capacity leaves a unit than
@@ -112,11 +119,7 @@ class TopologySpec(Spec):
             raise SpecError(f"topology kind {self.kind!r} takes no graph_file (only kind 'graph' does)")
         if self.kind != "fat-tree" and (self.levels or self.rails):
             raise SpecError(f"topology kind {self.kind!r} takes no levels or rails (only kind 'fat-tree' does)")
-        sizes = [t.unit_gpus for t in self.levels]
-        for a, b in zip(sizes, sizes[1:]):
-            if b <= a or b % a:
-                raise SpecError(f"topology levels: unit_gpus must grow, each a multiple of the one below "
-                                f"(got {a} then {b})")
+        _check_nested([t.unit_gpus for t in self.levels], "topology levels")
         return self
 
 
@@ -146,9 +149,5 @@ class Fabric(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> "Fabric":
-        sizes = [lv.unit_gpus for lv in self.levels]
-        for a, b in zip(sizes, sizes[1:]):
-            if b <= a or b % a:
-                raise SpecError(f"fabric levels: unit_gpus must grow, each a multiple of the one below "
-                                f"(got {a} then {b})")
+        _check_nested([lv.unit_gpus for lv in self.levels], "fabric levels")
         return self

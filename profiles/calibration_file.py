@@ -239,6 +239,14 @@ def with_parameters(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSp
     update: dict[str, Any] = {k: float(v) for k, v in values.items()
                               if k not in gpu_update and k not in TIER_PARAMETERS}
     update |= {tier: getattr(cluster, tier).model_copy(update=fields) for tier, fields in tiers.items()}
+    new_inter = tiers.get("inter_node", {}).get("bw_bytes_per_s")
+    if new_inter is not None and cluster.fabric is not None:
+        # The fabric's levels were derived from links at the scale-out tier's rate (or a graph file's): a
+        # fitted rate scales every level's egress alike, oversubscription kept.
+        ratio = new_inter / cluster.inter_node.bw_bytes_per_s
+        levels = [lv.model_copy(update={"egress_bytes_per_s": lv.egress_bytes_per_s * ratio})
+                  for lv in cluster.fabric.levels]
+        update["fabric"] = cluster.fabric.model_copy(update={"levels": levels})
     return cluster.model_copy(update=update | {"gpu": cluster.gpu.model_copy(update=gpu_update)})
 
 

@@ -216,3 +216,16 @@ def test_rank_order_is_searched_only_for_megatron_and_where_it_differs():
     assert {p.strategy.rank_order for p in titan} == {"tp-cp-ep-dp-pp"}
     with pytest.raises(SpecError, match="constraint rank_order='dp-tp' must be one of"):
         plan(constraints={"rank_order": "dp-tp"}, **q)
+
+
+def test_a_fitted_scale_out_rate_scales_every_fabric_level():
+    """A calibration (the tuner's, or --calibration) that fits the scale-out tier's link rate moves the
+    fabric's egress with it, oversubscription kept: the levels were derived from links at that rate."""
+    from profiles import with_parameters
+
+    c = load_cluster("llama3-h100-24k")
+    half = with_parameters(c, {"inter_node_bw_bytes_per_s": 25 * GB})
+    assert [lv.egress_bytes_per_s for lv in half.levels] == pytest.approx(
+        [lv.egress_bytes_per_s / 2 for lv in c.levels])
+    slow, fast = comm_model_for(half), comm_model_for(c)
+    assert float(slow.all_reduce_s(1e9, 128, 128)) > 1.9 * float(fast.all_reduce_s(1e9, 128, 128))

@@ -62,3 +62,16 @@ def test_the_help_says_a_field_is_given_once(capsys):
     main(["plan", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "once per field" in text and "-C may add other fields, not repeat one" in text
+
+
+def test_word_valued_fields_keep_their_words(capsys):
+    """`-C recompute=none` is recompute's first value, not a missing one; a rank order is a word too."""
+    assert parse_constraints(["recompute=none,full", "rank_order=tp-cp-ep-pp-dp"], None) == {
+        "recompute": ["none", "full"], "rank_order": "tp-cp-ep-pp-dp"}
+    code = main([*QUESTION, "-C", "recompute=none", "-C", "pp=2", "-C", "rank_order=tp-cp-ep-pp-dp",
+                 "--format", "json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    plans = json.loads(out.out)["plans"]
+    assert plans and all(p["strategy"]["recompute"] == "none" and p["strategy"]["rank_order"] == "tp-cp-ep-pp-dp"
+                         for p in plans)

@@ -214,8 +214,15 @@ def parse_headroom(text: str | None) -> float | None:
     return value
 
 
+#: Constraint fields whose values are words ("none" is recompute's first, not the absence of a value).
+TEXT_FIELDS = ("recompute", "rank_order")
+
+
 def _parse_scalar(text: str, field: str) -> Any:
-    """One value of `-C field=...`: a boolean, None, an integer of at most MAX_INT_DIGITS digits, or text."""
+    """One value of `-C field=...`: a boolean, None, an integer of at most MAX_INT_DIGITS digits, or text
+    (always text for the word-valued TEXT_FIELDS)."""
+    if field in TEXT_FIELDS:
+        return text.strip()
     low = text.strip().lower()
     if low in {"true", "on", "yes"}:
         return True

@@ -66,7 +66,7 @@ ALLOWED_REFUSALS = {
     "slurm": [],
 }
 # Megatron's --use-tp-pp-dp-mapping, which the search turns for framework megatron: the other meshes nest one way
-for _backend in ("deepspeed", "colossalai", "torchtitan"):
+for _backend in ("deepspeed", "colossalai", "torchtitan", "maxtext"):
     ALLOWED_REFUSALS[_backend].append(r"rank_order 'tp-cp-ep-pp-dp': [\w-]+ lays ranks out tp-cp-ep-dp-pp only")
 ALLOWED_REFUSALS["megatron-deepspeed"] = ALLOWED_REFUSALS["deepspeed"]
 LAUNCH_EVERY = 10  # bash -n one launch script in ten (a subprocess each)

@@ -97,18 +97,22 @@ class TierCommModel:
         self.inter_gs_bw = float(self.egress_gs[0, 0])
         self.inter_lat = float(self.level_lat[0])
 
+    def _level_shares(self, size, stride, egress, sharp: bool = False):
+        """Per level, over flattened groups: (the bus bandwidth one group gets there, k_L · egress_L, times
+        2(n-1)/n on a SHARP level for an all-reduce; whether the group crosses the level's units), both (L, N)."""
+        n, d = (np.ravel(a) for a in np.broadcast_arrays(np.asarray(size, dtype=float), np.asarray(stride, dtype=float)))
+        crossed = (n * d)[None, :] > self.unit  # nested units: crossing L means crossing those below
+        share = egress * np.clip(self.unit // np.maximum(d, 1)[None, :], 1, n[None, :])
+        if sharp:
+            share = np.where(self.sharp, share * 2 * (n - 1) / np.maximum(n, 1), share)
+        return share, crossed
+
     def _crossing(self, size, stride, egress, sharp: bool = False):
         """(bus bandwidth share over the levels a group crosses, inf where it crosses none; the latency of
         the highest level it crosses, the intra-domain latency where none; how many levels it crosses),
         each in the broadcast shape of `size` and `stride`."""
-        n, d = np.broadcast_arrays(np.asarray(size, dtype=float), np.asarray(stride, dtype=float))
-        shape = n.shape
-        n, d = n.ravel(), d.ravel()
-        crossed = (n * d)[None, :] > self.unit  # (L, N); nested units: crossing L means crossing those below
-        k = np.clip(self.unit // np.maximum(d, 1)[None, :], 1, n[None, :])
-        share = egress * k
-        if sharp:
-            share = np.where(self.sharp, share * 2 * (n - 1) / np.maximum(n, 1), share)
+        shape = np.broadcast_shapes(np.shape(size), np.shape(stride))
+        share, crossed = self._level_shares(size, stride, egress, sharp)
         share = np.where(crossed, share, np.inf).min(axis=0)
         count = crossed.sum(axis=0)
         lat = np.where(count > 0, self.level_lat[np.maximum(count - 1, 0)], self.intra_lat)
@@ -219,7 +223,7 @@ class TierCommModel:
         latency_s, shares: bandwidth per crossed level, bottleneck: nvlink or the level with the least}."""
         egress = self.egress if op in ("all_reduce", "all_to_all") else self.egress_gs
         intra = self.intra_gs_bw if op == "gather" else self.intra_bw
-        share, lat, count = self._crossing(size, stride, egress, sharp=op == "all_reduce")
+        _, lat, count = self._crossing(size, stride, egress, sharp=op == "all_reduce")
         crossed = int(count)
         if op == "all_to_all":  # the bytes leaving each crossed level's units over its egress: (n-1)/n of the
             n = float(size)     # rank's bytes at the bus rate the share below states
@@ -227,10 +231,8 @@ class TierCommModel:
             shares = {self.level_names[i]: float(egress[i, 0] * (n - 1) / max(n - members[i], 1))
                       for i in range(crossed)}
         else:
-            members = self.members(size, stride).ravel()
-            shares = {self.level_names[i]: float(egress[i, 0] * members[i]
-                                                 * (2 * (size - 1) / size if op == "all_reduce" and self.sharp[i, 0]
-                                                    else 1.0)) for i in range(crossed)}
+            per_level, _ = self._level_shares(size, stride, egress, sharp=op == "all_reduce")
+            shares = {self.level_names[i]: float(per_level[i, 0]) for i in range(crossed)}
         return self._described(crossed, shares, intra, float(lat))
 
     def describe_p2p(self, stride: int, span: int) -> dict:

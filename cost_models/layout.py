@@ -205,13 +205,7 @@ class ParallelLayout:
         """
         if dim not in DENSE_DIMS:
             raise ValueError(f"unknown dimension {dim!r}; dimensions: {', '.join(DENSE_DIMS)}")
-
-        def one(order):
-            out = np.ones(len(self), dtype=np.int64)
-            for d in order[:order.index(dim)]:
-                out = out * getattr(self, d)
-            return out
-        return self._per_order(one)
+        return self._per_order(lambda order: self.stride_in(order, dim))
 
     def group(self, *dims: str) -> tuple[np.ndarray, np.ndarray]:
         """(size, stride) of the group spanning `dims` together (e.g. `group("dp", "cp")`,

@@ -15,8 +15,8 @@ axes (`decompose`):
 
 A group that is not such a product (stride 3 on an axis of 4, a segment of 6 on an axis of 8) does
 not tile the torus: `tiles` says so per candidate, `torus_groups_ok` is the search's rule (such
-candidates are dropped), `check_torus_groups` refuses one strategy with a one-line SpecError naming
-the group, its stride and the torus shape.
+candidates are dropped), and `torus_groups_message` is its one line naming the group, its stride and
+the torus shape (what `evaluate` reports).
 
 Bandwidth of a segment (bytes/s per direction, `intra_node` = one ICI link, L below):
 
@@ -192,13 +192,6 @@ def torus_groups_message(cluster: Any, lay: Any, has_experts: bool = False, i: i
                     f"cluster {cluster.name}: a group must cover whole segments of consecutive torus axes (ranks run "
                     f"along x first), each segment dividing its axis")
     return None
-
-
-def check_torus_groups(cluster: Any, lay: Any, has_experts: bool = False) -> None:
-    """Refuse (SpecError) candidate 0 of `lay` when one of its groups does not tile the cluster's torus."""
-    why = torus_groups_message(cluster, lay, has_experts)
-    if why:
-        raise SpecError(why)
 
 
 # ---- the communication model ---------------------------------------------------------------------------

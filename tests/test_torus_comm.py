@@ -13,7 +13,7 @@ import pytest
 
 from cost_models.comm import TierCommModel
 from cost_models.layout import ParallelLayout
-from cost_models.torus import TorusCommModel, check_torus_groups, decompose, tiles, torus_groups_ok
+from cost_models.torus import TorusCommModel, decompose, tiles, torus_groups_message, torus_groups_ok
 from planner import Strategy, evaluate
 from planner.errors import SpecError
 from profiles import load_cluster
@@ -167,8 +167,8 @@ def test_the_rule_passes_tiling_candidates_and_drops_the_others():
     bad = _layout(Strategy(tp=3), 96)
     assert not torus_groups_ok(c, bad).any()
     assert torus_groups_ok(load_cluster("dgx-h100"), bad).all()  # not a torus: no rule
-    with pytest.raises(SpecError, match=r"the tp group of 3 ranks at stride 1 does not tile the 4x4x8 torus"):
-        check_torus_groups(c, bad)
+    assert torus_groups_message(c, bad).startswith("the tp group of 3 ranks at stride 1 does not tile the 4x4x8 torus")
+    assert torus_groups_message(c, lay) is None and torus_groups_message(load_cluster("dgx-h100"), bad) is None
 
 
 def test_evaluate_refuses_a_group_that_does_not_tile_the_torus():

@@ -78,7 +78,7 @@ def fat_tree(cluster: ClusterSpec, num_gpus: int | None = None) -> nx.Graph:
             if sw not in g:
                 g.add_node(sw, kind="nvswitch")
             g.add_edge(f"gpu{r}", sw, bw=intra.bw_bytes_per_s, latency=intra.latency_s, link="nvlink")
-    levels = [t for t in levels if t.unit_gpus <= n] or []
+    levels = [t for t in levels if t.unit_gpus <= n]
     if not levels:  # one flat network of full bisection
         g.add_node("fabric", kind="switch", tier=1, level="fabric")
         for r in range(n):

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from cost_models.memory import OUTSIDE_ALLOCATOR_TERMS, RUNTIME_TERMS
 from planner import evaluate
+from planner.calibrate import run_settings
 from profiles import load_cluster
 
 DATA = Path(__file__).resolve().parent / "data" / "peak_memory.json"
@@ -52,7 +53,7 @@ def published_rows(data: dict) -> list[dict]:
         gpus = row["num_gpus"]
         mbs, dp = row["strategy"]["micro_batch_size"], row["strategy"].get("dp", 1)
         est = evaluate(row["model"], cluster, gpus, mbs * dp, row["seq_len"], row["precision"], strategy=row["strategy"],
-                       **PUBLISHED_OPTIONS)
+                       **run_settings(PUBLISHED_OPTIONS))
         reserved = est.peak_memory_bytes - sum(est.memory_bytes.get(t, 0.0) for t in OUTSIDE_ALLOCATOR_TERMS)
         pred = reserved / GIB
         out.append({**row, "predicted_gib": pred, "error": (pred - row["measured_gib"]) / row["measured_gib"],
@@ -68,7 +69,8 @@ def cpu_rows(data: dict) -> list[dict]:
     cluster = load_cluster("local-cpu")
     out = []
     for row in cpu["rows"]:
-        est = evaluate(MODEL, cluster, NUM_RANKS, GLOBAL_BATCH, SEQ_LEN, "fp32", strategy=row["strategy"])
+        est = evaluate(MODEL, cluster, NUM_RANKS, GLOBAL_BATCH, SEQ_LEN, "fp32", strategy=row["strategy"],
+                       **run_settings({}))
         m = est.memory_bytes
         tensors = est.peak_memory_bytes - sum(m.get(t, 0.0) for t in RUNTIME_TERMS)
         step_peak = m["params"] + m["grads"] + m["optimizer"]

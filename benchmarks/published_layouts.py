@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from planner import evaluate
+from planner.calibrate import run_settings
 from planner.errors import SpecError
 from planner.specs import ClusterSpec, Estimate, ModelSpec, Strategy
 from profiles import load_cluster
@@ -172,7 +173,7 @@ def evaluate_layout(layout: PublishedLayout) -> LayoutResult:
     try:
         est = evaluate(model=layout.model, cluster=layout.cluster, num_gpus=layout.num_gpus,
                        global_batch_size=layout.global_batch_size, seq_len=layout.seq_len,
-                       precision=layout.precision, strategy=layout.strategy, **layout.train_options)
+                       precision=layout.precision, strategy=layout.strategy, **run_settings(layout.train_options))
     except SpecError as exc:
         return LayoutResult(layout, None, str(exc))
     return LayoutResult(layout, est)

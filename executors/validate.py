@@ -155,12 +155,13 @@ def run_dir_name(index: int, label: str) -> str:
 def predict(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, num_gpus: int,
             st: Strategy) -> tuple[Estimate | None, str]:
     from planner import evaluate
+    from planner.calibrate import run_settings
 
     try:
         est = evaluate(model=model, cluster=cluster, num_gpus=num_gpus, global_batch_size=train.global_batch_size,
                        seq_len=train.seq_len, precision=train.precision, strategy=st,
-                       grad_precision=train.grad_precision, optimizer=train.optimizer,
-                       attention_kernel=train.attention_kernel)
+                       **run_settings({"grad_precision": train.grad_precision, "optimizer": train.optimizer,
+                                       "attention_kernel": train.attention_kernel}))
     except SpecError as exc:
         return None, f"no prediction: {exc}"
     return est, ""

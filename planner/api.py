@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from cost_models.arrays import StrategyArrays
 from cost_models.attention_kernels import kernel_problem
 from planner.errors import InputWarning, SpecError, SpecValidationError, short_repr
 from planner.rules import (
@@ -16,6 +17,7 @@ from planner.rules import (
     fp8_recipe_problem,
     node_warning,
 )
+from planner.knobs import choose
 from planner.search import evaluate_one, search
 from planner.specs import (
     ClusterSpec,
@@ -133,6 +135,7 @@ def plan(
     headroom: float | None = None,
     ranking: str = "simple",
     calibration: CalibrationRef | None = None,
+    strict_numerics: bool = False,
     **train_options: Any,
 ) -> PlanResult:
     """Search every valid strategy and return the fastest that fit, best first.
@@ -154,6 +157,14 @@ def plan(
     format in docs/extending.md) whose fitted values replace the cluster profile's;
     `result.cluster.gpu.calibration` then names the file.
 
+    Training settings left out of `train_options` that the vendors' recipes turn (gradient
+    reduction precision, FP8 parameter gather, Transformer Engine's cross-entropy, the router's
+    FP8 padding, the MoE dispatcher and its SMs) are chosen by the planner, per plan where they
+    depend on the layout (planner.knobs); each plan's `train` holds its settings and
+    `estimate.settings` the ones chosen. Settings that change numerics (bf16 gradient reduction,
+    FP8 parameter gather) are allowed, as the recipes allow them; `strict_numerics=True`
+    keeps the framework's defaults for them.
+
     When nothing fits, `result.plans` is empty and `result.closest` holds the
     valid strategies that came closest (their `estimate.reasons` say by how much),
     with `result.advice` and `result.min_gpus_to_fit`. When no strategy is valid,
@@ -170,9 +181,16 @@ def plan(
     model_spec, cluster_spec, train = make_inputs(
         model, cluster, num_gpus, global_batch_size, seq_len, precision, calibration, **train_options
     )
+    knobs = choose(train, model_spec, cluster_spec.gpu, _strict(strict_numerics))
     constraints = {} if constraints is None else constraints
     return search(model_spec, cluster_spec, train, num_gpus, constraints, top_k, headroom=float(headroom),
-                  ranking=ranking)
+                  ranking=ranking, knobs=knobs)
+
+
+def _strict(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(f"strict_numerics must be true or false (got {short_repr(value)})")
+    return value
 
 
 def evaluate(
@@ -184,9 +202,11 @@ def evaluate(
     precision: str = "bf16",
     strategy: Strategy | dict | None = None,
     calibration: CalibrationRef | None = None,
+    strict_numerics: bool = False,
     **train_options: Any,
 ) -> Estimate:
-    """Score one strategy. An invalid or non-fitting strategy still gets an
+    """Score one strategy. Training settings left free are chosen as `plan` chooses them (with
+    expert parallelism, the fastest dispatcher); `estimate.settings` names them. An invalid or non-fitting strategy still gets an
     Estimate, with `fits=False` and its `reasons` (a strategy whose degrees do not
     multiply to the GPU count is scored at the nearest data-parallel degree, dp =
     max(1, GPUs // (tp·cp·pp)), and the mismatch is its first reason);
@@ -194,6 +214,7 @@ def evaluate(
     model_spec, cluster_spec, train = make_inputs(
         model, cluster, num_gpus, global_batch_size, seq_len, precision, calibration, **train_options
     )
+    knobs = choose(train, model_spec, cluster_spec.gpu, _strict(strict_numerics))
     strategy = coerce_strategy(strategy)
     try:
         resolved = strategy.resolve(num_gpus)
@@ -202,7 +223,13 @@ def evaluate(
         mp = strategy.model_parallel_size
         dp = strategy.dp if strategy.dp != "auto" else max(1, num_gpus // mp)
         resolved, mismatch = strategy.model_copy(update={"dp": dp}), str(exc)
-    est = evaluate_one(model_spec, cluster_spec, train, resolved)
+    variant = knobs.assign(StrategyArrays.from_strategies([resolved]))
+    options = [int(variant[0])]
+    if resolved.ep > 1:
+        options += [int(v[0]) for v in knobs.other_dispatchers(variant)]
+    scored = [evaluate_one(model_spec, cluster_spec, knobs.trains[i], resolved).model_copy(
+        update={"settings": knobs.settings(i)}) for i in options]
+    est = min(scored, key=lambda e: (not e.fits, e.step_time_s))
     if mismatch is None:
         return est
     return est.model_copy(update={"fits": False, "valid": False, "reasons": [mismatch, *est.reasons]})

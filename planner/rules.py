@@ -235,6 +235,14 @@ RULES: tuple[Rule, ...] = (
     Rule("zero_offload",
          lambda c, s: ~s.offload_optimizer | (s.zero_stage >= 1),
          lambda c, r: "offload_optimizer needs zero_stage >= 1"),
+    # Megatron-LM core_v0.16.1 arguments.py validate_args: --fp8-param-gather needs the distributed optimizer
+    # or Megatron-FSDP, and with the CPU-offloaded optimizer only the delayed recipe's FP8 parameters
+    Rule("fp8_param_gather",
+         lambda c, s: np.full(len(s.tp), not getattr(c.train, "fp8_param_gather", False))
+         | ((s.zero_stage >= 1) & ~(s.offload_optimizer & (getattr(c.train, "fp8_recipe", "delayed") != "delayed"))),
+         lambda c, r: f"fp8_param_gather needs zero_stage >= 1 (is {r['zero_stage']}) and, with offload_optimizer, "
+                      f"fp8_recipe 'delayed' (is {getattr(c.train, 'fp8_recipe', 'delayed')!r}): Megatron's "
+                      "--fp8-param-gather runs with the distributed optimizer or Megatron-FSDP only"),
 )
 
 

@@ -20,6 +20,7 @@ from cost_models.placement import group_links
 from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs
 from planner.advice import advice_for, memory_floor_gpus, min_gpus_to_fit
 from planner.error_band import band_fields, errors_of, overlaps_best
+from planner.knobs import KNOB_MARGIN, Knobs
 from planner.errors import SpecError
 from planner.ranking import Row, closest_rows, headroom_limit, rank_rows
 from planner.rules import RULES, Context, check, first_failure_counts, messages
@@ -32,12 +33,18 @@ NUM_CLOSEST = 3
 
 
 def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
-           headroom: float = DEFAULT_HEADROOM, find_min_gpus: bool = True, ranking: str = "simple") -> PlanResult:
+           headroom: float = DEFAULT_HEADROOM, find_min_gpus: bool = True, ranking: str = "simple",
+           knobs: Knobs | None = None) -> PlanResult:
     """Score every valid candidate and rank those that fit under the memory safety margin
     (planner.ranking). When none is valid, the result has no plans and counts the rejections by rule;
     when none fits, it holds the closest candidates, advice and the smallest GPU count that fits
-    (searched only then, and only when `find_min_gpus`)."""
+    (searched only then, and only when `find_min_gpus`).
+
+    `knobs` (planner.knobs.choose) are the training-settings variants the planner may choose among; each
+    candidate is scored with its own and each plan carries them in `Plan.train`. None: `train` as given."""
     start = time.perf_counter()
+    knobs = knobs if knobs is not None else Knobs.fixed(train)
+    train = knobs.base
     normalise_constraints(constraints, model)  # a malformed constraint is refused before it is merged below
     # Offloading the optimizer only adds time to a plan (the host's memory bandwidth per GPU is far
     # below HBM's), so a searched offload is scored only for the plans that do not fit without it.
@@ -54,7 +61,8 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
         stats = SearchStats(num_candidates=num_candidates, num_valid=0, num_feasible=0, rejected=rejected,
                             search_time_s=time.perf_counter() - start)
         return PlanResult(plans=[], stats=stats, rejections=rejections, **common)
-    costs = evaluate_arrays(model, cluster, train, candidates)
+    variant = knobs.assign(candidates)
+    candidates, variant, costs = _score(model, cluster, knobs, candidates, variant)
     limit = headroom_limit(costs.memory_capacity_bytes, headroom)
     # the offloaded twins of the plans that do not fit, scored together (one more evaluation, one concatenation)
     twins = ([_activation_offload_twins(model, candidates, costs, limit)]
@@ -71,8 +79,26 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
             rejected[key] = rejected.get(key, 0) + n
         twins = twins.take(valid)
         if len(twins):
+            twins, twin_variant, twin_costs = _score(model, cluster, knobs, twins, knobs.assign(twins))
             candidates = StrategyArrays.concat([candidates, twins])
-            costs = concat_costs([costs, evaluate_arrays(model, cluster, train, twins)])
+            variant = np.concatenate([variant, twin_variant])
+            costs = concat_costs([costs, twin_costs])
+    if model.num_experts > 0:
+        ctx = Context(model, train, num_gpus, cluster)
+        for make in _knob_twin_makers(knobs, constraints or {}):
+            twins, twin_variant = make(candidates, variant, costs, limit, top_k)
+            if not len(twins):
+                continue
+            num_candidates += len(twins)
+            valid, failures = check(ctx, twins)
+            for key, n in first_failure_counts(failures).items():
+                rejected[key] = rejected.get(key, 0) + n
+            twins, twin_variant = twins.take(valid), twin_variant[valid]
+            if len(twins):
+                twins, twin_variant, twin_costs = _score(model, cluster, knobs, twins, twin_variant)
+                candidates = StrategyArrays.concat([candidates, twins])
+                variant = np.concatenate([variant, twin_variant])
+                costs = concat_costs([costs, twin_costs])
     fits = costs.fits & (costs.peak_memory_bytes <= limit)
     over = ~costs.fits
     host_over = costs.host_memory_bytes > costs.host_capacity_bytes
@@ -112,8 +138,10 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
         i = row.index
         strategy = Strategy(**candidates.row(i))
         reasons = _memory_reason(costs, i) + _headroom_reason(costs, i, limit, headroom)
-        est = estimate_from(costs, i, num_gpus, train, reasons=reasons, gpu=cluster.gpu, moe=moe)
-        return Plan(rank=rank, strategy=strategy, estimate=est, model=model, cluster=cluster, train=train,
+        own = knobs.trains[int(variant[i])]
+        est = estimate_from(costs, i, num_gpus, own, reasons=reasons, gpu=cluster.gpu, moe=moe,
+                            settings=knobs.settings(int(variant[i])))
+        return Plan(rank=rank, strategy=strategy, estimate=est, model=model, cluster=cluster, train=own,
                     num_gpus=num_gpus, folded=_folded(candidates, costs, row))
 
     stats = SearchStats(num_candidates=num_candidates, num_valid=len(candidates), num_feasible=int(len(feasible)),
@@ -128,7 +156,7 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
         def fits_at(n: int) -> bool:
             try:
                 return bool(search(model, cluster, train, n, constraints, 1, headroom=headroom,
-                                   find_min_gpus=False).plans)
+                                   find_min_gpus=False, knobs=knobs).plans)
             except SpecError:  # the constraints leave no strategy at this count
                 return False
 
@@ -140,6 +168,66 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
         plans=plans, worth_a_real_run=[p.rank for p, o in zip(plans, overlap) if o], closest=near,
         stats=stats, **common, **extra,
     )
+
+
+def _score(model, cluster, knobs: Knobs, candidates: StrategyArrays, variant: np.ndarray
+           ) -> tuple[StrategyArrays, np.ndarray, CostArrays]:
+    """Score `candidates`, each with its settings variant (`knobs.trains[variant[i]]`): one evaluation per
+    variant present. Returns the candidates and variants regrouped in the order they were scored."""
+    present = np.unique(variant)
+    if len(present) == 1:
+        return candidates, variant, evaluate_arrays(model, cluster, knobs.trains[int(present[0])], candidates)
+    parts, variants, costs = [], [], []
+    for v in present:
+        idx = np.flatnonzero(variant == v)
+        part = candidates.take(idx)
+        parts.append(part)
+        variants.append(variant[idx])
+        costs.append(evaluate_arrays(model, cluster, knobs.trains[int(v)], part))
+    return StrategyArrays.concat(parts), np.concatenate(variants), concat_costs(costs)
+
+
+def _knob_twin_makers(knobs: Knobs, constraints: dict) -> list:
+    """The searched MoE knobs the user left free, as twin makers run in order (planner.knobs): the other
+    dispatchers, then the all-to-all overlap (over every dispatcher's rows)."""
+    makers = []
+    if len(knobs.dispatchers) > 1:
+        makers.append(lambda c, v, costs, limit, k: _dispatcher_twins(knobs, c, v, costs, limit, k))
+    if "overlap_moe_comm" not in constraints:
+        makers.append(_overlap_twins)
+    return makers
+
+
+def _could_win(candidates: StrategyArrays, costs: CostArrays, limit: float, top_k: int) -> np.ndarray:
+    """Candidates with expert parallelism whose step time less their exposed expert-parallel time is within
+    `KNOB_MARGIN` of the `top_k`-th best fitting plan: the only ones another dispatcher or the all-to-all
+    overlap could bring into the ranking (those changes act on that time). Nothing fits: none."""
+    fits = costs.fits & (costs.peak_memory_bytes <= limit)
+    if not fits.any():
+        return np.zeros(len(fits), dtype=bool)
+    steps = costs.step_time_s[fits]
+    k = min(max(top_k, 1), len(steps)) - 1
+    bar = float(np.partition(steps, k)[k]) * (1.0 + KNOB_MARGIN)
+    return fits & (candidates.ep > 1) & (costs.step_time_s - costs.time_s["ep_comm"] <= bar)
+
+
+def _dispatcher_twins(knobs: Knobs, candidates: StrategyArrays, variant: np.ndarray, costs: CostArrays,
+                      limit: float, top_k: int) -> tuple[StrategyArrays, np.ndarray]:
+    """The candidates that could win (`_could_win`) with each other dispatcher of `knobs`."""
+    need = np.flatnonzero(_could_win(candidates, costs, limit, top_k))
+    alternatives = knobs.other_dispatchers(variant[need])
+    twins = candidates.take(np.tile(need, len(alternatives)))
+    return twins, (np.concatenate(alternatives) if alternatives else np.array([], dtype=np.int64))
+
+
+def _overlap_twins(candidates: StrategyArrays, variant: np.ndarray, costs: CostArrays, limit: float,
+                   top_k: int) -> tuple[StrategyArrays, np.ndarray]:
+    """The candidates that could win (`_could_win`) without the all-to-all overlap, with it (Megatron's
+    --overlap-moe-expert-parallel-comm; the rules refuse where Megatron cannot run it)."""
+    need = np.flatnonzero(_could_win(candidates, costs, limit, top_k) & ~candidates.overlap_moe_comm)
+    twins = candidates.take(need)
+    twins.overlap_moe_comm[:] = True
+    return twins, variant[need]
 
 
 def _folded(candidates: StrategyArrays, costs: CostArrays, row: Row) -> Folded | None:
@@ -300,7 +388,7 @@ def _memory_reason(costs: CostArrays, i: int) -> list[str]:
 
 
 def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list[str], valid: bool = True,
-                  gpu: GpuSpec | None = None, moe: bool | None = None) -> Estimate:
+                  gpu: GpuSpec | None = None, moe: bool | None = None, settings: dict | None = None) -> Estimate:
     """The Estimate of candidate `i`, with its error band from `gpu`'s residuals (planner.error_band),
     the band of its model's kind (`moe`) where the profile has one."""
     step = float(costs.step_time_s[i])
@@ -332,5 +420,6 @@ def estimate_from(costs: CostArrays, i: int, num_gpus: int, train, reasons: list
         fits=not reasons,
         valid=valid,
         reasons=reasons,
+        settings=settings or {},
         **band,
     )

@@ -181,13 +181,15 @@ def test_each_layout_given_as_constraints_is_the_plan(name, results):
     """Every field of the published strategy as a constraint: the search returns that one plan,
     fitting, with evaluate()'s prediction."""
     from planner import plan
+    from planner.calibrate import run_settings
 
     lay = LAYOUTS[name]
     s = lay.strategy.resolve(lay.num_gpus)
     cons = {k: v for k, v in s.model_dump().items() if v is not None}
     result = plan(model=lay.model, cluster=lay.cluster, num_gpus=lay.num_gpus, global_batch_size=lay.global_batch_size,
                   seq_len=lay.seq_len, precision=lay.precision, constraints=cons, top_k=1, headroom=0.0,
-                  **lay.train_options)  # the run was made: fit against the GPU, without plan()'s safety margin
+                  **run_settings(lay.train_options))  # the run was made: fit against the GPU, without plan()'s safety
+    # margin, and with the framework's defaults where the run does not state a setting (as evaluate_layout)
     assert result.stats.num_valid == 1, result.stats
     if name in DOES_NOT_FIT:  # the one valid plan is the closest one, not a plan that fits
         assert not result.plans and result.closest and result.closest[0].strategy == s

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cost_models.layout import ParallelLayout
+from planner.calibrate import run_settings
 from planner import Estimate, PlanResult, SpecError, Strategy, evaluate, plan
 from planner.ranking import TIE_FRACTION
 
@@ -150,15 +151,19 @@ def test_a_moe_plan_over_the_limit_without_recompute_fits_by_recomputing_modules
     # tp4 pp8 with two sequences per micro-batch: just over 80 GB without recomputation, under it with the
     # layer norms' and expert activations' recomputation (pp16 vpp2 was the example before the query/key
     # norms' saved inputs were counted; it now needs full recomputation of a layer)
+    # the framework's default settings (fp32 gradients, bf16 weight copies): the planner's own choices free
+    # enough memory that the plan fits without recomputation
+    settings = run_settings({})
     question = dict(model="qwen3-235b-a22b", cluster="dgx-h100", num_gpus=256, global_batch_size=8192, seq_len=4096,
                     precision="fp8", constraints={"tp": 4, "pp": 8, "vpp": 1, "ep": 8, "micro_batch_size": 2,
-                                                  "zero_stage": 1, "offload_optimizer": False}, top_k=20)
+                                                  "zero_stage": 1, "offload_optimizer": False}, top_k=20, **settings)
     r = plan(**question)
     modules = [p for p in r.plans if p.strategy.recompute_modules]
     assert modules and all(p.strategy.recompute == "selective" for p in modules)
     best = modules[0]
     none = evaluate(best.model, best.cluster, 256, 8192, 4096, precision="fp8",
-                    strategy=best.strategy.model_copy(update={"recompute": "none", "recompute_modules": None}))
+                    strategy=best.strategy.model_copy(update={"recompute": "none", "recompute_modules": None}),
+                    **settings)
     assert not none.fits or none.peak_memory_bytes > 0.95 * none.memory_capacity_bytes  # over the limit without
     assert best.estimate.peak_memory_bytes < none.peak_memory_bytes
     # a recompute constraint is the user's choice: no twins

@@ -37,11 +37,12 @@ from planner.calibrate.runs import (
     RunPrediction,
     apply_parameters,
     predict_run,
+    run_settings,
 )
 
 __all__ = [
     "CalibrationResult", "ErrorSummary", "FitParameter", "FitSettings", "HeldOutSet", "MeasuredRun", "ParameterFit",
     "Residual", "RunPrediction", "apply_parameters", "calibrate", "calibration_document", "fit_parameters",
-    "fitted_on_text", "leave_one_set_out", "parameter_document", "predict_run", "run_residuals",
+    "fitted_on_text", "leave_one_set_out", "parameter_document", "predict_run", "run_residuals", "run_settings",
     "user_calibration_document", "write_calibration_profile",
 ]

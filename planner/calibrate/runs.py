@@ -15,7 +15,8 @@ from pydantic import Field, model_validator
 
 from planner.api import plan
 from planner.errors import SpecError
-from planner.specs import ClusterSpec, GpuSpec, ModelSpec
+from planner.knobs import FREE_KNOBS
+from planner.specs import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
 from planner.specs.base import MAX_BATCH, MAX_GPUS, MAX_TOKENS, Spec
 from planner.specs.strategy import RANK_ORDERS
 from planner.specs.hardware import Precision
@@ -106,6 +107,15 @@ def resolve_cluster(run: MeasuredRun) -> ClusterSpec:
     return run.cluster if isinstance(run.cluster, ClusterSpec) else load_cluster(run.cluster)
 
 
+def run_settings(train_options: dict[str, Any]) -> dict[str, Any]:
+    """A measured run's training settings: the ones it states, and for every setting the planner would
+    otherwise choose (planner.knobs.FREE_KNOBS) the framework's default, which is what a run that does not
+    state it ran. (The rank order and the all-to-all overlap are likewise fixed to the defaults in
+    `predict_run`.)"""
+    defaults = {k: TrainSpec.model_fields[k].default for k in FREE_KNOBS if k not in train_options}
+    return defaults | dict(train_options)
+
+
 def predict_run(run: MeasuredRun, cluster: ClusterSpec | None = None) -> RunPrediction:
     """The fastest plan of `run` under its fixed strategy fields that fits the GPU, on `cluster`
     (default: the run's own).
@@ -114,12 +124,14 @@ def predict_run(run: MeasuredRun, cluster: ClusterSpec | None = None) -> RunPred
     cannot (a custom pipeline layout) is predicted without interleaving, and the strategy text
     says so. A run that does not state its rank order ran in its framework's default order
     (Megatron's tp-cp-ep-dp-pp; every framework's): the order is fixed to it, not searched."""
+    options = run_settings(run.train_options)
+
     def search(constraints: dict[str, Any]):
         return plan(model=run.model, cluster=cluster or run.cluster, num_gpus=run.num_gpus,
                     global_batch_size=run.global_batch_size, seq_len=run.seq_len, precision=run.precision,
-                    constraints=constraints, top_k=1, headroom=0.0, ranking="fastest", **run.train_options)
+                    constraints=constraints, top_k=1, headroom=0.0, ranking="fastest", **options)
 
-    fixed = {"rank_order": RANK_ORDERS[0]} | dict(run.strategy)
+    fixed = {"rank_order": RANK_ORDERS[0], "overlap_moe_comm": False} | dict(run.strategy)
     result, tag = search(fixed), ""
     vp = run.strategy.get("vpp")
     if not result.plans and not result.closest and isinstance(vp, int) and vp > 1 \

@@ -59,7 +59,10 @@ GpusOpt = Annotated[int, typer.Option("--gpus", "-n", help="Number of GPUs in th
 GbsOpt = Annotated[int, typer.Option("--global-batch-size", "-b", help="Sequences per optimizer step.")]
 SeqOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence.")]
 PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="GEMM precision.")]
-GradPrecisionOpt = Annotated[str, typer.Option("--grad-precision", help="Gradient buffer precision reduced across data parallel ranks: fp32, bf16 or fp16.")]
+GradPrecisionOpt = Annotated[Optional[str], typer.Option("--grad-precision", help="Gradient buffer precision reduced across data parallel ranks: fp32, bf16 or fp16 (default: chosen, bf16 as the vendors' recipes run it where the framework can, fp32 with --strict-numerics).")]
+StrictNumericsOpt = Annotated[bool, typer.Option(
+    "--strict-numerics", help="Keep the framework's default numerics: no bf16 gradient reduction, no FP8 parameter "
+    "gather unless asked for (by default the planner chooses them where they are faster, as the recipes do).")]
 AttentionOpt = Annotated[str, typer.Option("--attention-kernel", help="flash (fused, the GPU's fastest measured kernel), flash2 (FlashAttention-2), flash1 (FlashAttention v1 or a Triton kernel of its era) or unfused (scores stored).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adam or sgd.")]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format: table, json or csv.")]
@@ -89,9 +92,10 @@ Zero3ImplOpt = Annotated[Optional[str], typer.Option(
 
 Fp8RecipeOpt = Annotated[str, typer.Option("--fp8-recipe", help="FP8 scaling with --precision fp8: delayed, "
                                            "tensorwise, blockwise or mxfp8 (Blackwell only).")]
-Fp8ParamGatherOpt = Annotated[bool, typer.Option(
-    "--fp8-param-gather", help="With --precision fp8: keep the FP8 GEMMs' weights in FP8 only and all-gather them in "
-    "FP8 under ZeRO (Megatron's --fp8-param-gather; needs zero_stage >= 1).")]
+Fp8ParamGatherOpt = Annotated[Optional[bool], typer.Option(
+    "--fp8-param-gather/--no-fp8-param-gather", help="With --precision fp8: keep the FP8 GEMMs' weights in FP8 only "
+    "and all-gather them in FP8 under ZeRO (Megatron's --fp8-param-gather; needs zero_stage >= 1). Default: chosen "
+    "per plan (on with zero_stage >= 1 under Megatron, off with --strict-numerics).")]
 FrameworkOpt = Annotated[str, typer.Option(
     "--framework", help="Framework the plan runs on, costed as it runs (per-micro-batch gradient reductions, "
     "selective recompute) and ranked only where it can run: megatron, torchtitan, deepspeed or colossalai.")]
@@ -110,37 +114,43 @@ FlexSmsOpt = Annotated[Optional[int], typer.Option(
     help="SMs of the flex dispatcher's kernels with --moe-dispatcher deepep or hybridep (Megatron's "
     "--moe-deepep-num-sms / --moe-hybridep-num-sms; default megatron-core's, 20 and 16).")]
 
-RouterPaddingOpt = Annotated[bool, typer.Option(
-    "--moe-router-padding-for-quantization",
+RouterPaddingOpt = Annotated[Optional[bool], typer.Option(
+    "--moe-router-padding-for-quantization/--no-router-padding",
     help="With --precision fp8: the router pads each expert's tokens to the FP8 alignment (Megatron's "
-    "--moe-router-padding-for-quantization), so the grouped MLP copies nothing to pad them (default: it does).")]
+    "--moe-router-padding-for-quantization), so the grouped MLP copies nothing to pad them (default: on under "
+    "Megatron with fp8, as the recipes run it).")]
 
 TorchCompileOpt = Annotated[Optional[bool], typer.Option(
     "--torch-compile/--no-torch-compile",
     help="torch.compile of the model (framework torchtitan; default on, as the emitted job runs): "
     "--no-torch-compile costs element-wise work as torchtitan's eager PyTorch operators.")]
 
-MoeDispatcherOpt = Annotated[str, typer.Option(
+MoeDispatcherOpt = Annotated[Optional[str], typer.Option(
     "--moe-dispatcher", help="MoE token dispatcher: alltoall (a copy per routed expert), or the flex dispatcher's "
-    "deepep or hybridep backend (a copy per destination GPU, one per node across nodes).")]
+    "deepep or hybridep backend (a copy per destination GPU, one per node across nodes). Default: searched under "
+    "Megatron on GPUs with measured flex dispatchers (Hopper, Blackwell), else alltoall.")]
 
 
-def train_options(grad_precision: str, attention_kernel: str, optimizer: str,
+def train_options(grad_precision: str | None, attention_kernel: str, optimizer: str,
                   moe_load_imbalance: float | None = None, zero3_impl: str | None = None, fp8_recipe: str = "delayed",
                   cross_entropy_fusion: bool | None = None, framework: str = "megatron",
-                  moe_dispatcher: str = "alltoall", fp8_param_gather: bool = False,
+                  moe_dispatcher: str | None = None, fp8_param_gather: bool | None = None,
                   torch_compile: bool | None = None, cross_entropy_fusion_impl: str | None = None,
-                  moe_flex_num_sms: int | None = None, router_padding: bool = False) -> dict[str, Any]:
-    """TrainSpec options from the CLI; --zero3-impl only when given (a framework may fix it)."""
-    out = {"grad_precision": grad_precision, "attention_kernel": attention_kernel, "optimizer": optimizer,
-           "fp8_recipe": fp8_recipe, "framework": framework,
-           "moe_dispatcher": moe_dispatcher, "fp8_param_gather": fp8_param_gather}
+                  moe_flex_num_sms: int | None = None, router_padding: bool | None = None) -> dict[str, Any]:
+    """TrainSpec options from the CLI: --zero3-impl only when given (a framework may fix it), and the
+    settings the planner chooses when left free (planner.knobs) only when given."""
+    out: dict[str, Any] = {"attention_kernel": attention_kernel, "optimizer": optimizer, "fp8_recipe": fp8_recipe,
+                           "framework": framework}
+    for key, value in (("grad_precision", grad_precision), ("moe_dispatcher", moe_dispatcher),
+                       ("fp8_param_gather", fp8_param_gather)):
+        if value is not None:
+            out[key] = value
     if cross_entropy_fusion is not None:  # else the framework's loss (planner.api)
         out["cross_entropy_fusion"] = cross_entropy_fusion
     if moe_flex_num_sms is not None:
         out["moe_flex_num_sms"] = moe_flex_num_sms
-    if router_padding:
-        out["moe_router_padding_for_quantization"] = True
+    if router_padding is not None:
+        out["moe_router_padding_for_quantization"] = router_padding
     if cross_entropy_fusion_impl is not None:
         out["cross_entropy_fusion_impl"] = cross_entropy_fusion_impl
     if zero3_impl is not None:

@@ -40,6 +40,7 @@ from planner.cli.common import (
     PlanFileOpt,
     PrecisionOpt,
     RouterPaddingOpt,
+    StrictNumericsOpt,
     SeqOpt,
     TorchCompileOpt,
     Zero3ImplOpt,
@@ -96,7 +97,7 @@ def emit_cmd(
     grad_precision: GradPrecisionOpt = None,
     attention_kernel: AttentionOpt = None,
     optimizer: OptimizerOpt = None,
-    fp8_param_gather: Fp8ParamGatherOpt = False,
+    fp8_param_gather: Fp8ParamGatherOpt = None,
     moe_load_imbalance: MoeImbalanceOpt = None,
     zero3_impl: Zero3ImplOpt = None,
     fp8_recipe: Fp8RecipeOpt = None,
@@ -105,8 +106,9 @@ def emit_cmd(
     framework: EmitFrameworkOpt = None,
     moe_dispatcher: MoeDispatcherOpt = None,
     moe_flex_num_sms: FlexSmsOpt = None,
-    moe_router_padding_for_quantization: RouterPaddingOpt = False,
+    moe_router_padding_for_quantization: RouterPaddingOpt = None,
     torch_compile: TorchCompileOpt = None,
+    strict_numerics: StrictNumericsOpt = False,
     headroom: HeadroomOpt = None,
     calibration: CalibrationOpt = None,
     launch_for: Annotated[LaunchFor, typer.Option("--launch-for", help="Framework the torchrun/slurm scripts start.")] = LaunchFor.megatron,
@@ -134,11 +136,12 @@ def emit_cmd(
     # options that only shape the search: given with PLAN_JSON they would be ignored, so they are refused
     search_only = {"--precision": precision, "--constraint": constraint, "--constraints": constraints,
                    "--grad-precision": grad_precision, "--attention-kernel": attention_kernel, "--optimizer": optimizer,
-                   "--fp8-param-gather": fp8_param_gather or None, "--moe-load-imbalance": moe_load_imbalance,
+                   "--fp8-param-gather": fp8_param_gather, "--moe-load-imbalance": moe_load_imbalance,
                    "--zero3-impl": zero3_impl, "--fp8-recipe": fp8_recipe, "--cross-entropy-fusion": cross_entropy_fusion,
                    "--cross-entropy-fusion-impl": cross_entropy_fusion_impl, "--framework": framework,
                    "--moe-dispatcher": moe_dispatcher, "--moe-flex-num-sms": moe_flex_num_sms,
-                   "--moe-router-padding-for-quantization": moe_router_padding_for_quantization or None,
+                   "--moe-router-padding-for-quantization": moe_router_padding_for_quantization,
+                   "--strict-numerics": strict_numerics or None,
                    "--torch-compile": torch_compile, "--headroom": headroom, "--calibration": calibration}
     if plan_json is not None:
         given = [k for k, v in {**search, **search_only}.items() if v is not None]
@@ -166,13 +169,13 @@ def emit_cmd(
                             f"{'script starts' if backend in ('torchrun', 'slurm') else 'config'} does not run "
                             f"(drop --framework, or emit for {framework}'s backend)")
         top_k = max(rank, SEARCH_DEPTH) if best_expressible else rank
-        train = train_options(grad_precision or "fp32", attention_kernel or "flash", optimizer or "adam",
+        train = train_options(grad_precision, attention_kernel or "flash", optimizer or "adam",
                               moe_load_imbalance, zero3_impl, fp8_recipe or "delayed", cross_entropy_fusion, runs,
-                              moe_dispatcher or "alltoall", fp8_param_gather, torch_compile, cross_entropy_fusion_impl,
+                              moe_dispatcher, fp8_param_gather, torch_compile, cross_entropy_fusion_impl,
                               moe_flex_num_sms, moe_router_padding_for_quantization)
         result, source = _search(model, cluster, gpus, global_batch_size, seq_len, (precision or "bf16"), top_k,
                                  parse_constraints(constraint, constraints), train, parse_headroom(headroom),
-                                 calibration), "the search"
+                                 calibration, strict_numerics), "the search"
     # checked here too so the message names the options as typed (EmitOptions checks them for the API)
     if script is not None:
         shell_command("--script", script)
@@ -228,12 +231,12 @@ SEARCH_DEPTH = 2000
 
 def _search(model: str, cluster: str, gpus: int, gbs: int, seq: int, precision, top_k: int,
             constraints: dict[str, Any], train: dict[str, Any], headroom: float | None,
-            calibration: str | None = None) -> PlanResult:
+            calibration: str | None = None, strict_numerics: bool = False) -> PlanResult:
     from planner.api import plan as api_plan
 
     return api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=gbs, seq_len=seq,
                     precision=getattr(precision, "value", precision), constraints=constraints, top_k=top_k,
-                    headroom=headroom, calibration=calibration, **train)
+                    headroom=headroom, calibration=calibration, strict_numerics=strict_numerics, **train)
 
 
 def _best_expressible(result: PlanResult, chosen: Plan, backend: str, options) -> Plan:

@@ -40,6 +40,7 @@ from planner.cli.common import (
     RankOpt,
     RecomputeOpt,
     RouterPaddingOpt,
+    StrictNumericsOpt,
     SeqOpt,
     TorchCompileOpt,
     Zero3ImplOpt,
@@ -61,7 +62,7 @@ from planner.cli.topology_plot import draw_topology
 from planner.cli.topology_view import (check_png_target, group_spans, print_summary, rank_order, topology_summary,
                                        write_png)
 from planner.errors import SpecError
-from planner.specs import Estimate, Plan, PlanResult, Strategy
+from planner.specs import Estimate, Plan, PlanResult, Strategy, TrainSpec
 
 #: Above this share of communication assumed hidden behind compute, `plan` warns under its table:
 #: the prediction then rests on near-perfect overlap, which real runs rarely reach (a profile's
@@ -81,20 +82,21 @@ def plan_cmd(
     top: Annotated[int, typer.Option("--top", "-k", help="How many plans to show.")] = 10,
     constraint: Annotated[Optional[list[str]], typer.Option("--constraint", "-C", help="Fix or restrict a Strategy field: tp=8, pp=2,4, recompute=selective, zero_stage=1 (repeatable, once per field: a field given twice, here or in --constraints, is refused).")] = None,
     constraints: Annotated[Optional[str], typer.Option("--constraints", help='Constraints as a JSON object, e.g. \'{"tp": 8, "pp": [2, 4]}\'; -C may add other fields, not repeat one.')] = None,
-    grad_precision: GradPrecisionOpt = "fp32",
+    grad_precision: GradPrecisionOpt = None,
     attention_kernel: AttentionOpt = "flash",
     optimizer: OptimizerOpt = "adam",
     moe_load_imbalance: MoeImbalanceOpt = None,
     zero3_impl: Zero3ImplOpt = None,
     fp8_recipe: Fp8RecipeOpt = "delayed",
-    fp8_param_gather: Fp8ParamGatherOpt = False,
+    fp8_param_gather: Fp8ParamGatherOpt = None,
     cross_entropy_fusion: CeFusionOpt = None,
     cross_entropy_fusion_impl: CeFusionImplOpt = None,
     framework: FrameworkOpt = "megatron",
-    moe_dispatcher: MoeDispatcherOpt = "alltoall",
+    moe_dispatcher: MoeDispatcherOpt = None,
     moe_flex_num_sms: FlexSmsOpt = None,
-    moe_router_padding_for_quantization: RouterPaddingOpt = False,
+    moe_router_padding_for_quantization: RouterPaddingOpt = None,
     torch_compile: TorchCompileOpt = None,
+    strict_numerics: StrictNumericsOpt = False,
     headroom: HeadroomOpt = None,
     calibration: CalibrationOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column (bands, tokens/s, TFLOP/s, headroom); the "
@@ -105,7 +107,7 @@ def plan_cmd(
     simpler layout, near-duplicates share a row: see the README's "Reading the plan table")."""
     kwargs = dict(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size, seq_len=seq_len,
                   precision=precision.value, constraints=parse_constraints(constraint, constraints), top_k=top,
-                  calibration=calibration,
+                  calibration=calibration, strict_numerics=strict_numerics,
                   headroom=parse_headroom(headroom), **train_options(grad_precision, attention_kernel, optimizer,
                                                                       moe_load_imbalance, zero3_impl, fp8_recipe,
                                                                       cross_entropy_fusion, framework, moe_dispatcher,
@@ -201,13 +203,17 @@ def print_plan_table(result: PlanResult, wide: bool = False, console=None) -> No
     out.print(f"rejected by reason: {rejected}", markup=False, highlight=False, soft_wrap=False)
 
 
-def layout_label(s: Strategy) -> str:
+def layout_label(s: Strategy, train: TrainSpec | None = None) -> str:
     """`dp64 tp8 pp16 cp2 vpp8 sp`: the degrees (cp, ep, etp, vpp only when > 1) and sequence parallelism, and
-    `pp<dp` where the rank order nests the pipeline inside data parallelism (Megatron's --use-tp-pp-dp-mapping)."""
+    `pp<dp` where the rank order nests the pipeline inside data parallelism (Megatron's --use-tp-pp-dp-mapping);
+    with expert parallelism, `a2a-ovl` where the all-to-all overlaps another micro-batch's compute and, given the
+    plan's `train`, its flex dispatcher (`hybridep`, `deepep`)."""
     parts = [f"dp{s.dp}", f"tp{s.tp}", f"pp{s.pp}"]
     parts += [f"{k}{v}" for k, v in (("cp", s.cp), ("ep", s.ep), ("etp", s.etp), ("vpp", s.vpp)) if v > 1]
     order = [] if s.rank_order == "tp-cp-ep-dp-pp" else ["pp<dp"]
-    return " ".join(parts + (["sp"] if s.sequence_parallel else []) + order)
+    moe = (["a2a-ovl"] if s.overlap_moe_comm else []) + (
+        [train.moe_dispatcher] if train is not None and s.ep > 1 and train.moe_dispatcher != "alltoall" else [])
+    return " ".join(parts + (["sp"] if s.sequence_parallel else []) + order + moe)
 
 
 def zero_label(p: Plan) -> str:
@@ -243,7 +249,7 @@ def _narrow_table(result: PlanResult, plans: list[Plan], title: str) -> Table:
                          overflow="fold", no_wrap=col in ("#", "step (s)", "MFU %", "GiB/GPU", "zero"))
     for p in plans:
         s, e = p.strategy, p.estimate
-        table.add_row(f"{p.rank}~" if _mark(result, p) == "~" else str(p.rank), layout_label(s),
+        table.add_row(f"{p.rank}~" if _mark(result, p) == "~" else str(p.rank), layout_label(s, p.train),
                       zero_label(p), str(s.micro_batch_size), shown(recompute_label(p), MESSAGE_CHARS),
                       s.split_label() or "even",
                       f"{e.step_time_s:.3f}", f"{100 * e.mfu:.1f}", gib(e.peak_memory_bytes))
@@ -301,8 +307,33 @@ def plan_legend(result: PlanResult, plans: list[Plan], wide: bool) -> list[str]:
     if any(p.strategy.offload_activation_layers for p in plans):
         lines.append("recompute none+cpu(N): the activations of the first N layers offloaded to host memory "
                      "(Megatron's --cpu-offloading-num-layers N; evaluate --offload-activation-layers N)")
+    chosen = chosen_settings_line(plans)
     band = band_legend(result, plans[0].estimate, wide)
-    return lines + ([band] if band else [])
+    return lines + ([chosen] if chosen else []) + ([band] if band else [])
+
+
+#: How the legend names a setting the planner chose (planner.knobs), by TrainSpec field.
+SETTING_WORDS = {"grad_precision": "gradients reduced in {}", "fp8_param_gather": "FP8 parameter gather {}",
+                 "cross_entropy_fusion_impl": "cross-entropy {}", "moe_router_padding_for_quantization":
+                 "router FP8 padding {}", "moe_dispatcher": "dispatcher {}", "moe_flex_num_sms": "flex SMs {}"}
+
+
+def chosen_settings_line(plans: list[Plan]) -> str:
+    """The training settings the planner chose for the shown plans (left free by the input): each with its
+    value, or `per plan` where the plans differ; empty when every setting was given."""
+    keys = [k for k in SETTING_WORDS if any(k in p.estimate.settings for p in plans)]
+    if not keys:
+        return ""
+
+    def word(v: Any) -> str:
+        return {True: "on", False: "off", None: "default"}.get(v, str(v)) if isinstance(v, (bool, type(None))) else str(v)
+
+    bits = []
+    for k in keys:
+        values = {word(p.estimate.settings.get(k)) for p in plans if k in p.estimate.settings}
+        bits.append(SETTING_WORDS[k].format(values.pop() if len(values) == 1 else "per plan"))
+    return ("settings chosen (not given; --strict-numerics keeps the framework's numerics): " + ", ".join(bits)
+            + "; each plan's own are in --format json (train, estimate.settings)")
 
 
 def step_band(e: Estimate) -> str:
@@ -403,20 +434,20 @@ def _one_strategy_command(render):
         recompute_num_layers: RclOpt = None, first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
         stage_layers: StageLayersOpt = None, embedding_as_layer: EmbLayerOpt = False, loss_as_layer: LossLayerOpt = False,
         overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True, overlap_p2p_comm: Op2pOpt = True,
-        rank_order: RankOrderOpt = "tp-cp-ep-dp-pp", grad_precision: GradPrecisionOpt = "fp32", attention_kernel: AttentionOpt = "flash",
+        rank_order: RankOrderOpt = "tp-cp-ep-dp-pp", grad_precision: GradPrecisionOpt = None, attention_kernel: AttentionOpt = "flash",
         optimizer: OptimizerOpt = "adam", moe_load_imbalance: MoeImbalanceOpt = None,
         zero3_impl: Zero3ImplOpt = None, fp8_recipe: Fp8RecipeOpt = "delayed",
-        fp8_param_gather: Fp8ParamGatherOpt = False,
+        fp8_param_gather: Fp8ParamGatherOpt = None,
         cross_entropy_fusion: CeFusionOpt = None, cross_entropy_fusion_impl: CeFusionImplOpt = None,
         framework: FrameworkOpt = "megatron",
-        moe_dispatcher: MoeDispatcherOpt = "alltoall", moe_flex_num_sms: FlexSmsOpt = None,
-        moe_router_padding_for_quantization: RouterPaddingOpt = False,
-        torch_compile: TorchCompileOpt = None,
+        moe_dispatcher: MoeDispatcherOpt = None, moe_flex_num_sms: FlexSmsOpt = None,
+        moe_router_padding_for_quantization: RouterPaddingOpt = None,
+        torch_compile: TorchCompileOpt = None, strict_numerics: StrictNumericsOpt = False,
         plan_file: PlanFileOpt = None, rank: RankOpt = 1, calibration: CalibrationOpt = None,
         fmt: FormatOpt = Format.table,
     ) -> None:
         if plan_file is not None:  # the plan file holds the whole question and the strategy: nothing else may be given
-            given = _given_options(ctx, skip={"plan_file", "rank", "fmt"})
+            given = _given_options(ctx, skip={"plan_file", "rank", "fmt", "strict_numerics"})
             if given:
                 raise SpecError(f"--plan gives the model, cluster, batch and strategy; drop {', '.join(given)}")
             chosen = load_plan(plan_file, rank)
@@ -438,7 +469,7 @@ def _one_strategy_command(render):
                              overlap_p2p_comm, rank_order)
         est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                            seq_len=seq_len, precision=precision.value, strategy=strategy, calibration=calibration,
-                           **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
+                           strict_numerics=strict_numerics, **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,
                                            zero3_impl, fp8_recipe, cross_entropy_fusion, framework,
                                            moe_dispatcher, fp8_param_gather, torch_compile,
                                            cross_entropy_fusion_impl, moe_flex_num_sms,

@@ -6,6 +6,8 @@ public contract (DESIGN.md) and are never renamed.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.specs.hardware import ClusterSpec
@@ -72,6 +74,10 @@ class Estimate(BaseModel):
     valid: bool = Field(True, description="The strategy breaks no rule (degrees, split, batch, experts); a valid "
                         "strategy may still not fit.")
     reasons: list[str] = Field(default_factory=list, description="Why the strategy is invalid or does not fit; empty when it does.")
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="Training settings the planner chose for this plan because the input left "
+        "them free (planner.knobs: gradient precision, FP8 parameter gather, dispatcher, ...), with their values; "
+        "empty when every one was given.")
     # ---- error band (planner.error_band): where a real run may land, from the GPU profile's residuals ----
     step_time_s_low: float | None = Field(
         None, description="Fast edge of the step-time band, seconds (<= step_time_s); None only for an Estimate "

@@ -52,6 +52,12 @@ def _mamba_heads(ctx: Context) -> int:
     return ctx.model.mamba_heads if _mamba(ctx) else 1
 
 
+def _has_stage_layers(st: StrategyArrays) -> np.ndarray:
+    """Whether each candidate has an explicit stage split (`stage_layers`, -1-padded rows)."""
+    layers = np.asarray(st.stage_layers)
+    return (layers >= 0).any(axis=1) if layers.ndim == 2 and layers.shape[1] else np.zeros(len(st), dtype=bool)
+
+
 def _mamba_cp_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
     """megatron-core's Mamba context parallelism (ssm/mamba_context_parallel.py, core_v0.16.1) hands each CP rank
     whole heads: cp divides heads/tp, and either cp divides groups/tp or groups/tp divides cp (the groups' B and C
@@ -210,6 +216,12 @@ RULES: tuple[Rule, ...] = (
                                       (len(s),)),
          lambda c, r: f"model {c.model.name} is a hybrid Mamba-Transformer stack (hybrid_override_pattern), which "
                       f"only Megatron-LM runs here (framework is {getattr(c.train, 'framework', 'megatron')!r})"),
+    Rule("hybrid_pipeline",
+         lambda c, s: ~np.bool_(_hybrid(c)) | ((s.vpp == 1) & ~_has_stage_layers(s) & ~s.embedding_as_layer
+                                               & ~s.loss_as_layer),
+         lambda c, r: f"model {c.model.name} is a hybrid stack: megatron-core 0.16's MambaStack runs no interleaved "
+                      f"pipeline (vpp {r['vpp']} must be 1) and splits layers by the first/last-stage counts only "
+                      "(no stage_layers, embedding_as_layer or loss_as_layer)"),
     Rule("layers", lambda c, s: _layout(c, s).split_ok(), _layers_msg),
     Rule("batch",
          lambda c, s: _layout(c, s).batch_ok(c.train.global_batch_size, s.micro_batch_size),

@@ -19,7 +19,9 @@ A model is its embedding, its distinct layer kinds, the kind of each layer in or
 (`pattern`), the head and the multi-token-prediction modules (`model_blocks`): one kind
 per distinct (MoE or dense MLP, windowed or full attention) pair of the model's
 `moe_layer_mask` and `local_attention_mask`, so a uniform stack has one kind and
-DeepSeek-V3 (dense first layers) or Gemma (local and global attention) several.
+DeepSeek-V3 (dense first layers) or Gemma (local and global attention) several. A hybrid
+Mamba-Transformer stack (`hybrid_override_pattern`: Nemotron-H) has one kind per symbol, each
+layer a norm, one of Mamba-2 (`Mamba`), attention, MLP or MoE, and a residual add (`hybrid_layer`).
 Per-stage costs count each kind's layers on each stage (`ParallelLayout.pattern_counts`,
 `cost_models.memory.stage_kind_counts`); the model's average layer (`ModelBlocks.mean`)
 serves only whole-model totals (the step's model and hardware FLOPs) and

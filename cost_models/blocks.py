@@ -19,7 +19,9 @@ A model is its embedding, its distinct layer kinds, the kind of each layer in or
 (`pattern`), the head and the multi-token-prediction modules (`model_blocks`): one kind
 per distinct (MoE or dense MLP, windowed or full attention) pair of the model's
 `moe_layer_mask` and `local_attention_mask`, so a uniform stack has one kind and
-DeepSeek-V3 (dense first layers) or Gemma (local and global attention) several.
+DeepSeek-V3 (dense first layers) or Gemma (local and global attention) several. A hybrid
+Mamba-Transformer stack (`hybrid_override_pattern`: Nemotron-H) has one kind per symbol, each
+layer a norm, one of Mamba-2 (`Mamba`), attention, MLP or MoE, and a residual add (`hybrid_layer`).
 Per-stage costs count each kind's layers on each stage (`ParallelLayout.pattern_counts`,
 `cost_models.memory.stage_kind_counts`); the model's average layer (`ModelBlocks.mean`)
 serves only whole-model totals (the step's model and hardware FLOPs) and
@@ -197,6 +199,7 @@ class Comm:
     cp_hop_bytes: np.ndarray | float = 0.0
     ep_a2a_bytes: np.ndarray | float = 0.0  # MoE: bytes one rank sends in one dispatch (and again in the combine)
     etp_bytes: np.ndarray | float = 0.0  # MoE with etp > 1: tokens all-gathered (and reduce-scattered) over etp
+    cp_a2a_bytes: np.ndarray | float = 0.0  # Mamba: bytes one rank sends in the forward's all-to-alls over cp
 
 
 ZERO = np.zeros(())
@@ -492,6 +495,104 @@ class Attention:
         """One TP exchange of the output; context parallelism passes K and V around the ring."""
         return Comm(tp_exchanges=1, tp_bytes=x.tokens * self.hidden * x.act,
                     cp_hop_bytes=x.tokens * 2 * self.kv_width * x.act / x.tp)
+
+
+@dataclass(frozen=True)
+class Mamba:
+    """A Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs", SSD; megatron-core's MambaMixer,
+    megatron/core/ssm/mamba_mixer.py, core_v0.16.1), the sequence mixer of a hybrid stack's M layers.
+
+    Shapes: d = heads·P inner width (P head dim), G = groups·N (N state size) the width of B and of C,
+    H heads, w the convolution width, Q the chunk length. Weights: in_proj h→(2d + 2G + H) producing z, x,
+    B, C and dt (column-parallel; its RMSNorm weight is the layer's `Norm`), the depthwise conv1d over
+    x, B, C ((d + 2G)·w weights + d + 2G biases), A_log, D and dt_bias (H each), the gated RMSNorm on
+    y (d), out_proj d→h (row-parallel). megatron-core asserts heads and groups divisible by tp, so TP
+    splits every one of them: one TP exchange of the output, as attention.
+
+    FLOPs per token (forward; Mamba-2 Sec. 6, the chunked SSD algorithm as mamba_ssm's Triton kernels run
+    it): in_proj 2h(2d + 2G + H), out_proj 2dh, conv 2(d + 2G)w, and the scan: C·Bᵀ inside each chunk
+    2QN per group, its masked product with x 2Qd (both quadratic in Q, linear in the sequence), the
+    chunk states Bᵀx 2Nd, the inter-chunk state passing 2Nd/Q, and the states' contribution C·state 2Nd.
+    Causal masking inside a chunk is not credited (the attention convention).
+
+    Context parallelism (megatron/core/ssm/mamba_context_parallel.py): all-to-all, not a ring: before the
+    conv and scan the sequence shards become head shards (z, x, B, C and dt: 2d + 2G·r + H per token, r the
+    group repeat when cp exceeds the groups on a TP rank), after them y goes back (d per token); each
+    rank then scans the whole sequence for heads/(tp·cp) heads, the same FLOPs as n/tp tokens.
+    """
+
+    hidden: int
+    num_heads: int
+    head_dim: int
+    state: int
+    groups: int
+    conv: int
+    chunk: int
+
+    @property
+    def inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def bc(self) -> int:
+        """Width of B (and of C): groups · state."""
+        return self.groups * self.state
+
+    @property
+    def in_width(self) -> int:
+        """in_proj's output width: z, x, B, C, dt."""
+        return 2 * self.inner + 2 * self.bc + self.num_heads
+
+    def params(self) -> int:
+        h, d, conv_dim = self.hidden, self.inner, self.inner + 2 * self.bc
+        return h * self.in_width + conv_dim * (self.conv + 1) + 3 * self.num_heads + d + d * h
+
+    def params_per_rank(self, tp: np.ndarray) -> np.ndarray:
+        return self.params() / tp
+
+    def gemms(self, x: Micro) -> list[Gemm]:
+        h, d, t, n = self.hidden, self.inner, x.tp, x.tokens
+        return [Gemm(2 * n * h * self.in_width / t, n, self.in_width / t, h), Gemm(2 * n * d * h / t, n, h, d / t)]
+
+    def scan_flop(self, x: Micro) -> np.ndarray:
+        """The convolution and the SSD scan of one micro-batch on one rank (see the class docstring)."""
+        d, big_n, q = self.inner, self.state, self.chunk
+        per_token = (2 * (d + 2 * self.bc) * self.conv + 2 * q * self.bc + 2 * q * d + 2 * big_n * d
+                     + 2 * big_n * d / q + 2 * big_n * d)
+        return x.tokens * per_token / x.tp
+
+    def core(self, x: Micro) -> Core:
+        """The conv1d and SSD kernels of megatron-core's training path (`mamba_split_conv1d_scan_combined`, one
+        conv and five Triton kernels: chunk cumsum, chunk state, state passing, C·Bᵀ, chunk scan), as a core of
+        their own. Bytes: read zxBCdt, write and read back the convolved x, B, C, read dt and z, write the gated
+        output and the ungated one it keeps for backward; the fp32 chunk states (d·N per chunk) written and read
+        by the state kernels, twice."""
+        n, act, t = x.tokens, x.act, x.tp
+        conv_dim = self.inner + 2 * self.bc
+        states = 2 * 2 * FP32 * (n / self.chunk) * self.inner * self.state / t
+        io = act * n * (self.in_width + 2 * conv_dim + self.num_heads + self.inner + 2 * self.inner) / t
+        return Core(self.scan_flop(x), io + states, 6, ZERO, 0)
+
+    def elementwise(self, x: Micro) -> Elementwise:
+        """The gated RMSNorm over y (read, write; one kernel); the z gate is inside the scan's kernel."""
+        return Elementwise(2 * x.act * x.tokens * self.inner / x.tp, 1)
+
+    def activations(self, x: Micro) -> Activations:
+        """in_proj's input (replicated, `Micro.gemm_input` bytes); split over TP: zxBCdt and the ungated scan
+        output that `mamba_split_conv1d_scan_combined` saves, the gated norm's input, and out_proj's input
+        (`Micro.gemm_input`). The chunk states are recomputed in backward (not saved). No scores."""
+        n, act, gin, d = x.tokens, x.act, x.gemm_input, self.inner
+        return Activations(n * gin * self.hidden, n * (act * (self.in_width + 2 * d) + gin * d), ZERO)
+
+    def cp_a2a_bytes(self, x: Micro) -> np.ndarray:
+        """Bytes one rank sends in the forward's two all-to-alls over cp (before and after the scan; its share
+        that stays local is the collective's to drop). The group repeat r = max(1, cp / (groups/tp))."""
+        repeat = np.maximum(1, x.cp / np.maximum(1, self.groups / x.tp))
+        width = 2 * self.inner + 2 * self.bc * repeat + self.num_heads + self.inner
+        return np.where(x.cp > 1, x.tokens * x.act * width / x.tp, 0.0)
+
+    def comm(self, x: Micro) -> Comm:
+        return Comm(tp_exchanges=1, tp_bytes=x.tokens * self.hidden * x.act, cp_a2a_bytes=self.cp_a2a_bytes(x))
 
 
 def gated_activation(gated: bool, x: Micro) -> tuple[int, int]:
@@ -1006,7 +1107,8 @@ class Head(_Quiet):
 
 @dataclass(frozen=True)
 class Layer:
-    """A transformer layer as a composition of blocks."""
+    """A layer as a composition of blocks: a transformer layer (attention and MLP or MoE), or one of a hybrid
+    stack's single-purpose layers (norm, one of Mamba, attention, MLP or MoE, residual)."""
 
     blocks: tuple
 
@@ -1040,8 +1142,27 @@ class Layer:
     def gemms(self, x: Micro) -> list[Gemm]:
         return [g for b in self.blocks for g in b.gemms(x)]
 
-    def attention(self) -> Attention | LatentAttention:
-        return next(b for b in self.blocks if isinstance(b, (Attention, LatentAttention)))
+    def attention(self) -> Attention | LatentAttention | None:
+        """The layer's attention block; None in a hybrid stack's Mamba, MLP and MoE layers."""
+        return next((b for b in self.blocks if isinstance(b, (Attention, LatentAttention))), None)
+
+    def mamba(self) -> Mamba | None:
+        return next((b for b in self.blocks if isinstance(b, Mamba)), None)
+
+    @property
+    def hidden(self) -> int:
+        return self.blocks[0].hidden
+
+    @property
+    def num_sublayers(self) -> int:
+        """Sequence mixers and MLPs of the layer (2 in a transformer layer, 1 in a hybrid stack's layers): the
+        norm outputs Megatron's `layernorm` recompute module drops."""
+        return sum(isinstance(b, (Attention, LatentAttention, Mamba, DenseMLP, MoE)) for b in self.blocks)
+
+    def core(self, x: Micro) -> Core:
+        """The attention core, or a Mamba layer's conv and SSD scan, or nothing (MLP and MoE layers)."""
+        mixer = self.attention() or self.mamba()
+        return mixer.core(x) if mixer is not None else Core(ZERO, ZERO, 0, ZERO, 0)
 
     def elementwise(self, x: Micro) -> Elementwise:
         parts = [b.elementwise(x) for b in self.blocks]
@@ -1055,10 +1176,10 @@ class Layer:
     def comms(self, x: Micro) -> list[Comm]:
         """Each block's exchanges (TP time is a sum over them, CP a sum of hop bytes)."""
         return [c for c in (b.comm(x) for b in self.blocks)
-                if c.tp_exchanges or np.any(c.cp_hop_bytes) or np.any(c.ep_a2a_bytes)]
+                if c.tp_exchanges or np.any(c.cp_hop_bytes) or np.any(c.ep_a2a_bytes) or np.any(c.cp_a2a_bytes)]
 
     def forward_flop(self, x: Micro) -> np.ndarray:
-        return sum(g.flop for g in self.gemms(x)) + self.attention().core(x).flop
+        return sum(g.flop for g in self.gemms(x)) + self.core(x).flop
 
 
 @dataclass(frozen=True)
@@ -1126,12 +1247,33 @@ def decoder_layer(model: ModelSpec, moe: bool = False, local: bool = False) -> L
     return Layer((norm, attention, residual, norm, _mlp(model, moe), residual))
 
 
+def hybrid_layer(model: ModelSpec, symbol: str) -> Layer:
+    """One layer of a hybrid stack (megatron-core's HybridModel, `hybrid_override_pattern`): its norm (fused into
+    the first linear layer where Transformer Engine does it), one Mamba-2 mixer (M), self-attention (*), MLP (-) or
+    MoE (E), and the residual add."""
+    norm = Norm(model.hidden_size, model.norm == "layernorm")
+    residual = Residual(model.hidden_size, model.dropout)
+    if symbol == "M":
+        body = Mamba(model.hidden_size, model.mamba_heads, model.mamba_head_dim, model.mamba_state_dim,
+                     model.mamba_num_groups, model.mamba_conv_kernel, model.mamba_chunk_size)
+    elif symbol == "*":
+        body = _attention(model, 0)
+    else:
+        body = _mlp(model, symbol == "E")
+    return Layer((norm, body, residual))
+
+
 def model_blocks(model: ModelSpec) -> ModelBlocks:
     """The blocks of a ModelSpec (read by attribute)."""
     positions = model.max_position_embeddings if model.position_embedding == "learned" else 0
     embedding = Embedding(model.hidden_size, model.vocab_size, positions, model.dropout)
     norm = Norm(model.hidden_size, model.norm == "layernorm")
     head = Head(model.hidden_size, model.vocab_size, norm, model.tie_embeddings)
+    hybrid = getattr(model, "hybrid_override_pattern", None)
+    if hybrid is not None:
+        symbols = list(dict.fromkeys(hybrid))
+        kinds = tuple(hybrid_layer(model, c) for c in symbols)
+        return ModelBlocks(embedding, kinds, tuple(symbols.index(c) for c in hybrid), head)
     moe_mask = getattr(model, "moe_layer_mask", lambda: (False,) * model.num_layers)()
     local_mask = getattr(model, "local_attention_mask", lambda: (False,) * model.num_layers)()
     keys = list(zip(moe_mask, local_mask))

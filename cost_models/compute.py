@@ -126,9 +126,15 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     gemm_ts = [gemm_time(g, gpu, prec, x.fp8_recipe) for g in gemms]
     gemm_s = sum(gemm_ts)
     gemm_bwd_s = sum(gemm_backward_time(g, gpu, prec, x.fp8_recipe) for g in gemms)
-    core = layer.attention().core(x)
-    flash = flash_core_times(layer.attention(), x, gpu)  # measured fused-attention throughput, if the GPU has a table
-    if flash is None:
+    core = layer.core(x)
+    att = layer.attention()
+    # measured fused-attention throughput, if the GPU has a table
+    flash = flash_core_times(att, x, gpu) if att is not None else None
+    scan_s = scan_bwd_s = ZERO_S
+    if layer.mamba() is not None:  # a Mamba layer's SSD scan: not attention, not repeated by selective recompute
+        scan_s, scan_bwd_s = ssd_scan_times(core, gpu, prec)
+        core_s = core_bwd_s = ZERO_S
+    elif flash is None:
         core_s = (np.maximum(core.flop / (gpu.peak(UNQUANTISED[prec]) * gpu.gemm_efficiency), core.bytes / hbm)
                   + core.num_kernels * gpu.kernel_overhead_s)
         core_bwd_s = gpu.backward_gemm_ratio * core_s
@@ -145,8 +151,8 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
         ew_bwd = BACKWARD_ELEMENTWISE_FACTOR * ew_fwd
     else:  # measured bandwidth, size curve and FP8 recipe (cost_models.elementwise)
         ew_fwd, ew_bwd, ew_kernels = table.layer_s(ew, gemms, x, BACKWARD_ELEMENTWISE_FACTOR)
-    fwd = gemm_s + core_s + softmax_s + ew_fwd
-    bwd = gemm_bwd_s + core_bwd_s + BACKWARD_ELEMENTWISE_FACTOR * softmax_s + ew_bwd
+    fwd = gemm_s + core_s + scan_s + softmax_s + ew_fwd
+    bwd = gemm_bwd_s + core_bwd_s + scan_bwd_s + BACKWARD_ELEMENTWISE_FACTOR * softmax_s + ew_bwd
     moe = layer.moe()
     if table is not None:  # the host issues every kernel: a layer is never faster than that
         table = table.host_scaled(gpu.host_time_scale)  # the fitted host speed (x86 DGX hosts), 1 elsewhere
@@ -164,11 +170,41 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
             fwd, bwd = table.host_floor(fwd, bwd, kernels, local_experts)
     shared_s = sum((gemm_time(g, gpu, prec, x.fp8_recipe) for g in moe.shared_gemms(x)), ZERO_S) if moe else ZERO_S
     return LayerTimes(fwd_s=fwd, bwd_s=bwd, attn_core_fwd_s=core_s + softmax_s,
-                      fwd_flop=sum(g.flop for g in gemms) + core.flop, attn_core_flop=core.flop,
+                      fwd_flop=sum(g.flop for g in gemms) + core.flop,
+                      attn_core_flop=core.flop if att is not None else ZERO_S,
                       shared_expert_fwd_s=shared_s)
 
 
 ZERO_S = np.zeros(())
+
+#: Achieved fraction of the 16-bit tensor-core peak of the SSD scan's matrix work (Mamba-2's chunked kernels in
+#: mamba_ssm, ops/triton/ssd_*.py). ASSUMED, not measured here: the Mamba-2 paper (Dao & Gu 2024, Sec. 9.3,
+#: Fig. 10, A100) reports SSD on par with FlashAttention-2 at 2K tokens and faster beyond, for state 64 and head
+#: dim 64; with FlashAttention-2's ~50-70 % of peak there and SSD's FLOPs a few times smaller than attention's at
+#: 2K, SSD's small per-chunk GEMMs (Q x N and Q x P tiles) run at about a quarter of the peak. The kernels are
+#: often bound by their bytes instead (`Mamba.core`), which the roofline takes.
+SSD_FLOP_EFFICIENCY = 0.25
+#: Backward over forward time of the SSD scan. ASSUMED: the Triton backward recomputes the chunk states and runs
+#: about twice the forward's FLOPs in more kernels; FlashAttention's 2.5 convention (attention_kernels.py) is used.
+SSD_BACKWARD_FACTOR = 2.5
+
+
+def ssd_scan_times(core, gpu: GpuSpec, precision: str) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of a Mamba layer's conv and SSD scan (`Mamba.core`): a roofline of its FLOPs at
+    `SSD_FLOP_EFFICIENCY` of the 16-bit peak and its bytes at the GPU's HBM rate, plus its kernels' fixed cost.
+    The scan never runs in FP8.
+
+    >>> from types import SimpleNamespace as S
+    >>> from cost_models.blocks import Core
+    >>> h100 = S(peak=lambda p: 989e12, hbm_bw_bytes_per_s=3.35e12, hbm_efficiency=0.9, kernel_overhead_s=5e-6)
+    >>> fwd, bwd = ssd_scan_times(Core(np.array(1e12), np.array(1e9), 6, ZERO_S, 0), h100, "bf16")
+    >>> round(float(fwd) * 1e3, 2), round(float(bwd / fwd), 1)  # ms: compute-bound, 1 TFLOP at 247 TFLOP/s
+    (4.07, 2.5)
+    """
+    hbm = gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency
+    fwd = (np.maximum(core.flop / (gpu.peak(UNQUANTISED[precision]) * SSD_FLOP_EFFICIENCY), core.bytes / hbm)
+           + core.num_kernels * gpu.kernel_overhead_s)
+    return fwd, SSD_BACKWARD_FACTOR * fwd
 LAYER_FIELDS = ("fwd_s", "bwd_s", "attn_core_fwd_s", "fwd_flop", "attn_core_flop", "shared_expert_fwd_s")
 
 

@@ -77,7 +77,7 @@ def stage_kind_counts(blocks: ModelBlocks, lay: ParallelLayout) -> np.ndarray:
     per-layer pattern split as the layout splits it, and the MTP modules on the last rank.
     A kind's weight for picking the heaviest middle rank is its parameter count (MoE layers
     outweigh dense ones), global attention breaking ties with windowed."""
-    weights = tuple(k.params() + (0.5 if not k.attention().window else 0.0) for k in blocks.kinds)
+    weights = tuple(k.params() + (0.5 if not getattr(k.attention(), "window", 0) else 0.0) for k in blocks.kinds)
     counts = lay.pattern_counts(blocks.pattern, weights)
     if blocks.mtp:
         counts = np.concatenate([counts, (len(blocks.mtp) * lay.rows.has_head)[None].astype(float)])
@@ -155,13 +155,13 @@ def module_activation_bytes(layer, x: Micro, modules=RECOMPUTE_MODULES) -> dict[
     attention; mlp: a dense MLP's inner activations; moe_act: the experts' activation outputs;
     shared_experts: the shared experts' inner activations; moe: everything the MoE block
     keeps past its input."""
-    n, act, h = x.tokens, x.act, layer.attention().hidden
-    out: dict[str, np.ndarray] = {m: ZERO for m in modules}
-    if "core_attn" in out and x.attention_kernel == "unfused":
-        out["core_attn"] = layer.attention().activations(x).scores / x.tp
-    if "layernorm" in out:  # the norms' outputs are the QKV and fc1 inputs those GEMMs keep
-        out["layernorm"] = 2 * n * x.gemm_input * h / x.seq_split
+    n, act, h = x.tokens, x.act, layer.hidden
     att = layer.attention()
+    out: dict[str, np.ndarray] = {m: ZERO for m in modules}
+    if "core_attn" in out and x.attention_kernel == "unfused" and att is not None:
+        out["core_attn"] = att.activations(x).scores / x.tp
+    if "layernorm" in out:  # the norms' outputs are the QKV and fc1 inputs those GEMMs keep (one norm per sub-layer)
+        out["layernorm"] = layer.num_sublayers * n * x.gemm_input * h / x.seq_split
     if "mla_up_proj" in out and isinstance(att, LatentAttention):
         out["mla_up_proj"] = n * act * (2 * att._qk + att.num_heads * att.v_dim) / x.tp
     for b in layer.blocks:
@@ -201,7 +201,7 @@ def op_sac_activation_bytes(layer, x: Micro) -> np.ndarray | None:
     2sbf/t (w1) + 2sbh (w2, gated) + 2·2sbh/t (reduce-scatters, tp > 1)."""
     att = layer.attention()
     mlps = [b for b in layer.blocks if isinstance(b, DenseMLP)]
-    if isinstance(att, LatentAttention) or layer.is_moe or len(mlps) != 1:
+    if att is None or isinstance(att, LatentAttention) or layer.is_moe or len(mlps) != 1:
         return None
     mlp, n, act, t = mlps[0], x.tokens, x.act, x.tp
     stats = att.activations(x).scores / t  # flash: fp32 log-sum-exp; unfused: what its kernel keeps
@@ -228,7 +228,7 @@ def kind_activation_bytes(layer, x: Micro, recompute, modules=0, policy: str = "
         selective = np.minimum(op_sac, full)
     else:
         selective = np.maximum(full - selective_saving_bytes(layer, x, modules), 0.0)
-    checkpoint = x.tokens * x.act * layer.attention().hidden / x.seq_split
+    checkpoint = x.tokens * x.act * layer.hidden / x.seq_split
     return np.where(recompute == 2, checkpoint, np.where(recompute == 1, selective, full))
 
 

@@ -233,7 +233,7 @@ def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st
         "dp_comm": _pick(tail["dp_comm"], tail_stage),
         "optimizer": _pick(tail["optimizer"], tail_stage),
     }
-    moe_raw = s.per_row(3 * pl.cp_raw_s + pl.ep_raw_s)
+    moe_raw = s.per_row(3 * pl.cp_raw_s - pl.cp_a2a_s + pl.ep_raw_s)
     tp_hidden = s.per_row(2 * pl.tp_raw_s - pl.tp_fwd_s - pl.tp_bwd_s)
     comm_total = (time["tp_comm"] + m * _pick(moe_raw + tp_hidden, slow) + pp_comm + _pick(tail_raw, tail_stage))
     model_flop, hardware_flop = step_flops(s)
@@ -308,14 +308,21 @@ class PerLayerTimes:
     tp_fwd_s: np.ndarray  # exposed TP communication of the forward (an all-reduce, or AG + RS with SP, per exchange)
     tp_bwd_s: np.ndarray  # exposed TP communication of the backward
     tp_raw_s: np.ndarray  # TP communication of one direction, hidden or not
-    cp_fwd_s: np.ndarray  # exposed ring-attention KV exchange of the forward
-    cp_raw_s: np.ndarray  # the whole KV exchange of the forward, hidden or not
+    cp_fwd_s: np.ndarray  # exposed ring-attention KV exchange of the forward, and Mamba's all-to-alls (cp_a2a_s)
+    cp_raw_s: np.ndarray  # the whole KV exchange of the forward, hidden or not, and Mamba's all-to-alls
     ep_fwd_s: np.ndarray  # exposed MoE token dispatch + combine of the forward
     ep_bwd_s: np.ndarray  # exposed MoE dispatch + combine of the backward
     ep_raw_s: np.ndarray  # the whole MoE exchange, forward + backward, hidden or not
     recompute_s: np.ndarray  # what the layer repeats in backward under its recompute mode
     head_fwd_s: np.ndarray  # output layer + loss, forward
     head_bwd_s: np.ndarray
+    cp_a2a_s: np.ndarray | float = 0.0  # Mamba layers' CP all-to-alls of the forward (in cp_fwd_s; never hidden)
+
+    @property
+    def cp_both_s(self) -> np.ndarray:
+        """Exposed CP communication of forward and backward: the ring's backward passes K, V and their gradients
+        (twice the forward's), Mamba's all-to-alls carry the gradients back once."""
+        return 3 * self.cp_fwd_s - self.cp_a2a_s
 
     def mean(self, field: str, blocks: ModelBlocks) -> np.ndarray:
         """The main stack's average layer of a (K, N) field (MTP modules excluded)."""
@@ -329,7 +336,8 @@ class PerLayerTimes:
     @property
     def bwd_s(self) -> np.ndarray:
         """Backward including recomputation (as Korthikanti Table 4 reports it)."""
-        return self.layer.bwd_s + self.tp_bwd_s + 2 * self.cp_fwd_s + self.ep_bwd_s + self.recompute_s
+        return (self.layer.bwd_s + self.tp_bwd_s + (self.cp_both_s - self.cp_fwd_s) + self.ep_bwd_s
+                + self.recompute_s)
 
 
 def _moe_exchange_s(layer, x: Micro, comm: CommModel, lay: ParallelLayout,
@@ -409,7 +417,7 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     def layer_comm(layer):
         # Each exchange is an all-reduce, or with SP an all-gather before and a reduce-scatter
         # after (the same volume, but their own bandwidth).
-        tp, hop, exchanges = 0.0, 0.0, 0
+        tp, hop, a2a, exchanges = 0.0, 0.0, 0.0, 0
         for c in layer.comms(x):
             if c.tp_exchanges:
                 exchanges += c.tp_exchanges
@@ -418,10 +426,13 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
             if np.any(c.cp_hop_bytes):
                 hop = hop + spread(pairs, n, comm.p2p_s, np.broadcast_to(c.cp_hop_bytes, (n,)), cp_stride,
                                    cp_size * cp_stride)
-        return np.broadcast_to(tp, (n,)), np.broadcast_to(hop, (n,)), exchanges
+            if np.any(c.cp_a2a_bytes):  # Mamba's context parallelism: two all-to-alls over the CP group
+                a2a = a2a + spread(pairs, n, comm.all_to_all_s, np.broadcast_to(c.cp_a2a_bytes, (n,)), cp_size,
+                                   cp_stride)
+        return np.broadcast_to(tp, (n,)), np.broadcast_to(hop, (n,)), exchanges, np.broadcast_to(a2a, (n,))
 
     kinds = [layer_comm(layer) for layer in blocks.all_kinds]
-    tp_raw = np.stack([tp for tp, _, _ in kinds])
+    tp_raw = np.stack([k[0] for k in kinds])
     tp_fwd = tp_bwd = tp_raw
     if tp_overlap > 0:
         pipelined = np.where(st.sequence_parallel & (st.tp > 1), tp_overlap * tp_raw, 0.0)
@@ -436,11 +447,13 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     reduces = amax_reductions(x, st)
     if reduces.any():  # only current-scaling FP8 plans with sequence-parallel TP pay the extra collective
         amax = reduces * comm.all_reduce_s(FP32, tp_size, tp_stride)
-        amax_s = np.array([e for _, _, e in kinds], dtype=float)[:, None] * np.broadcast_to(amax, (n,))[None, :]
+        amax_s = np.array([k[2] for k in kinds], dtype=float)[:, None] * np.broadcast_to(amax, (n,))[None, :]
         tp_raw, tp_fwd, tp_bwd = tp_raw + amax_s, tp_fwd + amax_s, tp_bwd + amax_s
-    cp_hop = np.stack([hop for _, hop, _ in kinds])
+    cp_hop = np.stack([k[1] for k in kinds])
+    cp_a2a = np.where(st.cp > 1, np.stack([k[3] for k in kinds]), 0.0)
     cp_raw = np.where(st.cp > 1, (st.cp - 1) * cp_hop, 0.0)
-    cp_fwd = np.where(st.cp > 1, exposed_s(cp_raw, lt.attn_core_fwd_s, comm_overlap), 0.0)
+    cp_fwd = np.where(st.cp > 1, exposed_s(cp_raw, lt.attn_core_fwd_s, comm_overlap), 0.0) + cp_a2a
+    cp_raw = cp_raw + cp_a2a
     table = dispatch_table(gpu.tables.dispatch, x.moe_dispatcher, x.moe_flex_sms)
     ep_one = np.stack([_moe_exchange_s(layer, x, comm, lay, pairs, table) if layer.is_moe else np.zeros(n)
                        for layer in blocks.all_kinds])
@@ -479,7 +492,7 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     head_f, head_b, _ = head_times(blocks.head, x, gpu)
     return PerLayerTimes(layer=lt, tp_all_reduce_s=tp_ar, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, tp_raw_s=tp_raw, cp_fwd_s=cp_fwd, cp_raw_s=cp_raw,
                          ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, ep_raw_s=2 * ep_one, recompute_s=recompute,
-                         head_fwd_s=head_f, head_bwd_s=head_b)
+                         head_fwd_s=head_f, head_bwd_s=head_b, cp_a2a_s=cp_a2a)
 
 
 def op_sac_gemms(layer, x: Micro) -> list[Gemm] | None:
@@ -538,7 +551,7 @@ def microbatch_times(s: Setup, pl: PerLayerTimes) -> dict[str, np.ndarray]:
         "compute": s.per_row(lt.fwd_s + lt.bwd_s) + rows.has_head * heads * (pl.head_fwd_s + pl.head_bwd_s),
         "recompute": share * s.per_row(pl.recompute_s),
         "tp_comm": s.per_row(pl.tp_fwd_s + pl.tp_bwd_s) + rows.has_embedding * pl.tp_all_reduce_s,
-        "cp_comm": s.per_row(3 * pl.cp_fwd_s),  # forward + backward (KV and dKV)
+        "cp_comm": s.per_row(pl.cp_both_s),  # forward + backward (KV and dKV; Mamba's all-to-alls twice)
         "ep_comm": s.per_row(pl.ep_fwd_s + pl.ep_bwd_s),
         "activation_offload": activation_offload_s(s, pl),
     }
@@ -772,7 +785,8 @@ def step_flops(s: Setup) -> tuple[np.ndarray, np.ndarray]:
     one = np.ones(1, dtype=np.int64)
     whole = Micro(seq, B * one, one, one, np.zeros(1, dtype=bool), train.precision, train.attention_kernel)
     layer_fwd = blocks.mean(lambda layer: layer.forward_flop(whole))
-    core_fwd = blocks.mean(lambda layer: layer.attention().core(whole).flop)
+    # the attention core (a Mamba layer's scan is not what selective recompute repeats)
+    core_fwd = blocks.mean(lambda layer: layer.core(whole).flop if layer.attention() is not None else 0.0)
     mtp_fwd = sum(layer.forward_flop(whole) for layer in blocks.mtp)
     head_fwd = 2 * B * seq * model.hidden_size * model.vocab_size * blocks.head_passes
     L = blocks.num_layers

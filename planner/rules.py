@@ -40,6 +40,44 @@ def _moe(ctx: Context) -> bool:
     return bool(getattr(ctx.model, "num_experts", 0))
 
 
+def _hybrid(ctx: Context) -> bool:
+    return getattr(ctx.model, "hybrid_override_pattern", None) is not None
+
+
+def _mamba(ctx: Context) -> bool:
+    return _hybrid(ctx) and "M" in ctx.model.hybrid_override_pattern
+
+
+def _mamba_heads(ctx: Context) -> int:
+    return ctx.model.mamba_heads if _mamba(ctx) else 1
+
+
+def _has_stage_layers(st: StrategyArrays) -> np.ndarray:
+    """Whether each candidate has an explicit stage split (`stage_layers`, -1-padded rows)."""
+    layers = np.asarray(st.stage_layers)
+    return (layers >= 0).any(axis=1) if layers.ndim == 2 and layers.shape[1] else np.zeros(len(st), dtype=bool)
+
+
+def _mamba_cp_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
+    """megatron-core's Mamba context parallelism (ssm/mamba_context_parallel.py, core_v0.16.1) hands each CP rank
+    whole heads: cp divides heads/tp, and either cp divides groups/tp or groups/tp divides cp (the groups' B and C
+    are then repeated over the CP ranks)."""
+    if not _mamba(ctx):
+        return np.ones(len(st), dtype=bool)
+    heads, groups = _mamba_heads(ctx), ctx.model.mamba_num_groups
+    tp, cp = np.asarray(st.tp), np.asarray(st.cp)
+    local_heads, local_groups = heads // tp, np.maximum(groups // tp, 1)
+    groups_ok = np.where(local_groups < cp, cp % local_groups == 0, local_groups % cp == 0)
+    return (cp == 1) | ((local_heads % cp == 0) & groups_ok)
+
+
+def _mamba_cp_msg(ctx: Context, r: dict) -> str:
+    heads, groups, tp = _mamba_heads(ctx), ctx.model.mamba_num_groups, r["tp"]
+    return (f"cp ({r['cp']}) must divide the Mamba heads per TP rank ({heads}/{tp}) and divide, or be a multiple "
+            f"of, mamba_num_groups per TP rank ({groups}/{tp}) (megatron-core's Mamba context parallelism gives "
+            "each CP rank whole heads)")
+
+
 def _expert_ranks_ok(ctx: Context, st: StrategyArrays) -> np.ndarray:
     """Megatron-core folds etp·ep over the tp·cp·dp ranks of a pipeline stage."""
     return (st.tp * st.cp * st.dp) % (st.etp * st.ep) == 0
@@ -167,6 +205,23 @@ RULES: tuple[Rule, ...] = (
     Rule("tp_kv_heads",
          lambda c, s: c.model.kv_heads % s.tp == 0,
          lambda c, r: f"tp ({r['tp']}) must divide num_kv_heads ({c.model.kv_heads})"),
+    Rule("tp_mamba",
+         lambda c, s: ~np.bool_(_mamba(c)) | ((_mamba_heads(c) % s.tp == 0)
+                                              & (getattr(c.model, "mamba_num_groups", None) or 1) % s.tp == 0),
+         lambda c, r: f"tp ({r['tp']}) must divide the Mamba heads ({_mamba_heads(c)}) and mamba_num_groups "
+                      f"({c.model.mamba_num_groups}) (megatron-core's MambaMixer splits both over TP)"),
+    Rule("cp_mamba", _mamba_cp_ok, _mamba_cp_msg),
+    Rule("hybrid_framework",
+         lambda c, s: np.broadcast_to(not _hybrid(c) or getattr(c.train, "framework", "megatron") == "megatron",
+                                      (len(s),)),
+         lambda c, r: f"model {c.model.name} is a hybrid Mamba-Transformer stack (hybrid_override_pattern), which "
+                      f"only Megatron-LM runs here (framework is {getattr(c.train, 'framework', 'megatron')!r})"),
+    Rule("hybrid_pipeline",
+         lambda c, s: ~np.bool_(_hybrid(c)) | ((s.vpp == 1) & ~_has_stage_layers(s) & ~s.embedding_as_layer
+                                               & ~s.loss_as_layer),
+         lambda c, r: f"model {c.model.name} is a hybrid stack: megatron-core 0.16's MambaStack runs no interleaved "
+                      f"pipeline (vpp {r['vpp']} must be 1) and splits layers by the first/last-stage counts only "
+                      "(no stage_layers, embedding_as_layer or loss_as_layer)"),
     Rule("layers", lambda c, s: _layout(c, s).split_ok(), _layers_msg),
     Rule("batch",
          lambda c, s: _layout(c, s).batch_ok(c.train.global_batch_size, s.micro_batch_size),

@@ -205,6 +205,10 @@ def facts(plan: Plan) -> PlanFacts:
 RANK_ORDER_FRAMEWORKS = ("Megatron-LM", "Megatron-Bridge")
 
 
+#: Frameworks whose emitters write hybrid Mamba-Transformer stacks (planner.emit.megatron: pretrain_mamba.py).
+HYBRID_FRAMEWORKS = frozenset({"Megatron-LM"})
+
+
 def check_plan(plan: Plan, framework: str) -> PlanFacts:
     """Rules every framework needs and some accept silently, then the facts.
 
@@ -227,6 +231,14 @@ def check_plan(plan: Plan, framework: str) -> PlanFacts:
         refuse(f"tp ({s.tp}) must divide num_attention_heads ({m.num_attention_heads})")
     if m.kv_heads % s.tp:
         refuse(f"tp ({s.tp}) must divide num_kv_heads ({m.kv_heads})")
+    if m.is_hybrid:
+        if framework not in HYBRID_FRAMEWORKS:
+            refuse(f"model {one_line(clip(m.name))} is a hybrid Mamba-Transformer stack (hybrid_override_pattern); "
+                   f"{framework} is not emitted for Mamba/hybrid layers here: emit megatron (Megatron-LM's "
+                   "pretrain_mamba.py)")
+        if "M" in m.hybrid_override_pattern and (m.mamba_heads % s.tp or m.mamba_num_groups % s.tp):
+            refuse(f"tp ({s.tp}) must divide the Mamba heads ({m.mamba_heads}) and mamba_num_groups "
+                   f"({m.mamba_num_groups})")
     if not lay.split_ok()[0]:
         refuse(lay.split_message())
     if not m.is_moe and (s.ep > 1 or s.etp > 1):

@@ -1,4 +1,5 @@
-"""Megatron-LM: `pretrain_gpt.py` command-line flags (Megatron-LM core_r0.16 / megatron-core 0.16).
+"""Megatron-LM: `pretrain_gpt.py` (`pretrain_mamba.py` for hybrid stacks) command-line flags (Megatron-LM core_r0.16 /
+megatron-core 0.16).
 
 The plan becomes a dict of Megatron-LM argparse destinations (`settings`), and
 the mapping table `FLAGS` turns each into its flag. `parse_args` reads flags
@@ -68,6 +69,14 @@ Choices an experienced Megatron user would make, and why:
 - offload_optimizer: `--optimizer-cpu-offload --optimizer-offload-fraction 1.0`
   with the precision-aware optimizer Megatron-LM requires for it and the
   distributed optimizer (zero_stage >= 1).
+- Hybrid Mamba-Transformer stacks (ModelSpec.hybrid_override_pattern; Nemotron-H): Megatron-LM's
+  `pretrain_mamba.py` with `--hybrid-override-pattern` (megatron-core's symbols, one per layer),
+  `--is-hybrid-model`, `--mamba-num-heads`, `--mamba-head-dim`, `--mamba-state-dim` and
+  `--mamba-num-groups`; MoE layers are the pattern's E, so `--moe-layer-freq` is not written. megatron-core
+  0.16 builds the Mamba-2 mixer with a 4-wide convolution and chunk 128 (MambaMixer's defaults, no config
+  field), runs no interleaved pipeline for it (MambaStack asserts vpp is unset) and splits its layers by
+  the first/last-stage counts only (no `--pipeline-model-parallel-layout`, no embedding or loss counted as
+  a layer): plans asking otherwise are refused. A plain MLP with squared ReLU is `--squared-relu`.
 - offload_activation_layers: `--cpu-offloading-num-layers N`, the activations of the first
   N layers copied to the host (megatron-core's `cpu_offloading_activations` default; its
   weights stay: `cpu_offloading_weights` False). Megatron-LM core_r0.16 generates the flag
@@ -169,6 +178,7 @@ FLAGS: dict[str, Flag] = {
     "num_query_groups": Flag("--num-query-groups", "int"),
     "swiglu": Flag("--swiglu", "switch"),
     "quick_geglu": Flag("--quick-geglu", "switch"),
+    "squared_relu": Flag("--squared-relu", "switch"),
     "normalization": Flag("--normalization", "str"),
     "norm_epsilon": Flag("--norm-epsilon", "float"),
     "qk_layernorm": Flag("--qk-layernorm", "switch"),
@@ -200,6 +210,13 @@ FLAGS: dict[str, Flag] = {
     "moe_router_load_balancing_type": Flag("--moe-router-load-balancing-type", "str"),
     "moe_router_pre_softmax": Flag("--moe-router-pre-softmax", "switch"),
     "mtp_num_layers": Flag("--mtp-num-layers", "int"),
+    # hybrid Mamba-Transformer stacks (pretrain_mamba.py)
+    "is_hybrid_model": Flag("--is-hybrid-model", "switch"),
+    "hybrid_override_pattern": Flag("--hybrid-override-pattern", "str"),
+    "mamba_num_heads": Flag("--mamba-num-heads", "int"),
+    "mamba_head_dim": Flag("--mamba-head-dim", "int"),
+    "mamba_state_dim": Flag("--mamba-state-dim", "int"),
+    "mamba_num_groups": Flag("--mamba-num-groups", "int"),
     # multi-head latent attention
     "multi_latent_attention": Flag("--multi-latent-attention", "switch"),
     "q_lora_rank": Flag("--q-lora-rank", "int"),
@@ -222,7 +239,11 @@ TRANSFORMER_CONFIG_FLAGS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_share
                             "moe_router_group_topk",
                             "moe_router_pre_softmax", "mtp_num_layers", "multi_latent_attention", "softmax_type",
                             "cpu_offloading_num_layers", "moe_deepep_num_sms", "moe_hybridep_num_sms",
-                            "cross_entropy_fusion_impl", "moe_router_padding_for_quantization")
+                            "cross_entropy_fusion_impl", "moe_router_padding_for_quantization", "is_hybrid_model",
+                            "mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups")
+#: megatron-core 0.16's MambaMixer defaults, which no config field or flag changes: the convolution width (d_conv)
+#: and the SSD chunk length (chunk_size)
+MAMBA_CONV_KERNEL, MAMBA_CHUNK_SIZE = 4, 128
 
 # planner vocabulary -> Megatron values
 _ZERO_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -282,6 +303,32 @@ def settings(plan: Plan) -> dict[str, Any]:
     out |= _model_shape(f)
     out |= _moe(f)
     out |= _attention_variants(f)
+    out |= _hybrid(f)
+    return out
+
+
+def _hybrid(f: PlanFacts) -> dict[str, Any]:
+    """pretrain_mamba.py's hybrid-stack flags (see the module docstring), or nothing for a transformer stack."""
+    m, s = f.model, f.strategy
+    if not m.is_hybrid:
+        return {}
+
+    def refuse(reason: str) -> None:
+        raise NotExpressibleError(FRAMEWORK, f"hybrid model {one_line(clip(m.name))}: {reason}")
+
+    if s.vpp > 1:
+        refuse(f"vpp ({s.vpp}) > 1; megatron-core 0.16's MambaStack runs no interleaved pipeline")
+    if s.stage_layers is not None or s.embedding_as_layer or s.loss_as_layer:
+        refuse("an explicit stage split or the embedding/loss counted as a layer; megatron-core 0.16's MambaStack "
+               "splits a hybrid stack by the first/last-stage layer counts only")
+    out: dict[str, Any] = {"is_hybrid_model": True, "hybrid_override_pattern": m.hybrid_override_pattern}
+    if "M" in m.hybrid_override_pattern:
+        for name, value, fixed in (("mamba_conv_kernel", m.mamba_conv_kernel, MAMBA_CONV_KERNEL),
+                                   ("mamba_chunk_size", m.mamba_chunk_size, MAMBA_CHUNK_SIZE)):
+            if value != fixed:
+                refuse(f"{name} {value}; megatron-core 0.16's MambaMixer uses {fixed} and has no setting for it")
+        out |= {"mamba_num_heads": m.mamba_heads, "mamba_head_dim": m.mamba_head_dim,
+                "mamba_state_dim": m.mamba_state_dim, "mamba_num_groups": m.mamba_num_groups}
     return out
 
 
@@ -439,6 +486,8 @@ def _model_shape(f: PlanFacts) -> dict[str, Any]:
                                       "--no-bias-gelu-fusion would run the experts' activation unfused, which the "
                                       "plan was not costed with")
         out["quick_geglu" if m.glu_activation == "quick_gelu" else "swiglu"] = True
+    elif m.mlp_activation == "squared_relu":
+        out["squared_relu"] = True
     out["normalization"] = _NORM[m.norm]
     out["norm_epsilon"] = m.norm_epsilon  # always: Megatron-LM's default (1e-5) is not every model's (Qwen: 1e-6)
     if m.qk_norm == "per_head":  # megatron-core's q_layernorm / k_layernorm: hidden_size_per_attention_head wide
@@ -487,7 +536,7 @@ def _moe(f: PlanFacts) -> dict[str, Any]:
     out: dict[str, Any] = {"num_experts": m.num_experts, "moe_router_topk": m.moe_top_k,
                            "moe_ffn_hidden_size": m.expert_ffn}
     mask = m.moe_layer_mask()
-    if not all(mask):
+    if not all(mask) and not m.is_hybrid:  # a hybrid stack's MoE layers are its pattern's E
         out["moe_layer_freq"] = layer_pattern([int(x) for x in mask])
     if m.num_shared_experts:
         # the total width of the shared experts, run beside the all-to-all (the cost model hides them there),
@@ -690,7 +739,8 @@ _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_atte
                        "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_router_num_groups",
                        "moe_router_group_topk", "moe_deepep_num_sms", "moe_hybridep_num_sms",
                        "moe_router_padding_for_quantization", "moe_router_load_balancing_type", "moe_router_pre_softmax", "mtp_num_layers",
-                       "window_size", "window_attn_skip_freq", "softmax_type", "multi_latent_attention")
+                       "window_size", "window_attn_skip_freq", "softmax_type", "multi_latent_attention",
+                       "is_hybrid_model", "mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups")
 #: MLATransformerConfig fields, with Megatron-LM's argument defaults (arguments.py `_add_mla_args`)
 _MLA_FIELDS = {"q_lora_rank": None, "kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
 _RENAMED = {"decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
@@ -745,6 +795,8 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
         transformer |= {"gated_linear_unit": True, "activation_func": "silu"}
     elif args.get("quick_geglu"):  # Megatron-LM: gated_linear_unit and megatron-core's quick_gelu
         transformer |= {"gated_linear_unit": True, "activation_func": "quick_gelu"}
+    elif args.get("squared_relu"):  # Megatron-LM: megatron-core's squared_relu, no gate
+        transformer["activation_func"] = "squared_relu"
     grads_fp32 = bool(args.get("accumulate_allreduce_grads_in_fp32")) or (bf16 and not args.get("grad_reduce_in_bf16"))
     ddp = {
         "use_distributed_optimizer": bool(args.get("use_distributed_optimizer")),
@@ -770,6 +822,8 @@ def core_config_kwargs(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "rotary_base": args.get("rotary_base", MEGATRON_ROTARY_BASE),
         "share_embeddings_and_output_weights": not args.get("untie_embeddings_and_output_weights", False),
     }
+    if args.get("hybrid_override_pattern"):  # pretrain_mamba.py passes it to MambaModel, not to the config
+        gpt["hybrid_override_pattern"] = args["hybrid_override_pattern"]
     training = {k: args[k] for k in ("micro_batch_size", "global_batch_size", "seq_length")}
     # megatron/training/initialize.py: initialize_model_parallel(order=...) from --use-tp-pp-dp-mapping
     initialize = {"order": "tp-cp-ep-pp-dp" if args.get("use_tp_pp_dp_mapping") else "tp-cp-ep-dp-pp"}
@@ -869,9 +923,10 @@ class MegatronEmitter:
     def render(self, plan: Plan, options: EmitOptions) -> str:
         args = megatron_args(plan)
         env = environment(plan)
+        script = "pretrain_mamba.py" if plan.model.is_hybrid else "pretrain_gpt.py"
         head = (comment("# Megatron-LM ", describe(plan, RUNS)) + "\n"
                 "# Add your data, tokenizer, learning-rate and checkpoint flags, then run\n"
-                "#   torchrun ... pretrain_gpt.py \"${MEGATRON_ARGS[@]}\" ...\n")
+                f"#   torchrun ... {script} \"${{MEGATRON_ARGS[@]}}\" ...\n")
         exports = "".join(f"export {check_name('environment variable', k, SHELL_IDENTIFIER)}={shell_word(v)}\n"
                           for k, v in env.items())
         return head + exports + shell_array("MEGATRON_ARGS", args)

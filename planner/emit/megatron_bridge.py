@@ -106,6 +106,10 @@ FSDP_CKPT_FORMAT = "fsdp_dtensor"
 
 def overrides(plan: Plan) -> dict[str, Any]:
     """`section.field -> value` in the order they are printed."""
+    if plan.model.is_hybrid:  # Megatron-Bridge builds hybrid stacks from its own HybridModelProvider recipes
+        raise NotExpressibleError(FRAMEWORK, f"model {plan.model.name!r} is a hybrid Mamba-Transformer stack "
+                                  "(hybrid_override_pattern), whose HybridModelProvider overrides are not emitted "
+                                  "here: emit megatron (Megatron-LM's pretrain_mamba.py)")
     try:
         core = core_config_kwargs(settings(plan))
     except NotExpressibleError as exc:

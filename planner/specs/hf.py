@@ -6,8 +6,11 @@ where a field is missing, takes the default of that family's configuration class
 transformers (`src/transformers/models/<family>/configuration_<family>.py`; values in
 `FAMILY_DEFAULTS`, read from transformers 4.51 and, for gpt_oss, from the main branch).
 
+Hybrid Mamba-Transformer stacks are read for Nemotron-H and Nemotron 3 (`model_type` nemotron_h: its
+`hybrid_override_pattern` in megatron-core's vocabulary, `_nemotron_h`).
+
 What is refused, each with one line naming the field and its value:
-- hybrid state-space / linear-attention stacks (Mamba, Jamba, Nemotron-H, Falcon-H1, ...);
+- other hybrid state-space / linear-attention stacks (Mamba, Jamba, Falcon-H1, ...);
 - per-layer architecture-search configs (`block_configs`, DeciLM / Nemotron-NAS);
 - mixture-of-experts fields this reader does not map (any key naming experts, MoE,
   routers, routed or sparse steps), so that an MoE model is never read as a dense one;
@@ -143,7 +146,7 @@ NORM_EPSILON_DEFAULTS: dict[str, float] = {
 }
 
 #: Hybrid state-space / linear-attention families (refused: their layers are not transformer layers).
-HYBRID_TYPES = frozenset({"jamba", "zamba", "zamba2", "nemotron_h", "falcon_h1", "falcon_mamba", "bamba",
+HYBRID_TYPES = frozenset({"jamba", "zamba", "zamba2", "falcon_h1", "falcon_mamba", "bamba",
                           "granitemoehybrid", "mamba", "mamba2", "plamo2", "lfm2", "qwen3_next",
                           "recurrent_gemma", "rwkv", "xlstm"})
 _HYBRID_KEY = re.compile(r"^(mamba_|ssm_)|hybrid_override_pattern|layers_block_type|attn_layer_period"
@@ -569,6 +572,76 @@ def _gpt_neox(c: _Cfg) -> dict[str, Any]:
     )
 
 
+#: Hugging Face MLP activation names of Nemotron-H configs (mlp_hidden_act) -> ModelSpec.mlp_activation.
+NEMOTRON_H_ACTIVATIONS = {"relu2": "squared_relu", "gelu": "gelu"}
+
+
+def _nemotron_h(c: _Cfg) -> dict[str, Any]:
+    """Nemotron-H (8B, 47B, 56B; Nano v2) and Nemotron 3 (Nano): a hybrid stack given layer by layer by
+    `hybrid_override_pattern` (M Mamba-2, * attention, - MLP, E MoE: megatron-core's symbols, one layer each), no
+    position embedding, RMSNorm, plain (not gated) MLPs and experts with squared ReLU (`mlp_hidden_act` relu2).
+    Mamba-2: mamba_num_heads, mamba_head_dim, ssm_state_size, n_groups, conv_kernel, chunk_size, expand (where the
+    last three are absent, megatron-core's defaults 4, 128, 2). E layers: n_routed_experts of moe_intermediate_size,
+    num_experts_per_tok, one shared expert of moe_shared_expert_intermediate_size; the sigmoid router's correction
+    bias (E per layer, not trained by gradients) is not counted. Refused: LatentMoE (moe_latent_size, Nemotron 3
+    Super), MTP modules (num_nextn_predict_layers, mtp_hybrid_override_pattern), mamba_proj_bias,
+    residual_in_fp32 and a conv without bias (use_conv_bias false), which megatron-core's Mamba layers do not
+    build or the costs do not model."""
+    for key, why in (("moe_latent_size", "LatentMoE's latent projections (Nemotron 3 Super)"),
+                     ("mtp_hybrid_override_pattern", "multi-token-prediction modules of a hybrid stack")):
+        if c.raw(key) is not None:
+            raise SpecError(f"{c._where()}: {key} ({short_repr(c.raw(key))}): {why} are not modelled")
+    if c.int("num_nextn_predict_layers", 0, minimum=0):
+        raise SpecError(f"{c._where()}: num_nextn_predict_layers ({c.raw('num_nextn_predict_layers')}): "
+                        "multi-token-prediction modules of a hybrid stack are not modelled")
+    for key, bad in (("mamba_proj_bias", True), ("residual_in_fp32", True), ("use_conv_bias", False)):
+        if c.bool(key, not bad) == bad:
+            raise SpecError(f"{c._where()}: {key} {str(bad).lower()} is not modelled (megatron-core's Mamba "
+                            "layers have no projection biases, a 16-bit residual and a conv bias)")
+    act = c.raw("mlp_hidden_act", "relu2")
+    if act not in NEMOTRON_H_ACTIVATIONS:
+        raise SpecError(f"{c._where()}: mlp_hidden_act {short_repr(act)} is not one of "
+                        f"{', '.join(NEMOTRON_H_ACTIVATIONS)}")
+    mamba_act = c.raw("mamba_hidden_act", "silu")
+    if mamba_act != "silu":
+        raise SpecError(f"{c._where()}: mamba_hidden_act {short_repr(mamba_act)}: megatron-core's Mamba-2 layer "
+                        "uses silu only")
+    pattern = c.raw("hybrid_override_pattern")
+    if not isinstance(pattern, str):
+        raise SpecError(f"{c._where()}: hybrid_override_pattern must be a string of layer symbols "
+                        f"(got {short_repr(pattern)})")
+    out = _decoder(c, gated_mlp=False, position_embedding="none", rope_theta=None, rope_scaling="none",
+                   linear_bias=c.bool("use_bias") or c.bool("mlp_bias"), qkv_bias=c.bool("attention_bias"),
+                   head_dim=c.opt_int("head_dim") or c.opt_int("attention_head_dim"))
+    out.update(mlp_activation=NEMOTRON_H_ACTIVATIONS[act], hybrid_override_pattern=pattern,
+               mamba_num_heads=c.int("mamba_num_heads"), mamba_head_dim=c.int("mamba_head_dim"),
+               mamba_state_dim=c.int("ssm_state_size"), mamba_num_groups=c.int("n_groups"),
+               mamba_conv_kernel=c.int("conv_kernel", 4), mamba_chunk_size=c.int("chunk_size", 128),
+               mamba_expand=c.int("expand", 2))
+    if "E" in pattern and c.raw("n_routed_experts"):
+        out.update(num_experts=c.int("n_routed_experts"), moe_top_k=c.int("num_experts_per_tok"),
+                   moe_ffn_hidden_size=c.int("moe_intermediate_size"))
+        shared = c.int("n_shared_experts", 1, minimum=0)
+        if shared > 1:
+            raise SpecError(f"{c._where()}: n_shared_experts ({shared}): one shared expert of "
+                            "moe_shared_expert_intermediate_size is modelled")
+        if shared and c.raw("moe_shared_expert_intermediate_size"):
+            out.update(num_shared_experts=1,
+                       shared_expert_ffn_hidden_size=c.int("moe_shared_expert_intermediate_size"))
+        if (c.raw("n_group") or 1) > 1:
+            out.update(moe_router_num_groups=c.int("n_group"), moe_router_group_topk=c.int("topk_group"))
+    return out
+
+
+#: Fields of a Nemotron-H config that change nothing meshplan costs, and why.
+_NEMOTRON_H_NOT_COSTED = frozenset({
+    "time_step_min", "time_step_max", "time_step_floor", "time_step_limit", "time_step_rank",  # dt init and clamp
+    "rescale_prenorm_residual",  # initialisation
+    "use_mamba_kernels", "num_logits_to_keep", "mamba_chunk_size",  # inference settings; chunk_size is read
+    "hidden_act",  # a copy of mlp_hidden_act in some configs (mlp_hidden_act is read)
+    "norm_topk_prob", "routed_scaling_factor", "topk_group", "n_group",  # router arithmetic; n_group read when > 1
+})
+
 #: model_type → (reader, the MoE-looking keys it maps).
 _DEEPSEEK_KEYS = frozenset({"n_routed_experts", "n_shared_experts", "moe_intermediate_size", "moe_layer_freq",
                             "num_experts_per_tok", "routed_scaling_factor", "first_k_dense_replace",
@@ -597,7 +670,13 @@ FAMILIES: dict[str, tuple[Callable[[_Cfg], dict[str, Any]], frozenset[str]]] = {
                                         "moe_layers"})),
     "gpt2": (_gpt2, frozenset()),
     "gpt_neox": (_gpt_neox, frozenset()),
+    "nemotron_h": (_nemotron_h, frozenset({"n_routed_experts", "n_shared_experts", "moe_intermediate_size",
+                                           "moe_shared_expert_intermediate_size", "num_experts_per_tok",
+                                           "routed_scaling_factor", "n_group", "topk_group",
+                                           "moe_latent_size"}) | _NEMOTRON_H_NOT_COSTED),
 }
+#: Hybrid families this module reads (their Mamba / pattern fields are not refused).
+HYBRID_READ = frozenset({"nemotron_h"})
 #: Multimodal wrappers whose `text_config` holds the decoder (the vision tower is not planned).
 _WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 
@@ -621,6 +700,8 @@ def _refuse_unplannable(cfg: dict[str, Any], model_type: str) -> None:
                         "(a neural-architecture-search model whose layers differ in shape): not supported; "
                         "describe it as a model YAML instead")
     hybrid = sorted(k for k in cfg if _HYBRID_KEY.search(k))
+    if model_type in HYBRID_READ:
+        return
     if model_type in HYBRID_TYPES or hybrid:
         what = f"model_type {model_type!r}" if model_type in HYBRID_TYPES else f"field(s) {', '.join(hybrid)}"
         raise SpecError(f"Hugging Face config {what}: hybrid state-space (Mamba/SSM) or linear-attention "

@@ -1,4 +1,4 @@
-"""ModelSpec: the architecture of a decoder-only transformer.
+"""ModelSpec: the architecture of a decoder-only transformer, or of a hybrid Mamba-Transformer stack.
 
 Parameter counts come from the cost blocks (`cost_models.blocks`) and follow
 Megatron-LM's `theoretical_memory_usage.py` layout
@@ -22,6 +22,10 @@ from planner.specs.base import (
     MAX_WIDTH,
     Spec,
 )
+
+
+#: megatron-core's hybrid layer symbols (megatron/core/ssm/mamba_hybrid_layer_allocation.py `Symbols`, core_v0.16.1).
+HYBRID_SYMBOLS = {"M": "Mamba-2", "*": "self-attention", "-": "MLP", "E": "MoE"}
 
 
 class ModelSpec(Spec):
@@ -112,6 +116,34 @@ class ModelSpec(Spec):
     global_attention_layers: list[int] | None = Field(
         None, description="Explicit 0-based indices of the global-attention layers (overrides global_attention_every).")
     attention_sinks: bool = Field(False, description="One learned sink logit per head (gpt-oss); counted as parameters only.")
+    mlp_activation: Literal["gelu", "squared_relu"] = Field(
+        "gelu", description="The activation of a plain (not gated) MLP and of plain experts: gelu (GPT-2/3) or "
+        "squared_relu (relu(x)^2: Nemotron-H, Nemotron 3; Hugging Face mlp_hidden_act relu2, Megatron "
+        "--squared-relu). Only without gated_mlp; costed alike (one element-wise kernel).")
+    # ---- hybrid Mamba-Transformer stacks (megatron-core's HybridModel / MambaModel; Nemotron-H, Nemotron 3) ----
+    hybrid_override_pattern: str | None = Field(
+        None, min_length=1, max_length=MAX_LAYERS, description="One symbol per layer, in megatron-core's vocabulary "
+        "(megatron/core/ssm/mamba_hybrid_layer_allocation.py Symbols): M a Mamba-2 layer, * a self-attention layer, "
+        "- an MLP layer, E a mixture-of-experts layer. Each symbol is one whole layer (its own norm and residual), so "
+        "the pattern is num_layers long. None: every layer is a transformer layer (attention and MLP or MoE).")
+    mamba_num_heads: int | None = Field(
+        None, gt=0, le=MAX_HEADS, description="SSM heads of a Mamba-2 layer (megatron-core's mamba_num_heads); "
+        "None: mamba_expand * hidden_size / mamba_head_dim. Given, it sets the inner width (heads * head dim) and "
+        "mamba_expand is not used, as in megatron-core.")
+    mamba_head_dim: int | None = Field(None, gt=0, le=MAX_WIDTH, description="Width of one SSM head (P; "
+        "megatron-core's mamba_head_dim, Hugging Face mamba_head_dim). Needed with M layers.")
+    mamba_state_dim: int | None = Field(None, gt=0, le=MAX_WIDTH, description="SSM state size per head (N; "
+        "megatron-core's mamba_state_dim, Hugging Face ssm_state_size). Needed with M layers.")
+    mamba_num_groups: int | None = Field(None, gt=0, le=MAX_HEADS, description="Groups sharing one B and C "
+        "projection (G; megatron-core's mamba_num_groups, Hugging Face n_groups); must divide mamba heads. Needed "
+        "with M layers.")
+    mamba_conv_kernel: int = Field(4, gt=0, le=1024, description="Width of the causal depthwise convolution over "
+        "x, B and C (Hugging Face conv_kernel; megatron-core's d_conv, 4).")
+    mamba_chunk_size: int = Field(128, gt=0, le=MAX_TOKENS, description="Chunk length Q of the SSD scan (Hugging "
+        "Face chunk_size; megatron-core's mamba_chunk_size, 128): intra-chunk work grows with Q, inter-chunk state "
+        "passing with sequence/Q.")
+    mamba_expand: int = Field(2, gt=0, le=64, description="Inner width over hidden_size where mamba_num_heads is "
+        "not given (Hugging Face expand; megatron-core's expand, 2).")
     source: str = Field("", description="Where the numbers come from (paper, model card, config.json).")
 
     @model_validator(mode="after")
@@ -136,10 +168,56 @@ class ModelSpec(Spec):
         if glu and not self.gated_mlp:
             raise SpecError(f"{', '.join(f'{k}={v!r}' for k, v in glu.items())} describes a gated MLP, but "
                             "gated_mlp is false")
+        if self.mlp_activation != "gelu" and self.gated_mlp:
+            raise SpecError(f"mlp_activation {self.mlp_activation!r} is the activation of a plain MLP, but gated_mlp "
+                            "is true (a gated MLP's gate activation is glu_activation)")
+        self._check_hybrid()
         self._check_moe()
         self._check_mla()
         self._check_window()
         return self
+
+    def _check_hybrid(self) -> None:
+        mamba = {k: getattr(self, k) for k in ("mamba_num_heads", "mamba_head_dim", "mamba_state_dim",
+                                                "mamba_num_groups") if getattr(self, k) is not None}
+        pattern = self.hybrid_override_pattern
+        if pattern is None:
+            if mamba:
+                raise SpecError(f"{', '.join(f'{k}={v}' for k, v in mamba.items())} describes Mamba layers, but "
+                                "hybrid_override_pattern is not set")
+            return
+        for i, symbol in enumerate(pattern):
+            if symbol not in HYBRID_SYMBOLS:
+                raise SpecError(f"hybrid_override_pattern: unknown layer symbol {symbol!r} at position {i} (0-based); "
+                                f"allowed: {', '.join(f'{k} ({v})' for k, v in HYBRID_SYMBOLS.items())}")
+        if len(pattern) != self.num_layers:
+            raise SpecError(f"hybrid_override_pattern has {len(pattern)} symbols but num_layers is {self.num_layers}: "
+                            "each symbol is one layer")
+        clashes = [k for k, v, default in (("moe_first_k_dense", self.moe_first_k_dense, 0),
+                                           ("moe_layer_freq", self.moe_layer_freq, 1),
+                                           ("moe_dense_layers", self.moe_dense_layers, None),
+                                           ("sliding_window", self.sliding_window, None),
+                                           ("kv_lora_rank", self.kv_lora_rank, None),
+                                           ("num_mtp_layers", self.num_mtp_layers, 0)) if v != default]
+        if clashes:
+            raise SpecError(f"{', '.join(clashes)} cannot be combined with hybrid_override_pattern (the pattern says "
+                            "which layers are MoE; windowed or latent attention and MTP modules are not modelled in "
+                            "hybrid stacks)")
+        if "E" in pattern and not self.num_experts:
+            raise SpecError("hybrid_override_pattern has E (MoE) layers but num_experts is 0")
+        if self.num_experts and "E" not in pattern:
+            raise SpecError(f"num_experts ({self.num_experts}) is set but hybrid_override_pattern has no E (MoE) layer")
+        if "M" not in pattern:
+            return
+        missing = [k for k in ("mamba_head_dim", "mamba_state_dim", "mamba_num_groups") if getattr(self, k) is None]
+        if missing:
+            raise SpecError(f"hybrid_override_pattern has M (Mamba) layers; they need {', '.join(missing)}")
+        if self.mamba_num_heads is None and (self.mamba_expand * self.hidden_size) % self.mamba_head_dim:
+            raise SpecError(f"mamba_expand * hidden_size ({self.mamba_expand * self.hidden_size}) must be divisible "
+                            f"by mamba_head_dim ({self.mamba_head_dim}) unless mamba_num_heads is given")
+        if self.mamba_heads % self.mamba_num_groups:
+            raise SpecError(f"mamba_num_groups ({self.mamba_num_groups}) must divide the Mamba heads "
+                            f"({self.mamba_heads})")
 
     def _check_moe(self) -> None:
         L = self.num_layers
@@ -203,6 +281,28 @@ class ModelSpec(Spec):
                 raise SpecError(f"global_attention_layers {bad} must be layer indices 0..{L - 1}")
 
     # ---- per-layer patterns ------------------------------------------------
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether the stack is given layer by layer (hybrid_override_pattern)."""
+        return self.hybrid_override_pattern is not None
+
+    @property
+    def mamba_heads(self) -> int:
+        """SSM heads of a Mamba-2 layer: mamba_num_heads, else expand * hidden / head dim (megatron-core's rule)."""
+        if self.mamba_num_heads is not None:
+            return self.mamba_num_heads
+        return self.mamba_expand * self.hidden_size // (self.mamba_head_dim or 1)
+
+    @property
+    def mamba_inner(self) -> int:
+        """Inner width of a Mamba-2 layer (d_inner = heads * head dim)."""
+        return self.mamba_heads * (self.mamba_head_dim or 0)
+
+    def layer_symbols(self) -> str:
+        """Each layer's kind in megatron-core's hybrid vocabulary; a transformer stack has no pattern and reads
+        as one symbol T (attention and MLP or MoE) per layer."""
+        return self.hybrid_override_pattern or "T" * self.num_layers
+
     def glu_settings(self) -> dict[str, Any]:
         """The gated-MLP fields that differ from plain SwiGLU ({} for SwiGLU): glu_activation other than silu,
         a glu_linear_offset, a glu_clamp."""
@@ -242,6 +342,8 @@ class ModelSpec(Spec):
         """
         if not self.num_experts:
             return (False,) * self.num_layers
+        if self.hybrid_override_pattern is not None:
+            return tuple(c == "E" for c in self.hybrid_override_pattern)
         if self.moe_dense_layers is not None:
             dense = set(self.moe_dense_layers)
             return tuple(i not in dense for i in range(self.num_layers))

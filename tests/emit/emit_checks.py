@@ -46,6 +46,9 @@ def megatron_configs(argv: list[str]) -> dict[str, Any]:
                 out[key] = getattr(torch, out[key])
         if out.get("activation_func") == "silu":
             out["activation_func"] = F.silu
+        elif out.get("activation_func") == "squared_relu":  # Megatron-LM's --squared-relu
+            from megatron.core.activations import squared_relu
+            out["activation_func"] = squared_relu
         elif out.get("activation_func") == "quick_gelu":  # Megatron-LM's --quick-geglu
             from megatron.core.fusions.fused_bias_geglu import quick_gelu
             out["activation_func"] = quick_gelu

@@ -87,7 +87,7 @@ def fp8_recipe_problem(train, gpu) -> str | None:
     if recipe in supported:
         return None
     return (f"fp8_recipe {recipe!r} is not supported on {gpu.name} (it runs {', '.join(supported)}); "
-            "mxfp8 needs a Blackwell GPU (B200, GB200)")
+            "mxfp8 needs a Blackwell GPU (B200, B300, GB200, GB300)")
 
 
 def _rank_order_msg(ctx: Context, r: dict) -> str:

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from cost_models.elementwise import BLOCK_ELEMENTS, SCALE_BYTES
-from cost_models.units import ACTIVATION_BYTES, FP8, FP32, INT64, MASK
+from cost_models.elementwise import BLOCK_ELEMENTS, ELEMENT_BYTES, SCALE_BYTES
+from cost_models.units import ACTIVATION_BYTES, FP8, FP32, INT64, MASK, QUANTISED_PRECISIONS
 
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
     from planner.specs import ModelSpec
@@ -101,10 +101,11 @@ class Micro:
         backward; grouped_linear.py does the same per expert. The attention core's Q, K, V, the gated
         activation's input and the unquantised router keep 16 bits. Other frameworks keep the 16-bit
         input: torchao's float8 linear saves `input_hp` (torchao/float8/float8_linear.py)."""
-        if self.precision != "fp8" or self.framework != "megatron":
+        if self.precision not in QUANTISED_PRECISIONS or self.framework != "megatron":
             return self.act
         block = BLOCK_ELEMENTS.get(self.fp8_recipe)
-        return FP8 + (SCALE_BYTES[self.fp8_recipe] / block if block else 0.0)
+        element = ELEMENT_BYTES.get(self.fp8_recipe, FP8)  # NVFP4 keeps its FP4 copy the same way
+        return element + (SCALE_BYTES[self.fp8_recipe] / block if block else 0.0)
 
     @cached_property
     def seq_split(self) -> np.ndarray:
@@ -906,7 +907,8 @@ class MoE:
         >>> float(moe.quantization_padding(replace(x, moe_router_padding=True)).bytes)
         0.0
         """
-        if x.framework != "megatron" or x.precision != "fp8" or x.moe_router_padding or x.moe_dispatcher == "hybridep":
+        if (x.framework != "megatron" or x.precision not in QUANTISED_PRECISIONS or x.moe_router_padding
+                or x.moe_dispatcher == "hybridep"):
             return Elementwise(ZERO, 0)
         routed = self.routed_tokens(x)
         return Elementwise(2 * 2 * x.act * routed * self.hidden + 2 * FP32 * routed, 3)

@@ -27,7 +27,7 @@ from cost_models.attention_kernels import flash_core_times
 from cost_models.blocks import (DenseMLP, Gemm, Head, LatentAttention, Layer, Micro, ModelBlocks, MoE, Norm,
                                  gated_activation)
 from cost_models.elementwise import EXPERT_KERNELS, elementwise_model, fp8_cast_launches, layer_kernels
-from cost_models.units import ACTIVATION_BYTES, FP8, WEIGHT_BYTES
+from cost_models.units import ACTIVATION_BYTES, FP8, QUANTISED_PRECISIONS, WEIGHT_BYTES
 
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
     from planner.specs import GpuSpec
@@ -46,7 +46,7 @@ GROUPED_GEMM_STREAMS = 4
 
 #: FP8 training (Transformer Engine's recipe) runs the transformer-layer linear GEMMs in FP8
 #: but keeps the attention core and the output (vocabulary) layer in BF16.
-UNQUANTISED = {"fp8": "bf16", "bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+UNQUANTISED = {"fp8": "bf16", "nvfp4": "bf16", "bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 
 
 @dataclass
@@ -162,7 +162,8 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
         if moe and x.framework == "megatron":  # Megatron-core's MoELayer: a host wait in its dispatcher,
             experts_s = sum(t for g, t in zip(gemms, gemm_ts) if g.grouped)  # counted ops for alltoall
             # the experts' FP8 casts are issued after the wait, with their GEMMs
-            casts = fp8_cast_launches(gemms, x.fp8_recipe, grouped=True, host=True) if prec == "fp8" else 0
+            casts = (fp8_cast_launches(gemms, x.fp8_recipe, grouped=True, host=True)
+                     if prec in QUANTISED_PRECISIONS else 0)
             fwd, bwd = table.moe_host_floor(fwd, bwd, kernels, local_experts, experts_s,
                                             counted=x.moe_dispatcher == "alltoall",
                                             expert_kernels=EXPERT_KERNELS + casts)

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cost_models.units import BF16, FP32, FP8
+from cost_models.units import BF16, FP4, FP32, FP8, QUANTISED_PRECISIONS
 from planner.errors import SpecError
 from profiles.elementwise import ElementwiseTable, MoeHostOps
 
@@ -54,10 +54,26 @@ if TYPE_CHECKING:
     from cost_models.blocks import Core, Elementwise, Gemm, Micro
 
 E8M0 = 1
+E4M3 = 1
 #: Elements per scale and bytes per scale of the block-scaled recipes (1x128 tiles of activations
-#: and gradients; weights' 128x128 tiles have fewer scales, which is negligible here).
-BLOCK_ELEMENTS = {"blockwise": 128, "mxfp8": 32}
-SCALE_BYTES = {"blockwise": FP32, "mxfp8": E8M0}
+#: and gradients; weights' 128x128 tiles have fewer scales, which is negligible here). NVFP4: 1x16 blocks with
+#: an E4M3 scale each (Transformer Engine NVFP4BlockScaling; its per-tensor FP32 scale is one number).
+BLOCK_ELEMENTS = {"blockwise": 128, "mxfp8": 32, "nvfp4": 16}
+SCALE_BYTES = {"blockwise": FP32, "mxfp8": E8M0, "nvfp4": E4M3}
+#: Bytes of one quantised element: FP8, or FP4 E2M1 under NVFP4.
+ELEMENT_BYTES = {"nvfp4": FP4}
+#: Passes over the 16-bit tensor Transformer Engine's NVFP4 quantiser makes for an activation or a gradient,
+#: both of which feed the weight-gradient GEMM through a random Hadamard transform
+#: (NVFP4Quantizer::quantize_impl, transformer_engine/pytorch/csrc/quantizer.cpp; NVFP4BlockScaling applies the
+#: 16x16 RHT to wgrad inputs): `nvte_hadamard_transform_amax` (the row-wise amax of the input and the
+#: column-wise amax after the transform, one read), the row-wise cast (`nvte_quantize_v2`, one read) and the
+#: fused transform-and-cast of the column-wise copy (`nvte_hadamard_transform_cast_fusion_columnwise`, one
+#: read): three reads, three kernels. The transform's 16-point products and the stochastic rounding of the
+#: gradients (Philox numbers drawn inside the cast) are taken to hide under the reads (an assumption: no kernel
+#: timing of them was found). Weights (16x16 blocks, no transform) take two: the amax, then one cast writing both
+#: copies.
+NVFP4_PASSES = 3
+NVFP4_WEIGHT_PASSES = 2
 
 #: Passes over the gradient buffer an optimizer step makes besides Adam itself: the global norm for
 #: clipping (a read; Megatron's `clip_grad_norm`, multi-tensor L2 norm) and zeroing it for the next
@@ -130,7 +146,19 @@ def fp8_cast_bytes_per_element(recipe: str, transpose: bool) -> float:
     copies = fp8_copies(recipe, transpose)
     amax_pass = BF16 if recipe == "tensorwise" else 0
     scales = copies * SCALE_BYTES[recipe] / block if block else 0
+    if recipe == "nvfp4":  # three passes over the input (NVFP4_PASSES), an FP4 row-wise and column-wise copy
+        return NVFP4_PASSES * BF16 + copies * FP4 + scales
     return BF16 + amax_pass + copies * FP8 + scales
+
+
+def nvfp4_weight_cast_bytes_per_element() -> float:
+    """HBM bytes per weight element of NVFP4's weight quantisation (16x16 blocks, no Hadamard transform):
+    `NVFP4_WEIGHT_PASSES` reads of the bf16 weight, two FP4 copies and their E4M3 scales per 256 elements.
+
+    >>> nvfp4_weight_cast_bytes_per_element()
+    5.0078125
+    """
+    return NVFP4_WEIGHT_PASSES * BF16 + 2 * (FP4 + SCALE_BYTES["nvfp4"] / 256)
 
 
 def fp8_cast_kernels(recipe: str) -> int:
@@ -143,6 +171,8 @@ def fp8_cast_kernels(recipe: str) -> int:
     >>> [fp8_cast_kernels(r) for r in ("delayed", "tensorwise", "blockwise", "mxfp8")]
     [1, 4, 1, 1]
     """
+    if recipe == "nvfp4":
+        return NVFP4_PASSES
     return 4 if recipe == "tensorwise" else 1
 
 
@@ -246,12 +276,14 @@ class ElementwiseModel:
         fwd = sum((per_element * g.count * g.m * g.k for g in quantised), np.zeros(()))
         bwd = sum((per_element * g.count * g.m * g.n for g in quantised), np.zeros(()))
         casts = fp8_cast_launches(gemms, recipe)
-        swizzles = mxfp8_swizzle_kernels(gemms) if recipe == "mxfp8" else 0
+        swizzles = mxfp8_swizzle_kernels(gemms) if recipe in ("mxfp8", "nvfp4") else 0  # NVFP4's E4M3 scales too
         return fwd, bwd, casts + swizzles, casts + BACKWARD_GEMMS * swizzles
 
     def fp8_weight_cast_s(self, weight_elements: np.ndarray, recipe: str) -> np.ndarray:
-        """Seconds to cast a rank's FP8 GEMM weights once per step (cached across micro-batches)."""
-        return self.time_s(fp8_cast_bytes_per_element(recipe, self.fp8_transpose) * weight_elements, 0)
+        """Seconds to cast a rank's FP8 (NVFP4) GEMM weights once per step (cached across micro-batches)."""
+        per_element = (nvfp4_weight_cast_bytes_per_element() if recipe == "nvfp4"
+                       else fp8_cast_bytes_per_element(recipe, self.fp8_transpose))
+        return self.time_s(per_element * weight_elements, 0)
 
     def layer_s(self, ew: Elementwise, gemms: list[Gemm], x: Micro, backward_factor: float
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -261,7 +293,7 @@ class ElementwiseModel:
         host calls count a grouped GEMM's casts once (`fp8_cast_launches`)."""
         fwd_bytes, bwd_bytes, kernels = ew.bytes, backward_factor * ew.bytes, ew.num_kernels
         cast_kernels = cast_bwd_kernels = cast_calls = 0
-        if x.precision == "fp8":
+        if x.precision in QUANTISED_PRECISIONS:
             self.check_recipe(x.fp8_recipe)
             cast_fwd, cast_bwd, cast_kernels, cast_bwd_kernels = self.fp8_casts(gemms, x.fp8_recipe)
             cast_calls = fp8_cast_launches(gemms, x.fp8_recipe, host=True)

@@ -49,7 +49,7 @@ import numpy as np
 
 from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays, selected_modules
 from cost_models.blocks import ZERO, DenseMLP, LatentAttention, Micro, ModelBlocks, MoE, padded_vocab
-from cost_models.elementwise import SCALE_BYTES, fp8_copies
+from cost_models.elementwise import ELEMENT_BYTES, SCALE_BYTES, fp8_copies
 from cost_models.layout import ParallelLayout
 from cost_models.units import BF16, DTYPE_BYTES, FP8, FP32, WEIGHT_BYTES, optimizer_state_bytes
 from profiles.frameworks import Framework
@@ -350,7 +350,8 @@ def zero3_head_bytes(blocks: ModelBlocks, st: StrategyArrays, lay: ParallelLayou
 #: for weights; DeepSeek-V3 Sec. 3.3.2), mxfp8 1x32 blocks (constants.py MXFP8_BLOCK_SCALING_SIZE = 32),
 #: with the scale sizes of `cost_models.elementwise.SCALE_BYTES` (fp32; E8M0, one byte). Per-tensor recipes
 #: keep one fp32 scale per tensor: nothing per element.
-WEIGHT_BLOCK_ELEMENTS = {"blockwise": 128 * 128, "mxfp8": 32}
+WEIGHT_BLOCK_ELEMENTS = {"blockwise": 128 * 128, "mxfp8": 32, "nvfp4": 16 * 16}  # NVFP4 weights: 16x16 blocks
+# (NVFP4BlockScaling's 2D weight quantisation, arXiv 2509.25149 Sec. 4), two FP4 copies (row- and column-wise)
 
 
 def fp8_weight_bytes_per_element(recipe: str, transpose: bool) -> float:
@@ -373,7 +374,8 @@ def fp8_weight_bytes_per_element(recipe: str, transpose: bool) -> float:
     """
     block = WEIGHT_BLOCK_ELEMENTS.get(recipe)
     copies = fp8_copies(recipe, transpose)
-    return copies * (FP8 + SCALE_BYTES[recipe] / block) if block else copies * FP8
+    element = ELEMENT_BYTES.get(recipe, FP8)
+    return copies * (element + SCALE_BYTES[recipe] / block) if block else copies * FP8
 
 
 def fp8_param_bytes_per_element(recipe: str, transpose: bool) -> float:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, partial
 
 import numpy as np
@@ -41,7 +41,8 @@ from cost_models.memory import (RUNTIME_TERMS, dispatcher_buffer_bytes, fp8_weig
                                 offloaded_activation_bytes, offloaded_layers, stage_activation_bytes,
                                 stage_expert_params, stage_kind_counts, stage_params,
                                 zero3_head_bytes, zero3_working_bytes)
-from cost_models.units import FP32, DTYPE_BYTES, WEIGHT_BYTES, optimizer_state_bytes, optimizer_step_traffic_bytes
+from cost_models.units import (FP32, DTYPE_BYTES, QUANTISED_PRECISIONS, WEIGHT_BYTES, optimizer_state_bytes,
+                               optimizer_step_traffic_bytes)
 
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
     from planner.specs import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
@@ -191,7 +192,8 @@ def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None =
     imbalance = getattr(train, "moe_load_imbalance", None) or getattr(cluster, "moe_load_imbalance", 1.0)
     return Micro(train.seq_len, st.micro_batch_size, st.tp, st.cp, st.sequence_parallel, train.precision,
                  train.attention_kernel, st.ep, st.etp, float(imbalance),
-                 getattr(train, "cross_entropy_fusion", True), getattr(train, "fp8_recipe", "delayed"),
+                 getattr(train, "cross_entropy_fusion", True),
+                 "nvfp4" if train.precision == "nvfp4" else getattr(train, "fp8_recipe", "delayed"),
                  getattr(train, "moe_dispatcher", "alltoall"), getattr(train, "framework", "megatron"),
                  not getattr(train, "torch_compile", True), getattr(train, "cross_entropy_fusion_impl", "native"),
                  getattr(train, "moe_flex_num_sms", None), getattr(train, "moe_router_padding_for_quantization", False))
@@ -287,12 +289,12 @@ def stage_fp8_weight_bytes(s: Setup, params: np.ndarray) -> dict[str, np.ndarray
     (`cost_models.memory.fp8_weight_memory`); none without FP8 training. A GPU without an element-wise
     table is assumed to need the transposed copy (Hopper's rule, the larger)."""
     train = s.train
-    if train.precision != "fp8":
+    if train.precision not in QUANTISED_PRECISIONS:
         return {"params": params, "fp8_weights": np.zeros_like(params)}
     table = elementwise_model(s.gpu)
     dense_k, expert_k = s.quantised_kinds
     fp8 = fp8_weight_memory(s.per_row(dense_k), s.per_row(expert_k), s.st.zero_stage, s.lay.shard, s.lay.expert_dp,
-                            train.fp8_recipe, table.fp8_transpose if table is not None else True,
+                            s.x.fp8_recipe, table.fp8_transpose if table is not None else True,
                             bool(getattr(train, "fp8_param_gather", False)), s.framework.fp8_weight_cache,
                             WEIGHT_BYTES[train.precision])
     return {"params": params + fp8["params"], "fp8_weights": fp8["fp8_weights"]}
@@ -373,7 +375,8 @@ def _moe_exchange_s(layer, x: Micro, comm: CommModel, lay: ParallelLayout,
 def amax_reductions(x: Micro, st: StrategyArrays) -> np.ndarray:
     """1 where a candidate's FP8 casts all-reduce their amax over the TP group (Transformer Engine's per-tensor
     current scaling, Megatron's --fp8-recipe tensorwise, with sequence parallelism and tp > 1), else 0."""
-    on = x.precision == "fp8" and x.fp8_recipe == "tensorwise" and x.framework == "megatron"
+    # NVFP4's per-tensor amax is reduced the same way (NVFP4Quantizer's with_amax_reduction over the amax group)
+    on = x.precision in QUANTISED_PRECISIONS and x.fp8_recipe in ("tensorwise", "nvfp4") and x.framework == "megatron"
     return np.where(on & (np.asarray(st.tp) > 1) & np.asarray(st.sequence_parallel, dtype=bool), 1.0, 0.0)
 
 
@@ -548,13 +551,32 @@ def microbatch_times(s: Setup, pl: PerLayerTimes) -> dict[str, np.ndarray]:
     share = np.where(rc == 2, _recomputed_fraction(s), np.where(rc == 1, 1.0, 0.0))
     heads = s.blocks.head_passes
     return {
-        "compute": s.per_row(lt.fwd_s + lt.bwd_s) + rows.has_head * heads * (pl.head_fwd_s + pl.head_bwd_s),
+        "compute": (s.per_row(lt.fwd_s + lt.bwd_s) + rows.has_head * heads * (pl.head_fwd_s + pl.head_bwd_s)
+                    + fp4_bf16_layers_s(s, pl)),
         "recompute": share * s.per_row(pl.recompute_s),
         "tp_comm": s.per_row(pl.tp_fwd_s + pl.tp_bwd_s) + rows.has_embedding * pl.tp_all_reduce_s,
         "cp_comm": s.per_row(pl.cp_both_s),  # forward + backward (KV and dKV; Mamba's all-to-alls twice)
         "ep_comm": s.per_row(pl.ep_fwd_s + pl.ep_bwd_s),
         "activation_offload": activation_offload_s(s, pl),
     }
+
+
+def fp4_bf16_layers_s(s: Setup, pl: PerLayerTimes) -> np.ndarray:
+    """Extra compute time of one micro-batch on each stage row (S, N) for the layers an NVFP4 run keeps in bf16
+    (TrainSpec.fp4_bf16_layers_start / _end; megatron-core 0.16 fp4_utils.get_fp4_context runs them without the
+    FP4 autocast): the first ones on pipeline rank 0, the last ones on rank pp-1, each costing what the stage's
+    average layer costs in bf16 over NVFP4 (forward and backward; exact for a model of one layer kind, the
+    stage's mean otherwise; their recomputation, if any, is left at the NVFP4 time). Zero otherwise."""
+    train = s.train
+    start, end = getattr(train, "fp4_bf16_layers_start", 0), getattr(train, "fp4_bf16_layers_end", 0)
+    if train.precision != "nvfp4" or not (start or end):
+        return np.zeros(s.lay.rows.rank.shape)
+    bf16 = layer_times(s.blocks, replace(s.x, precision="bf16", fp8_recipe="delayed"), s.gpu)
+    extra = s.per_row(bf16.fwd_s + bf16.bwd_s - pl.layer.fwd_s - pl.layer.bwd_s)  # every layer of the row in bf16
+    rows = s.lay.rows
+    layers = np.maximum(rows.layers, 1e-9)
+    kept = (np.minimum(np.where(rows.rank == 0, start, 0) + np.where(rows.rank == s.lay.pp - 1, end, 0), rows.layers))
+    return extra * kept / layers
 
 
 def offload_stall_s(copy_s, layer_s, offloaded, layers) -> np.ndarray:
@@ -720,14 +742,14 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
         optimizer = opt_params * traffic / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
     else:  # fused multi-tensor kernels at the table's bandwidth, with the gradient-buffer passes
         optimizer = table.optimizer_step_s(opt_params, traffic, grad_b)
-        if train.precision == "fp8":  # the FP8 weight casts of each step's first micro-batch, counted here
+        if train.precision in QUANTISED_PRECISIONS:  # the FP8 (NVFP4) weight casts of each step's first micro-batch
             dense_k, expert_k = (s.per_row(k) for k in s.quantised_kinds)
             if getattr(train, "fp8_param_gather", False):
                 # FP8 parameters: the optimizer quantises its master-weight shard once per step (megatron-core
                 # fp8_utils.quantize_param_shard, after the distributed optimizer's step) and the FP8 shards are
                 # all-gathered: each rank casts 1/shard of the weights, not all of them
                 dense_k, expert_k = dense_k / shard, expert_k / edp
-            weight_casts = table.fp8_weight_cast_s(dense_k + expert_k, train.fp8_recipe)
+            weight_casts = table.fp8_weight_cast_s(dense_k + expert_k, s.x.fp8_recipe)
     offload = offload_step_s(s, opt_params, bwd_mb)
     tail = {"dp_comm": np.where(zero == 3, z3, exposed),
             "optimizer": np.where(st.offload_optimizer, offload, optimizer) + weight_casts}

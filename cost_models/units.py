@@ -6,16 +6,21 @@ FP32 = 4
 BF16 = 2
 FP16 = 2
 FP8 = 1
+FP4 = 0.5  # E2M1, two per byte (NVFP4)
 INT64 = 8
 MASK = 1  # dropout masks are stored as one byte per element (Korthikanti et al. 2022, Sec. 4.1)
 
 DTYPE_BYTES: dict[str, int] = {"fp32": FP32, "tf32": FP32, "bf16": BF16, "fp16": FP16, "fp8": FP8}
 
 #: Weights kept for compute: 16-bit for bf16/fp16/fp8 training (FP8 GEMMs cast on the fly), 32-bit for fp32.
-WEIGHT_BYTES: dict[str, int] = {"bf16": BF16, "fp16": FP16, "fp8": BF16, "fp32": FP32}
+WEIGHT_BYTES: dict[str, int] = {"bf16": BF16, "fp16": FP16, "fp8": BF16, "nvfp4": BF16, "fp32": FP32}
 
 #: Activations stored for backward (fp8 training keeps bf16 activations).
-ACTIVATION_BYTES: dict[str, int] = {"bf16": BF16, "fp16": FP16, "fp8": BF16, "fp32": FP32}
+ACTIVATION_BYTES: dict[str, int] = {"bf16": BF16, "fp16": FP16, "fp8": BF16, "nvfp4": BF16, "fp32": FP32}
+
+#: Precisions whose linear-layer GEMMs run on quantised inputs (FP8 casts, NVFP4 quantisation) that the
+#: cost model prices; their recipe is Micro.fp8_recipe ("nvfp4" under nvfp4).
+QUANTISED_PRECISIONS = ("fp8", "nvfp4")
 
 ADAM_MOMENTS = FP32 + FP32  # first and second moment
 SGD_MOMENTUM = FP32

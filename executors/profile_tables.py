@@ -33,8 +33,9 @@ from cost_models.units import optimizer_step_traffic_bytes
 
 MIB = 2**20
 #: torch.cuda.get_device_name() fragments (lower case) -> shipped table set; the first match wins
-#: ("NVIDIA H100 80GB HBM3" is the SXM5 part; PCIe and NVL parts match nothing).
-SHIPPED_SETS = (("gb300", "gb300"), ("gb200", "gb200"), ("b200", "b200"), ("h200", "h200"),
+#: ("NVIDIA H100 80GB HBM3" is the SXM5 part; PCIe and NVL parts match nothing; "gb300" before "b300", which
+#: it contains, as "NVIDIA B300 SXM6 AC" names the HGX part).
+SHIPPED_SETS = (("gb300", "gb300"), ("gb200", "gb200"), ("b300", "b300"), ("b200", "b200"), ("h200", "h200"),
                 ("h100 80gb hbm3", "h100-sxm"), ("h100 sxm", "h100-sxm"))
 REFERENCE_SET = "h100-sxm"
 FLOP_CONVENTION = ("FlashAttention benchmark convention (benchmarks/benchmark_flash_attention.py, flops()): forward "

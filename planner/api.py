@@ -15,6 +15,7 @@ from planner.rules import (
     eager_problem,
     family_warning,
     fp8_recipe_problem,
+    nvfp4_problem,
     node_warning,
 )
 from planner.knobs import choose
@@ -65,13 +66,15 @@ def make_inputs(
     if cluster_spec.max_gpus is not None and num_gpus > cluster_spec.max_gpus:
         raise SpecError(f"num_gpus ({num_gpus}) exceeds cluster {cluster_spec.name}'s max_gpus ({cluster_spec.max_gpus})")
     if not isinstance(precision, str):
-        raise SpecError(f"precision must be one of bf16, fp16, fp8, fp32 (got {short_repr(precision)})")
+        raise SpecError(f"precision must be one of bf16, fp16, fp8, nvfp4, fp32 (got {short_repr(precision)})")
     try:
         train = TrainSpec(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision, **train_options)
     except SpecValidationError as exc:
         raise SpecError(f"invalid training settings: {exc.problems}") from None
     train = _framework_zero3(train, cluster_spec)
     if (problem := eager_problem(train, model_spec)) is not None:
+        raise SpecError(problem)
+    if (problem := nvfp4_problem(train, cluster_spec.gpu)) is not None:
         raise SpecError(problem)
     cluster_spec.gpu.peak(train.precision)  # the GPU must have a rate for this precision
     if (problem := fp8_recipe_problem(train, cluster_spec.gpu)) is not None:

@@ -125,7 +125,23 @@ def fp8_recipe_problem(train, gpu) -> str | None:
     if recipe in supported:
         return None
     return (f"fp8_recipe {recipe!r} is not supported on {gpu.name} (it runs {', '.join(supported)}); "
-            "mxfp8 needs a Blackwell GPU (B200, GB200)")
+            "mxfp8 needs a Blackwell GPU (B200, B300, GB200, GB300)")
+
+
+def nvfp4_problem(train, gpu) -> str | None:
+    """Why precision nvfp4 cannot be planned on `gpu`, or None: it needs FP4 tensor cores (an `fp4` peak in the
+    GPU profile: Blackwell), and a GEMM table with the NVFP4 rate and an element-wise table whose kernels run
+    it, which time its GEMMs and quantisation."""
+    if getattr(train, "precision", None) != "nvfp4":
+        return None
+    if "fp4" not in gpu.peak_flop_per_s:
+        return (f"precision 'nvfp4' needs FP4 tensor cores (Blackwell: B200, B300, GB200, GB300); {gpu.name} has "
+                "none (no fp4 peak in its profile)")
+    gemm, table = gpu.tables.gemm, elementwise_model(gpu)
+    if gemm is None or "nvfp4" not in dict(gemm.recipe_rates) or table is None or "nvfp4" not in table.fp8_recipes:
+        return (f"precision 'nvfp4' on {gpu.name}: its kernel tables have no NVFP4 GEMM rate (gemm recipe_rates.nvfp4) "
+                "or no NVFP4 quantisation (elementwise fp8_recipes), so the plan cannot be timed")
+    return None
 
 
 def _rank_order_msg(ctx: Context, r: dict) -> str:

@@ -18,8 +18,10 @@ MICRO = 1e-6
 #: Transformer Engine's FP8 recipes under Megatron-LM's `--fp8-recipe` names (arguments.py choices):
 #: delayed = per-tensor scale from an amax history; tensorwise = per-tensor current scaling (an amax
 #: pass before the cast); blockwise = 1x128 activation / 128x128 weight tiles with fp32 scales
-#: (DeepSeek-V3 Sec. 3.3.2); mxfp8 = OCP microscaling, 1x32 blocks with E8M0 (1-byte) scales.
-FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+#: (DeepSeek-V3 Sec. 3.3.2); mxfp8 = OCP microscaling, 1x32 blocks with E8M0 (1-byte) scales; nvfp4 =
+#: Transformer Engine's NVFP4BlockScaling (precision nvfp4, not an --fp8-recipe): FP4 E2M1, 1x16 blocks (16x16
+#: for weights) with E4M3 scales and an FP32 per-tensor scale.
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4")
 
 _FIELDS = ("hbm_fraction", "kernel_fixed_us", "host_per_kernel_us", "backward_kernels_per_forward",
            "host_per_expert_forward_us", "host_per_expert_backward_us", "host_per_expert_gemm_us", "moe_host_ops",

@@ -50,7 +50,8 @@ from profiles.elementwise import FP8_RECIPES
 #: 128 is the smaller, so the padding is a lower bound).
 TILE = 128
 #: Precision of a training run -> the table column its GEMMs use.
-COLUMN = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "tf32": "tf32", "fp32": "fp32"}
+#: NVFP4 reads the FP8 column's efficiency at the shape, times the table's `recipe_rates.nvfp4`, at the FP4 peak.
+COLUMN = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "nvfp4": "fp8", "tf32": "tf32", "fp32": "fp32"}
 TERA = 1e12
 
 
@@ -63,11 +64,14 @@ class GemmTable:
     log_k: np.ndarray
     eff: dict[str, np.ndarray]  # column -> (M, N, K) grid
     source: str
-    recipe_rates: tuple[tuple[str, float], ...] = ()  # FP8 recipe -> its GEMMs' rate / the fp8 column's
+    recipe_rates: tuple[tuple[str, float], ...] = ()  # FP8 recipe -> its GEMMs' rate / the fp8 column's (nvfp4:
+    # its efficiency / the fp8 column's efficiency, at the FP4 peak)
 
     def recipe_rate(self, precision: str, recipe: str | None) -> float:
         """The rate of `recipe`'s quantised GEMMs relative to the table's FP8 column (1 for other
         precisions and for recipes the table does not name)."""
+        if precision == "nvfp4":  # no default: a table without the rate cannot time NVFP4 (planner.rules)
+            return dict(self.recipe_rates)["nvfp4"]
         if COLUMN.get(precision) != "fp8" or recipe is None:
             return 1.0
         return dict(self.recipe_rates).get(recipe, 1.0)

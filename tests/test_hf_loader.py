@@ -59,6 +59,32 @@ def test_deepseek_v3_reads_mla_moe_and_mtp():
     assert m.moe_layer_mask() == (False,) * 3 + (True,) * 58
 
 
+def test_kimi_k2_reads_as_deepseek_v3_with_its_own_settings():
+    m = read(fixture("kimi-k2"))
+    assert m.is_mla and m.num_kv_heads is None and m.num_attention_heads == 64
+    assert (m.num_experts, m.moe_top_k, m.expert_ffn, m.num_shared_experts) == (384, 8, 2048, 1)
+    assert m.moe_layer_mask() == (False,) + (True,) * 60
+    assert (m.moe_router_num_groups, m.num_mtp_layers, m.rope_theta, m.vocab_size) == (0, 0, 50000, 163840)
+
+
+def test_kimi_k2_is_deepseek_v3_under_another_name():
+    as_v3 = read({**raw("kimi-k2"), "model_type": "deepseek_v3"})
+    assert read(fixture("kimi-k2")).model_dump(exclude={"name", "source"}) == as_v3.model_dump(
+        exclude={"name", "source"})
+
+
+def test_kimi_k2_refuses_a_field_deepseek_v3_lacks():
+    with pytest.raises(SpecError, match="index_topk"):
+        read({**raw("kimi-k2"), "index_topk": 2048})
+
+
+def test_deepseek_v32_sparse_attention_is_refused():
+    cfg = {**raw("deepseek-v3"), "model_type": "deepseek_v32", "index_head_dim": 128, "index_n_heads": 64,
+           "index_topk": 2048}
+    with pytest.raises(SpecError, match="DeepSeek Sparse Attention"):
+        read(cfg)
+
+
 def test_deepseek_v2_lite_has_a_full_query_projection():
     m = read(fixture("deepseek-v2-lite"))  # "q_lora_rank": null
     assert m.q_lora_rank is None and m.kv_lora_rank == 512
@@ -356,7 +382,7 @@ def test_dense_configs_match_published_totals(name, billions):
 
 @pytest.mark.parametrize("preset,config", [
     ("mixtral-8x7b", "mixtral-8x7b"), ("mixtral-8x22b", "mixtral-8x22b"), ("deepseek-v2-lite", "deepseek-v2-lite"),
-    ("deepseek-v3", "deepseek-v3"), ("qwen3-30b-a3b", "qwen3-30b-a3b"), ("qwen3-235b-a22b", "qwen3-235b-a22b"),
+    ("deepseek-v3", "deepseek-v3"), ("kimi-k2", "kimi-k2"), ("qwen3-30b-a3b", "qwen3-30b-a3b"), ("qwen3-235b-a22b", "qwen3-235b-a22b"),
     ("gpt-oss-20b", "gpt-oss-20b"), ("gpt-oss-120b", "gpt-oss-120b"), ("mistral-7b", "mistral-7b"),
     ("gemma-2-27b", "gemma-2-27b"), ("qwen2.5-72b", "qwen2.5-72b"), ("llama3.1-8b", "llama-3.1-8b"),
     ("llama3.2-1b", "llama-3.2-1b"),

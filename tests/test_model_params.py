@@ -40,6 +40,9 @@ TOTALS = {
     "mixtral-8x22b": (141, "Mistral AI, 'Cheaper, Better, Faster, Stronger', 2024-04-17: 141B"),
     "deepseek-v2-lite": (15.7, "DeepSeek-V2 paper (arXiv:2405.04434) Appendix B: 15.7B"),
     "deepseek-v3": (671, "DeepSeek-V3 technical report (arXiv:2412.19437): 671B (main model, MTP excluded)"),
+    # 1.026T counted: -1.3 % (Hugging Face's safetensors metadata of Kimi-K2-Instruct: 1.03T with the FP8 block
+    # scales), so the shapes are right; the report gives three digits
+    "kimi-k2": (1040, "Kimi K2 technical report (arXiv:2507.20534) Sec. 2: 1.04 trillion parameters"),
     "qwen3-30b-a3b": (30.5, "Qwen/Qwen3-30B-A3B model card: 30.5B"),
     "qwen3-235b-a22b": (235, "Qwen/Qwen3-235B-A22B model card: 235B"),
     "gpt-oss-20b": (20.91, "gpt-oss model card (arXiv:2508.10925) Table 1: 20.91B"),
@@ -52,6 +55,9 @@ TOTALS = {
     "llama3.2-1b": (1.24, "meta-llama/Llama-3.2-1B safetensors metadata: 1.24B"),
     "llama3.2-3b": (3.21, "meta-llama/Llama-3.2-3B safetensors metadata: 3.21B"),
 }
+
+#: Known deviations of the total beyond 1 % (measured, none fitted): preset -> relative tolerance.
+TOTAL_TOLERANCE = {"kimi-k2": 0.015}
 
 #: preset -> (published active in billions, convention, tolerance, source and notes)
 ACTIVE = {
@@ -66,6 +72,8 @@ ACTIVE = {
     "qwen3-30b-a3b": (3.3, "all", 0.02, "Qwen/Qwen3-30B-A3B model card: 3.3B activated"),
     # 36.63B counted without the embedding (37.55B with it): -1.01%; "37B" has two digits.
     "deepseek-v3": (37, "no_embedding", 0.015, "DeepSeek-V3 technical report: 37B activated"),
+    # 31.69B counted without the embedding (32.86B with it): -1.0 %; "32B" has two digits.
+    "kimi-k2": (32, "no_embedding", 0.015, "moonshotai/Kimi-K2-Instruct model card: 32B activated"),
     # 2.451B counted without the embedding (2.661B with it): +2.1%, not explained by any
     # component (the first dense layer's MLP is 0.067B, the router 0.003B).
     "deepseek-v2-lite": (2.4, "no_embedding", 0.025, "DeepSeek-V2 paper Appendix B: 2.4B activated"),
@@ -80,7 +88,8 @@ def active(model: ModelSpec, convention: str) -> int:
 @pytest.mark.parametrize("preset", TOTALS)
 def test_total_params_match_published(preset):
     published, _source = TOTALS[preset]
-    assert num_params(load_model(preset), include_mtp=False) / 1e9 == pytest.approx(published, rel=0.01)
+    tol = TOTAL_TOLERANCE.get(preset, 0.01)
+    assert num_params(load_model(preset), include_mtp=False) / 1e9 == pytest.approx(published, rel=tol)
 
 
 @pytest.mark.parametrize("preset", ACTIVE)

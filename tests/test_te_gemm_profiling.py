@@ -40,7 +40,7 @@ def test_every_modelled_term_is_within_a_factor_of_one_and_a_half_of_the_measure
 
 @pytest.mark.parametrize("data,rule", [
     ({"recipe_rates": {"mxfp8": 0.95}}, "recipe_rates_source"),
-    ({"recipe_rates": {"nvfp4": 0.9}, "recipe_rates_source": "x"}, "not an FP8 recipe"),
+    ({"recipe_rates": {"int8": 0.9}, "recipe_rates_source": "x"}, "not an FP8 recipe"),
     ({"recipe_rates": {"mxfp8": 0}, "recipe_rates_source": "x"}, "(0, 1]"),
     ({"recipe_rates": {"mxfp8": 1.2}, "recipe_rates_source": "x"}, "(0, 1]"),
     ({"recipe_rates": {"mxfp8": "fast"}, "recipe_rates_source": "x"}, "must be a number"),

@@ -43,6 +43,7 @@ class Precision(str, Enum):
     bf16 = "bf16"
     fp16 = "fp16"
     fp8 = "fp8"
+    nvfp4 = "nvfp4"
     fp32 = "fp32"
 
 

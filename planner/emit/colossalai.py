@@ -74,6 +74,9 @@ def plugin_spec(plan: Plan) -> dict[str, Any]:
     f = check_plan(plan, FRAMEWORK)
     _refuse_unsupported(f)
     s, t = f.strategy, f.train
+    if t.precision not in _PRECISION:
+        raise NotExpressibleError(FRAMEWORK, f"precision {t.precision!r}; Colossal-AI's plugins train in "
+                                             f"{', '.join(sorted(_PRECISION))} (its use_fp8 is FP8 only)")
     precision, use_fp8 = _PRECISION[t.precision]
     notes: list[str] = []
     if _moe_plugin(f):

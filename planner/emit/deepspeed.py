@@ -98,8 +98,8 @@ def _refuse_unsupported(f: PlanFacts) -> None:
         refuse(f"offload_activation_layers ({s.offload_activation_layers}); DeepSpeed's only activation offload "
                "(activation_checkpointing.cpu_checkpointing) moves checkpointed layer inputs to the host and needs "
                "recomputation, which the plan does not run")
-    if t.precision == "fp8":
-        refuse("precision 'fp8'; the DeepSpeed config has bf16 and fp16 modes only")
+    if t.precision in ("fp8", "nvfp4"):
+        refuse(f"precision {t.precision!r}; the DeepSpeed config has bf16 and fp16 modes only")
     if s.zero_stage == 0 and t.precision == "bf16" and t.grad_precision == "fp32":
         refuse("zero_stage 0 with bf16 and grad_precision 'fp32'; deepspeed.initialize accumulates bf16 gradients in "
                "fp32 only with ZeRO stage >= 1 (its BF16 optimizer); use zero_stage 1 or grad_precision 'bf16'")

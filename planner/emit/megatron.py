@@ -166,6 +166,13 @@ FLAGS: dict[str, Flag] = {
     "fp8_amax_compute_algo": Flag("--fp8-amax-compute-algo", "str"),
     "fp8_param_gather": Flag("--fp8-param-gather", "switch"),
     "reuse_grad_buf_for_mxfp8_param_ag": Flag("--reuse-grad-buf-for-mxfp8-param-ag", "switch"),
+    # NVFP4 (megatron-core 0.16 TransformerConfig.fp4 / fp4_recipe / first_last_layers_bf16 /
+    # num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16, whose argparse names these are)
+    "fp4": Flag("--fp4-format", "str"),
+    "fp4_recipe": Flag("--fp4-recipe", "str"),
+    "first_last_layers_bf16": Flag("--first-last-layers-bf16", "switch"),
+    "num_layers_at_start_in_bf16": Flag("--num-layers-at-start-in-bf16", "int"),
+    "num_layers_at_end_in_bf16": Flag("--num-layers-at-end-in-bf16", "int"),
     "cross_entropy_loss_fusion": Flag("--cross-entropy-loss-fusion", "switch"),
     "cross_entropy_fusion_impl": Flag("--cross-entropy-fusion-impl", "str"),
     # model shape
@@ -440,6 +447,12 @@ def _precision(f: PlanFacts) -> dict[str, Any]:
         out |= {k: v for k, v in FP8_SETTINGS.items() if recipe == "delayed" or not k.startswith("fp8_amax")}
         out["fp8_recipe"] = recipe
         out |= _fp8_param_gather(f)
+    if precision == "nvfp4":  # NVFP4BlockScaling: FP4 E2M1 data, the recipe's own scales
+        out |= {"fp4": "e2m1", "fp4_recipe": "nvfp4"}
+        start, end = f.train.fp4_bf16_layers_start, f.train.fp4_bf16_layers_end
+        if start or end:  # megatron-core's defaults are 1 and 1: both written
+            out |= {"first_last_layers_bf16": True, "num_layers_at_start_in_bf16": start,
+                    "num_layers_at_end_in_bf16": end}
     if f.train.cross_entropy_fusion:
         out["cross_entropy_loss_fusion"] = True
         if f.train.cross_entropy_fusion_impl != "native":  # megatron-core's default (ModelParallelConfig)
@@ -730,7 +743,9 @@ _PARALLEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size"
 _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
                        "normalization", "qk_layernorm", "add_bias_linear", "add_qkv_bias", "attention_dropout",
                        "hidden_dropout", "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
-                       "fp8", "fp8_recipe", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
+                       "fp8", "fp8_recipe", "fp4", "fp4_recipe", "first_last_layers_bf16",
+                       "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
+                       "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
                        "fp8_amax_history_len", "fp8_amax_compute_algo", "attention_backend",
                        "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
                        "account_for_loss_in_pipeline_split",

@@ -92,6 +92,9 @@ def job_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
 
     if t.precision == "fp16":
         refuse("precision 'fp16'; torchtitan trains in bf16 (FSDP mixed precision) or fp32")
+    if t.precision == "nvfp4":
+        refuse("precision 'nvfp4'; the plan is costed as Transformer Engine's NVFP4 recipe, which torchtitan does "
+               "not run (its low-precision converters are torchao's)")
     s = f.strategy
     if s.offload_optimizer:
         refuse("offload_optimizer; torchtitan's only CPU offload (training.enable_cpu_offload, FSDP's) moves "

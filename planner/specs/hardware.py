@@ -18,6 +18,8 @@ from planner.specs.base import MAX_GPUS, MAX_HEADS, Spec
 from planner.specs.topology import Fabric, FabricLevel, TopologySpec
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32"]
+#: A training precision whose GEMMs run at another peak's key: NVFP4 at the FP4 tensor-core peak.
+PEAK_KEY = {"nvfp4": "fp4"}
 
 # ---- physical ranges of the hardware numbers, SI units, (least, most), both allowed: far beyond any
 # real device either way, narrow enough that every time and capacity computed from them stays finite
@@ -87,7 +89,8 @@ class GpuSpec(Spec):
     memory_bytes: float = Field(ge=MEMORY_BYTES_RANGE[0], le=MEMORY_BYTES_RANGE[1],
                                 description="HBM capacity in bytes (MEMORY_BYTES_RANGE).")
     peak_flop_per_s: dict[str, float] = Field(
-        description="Dense peak FLOP/s per dtype (bf16, fp16, fp8, tf32, fp32); no sparsity; each in FLOP_PER_S_RANGE."
+        description="Dense peak FLOP/s per dtype (bf16, fp16, fp8, fp4, tf32, fp32); no sparsity; each in "
+        "FLOP_PER_S_RANGE."
     )
     hbm_bw_bytes_per_s: float = Field(ge=BW_BYTES_PER_S_RANGE[0], le=BW_BYTES_PER_S_RANGE[1],
                                       description="Peak HBM bandwidth in bytes/s (BW_BYTES_PER_S_RANGE).")
@@ -193,9 +196,10 @@ class GpuSpec(Spec):
         return self
 
     def peak(self, precision: str) -> float:
-        """Dense peak FLOP/s for `precision`; a clear error if the GPU has none."""
+        """Dense peak FLOP/s for `precision` (nvfp4: the FP4 tensor-core peak, `fp4`); a clear error if the
+        GPU has none."""
         try:
-            return self.peak_flop_per_s[precision]
+            return self.peak_flop_per_s[PEAK_KEY.get(precision, precision)]
         except KeyError:
             raise SpecError(
                 f"GPU {self.name} has no peak rate for precision {precision!r}; "

@@ -109,6 +109,14 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
                     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
                     "moe_intermediate_size": 2048, "num_nextn_predict_layers": 0,
                     "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4},
+    # Kimi K2 ships DeepSeek-V3's remote code (its auto_map loads configuration_deepseek.DeepseekV3Config), so a
+    # field its config.json omits takes DeepSeek-V3's default; its published configs set every field read here
+    "kimi_k2": {"tie_word_embeddings": False, "attention_bias": False, "first_k_dense_replace": 3,
+                "moe_layer_freq": 1, "n_shared_experts": 1, "n_routed_experts": 256,
+                "num_experts_per_tok": 8, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                "moe_intermediate_size": 2048, "num_nextn_predict_layers": 0,
+                "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4},
     "gpt_oss": {"tie_word_embeddings": False, "attention_bias": True, "sliding_window": 128,
                 "num_local_experts": 128, "num_experts_per_tok": 4, "head_dim": 64, "swiglu_limit": 7.0},
     "gemma": {"tie_word_embeddings": True, "head_dim": 256, "attention_bias": False,
@@ -140,7 +148,7 @@ NORM_EPSILON_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "no
 #: decoders take LlamaConfig's.
 NORM_EPSILON_DEFAULTS: dict[str, float] = {
     "llama": 1e-6, "mistral": 1e-6, "mixtral": 1e-5, "qwen2": 1e-6, "qwen3": 1e-6, "qwen2_moe": 1e-6,
-    "qwen3_moe": 1e-6, "deepseek_v2": 1e-6, "deepseek_v3": 1e-6, "gpt_oss": 1e-5, "gemma": 1e-6, "gemma2": 1e-6,
+    "qwen3_moe": 1e-6, "deepseek_v2": 1e-6, "deepseek_v3": 1e-6, "kimi_k2": 1e-6, "gpt_oss": 1e-5, "gemma": 1e-6, "gemma2": 1e-6,
     "gemma3_text": 1e-6, "phi3": 1e-5, "olmo": 1e-5, "olmo2": 1e-5, "starcoder2": 1e-5, "llama4_text": 1e-5,
     "gpt2": 1e-5, "gpt_neox": 1e-5,
 }
@@ -507,6 +515,24 @@ def _deepseek(c: _Cfg) -> dict[str, Any]:
     return out
 
 
+def _kimi_k2(c: _Cfg) -> dict[str, Any]:
+    """Kimi K2 (model_type kimi_k2): DeepSeek-V3's network under another name (its config.json names
+    DeepseekV3ForCausalLM and DeepSeek-V3's remote code; Moonshot's deployment guide has engines run it as
+    deepseek_v3). What it sets differently is read the same way: 64 heads, 384 routed experts, one dense
+    layer (first_k_dense_replace 1), no expert groups (n_group 1: plain top-8), no MTP module
+    (num_nextn_predict_layers 0), rope_theta 50000, vocabulary 163840."""
+    return _deepseek(c)
+
+
+def _refuse_sparse_attention(c: _Cfg) -> dict[str, Any]:
+    """DeepSeek-V3.2 (deepseek_v32; DeepSeek-V3.2-Exp's model card: V3.1-Terminus's architecture plus DeepSeek
+    Sparse Attention) adds a lightning indexer (index_n_heads, index_head_dim) that picks index_topk keys per
+    query, so the attention cost and the indexer's own weights and GEMMs differ from MLA's. Not modelled."""
+    raise SpecError(f"{c._where()}: DeepSeek Sparse Attention (index_topk={c.raw('index_topk')!r}, a lightning "
+                    "indexer choosing the keys each query attends to) is not modelled; refusing rather than "
+                    "costing it as dense MLA (describe a dense-attention variant as a model YAML)")
+
+
 def _gpt_oss(c: _Cfg) -> dict[str, Any]:
     """gpt-oss: every layer MoE (num_local_experts, experts_per_token / num_experts_per_tok),
     biases on attention, router and experts, one attention-sink logit per head, windowed
@@ -665,6 +691,8 @@ FAMILIES: dict[str, tuple[Callable[[_Cfg], dict[str, Any]], frozenset[str]]] = {
     "qwen3_moe": (lambda c: _qwen_moe(c, shared=False), _QWEN_MOE_KEYS),
     "deepseek_v2": (_deepseek, _DEEPSEEK_KEYS),
     "deepseek_v3": (_deepseek, _DEEPSEEK_KEYS),
+    "kimi_k2": (_kimi_k2, _DEEPSEEK_KEYS),
+    "deepseek_v32": (_refuse_sparse_attention, _DEEPSEEK_KEYS),
     "gpt_oss": (_gpt_oss, frozenset({"num_local_experts", "num_experts_per_tok", "experts_per_token"})),
     "llama4_text": (_llama4, frozenset({"num_local_experts", "num_experts_per_tok", "interleave_moe_layer_step",
                                         "moe_layers"})),

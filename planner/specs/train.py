@@ -15,10 +15,13 @@ class TrainSpec(Spec):
 
     global_batch_size: int = Field(gt=0, le=MAX_BATCH, description="Sequences per optimizer step.")
     seq_len: int = Field(gt=0, le=MAX_TOKENS, description="Tokens per sequence.")
-    precision: Literal["bf16", "fp16", "fp8", "fp32"] = Field(
+    precision: Literal["bf16", "fp16", "fp8", "nvfp4", "fp32"] = Field(
         "bf16",
         description="Compute precision of the GEMMs (fp8: FP8 GEMMs with bf16 weights and activations; "
-        "fp32: full precision, e.g. CPU runs).",
+        "nvfp4: Transformer Engine's NVFP4BlockScaling recipe on Blackwell, Megatron's --fp4-format e2m1 "
+        "--fp4-recipe nvfp4: the linear layers' fprop, dgrad and wgrad GEMMs in FP4 E2M1 with E4M3 scales per "
+        "16 elements and an FP32 scale per tensor, bf16 weights and activations kept; fp32: full precision, "
+        "e.g. CPU runs).",
     )
     grad_precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32",
@@ -105,6 +108,17 @@ class TrainSpec(Spec):
         "which Megatron-Bridge's FP8 recipes set; it needs zero_stage >= 1, the distributed optimizer or "
         "Megatron-FSDP). mxfp8 still all-gathers bf16 values (megatron-core requantises them on arrival).",
     )
+    fp4_bf16_layers_start: int = Field(
+        0, ge=0, le=MAX_TOKENS,
+        description="With precision nvfp4: transformer layers at the start of the model kept in bf16 (Megatron's "
+        "--first-last-layers-bf16 --num-layers-at-start-in-bf16). NVIDIA's NVFP4 pretraining recipe keeps a few "
+        "first and last layers in bf16 (arXiv 2509.25149: about 15 % of the layers, most of them at the end).",
+    )
+    fp4_bf16_layers_end: int = Field(
+        0, ge=0, le=MAX_TOKENS,
+        description="With precision nvfp4: transformer layers at the end of the model kept in bf16 (Megatron's "
+        "--num-layers-at-end-in-bf16).",
+    )
     moe_load_imbalance: float | None = Field(
         None, ge=1, le=MAX_HEADS,
         description="MoE: tokens the busiest expert rank receives over the mean; None = the cluster profile's "
@@ -119,13 +133,27 @@ class TrainSpec(Spec):
         return self
 
     @model_validator(mode="after")
+    def _check_nvfp4_framework(self) -> "TrainSpec":
+        if self.precision == "nvfp4" and self.framework != "megatron":
+            raise SpecError(f"precision 'nvfp4' is costed as Transformer Engine's NVFP4BlockScaling under Megatron "
+                            f"(--fp4-format e2m1 --fp4-recipe nvfp4); framework {self.framework!r} is not")
+        return self
+
+    @model_validator(mode="after")
+    def _check_fp4_bf16_layers(self) -> "TrainSpec":
+        if (self.fp4_bf16_layers_start or self.fp4_bf16_layers_end) and self.precision != "nvfp4":
+            raise SpecError(f"fp4_bf16_layers_start / fp4_bf16_layers_end need precision 'nvfp4' (precision is "
+                            f"{self.precision!r}): they keep layers of an NVFP4 run in bf16")
+        return self
+
+    @model_validator(mode="after")
     def _check_router_padding(self) -> "TrainSpec":
         if self.moe_router_padding_for_quantization:
             if self.framework != "megatron":
                 raise SpecError(f"moe_router_padding_for_quantization is Megatron's --moe-router-padding-for-quantization; "
                                 f"framework {self.framework!r} has no such router")
-            if self.precision != "fp8":
-                raise SpecError(f"moe_router_padding_for_quantization needs precision 'fp8' (precision is "
+            if self.precision not in ("fp8", "nvfp4"):
+                raise SpecError(f"moe_router_padding_for_quantization needs precision 'fp8' or 'nvfp4' (precision is "
                                 f"{self.precision!r}): megatron-core pads for quantised GEMMs only and refuses it otherwise")
         return self
 

@@ -22,8 +22,9 @@ Default choices per field (constraints replace them):
     last, which holds the rest (`short_last_split`, an explicit split: DeepSeek-V3's 61 layers on pp 4 x
     vpp 4 as Megatron-Bridge's recipes lay them out); not tried unless vpp is constrained;
   - when none of those exists, today's fallback: middle ranks ⌈L/pp⌉, the first and last share
-    the rest (vpp 1, only where vpp 1 is allowed), and failing that the plain even split, which
-    the rules reject and count.
+    the rest, and the first rank full with the last holding the remainder (DeepSeek-V3's 61 layers on pp 16
+    as 4 x 15 + 1, Megatron-Bridge's layout; vpp 1, only where vpp 1 is allowed), and failing that the plain
+    even split, which the rules reject and count.
   Splits that give the same layers per chunk are kept once (even, then shaved, then
   embedding/loss: with vpp 1 embedding+loss is the same split as shaving one layer per end).
 - stage_layers: only as constrained: pp counts (vpp: the divisors of all of them, or as
@@ -506,6 +507,8 @@ def _pipeline_splits(L: int, pp: int, key: tuple) -> tuple[Split, ...]:
         rest = L - middle * (pp - 2)
         if rest >= 2:
             add(1, rest // 2, rest - rest // 2, False, False)
+        if 1 <= rest - middle < middle:  # the first rank full too, the last the remainder: the last rank carries
+            add(1, 0, rest - middle, False, False)  # the output layer and loss (Megatron-Bridge's DeepSeek-V3 pp 16)
     if out:
         return tuple(out)
     return _with_chunks(L, pp, [(v, 0, 0, (), e, lo) for v in (vpps or (1,)) for e in (embs if not plain else (False,))

@@ -1,5 +1,17 @@
 """Megatron-Bridge (NeMo 2 successor): Hydra-style `section.field=value` overrides.
 
+Written for one Megatron-Bridge release, `EmitOptions.bridge_version` (`--bridge-version`): 0.6 (0.6.0, tag
+v0.6.0, the default) or 0.3 (0.3.1). The two accept the same section and field names except where the
+dataset takes the sequence length (DATASET_SEQ_LENGTH): 0.3.1's GPTDatasetConfig has megatron-core's
+`sequence_length` field (its `seq_length` is a property, which the override tree does not hold), while
+0.6.0's has a `seq_length` field of its own that `finalize()` copies over `sequence_length` and that its
+scripts/training/run_recipe.py copies into `model.seq_length` after the overrides, so 0.3.1's key there
+would leave the recipe's sequence length in force. The model is written flat (`model.<field>`), as both
+releases' recipes hold a GPT model provider; Megatron-Bridge's main branch after 0.6.0 moves its Llama
+recipes to a nested model config (`model.transformer.<field>`), which no release carries yet and the
+emitter does not write. Everything below holds for both releases (the mixed-precision recipes and the
+`ConfigContainer.validate()` rules the refusals cite are unchanged from 0.3.1 to 0.6.0).
+
 Megatron-Bridge's `ConfigContainer` nests megatron-core's own dataclasses:
 `model` is a GPT model provider (a `TransformerConfig` plus `seq_length`,
 `share_embeddings_and_output_weights`, `position_embedding_type`), `ddp` a
@@ -17,14 +29,14 @@ is an MLA config (Megatron-Bridge's DeepSeek providers). Offload sets
 `optimizer.optimizer_offload_fraction=1.0` (megatron-core's default is 0). Activation
 offloading is `model.cpu_offloading=true`, `model.cpu_offloading_num_layers=N` and
 `model.cpu_offloading_weights=false`, the three fields Megatron-Bridge's own performance
-scripts set for it (scripts/performance/utils/overrides.py, 0.3.1).
+scripts set for it (scripts/performance/utils/overrides.py, 0.3.1; the fields are unchanged in 0.6.0).
 Megatron-FSDP (ZeRO 2/3) sets `checkpoint.ckpt_format=fsdp_dtensor`, the only
 format `ConfigContainer.validate()` accepts with it. The mixed-precision recipe
 writes its own gradient reduction precision into the DDP config at validation
 (bf16 recipes fp32, fp16 recipes fp16), after the overrides, so a plan whose
 grad_precision differs from the recipe's is refused rather than silently changed.
 The FP8 recipes likewise write their scaling and `fp8_param_gather` into the model and
-DDP configs (MixedPrecisionConfig.setup, Megatron-Bridge 0.3.1 training/mixed_precision.py):
+DDP configs (MixedPrecisionConfig.setup, training/mixed_precision.py, the same in 0.3.1 and 0.6.0):
 a plan is emitted with the recipe of its fp8_recipe, and refused where that recipe's
 fp8_param_gather is not the plan's (the delayed and mxfp8 recipes set it, blockwise's
 does not) or where no recipe matches the plan (tensorwise's keeps the first and last
@@ -36,7 +48,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, describe
+from planner.emit.base import (BRIDGE_VERSIONS, DEFAULT_BRIDGE_VERSION, REGISTRY, EmitOptions, NotExpressibleError,
+                               check_bridge_version, describe)
 from planner.emit.quoting import comment, shell_word
 from planner.emit.megatron import core_config_kwargs, qk_norm_omissions, settings
 from planner.specs import Plan
@@ -102,10 +115,15 @@ RECIPE_GRAD_REDUCE_IN_FP32 = {"bf16_mixed": True, "fp16_mixed": False, "bf16_wit
                               "bf16_with_fp8_subchannel_scaling_mixed": True, "bf16_with_mxfp8_mixed": True}
 #: the only checkpoint format ConfigContainer.validate() accepts with Megatron-FSDP
 FSDP_CKPT_FORMAT = "fsdp_dtensor"
+#: the override that sets the dataset's sequence length, per release (see the module docstring): the model's
+#: `model.seq_length` is written with the same value, and validate() refuses a config where the two differ
+DATASET_SEQ_LENGTH = {"0.6": "dataset.seq_length", "0.3": "dataset.sequence_length"}
 
 
-def overrides(plan: Plan) -> dict[str, Any]:
-    """`section.field -> value` in the order they are printed."""
+def overrides(plan: Plan, bridge_version: str = DEFAULT_BRIDGE_VERSION) -> dict[str, Any]:
+    """`section.field -> value` in the order they are printed, for the Megatron-Bridge release `bridge_version`
+    names (a key of planner.emit.base.BRIDGE_VERSIONS)."""
+    check_bridge_version("bridge_version", bridge_version)
     try:
         core = core_config_kwargs(settings(plan))
     except NotExpressibleError as exc:
@@ -126,7 +144,7 @@ def overrides(plan: Plan) -> dict[str, Any]:
     out["model.share_embeddings_and_output_weights"] = gpt["share_embeddings_and_output_weights"]
     out |= {"train.micro_batch_size": training["micro_batch_size"],
             "train.global_batch_size": training["global_batch_size"],
-            "dataset.sequence_length": training["seq_length"]}
+            DATASET_SEQ_LENGTH[bridge_version]: training["seq_length"]}
     out |= {f"ddp.{k}": ddp[k] for k in _DDP_FIELDS}
     out |= {f"optimizer.{k}": opt[k] for k in _OPTIMIZER_FIELDS
             if k != "optimizer_offload_fraction" or opt["optimizer_cpu_offload"]}
@@ -188,8 +206,9 @@ def format_value(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def bridge_overrides(plan: Plan) -> list[str]:
-    return [f"{key}={format_value(value)}" for key, value in overrides(plan).items()]
+def bridge_overrides(plan: Plan, bridge_version: str = DEFAULT_BRIDGE_VERSION) -> list[str]:
+    """The `key=value` override list for the Megatron-Bridge release `bridge_version` names."""
+    return [f"{key}={format_value(value)}" for key, value in overrides(plan, bridge_version).items()]
 
 
 class MegatronBridgeEmitter:
@@ -199,19 +218,21 @@ class MegatronBridgeEmitter:
     syntax = "shell"
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
-        return {"overrides": bridge_overrides(plan)}
+        return {"bridge_version": BRIDGE_VERSIONS[options.bridge_version],
+                "overrides": bridge_overrides(plan, options.bridge_version)}
 
     def render(self, plan: Plan, options: EmitOptions) -> str:
-        lines = bridge_overrides(plan)
+        lines = bridge_overrides(plan, options.bridge_version)
         body = "".join(f"  {shell_word(line)}\n" for line in lines)
         return (comment("# Megatron-Bridge ", describe(plan, RUNS)) + "\n"
-                "# Append to a Megatron-Bridge recipe script: python <recipe>.py \"${OVERRIDES[@]}\"\n"
+                f"# Megatron-Bridge {BRIDGE_VERSIONS[options.bridge_version]}: append to a recipe script: "
+                "python <recipe>.py \"${OVERRIDES[@]}\"\n"
                 f"OVERRIDES=(\n{body})\n")
 
     def omissions(self, plan: Plan, options: EmitOptions) -> list[str]:
         """Query/key norms over all heads together, which megatron-core's qk_layernorm (one head wide) cannot
         build; the recipe's own rotary settings stand, so the Megatron-LM flags' RoPE omissions do not apply."""
-        overrides(plan)
+        overrides(plan, options.bridge_version)
         return qk_norm_omissions(plan, "model.qk_layernorm")
 
 

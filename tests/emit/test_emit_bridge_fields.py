@@ -36,7 +36,8 @@ RECIPES = DATA["mixed_precision_recipes"]
 #: plans over the knobs the emitter maps: layouts, uneven and explicit splits, recompute, FSDP, offload, EP/ETP,
 #: latent attention, windows, fp16 / fp8 recipes and the pipeline-outermost rank order
 STRATEGIES = [
-    ("llama3.1-8b", 16, 64, 4096, "bf16", dict(tp=2, pp=2, sequence_parallel=True, zero_stage=1, micro_batch_size=2), {}),
+    ("llama3.1-8b", 16, 64, 4096, "bf16", dict(tp=2, pp=2, sequence_parallel=True, zero_stage=1,
+                                               micro_batch_size=2), {}),
     ("llama3.1-8b", 32, 128, 8192, "bf16", dict(tp=2, pp=4, vpp=2, cp=2, sequence_parallel=True, zero_stage=1,
                                                  recompute="selective"), {}),
     ("llama3.1-8b", 16, 64, 8192, "bf16", dict(tp=2, pp=4, num_layers_in_first_stage=7, num_layers_in_last_stage=7,

@@ -74,7 +74,7 @@ EmitFrameworkOpt = Annotated[Optional[str], typer.Option(
 
 #: what --bridge-version takes, for its help; planner.emit.base.BRIDGE_VERSIONS (not imported here: the emitters
 #: load when a command emits) is the table, and tests/emit/test_emit_cli.py checks the two agree
-BRIDGE_CHOICES = "0.6 (Megatron-Bridge 0.6.0, the default) or 0.3 (0.3.1)"
+BRIDGE_CHOICES = "0.6 (Megatron-Bridge 0.6.0, the default), 0.3 (0.3.1) or main (main@067f987df)"
 
 
 def _backend_help() -> str:

@@ -52,10 +52,11 @@ class NotExpressibleError(SpecError):
 
 
 LaunchTarget = Literal["megatron", "deepspeed", "colossalai", "torchtitan"]
-#: Megatron-Bridge releases the megatron-bridge emitter writes overrides for: `--bridge-version` name -> the
-#: release its field names and rules were checked against. The first is the default, the newest release; the
-#: two read the dataset's sequence length from different fields (planner.emit.megatron_bridge)
-BRIDGE_VERSIONS = {"0.6": "0.6.0", "0.3": "0.3.1"}
+#: Megatron-Bridge versions the megatron-bridge emitter writes overrides for: `--bridge-version` name -> the
+#: release (or main-branch commit) its field names and rules were checked against. The first is the default, the
+#: newest release; `main` is Megatron-Bridge's main branch at a pinned commit after 0.6.0, whose Llama recipes
+#: nest the model's transformer fields (planner.emit.megatron_bridge)
+BRIDGE_VERSIONS = {"0.6": "0.6.0", "0.3": "0.3.1", "main": "main@067f987df"}
 DEFAULT_BRIDGE_VERSION = next(iter(BRIDGE_VERSIONS))
 
 

@@ -1,15 +1,16 @@
-"""Write tests/emit/data/megatron_bridge_<version>_fields.json: the config paths a Megatron-Bridge release's
-`ConfigContainer` accepts as Hydra overrides, and the settings of its mixed-precision recipes, read from the
-release's source without importing it.
+"""Write tests/emit/data/megatron_bridge_<version>_fields.json: the config paths a Megatron-Bridge release's (or a
+main-branch commit's) `ConfigContainer` accepts as Hydra overrides, the form of the model config each recipe
+family builds, and the settings of its mixed-precision recipes, read from the source without importing it.
 
 Used for a Megatron-Bridge release that cannot be installed next to this project's interpreter (0.6.0 needs
 Python 3.12 and a development megatron-core of Megatron-LM's main branch that no package index carries), so
 that tests/emit/test_emit_bridge_fields.py can check every key the emitter writes for that release against
 the release's own field names. Run by hand, from two git clones, when the target release changes:
 
-    python tests/emit/bridge_fields_extract.py BRIDGE_GIT TAG MEGATRON_LM_GIT > tests/emit/data/...json
+    python tests/emit/bridge_fields_extract.py BRIDGE_GIT REF MEGATRON_LM_GIT > tests/emit/data/...json
 
-The Megatron-LM commit is the one the Bridge tag pins as its 3rdparty/Megatron-LM submodule. Nothing is
+REF is a tag (v0.6.0) or a branch (main, recorded with the commit it points at). The Megatron-LM commit is the
+one REF pins as its 3rdparty/Megatron-LM submodule. Nothing is
 imported or copied from either repository; the files are read with `git show` and parsed with `ast`:
 
 - A section's fields are what `dataclasses.fields()` would list for the class the release's recipes put
@@ -17,6 +18,14 @@ imported or copied from either repository; the files are read with `git show` an
   the modules' `from ... import` statements (and package `__init__` re-exports) into either repository.
   Megatron-Bridge's override path (training/utils/omegaconf_utils.py) builds its OmegaConf tree from exactly
   `dataclasses.fields()`, and Hydra refuses a key that is not in the tree ("Could not override ...").
+- The nested model config (`model[nested]`, the outer fields, and `model[nested].transformer`, the
+  TransformerConfig it holds under `transformer`) is recorded where REF has it: Megatron-Bridge's main branch
+  after 0.6.0 builds its Llama recipes' model with `AutoBridge.get_model_config()`, a BridgeGPTModelConfig
+  whose dataclass fields are its own GPT fields plus `transformer`, so Hydra takes `model.transformer.<field>`
+  there and refuses `model.<field>` for a transformer field.
+- A recipe family's model form (`recipe_model_forms`: family directory under megatron/bridge/recipes -> the
+  forms its `cfg.model = ...` assignments take) is `nested` for a `....get_model_config()` call, `flat` for a
+  `....to_megatron_provider(...)` call or a `...Provider(...)` constructor, else `other` (a helper).
 - A mixed-precision recipe's settings are the `MixedPrecisionConfig` class defaults, then the keywords of the
   `MixedPrecisionConfig(...)` call or the settings of the recipe it starts from (`cfg = bf16_mixed()`), then
   each `cfg.<field> = <literal>` statement, for every function decorated `@register`.
@@ -42,7 +51,13 @@ SECTIONS = {
     "dist": ("megatron.bridge.training.config", "DistributedInitConfig"),
     "": ("megatron.bridge.training.config", "ConfigContainer"),
 }
+#: the nested model config of Megatron-Bridge's builder-backed recipes (main after 0.6.0): recorded where REF has it
+NESTED_SECTIONS = {
+    "model[nested]": ("megatron.bridge.models.gpt.model_config", "BridgeGPTModelConfig"),
+    "model[nested].transformer": ("megatron.bridge.models.transformer_config", "TransformerConfig"),
+}
 MIXED_PRECISION_MODULE = "megatron.bridge.training.mixed_precision"
+RECIPES_DIR = "src/megatron/bridge/recipes/"
 #: base classes that are not dataclasses and carry no fields
 NON_DATACLASS_BASES = {"Generic", "ABC", "Protocol", "object"}
 
@@ -68,6 +83,18 @@ class Source:
                     self.packages[name] = path.endswith("__init__.py")
                     break
         return self.cache[name]
+
+    def paths(self, under: str) -> list[str]:
+        """The Megatron-Bridge files under the folder `under`, recursively."""
+        git, rev, _ = self.roots["megatron.bridge"]
+        proc = subprocess.run(["git", "-C", git, "ls-tree", "-r", "--name-only", rev, under], capture_output=True,
+                              text=True, check=True)
+        return proc.stdout.split()
+
+    def text(self, path: str) -> str:
+        git, rev, _ = self.roots["megatron.bridge"]
+        return subprocess.run(["git", "-C", git, "show", f"{rev}:{path}"], capture_output=True, text=True,
+                              check=True).stdout
 
     def find_class(self, module: str, name: str, depth: int = 0) -> tuple[str, ast.ClassDef]:
         """The class `name` as seen from `module`: defined there or imported into it."""
@@ -160,20 +187,55 @@ def mixed_precision_recipes(src: Source) -> dict[str, dict]:
     return {name: settings(name) for name in sorted(funcs)}
 
 
+def _model_form(call: ast.expr) -> str:
+    """nested, flat or other: what a recipe's `cfg.model = <call>` builds (see the module docstring)."""
+    if isinstance(call, ast.Call):
+        name = ast.unparse(call.func).split(".")[-1]
+        if name == "get_model_config":
+            return "nested"
+        if name == "to_megatron_provider" or name.endswith("Provider"):
+            return "flat"
+    return "other"
+
+
+def recipe_model_forms(src: Source) -> dict[str, list[str]]:
+    """Recipe family (the folder under megatron/bridge/recipes) -> the forms of the model its recipes build."""
+    out: dict[str, set[str]] = {}
+    for path in src.paths(RECIPES_DIR):
+        rel = path[len(RECIPES_DIR):]
+        if "/" not in rel or not rel.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(src.text(path), path)):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                    and ast.unparse(node.targets[0]) == "cfg.model":
+                out.setdefault(rel.split("/")[0], set()).add(_model_form(node.value))
+    return {family: sorted(forms) for family, forms in sorted(out.items())}
+
+
 def main() -> None:
-    bridge_git, tag, mlm_git = sys.argv[1:4]
-    commit = subprocess.run(["git", "-C", bridge_git, "rev-parse", f"{tag}^{{commit}}"], capture_output=True,
+    bridge_git, ref, mlm_git = sys.argv[1:4]
+    commit = subprocess.run(["git", "-C", bridge_git, "rev-parse", f"{ref}^{{commit}}"], capture_output=True,
                             text=True, check=True).stdout.strip()
+    is_tag = subprocess.run(["git", "-C", bridge_git, "rev-parse", "--verify", "--quiet", f"refs/tags/{ref}"],
+                            capture_output=True).returncode == 0
     tree = subprocess.run(["git", "-C", bridge_git, "ls-tree", commit, "3rdparty/Megatron-LM"], capture_output=True,
                           text=True, check=True).stdout.split()
     mlm_commit = tree[2]
     src = Source(bridge_git, commit, mlm_git, mlm_commit)
+    sections = dict(SECTIONS)
+    try:  # the nested sections where REF has the nested model config (its TransformerConfig predates it)
+        src.find_class(*NESTED_SECTIONS["model[nested]"])
+        sections |= NESTED_SECTIONS
+    except LookupError:
+        pass
     data = {
-        "megatron_bridge": {"repo": "NVIDIA-NeMo/Megatron-Bridge", "tag": tag, "commit": commit},
+        "megatron_bridge": {"repo": "NVIDIA-NeMo/Megatron-Bridge", "tag" if is_tag else "branch": ref,
+                            "commit": commit},
         "megatron_lm": {"repo": "NVIDIA/Megatron-LM", "commit": mlm_commit,
-                        "path": "3rdparty/Megatron-LM (the submodule the tag pins)"},
+                        "path": f"3rdparty/Megatron-LM (the submodule the {'tag' if is_tag else 'commit'} pins)"},
         "sections": {section: {"class": f"{module}.{name}", "fields": fields(src, module, name)}
-                     for section, (module, name) in SECTIONS.items()},
+                     for section, (module, name) in sections.items()},
+        "recipe_model_forms": recipe_model_forms(src),
         "mixed_precision_recipes": mixed_precision_recipes(src),
     }
     json.dump(data, sys.stdout, indent=1, sort_keys=True)

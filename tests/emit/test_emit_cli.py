@@ -61,11 +61,12 @@ def test_bridge_version_picks_the_release_and_refuses_others(capsys, result, pla
     from planner.emit.base import BRIDGE_VERSIONS, DEFAULT_BRIDGE_VERSION
 
     # the help's list is the emitter's table
+    others = [f"{k} ({v})" for k, v in BRIDGE_VERSIONS.items() if k != DEFAULT_BRIDGE_VERSION]
     assert BRIDGE_CHOICES == (f"{DEFAULT_BRIDGE_VERSION} (Megatron-Bridge {BRIDGE_VERSIONS[DEFAULT_BRIDGE_VERSION]}, "
-                              "the default) or " + ", ".join(f"{k} ({v})" for k, v in BRIDGE_VERSIONS.items()
-                                                             if k != DEFAULT_BRIDGE_VERSION))
+                              "the default), " + ", ".join(others[:-1]) + " or " + others[-1])
     best = result.plans[0]
-    for version, key in (("0.6", "dataset.seq_length=4096"), ("0.3", "dataset.sequence_length=4096"), (None, None)):
+    for version, key in (("0.6", "dataset.seq_length=4096"), ("0.3", "dataset.sequence_length=4096"),
+                         ("main", "dataset.seq_length=4096"), (None, None)):
         code, out, err = run(capsys, "emit", str(plan_file), "--backend", "megatron-bridge",
                              *(["--bridge-version", version] if version else []))
         assert code == 0, err
@@ -73,7 +74,8 @@ def test_bridge_version_picks_the_release_and_refuses_others(capsys, result, pla
         assert (key or "dataset.seq_length=4096") in out
     code, out, err = run(capsys, "emit", str(plan_file), "--backend", "megatron-bridge", "--bridge-version", "0.5")
     assert code == 2 and out == ""
-    assert err.strip().splitlines() == ["error: --bridge-version must be one of 0.6 (0.6.0), 0.3 (0.3.1) (got '0.5')"]
+    assert err.strip().splitlines() == [
+        "error: --bridge-version must be one of 0.6 (0.6.0), 0.3 (0.3.1), main (main@067f987df) (got '0.5')"]
     # refused before a search starts
     code, out, err = run(capsys, "emit", *PLAN_ARGS, "--backend", "megatron-bridge", "--bridge-version", "1.0")
     assert code == 2 and "--bridge-version must be one of" in err and "Traceback" not in err

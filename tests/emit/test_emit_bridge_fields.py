@@ -1,6 +1,7 @@
 """The megatron-bridge overrides for Megatron-Bridge 0.6.0 (`bridge_version="0.6"`, the default) name only
 config paths that release accepts, set the sequence length where it reads it, and pick mixed-precision
-recipes whose settings the emitter's refusal rules assume.
+recipes whose settings the emitter's refusal rules assume; the same for Megatron-Bridge's main branch at commit
+067f987df (`bridge_version="main"`), whose Llama recipes nest the model's transformer fields (below).
 
 Megatron-Bridge 0.6.0 cannot run here: its wheel needs Python 3.12 and a development megatron-core (0.19.0,
 Megatron-LM main at the commit its 3rdparty/Megatron-LM submodule pins) that no package index carries, so the
@@ -26,7 +27,8 @@ from emit_plans import ARCHITECTURES, PUBLISHED, make_plan
 
 from planner.emit import EmitOptions, emit, emit_data
 from planner.emit.base import BRIDGE_VERSIONS, DEFAULT_BRIDGE_VERSION, NotExpressibleError
-from planner.emit.megatron_bridge import FP8_MIXED_PRECISION, RECIPE_GRAD_REDUCE_IN_FP32, bridge_overrides
+from planner.emit.megatron_bridge import (FP8_MIXED_PRECISION, RECIPE_FAMILIES, RECIPE_GRAD_REDUCE_IN_FP32,
+                                         bridge_overrides)
 from planner.errors import SpecError
 
 DATA = json.loads((Path(__file__).parent / "data" / "megatron_bridge_0.6.0_fields.json").read_text())
@@ -166,11 +168,116 @@ def test_the_releases_differ_only_in_the_dataset_sequence_key():
 
 def test_an_unknown_bridge_version_is_refused_naming_the_option():
     plan = PUBLISHED["llama3-70b-64xH100-tp4pp4cp2vpp5"]()
-    with pytest.raises(SpecError, match=r"^bridge_version must be one of 0\.6 \(0\.6\.0\), 0\.3 \(0\.3\.1\) "
-                                        r"\(got '0\.5'\)$"):
+    with pytest.raises(SpecError, match=r"^bridge_version must be one of 0\.6 \(0\.6\.0\), 0\.3 \(0\.3\.1\), "
+                                        r"main \(main@067f987df\) \(got '0\.5'\)$"):
         bridge_overrides(plan, "0.5")
     with pytest.raises(ValueError, match=r"bridge_version must be one of 0\.6 \(0\.6\.0\), 0\.3 \(0\.3\.1\)"):
         EmitOptions(bridge_version="0.6.1")
     text = emit(plan, "megatron-bridge", EmitOptions(bridge_version="0.3"))
     assert "# Megatron-Bridge 0.3.1: " in text and "dataset.sequence_length=8192" in text
     assert emit_data(plan, "megatron-bridge")["bridge_version"] == "0.6.0"
+
+
+# Megatron-Bridge's main branch at 067f987df (bridge_version "main"), extracted the same way from that commit and
+# the Megatron-LM commit it pins: its Llama recipes hold the nested BridgeGPTModelConfig (model[nested], with the
+# TransformerConfig under model[nested].transformer), every other family a flat provider (recipe_model_forms).
+MAIN = json.loads((Path(__file__).parent / "data" / "megatron_bridge_main_fields.json").read_text())
+MAIN_SECTIONS = {name: frozenset(section["fields"]) for name, section in MAIN["sections"].items()}
+
+
+def main_unknown_paths(overrides: list[str], nested: bool) -> list[str]:
+    """The override keys main's ConfigContainer lacks: with a nested model, `model.<f>` must be a field of
+    BridgeGPTModelConfig (not `transformer`, a whole config) and `model.transformer.<f>` one of its
+    TransformerConfig; a flat model is the GPT or MLA provider, as on 0.6.0."""
+    mla = any(item.endswith("multi_latent_attention=true") for item in overrides)
+    out = []
+    for key in (item.split("=", 1)[0] for item in overrides):
+        section, _, field = key.rpartition(".")
+        if section.startswith("model") and nested:
+            section = {"model": "model[nested]", "model.transformer": "model[nested].transformer"}.get(section, "?")
+        elif section == "model" and mla:
+            section = "model[mla]"
+        fields = MAIN_SECTIONS.get(section)
+        if fields is None or field not in fields or field == "transformer":
+            out.append(key)
+    return out
+
+
+def test_the_main_data_file_names_the_commit_and_the_nested_layout():
+    assert BRIDGE_VERSIONS["main"] == "main@067f987df"
+    assert MAIN["megatron_bridge"] == {"repo": "NVIDIA-NeMo/Megatron-Bridge", "branch": "main",
+                                       "commit": "067f987df03b8355b03192d88d70f1709fedf51a"}
+    assert MAIN["megatron_lm"]["commit"] == "2a75ac12c54ba6a42b34024756820bf819a2e25f"
+    assert MAIN["sections"]["model[nested]"]["class"] == "megatron.bridge.models.gpt.model_config.BridgeGPTModelConfig"
+    assert {"transformer", "seq_length", "position_embedding_type"} <= MAIN_SECTIONS["model[nested]"]
+    assert "tensor_model_parallel_size" not in MAIN_SECTIONS["model[nested]"]
+    assert "tensor_model_parallel_size" in MAIN_SECTIONS["model[nested].transformer"]
+    # 0.6.0 has no nested model: its Llama recipes are flat
+    assert "model[nested]" not in SECTIONS and set(DATA["recipe_model_forms"]["llama"]) == {"flat"}
+
+
+def test_the_recipe_family_table_is_main_recipes():
+    """RECIPE_FAMILIES says which families nest: it must be what main's recipes build (a change of a family's
+    form upstream, once re-extracted, fails here)."""
+    forms = MAIN["recipe_model_forms"]
+    for prefix, (family, nested) in RECIPE_FAMILIES.items():
+        assert forms[family] == (["nested"] if nested else ["flat"]), (prefix, family, forms[family])
+    assert {family for family, f in forms.items() if "nested" in f} == {"llama"}
+
+
+def test_main_check_refuses_flat_keys_on_a_nested_model():
+    assert main_unknown_paths(["model.tensor_model_parallel_size=2", "model.transformer.seq_length=4096",
+                               "model.transformer=null", "model.transformer.tensor_model_parallel_size=2",
+                               "model.seq_length=4096"], nested=True) == [
+        "model.tensor_model_parallel_size", "model.transformer.seq_length", "model.transformer"]
+    assert main_unknown_paths(["model.transformer.tensor_model_parallel_size=2"], nested=False) == [
+        "model.transformer.tensor_model_parallel_size"]
+
+
+def _main(plan):
+    try:
+        return bridge_overrides(plan, "main")
+    except NotExpressibleError:
+        return None
+
+
+@pytest.mark.parametrize("name,plan", plans(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_main_override_is_a_path_of_that_commit(name, plan):
+    overrides = _main(plan)
+    family = next((fam for prefix, fam in RECIPE_FAMILIES.items() if plan.model.name.startswith(prefix)), None)
+    if overrides is None:
+        if family is not None:
+            assert not _expressible(plan), "main refuses a plan 0.6 takes, for a model of a known family"
+        pytest.skip("refused (a model of no known recipe family, or for every version alike)")
+    nested = MAIN["recipe_model_forms"][family[0]] == ["nested"]  # what the family's recipes build at that commit
+    assert main_unknown_paths(overrides, nested) == []
+    assert emit_data(plan, "megatron-bridge", EmitOptions(bridge_version="main"))["overrides"] == overrides
+    # the same settings as 0.6.0's, the transformer fields moved under model.transformer where the recipe nests
+    moved = [o.replace("model.transformer.", "model.", 1) for o in overrides]
+    assert moved == _expressible(plan)
+    assert any(o.startswith("model.transformer.") for o in overrides) == nested
+    values = dict(item.split("=", 1) for item in overrides)
+    assert values["dataset.seq_length"] == values["model.seq_length"] == str(plan.train.seq_len)
+
+
+def test_main_covers_both_layouts_and_refuses_an_unknown_family():
+    forms = {RECIPE_FAMILIES[next(p for p in RECIPE_FAMILIES if plan.model.name.startswith(p))][1]
+             for _, plan in plans() if _main(plan) is not None}
+    assert forms == {True, False}
+    plan = ARCHITECTURES["mixtral-like-64xH100-tp4pp2ep4etp2"]()
+    assert _expressible(plan)
+    with pytest.raises(NotExpressibleError, match=r"model name 'mixtral-8x7b-like' with bridge_version main: its "
+                                                  r"recipe's model layout cannot be told"):
+        bridge_overrides(plan, "main")
+    text = emit(PUBLISHED["llama3-70b-64xH100-tp4pp4cp2vpp5"](), "megatron-bridge",
+                EmitOptions(bridge_version="main"))
+    assert "# Megatron-Bridge main@067f987df: " in text
+    assert "model.transformer.tensor_model_parallel_size=4" in text and "model.tensor_model_parallel_size" not in text
+
+
+def test_main_keeps_the_release_refusal_rules():
+    """main's mixed-precision recipes are 0.6.0's (the refusal tables hold), and its DDP config defaults to the
+    Megatron-FSDP v1 path whose rules (fsdp_dtensor) the emitter follows."""
+    assert MAIN["mixed_precision_recipes"] == RECIPES
+    assert {"megatron_fsdp_version", "use_megatron_fsdp"} <= MAIN_SECTIONS["ddp"]
+    assert "ckpt_format" in MAIN_SECTIONS["checkpoint"] and "use_tp_pp_dp_mapping" in MAIN_SECTIONS["dist"]

@@ -72,6 +72,9 @@ def test_bridge_version_picks_the_release_and_refuses_others(capsys, result, pla
         assert code == 0, err
         assert out == emit(best, "megatron-bridge", EmitOptions(bridge_version=version or DEFAULT_BRIDGE_VERSION))
         assert (key or "dataset.seq_length=4096") in out
+        # llama3-8b: main's Llama recipes nest the transformer fields, the releases' take them flat
+        assert ("  model.transformer.tensor_model_parallel_size=" in out) == (version == "main")
+        assert ("  model.tensor_model_parallel_size=" in out) == (version != "main")
     code, out, err = run(capsys, "emit", str(plan_file), "--backend", "megatron-bridge", "--bridge-version", "0.5")
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [

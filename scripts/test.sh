@@ -32,6 +32,9 @@ DS_BUILD_OPS=0 "${PIP[@]}" "deepspeed==0.19.8"
 # transformers wins), every site-packages directory $PY sees: `venv --system-site-packages` would see
 # the base interpreter's instead, without what a virtual environment running this script installed.
 # megatron-bridge and triton (megatron-core's Mamba specs import it) go in without their GPU dependencies.
+# This is Megatron-Bridge 0.3.1 (the emitter's --bridge-version 0.3). 0.6.0, the default, needs Python 3.12 and
+# a development megatron-core of Megatron-LM's main branch that no package index carries: its overrides are
+# checked against field names read from its source (tests/emit/test_emit_bridge_fields.py), not installed.
 BRIDGE_VENV=${MESHPLAN_BRIDGE_VENV:-build/bridge-venv}
 [ -x "$BRIDGE_VENV/bin/python" ] || "$PY" -m venv "$BRIDGE_VENV"
 BRIDGE_SITE=$("$BRIDGE_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -73,6 +73,11 @@ EmitFrameworkOpt = Annotated[Optional[str], typer.Option(
     "A framework other than the backend's is refused.")]
 
 
+#: what --bridge-version takes, for its help; planner.emit.base.BRIDGE_VERSIONS (not imported here: the emitters
+#: load when a command emits) is the table, and tests/emit/test_emit_cli.py checks the two agree
+BRIDGE_CHOICES = "0.6 (Megatron-Bridge 0.6.0, the default), 0.3 (0.3.1) or main (main@067f987df)"
+
+
 def _backend_help() -> str:
     from planner.emit import backends
 
@@ -115,6 +120,9 @@ def emit_cmd(
     script: Annotated[Optional[str], typer.Option("--script", help="Training entry point the torchrun/slurm scripts run (default depends on --launch-for).")] = None,
     master_port: Annotated[int, typer.Option("--master-port", help="Rendezvous TCP port on the first node.")] = 29500,
     job_name: Annotated[str, typer.Option("--job-name", help="Slurm job name.")] = "meshplan",
+    bridge_version: Annotated[Optional[str], typer.Option("--bridge-version", help="Megatron-Bridge release the "
+                                                          "megatron-bridge overrides are written for: "
+                                                          + BRIDGE_CHOICES + ".")] = None,
     fmt: Annotated[EmitFormat, typer.Option("--format", "-f", help="text: what you paste; json: the structured form.")] = EmitFormat.text,
     plan_file: PlanFileOpt = None,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Print text that cannot carry the whole plan (what it drops goes to stderr) instead of exiting 2.")] = False,
@@ -122,9 +130,11 @@ def emit_cmd(
     """Emit a plan as Megatron-LM flags, Megatron-Bridge overrides, a DeepSpeed JSON, Colossal-AI plugin
     kwargs, a torchtitan TOML, a MaxText config with its JAX mesh, or a torchrun / Slurm launch script."""
     from planner.emit import EmitOptions, costed_elsewhere, get_emitter, runs_framework
+    from planner.emit.base import DEFAULT_BRIDGE_VERSION, check_bridge_version
     from planner.emit.quoting import check_name, shell_command
 
     emitter = get_emitter(backend)
+    bridge_version = check_bridge_version("--bridge-version", bridge_version or DEFAULT_BRIDGE_VERSION)
     if plan_file is not None:  # --plan FILE is PLAN_JSON by name, as evaluate and explain take it
         if plan_json is not None:
             raise SpecError(f"give the plan file once: PLAN_JSON ({plan_json!r}) or --plan ({plan_file!r})")
@@ -181,7 +191,8 @@ def emit_cmd(
         shell_command("--script", script)
     check_name("--job-name", job_name)
     try:
-        options = EmitOptions(launch_for=launch_for.value, script=script, master_port=master_port, job_name=job_name)
+        options = EmitOptions(launch_for=launch_for.value, script=script, master_port=master_port, job_name=job_name,
+                              bridge_version=bridge_version)
     except ValidationError as exc:
         from profiles import format_validation_error
 

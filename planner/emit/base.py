@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cost_models.layout import ParallelLayout
 from planner.emit.quoting import NAME_PATTERN, SHELL_IDENTIFIER, check_name, clip, one_line, shell_command, shell_word
-from planner.errors import SpecError, unknown_name_message
+from planner.errors import SpecError, short_repr, unknown_name_message
 from planner.specs import Plan, Strategy
 from planner.specs.strategy import RANK_ORDERS
 
@@ -52,6 +52,21 @@ class NotExpressibleError(SpecError):
 
 
 LaunchTarget = Literal["megatron", "deepspeed", "colossalai", "torchtitan"]
+#: Megatron-Bridge versions the megatron-bridge emitter writes overrides for: `--bridge-version` name -> the
+#: release (or main-branch commit) its field names and rules were checked against. The first is the default, the
+#: newest release; `main` is Megatron-Bridge's main branch at a pinned commit after 0.6.0, whose Llama recipes
+#: nest the model's transformer fields (planner.emit.megatron_bridge)
+BRIDGE_VERSIONS = {"0.6": "0.6.0", "0.3": "0.3.1", "main": "main@067f987df"}
+DEFAULT_BRIDGE_VERSION = next(iter(BRIDGE_VERSIONS))
+
+
+def check_bridge_version(option: str, value: str) -> str:
+    """`value` if it names a Megatron-Bridge release the emitter writes for; else a one-line SpecError that
+    names the option (`--bridge-version` on the command line, `bridge_version` in Python) and the choices."""
+    if value not in BRIDGE_VERSIONS:
+        choices = ", ".join(f"{name} ({release})" for name, release in BRIDGE_VERSIONS.items())
+        raise SpecError(f"{option} must be one of {choices} (got {short_repr(value)})")
+    return value
 
 
 class EmitOptions(BaseModel):
@@ -69,6 +84,12 @@ class EmitOptions(BaseModel):
     )
     master_port: int = Field(29500, ge=1, le=65535, description="Rendezvous TCP port on the first node.")
     job_name: str = Field("meshplan", pattern=rf"^{NAME_PATTERN}$", description="Slurm job name.")
+    bridge_version: str = Field(
+        DEFAULT_BRIDGE_VERSION,
+        description="Megatron-Bridge release the megatron-bridge overrides are written for: "
+        + ", ".join(f"{name} ({release})" for name, release in BRIDGE_VERSIONS.items())
+        + f"; default {DEFAULT_BRIDGE_VERSION}.",
+    )
 
     @field_validator("script")
     @classmethod
@@ -77,6 +98,11 @@ class EmitOptions(BaseModel):
         if value is not None:
             shell_command("script", value)
         return value
+
+    @field_validator("bridge_version")
+    @classmethod
+    def _known_bridge_version(cls, value: str) -> str:
+        return check_bridge_version("bridge_version", value)
 
 
 @runtime_checkable

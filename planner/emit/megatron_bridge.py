@@ -1,8 +1,32 @@
 """Megatron-Bridge (NeMo 2 successor): Hydra-style `section.field=value` overrides.
 
+Written for one Megatron-Bridge version, `EmitOptions.bridge_version` (`--bridge-version`): 0.6 (0.6.0, tag
+v0.6.0, the default, the newest release), 0.3 (0.3.1), or main (Megatron-Bridge's main branch at commit
+067f987df, after 0.6.0; no release carries it yet). The releases accept the same section and field names except
+where the dataset takes the sequence length (DATASET_SEQ_LENGTH): 0.3.1's GPTDatasetConfig has megatron-core's
+`sequence_length` field (its `seq_length` is a property, which the override tree does not hold), while 0.6.0's
+(and main's) has a `seq_length` field of its own that `finalize()` copies over `sequence_length` and that its
+scripts/training/run_recipe.py copies into `model.seq_length` after the overrides, so 0.3.1's key there
+would leave the recipe's sequence length in force. Both releases' recipes hold a GPT model provider, and the
+model is written flat (`model.<field>`).
+
+main differs in the model's layout, per recipe family (RECIPE_FAMILIES). From commit 061468b78 ("add Llama model
+config builder path") its Llama 2/3 recipes build the model with `AutoBridge.get_model_config()`: a
+BridgeGPTModelConfig whose dataclass fields are its own GPT fields (`seq_length`, `position_embedding_type`,
+`share_embeddings_and_output_weights`, ...) plus `transformer`, a TransformerConfig. Megatron-Bridge builds its
+override tree from `dataclasses.fields()`, so Hydra takes `model.transformer.<field>` there and refuses
+`model.<field>` for a transformer field ("Could not override"); the GPT fields stay `model.<field>`. Its GPT-3,
+DeepSeek, Qwen, gpt-oss and Gemma recipes still hold a flat provider. The recipe is not in the plan, so main
+reads the recipe family from the model's name (a Llama 2/3, GPT-3, DeepSeek, Qwen, gpt-oss or Gemma name) and
+refuses a model of any other name, whose recipe could take either form. The mixed-precision recipes and the
+`ConfigContainer.validate()` rules the refusals cite are the same in all three (main adds a Megatron-FSDP v2
+path, taken only with `ddp.megatron_fsdp_version=2`, which no recipe sets and whose default is 1).
+
 Megatron-Bridge's `ConfigContainer` nests megatron-core's own dataclasses:
 `model` is a GPT model provider (a `TransformerConfig` plus `seq_length`,
-`share_embeddings_and_output_weights`, `position_embedding_type`), `ddp` a
+`share_embeddings_and_output_weights`, `position_embedding_type`; on main's Llama
+recipes the TransformerConfig fields sit under `model.transformer`, and every `model.<field>` below
+that is a TransformerConfig field is written `model.transformer.<field>` there), `ddp` a
 `DistributedDataParallelConfig`, `optimizer` an `OptimizerConfig`, `train` the
 batch sizes, `dataset` the sequence length, and `mixed_precision` a named recipe.
 So the overrides are the Megatron-LM settings (planner.emit.megatron) after
@@ -17,14 +41,14 @@ is an MLA config (Megatron-Bridge's DeepSeek providers). Offload sets
 `optimizer.optimizer_offload_fraction=1.0` (megatron-core's default is 0). Activation
 offloading is `model.cpu_offloading=true`, `model.cpu_offloading_num_layers=N` and
 `model.cpu_offloading_weights=false`, the three fields Megatron-Bridge's own performance
-scripts set for it (scripts/performance/utils/overrides.py, 0.3.1).
+scripts set for it (scripts/performance/utils/overrides.py, 0.3.1; the fields are unchanged in 0.6.0 and main).
 Megatron-FSDP (ZeRO 2/3) sets `checkpoint.ckpt_format=fsdp_dtensor`, the only
 format `ConfigContainer.validate()` accepts with it. The mixed-precision recipe
 writes its own gradient reduction precision into the DDP config at validation
 (bf16 recipes fp32, fp16 recipes fp16), after the overrides, so a plan whose
 grad_precision differs from the recipe's is refused rather than silently changed.
 The FP8 recipes likewise write their scaling and `fp8_param_gather` into the model and
-DDP configs (MixedPrecisionConfig.setup, Megatron-Bridge 0.3.1 training/mixed_precision.py):
+DDP configs (MixedPrecisionConfig.setup, training/mixed_precision.py, the same in 0.3.1, 0.6.0 and main):
 a plan is emitted with the recipe of its fp8_recipe, and refused where that recipe's
 fp8_param_gather is not the plan's (the delayed and mxfp8 recipes set it, blockwise's
 does not) or where no recipe matches the plan (tensorwise's keeps the first and last
@@ -36,7 +60,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError, describe
+from planner.emit.base import (BRIDGE_VERSIONS, DEFAULT_BRIDGE_VERSION, REGISTRY, EmitOptions, NotExpressibleError,
+                               check_bridge_version, describe)
 from planner.emit.quoting import comment, shell_word
 from planner.emit.megatron import core_config_kwargs, qk_norm_omissions, settings
 from planner.specs import Plan
@@ -102,10 +127,47 @@ RECIPE_GRAD_REDUCE_IN_FP32 = {"bf16_mixed": True, "fp16_mixed": False, "bf16_wit
                               "bf16_with_fp8_subchannel_scaling_mixed": True, "bf16_with_mxfp8_mixed": True}
 #: the only checkpoint format ConfigContainer.validate() accepts with Megatron-FSDP
 FSDP_CKPT_FORMAT = "fsdp_dtensor"
+#: the override that sets the dataset's sequence length, per release (see the module docstring): the model's
+#: `model.seq_length` is written with the same value, and validate() refuses a config where the two differ
+DATASET_SEQ_LENGTH = {"0.6": "dataset.seq_length", "0.3": "dataset.sequence_length", "main": "dataset.seq_length"}
+#: the versions whose recipes differ in the model's layout, read from the model's name (see the module docstring)
+FAMILY_VERSIONS = frozenset({"main"})
+#: model name prefix -> (Megatron-Bridge recipe family: the folder under megatron/bridge/recipes, whether its
+#: recipes at main nest the transformer fields under `model.transformer`). Read from the recipes at commit
+#: 067f987df (tests/emit/data/megatron_bridge_main_fields.json, recipe_model_forms)
+RECIPE_FAMILIES = {"llama2": ("llama", True), "llama3": ("llama", True), "gpt3": ("gpt", False),
+                   "deepseek": ("deepseek", False), "qwen": ("qwen", False), "gpt-oss": ("gpt_oss", False),
+                   "gemma": ("gemma", False)}
+#: the model's own (GPT) fields the overrides write: `model.<field>` in both layouts
+_GPT_FIELDS = ("seq_length", "position_embedding_type", "share_embeddings_and_output_weights")
 
 
-def overrides(plan: Plan) -> dict[str, Any]:
-    """`section.field -> value` in the order they are printed."""
+def recipe_family(plan: Plan) -> tuple[str, bool]:
+    """(recipe family, nested) of the plan's model at main, from the model's name; refused for a name of no
+    family in RECIPE_FAMILIES."""
+    name = plan.model.name.lower()
+    for prefix, family in RECIPE_FAMILIES.items():
+        if name.startswith(prefix):
+            return family
+    raise NotExpressibleError(
+        FRAMEWORK, f"model name {plan.model.name!r} with bridge_version main: its recipe's model layout cannot be "
+        "told from the plan (main's Llama 2/3 recipes take model.transformer.<field>, its GPT-3, DeepSeek, Qwen, "
+        "gpt-oss and Gemma recipes model.<field>); give the model a name of its recipe family (" +
+        ", ".join(f"{p}..." for p in RECIPE_FAMILIES) + "), or, for a recipe with a flat provider, bridge_version 0.6 (the "
+        "keys main's flat recipes take)")
+
+
+def model_prefix(plan: Plan, bridge_version: str) -> str:
+    """Where the transformer fields go: `model.transformer.` for main's nested recipes, else `model.`."""
+    if bridge_version in FAMILY_VERSIONS and recipe_family(plan)[1]:
+        return "model.transformer."
+    return "model."
+
+
+def overrides(plan: Plan, bridge_version: str = DEFAULT_BRIDGE_VERSION) -> dict[str, Any]:
+    """`section.field -> value` in the order they are printed, for the Megatron-Bridge release `bridge_version`
+    names (a key of planner.emit.base.BRIDGE_VERSIONS)."""
+    check_bridge_version("bridge_version", bridge_version)
     if plan.model.is_hybrid:  # Megatron-Bridge builds hybrid stacks from its own HybridModelProvider recipes
         raise NotExpressibleError(FRAMEWORK, f"model {plan.model.name!r} is a hybrid Mamba-Transformer stack "
                                   "(hybrid_override_pattern), whose HybridModelProvider overrides are not emitted "
@@ -124,13 +186,13 @@ def overrides(plan: Plan) -> dict[str, Any]:
         tf.setdefault("recompute_modules", None)
     if tf.get("cpu_offloading"):  # the activations only, as Megatron-Bridge's performance overrides offload them
         tf["cpu_offloading_weights"] = False
-    out: dict[str, Any] = {f"model.{k}": tf[k] for k in _MODEL_FIELDS if k in tf}
-    out["model.seq_length"] = training["seq_length"]
-    out["model.position_embedding_type"] = gpt["position_embedding_type"]
-    out["model.share_embeddings_and_output_weights"] = gpt["share_embeddings_and_output_weights"]
+    prefix = model_prefix(plan, bridge_version)
+    out: dict[str, Any] = {f"{prefix}{k}": tf[k] for k in _MODEL_FIELDS if k in tf}
+    out |= {f"model.{k}": v for k, v in zip(_GPT_FIELDS, (training["seq_length"], gpt["position_embedding_type"],
+                                                          gpt["share_embeddings_and_output_weights"]))}
     out |= {"train.micro_batch_size": training["micro_batch_size"],
             "train.global_batch_size": training["global_batch_size"],
-            "dataset.sequence_length": training["seq_length"]}
+            DATASET_SEQ_LENGTH[bridge_version]: training["seq_length"]}
     out |= {f"ddp.{k}": ddp[k] for k in _DDP_FIELDS}
     out |= {f"optimizer.{k}": opt[k] for k in _OPTIMIZER_FIELDS
             if k != "optimizer_offload_fraction" or opt["optimizer_cpu_offload"]}
@@ -192,8 +254,9 @@ def format_value(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def bridge_overrides(plan: Plan) -> list[str]:
-    return [f"{key}={format_value(value)}" for key, value in overrides(plan).items()]
+def bridge_overrides(plan: Plan, bridge_version: str = DEFAULT_BRIDGE_VERSION) -> list[str]:
+    """The `key=value` override list for the Megatron-Bridge release `bridge_version` names."""
+    return [f"{key}={format_value(value)}" for key, value in overrides(plan, bridge_version).items()]
 
 
 class MegatronBridgeEmitter:
@@ -203,20 +266,22 @@ class MegatronBridgeEmitter:
     syntax = "shell"
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
-        return {"overrides": bridge_overrides(plan)}
+        return {"bridge_version": BRIDGE_VERSIONS[options.bridge_version],
+                "overrides": bridge_overrides(plan, options.bridge_version)}
 
     def render(self, plan: Plan, options: EmitOptions) -> str:
-        lines = bridge_overrides(plan)
+        lines = bridge_overrides(plan, options.bridge_version)
         body = "".join(f"  {shell_word(line)}\n" for line in lines)
         return (comment("# Megatron-Bridge ", describe(plan, RUNS)) + "\n"
-                "# Append to a Megatron-Bridge recipe script: python <recipe>.py \"${OVERRIDES[@]}\"\n"
+                f"# Megatron-Bridge {BRIDGE_VERSIONS[options.bridge_version]}: append to a recipe script: "
+                "python <recipe>.py \"${OVERRIDES[@]}\"\n"
                 f"OVERRIDES=(\n{body})\n")
 
     def omissions(self, plan: Plan, options: EmitOptions) -> list[str]:
         """Query/key norms over all heads together, which megatron-core's qk_layernorm (one head wide) cannot
         build; the recipe's own rotary settings stand, so the Megatron-LM flags' RoPE omissions do not apply."""
-        overrides(plan)
-        return qk_norm_omissions(plan, "model.qk_layernorm")
+        overrides(plan, options.bridge_version)
+        return qk_norm_omissions(plan, model_prefix(plan, options.bridge_version) + "qk_layernorm")
 
 
 REGISTRY.register(MegatronBridgeEmitter())

@@ -248,9 +248,10 @@ def megatron_lm_argument_rules(plan: Plan, args: dict[str, Any]) -> None:
             assert len(expand_pattern(args[key])) == plan.model.num_layers
 
 
-def check_bridge(plan: Plan, overrides: list[str]) -> None:
+def check_bridge(plan: Plan, overrides: list[str], bridge_version: str = "0.6") -> None:
     """Megatron-Bridge overrides: every key is a field of the megatron-core dataclass its section
-    holds (Megatron-Bridge itself is not installed), and the dataclasses build from them."""
+    holds (Megatron-Bridge itself is not installed), and the dataclasses build from them. The dataset
+    takes the sequence length in `seq_length` on 0.6.0 and in megatron-core's `sequence_length` on 0.3.1."""
     import torch
     import torch.nn.functional as F
     from megatron.core.distributed import DistributedDataParallelConfig
@@ -292,7 +293,8 @@ def check_bridge(plan: Plan, overrides: list[str]) -> None:
     assert tc.virtual_pipeline_model_parallel_size == (s.vpp if s.vpp > 1 else None)
     assert ddp.use_distributed_optimizer == (s.zero_stage >= 1)
     assert sections["train"] == {"micro_batch_size": s.micro_batch_size, "global_batch_size": t.global_batch_size}
-    assert provider_extras["seq_length"] == t.seq_len == sections["dataset"]["sequence_length"]
+    dataset_key = {"0.6": "seq_length", "0.3": "sequence_length"}[bridge_version]
+    assert sections["dataset"] == {dataset_key: t.seq_len} and provider_extras["seq_length"] == t.seq_len
 
 
 def _hydra(raw: str) -> Any:

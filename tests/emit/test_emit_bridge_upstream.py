@@ -1,7 +1,9 @@
 """Megatron-Bridge override lists run through Megatron-Bridge's own recipe, Hydra override and
-`runtime_config_update` + `ConfigContainer.validate()` path (the `megatron-bridge` package from the
+`runtime_config_update` + `ConfigContainer.validate()` path (the `megatron-bridge` 0.3.1 package from the
 package index, in the interpreter named by MESHPLAN_BRIDGE_PYTHON, which scripts/test.sh builds),
-and the validated config means what the plan says."""
+and the validated config means what the plan says. The lists are the emitter's for that release
+(`bridge_version="0.3"`); 0.6.0, the default, cannot be installed here and is checked against its source's
+field names instead (tests/emit/test_emit_bridge_fields.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from emit_plans import make_plan
-from planner.emit.base import NotExpressibleError
+from planner.emit.base import BRIDGE_VERSIONS, NotExpressibleError
 from planner.emit.megatron_bridge import bridge_overrides
 
 HERE = Path(__file__).parent
+#: the release scripts/test.sh installs (megatron-bridge==0.3.1), by the emitter's name for it
+BRIDGE_VERSION = "0.3"
 FIXTURES = HERE.parent / "fixtures" / "hf"
 
 # Megatron-Bridge 0.3.1 has no Mixtral recipe, and its Qwen3-MoE recipes read the CUDA device's
@@ -63,7 +67,12 @@ def bridge_python() -> str | None:
         return None
     probe = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('megatron-bridge'))"],
                            capture_output=True, text=True, timeout=120)
-    return python if probe.returncode == 0 else None
+    if probe.returncode != 0:
+        return None
+    installed = probe.stdout.strip()
+    assert installed == BRIDGE_VERSIONS[BRIDGE_VERSION], (
+        f"{python} has megatron-bridge {installed}; these lists are written for {BRIDGE_VERSIONS[BRIDGE_VERSION]}")
+    return python
 
 
 def seed_hf_cache(home: Path) -> None:
@@ -107,7 +116,7 @@ def bridge_results(tmp_path_factory):
     plans, cases, refused = [], [], []
     for key, plan in grid_plans():
         try:
-            overrides = bridge_overrides(plan)
+            overrides = bridge_overrides(plan, BRIDGE_VERSION)
         except NotExpressibleError as exc:
             refused.append((key, plan, exc))
             continue

@@ -17,7 +17,8 @@ from planner.emit import ds_config, emit, megatron_args, omissions
 PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
              "--seq-len", "4096"]
 # Frozen `emit` surface: extend it, never rename (users' scripts depend on it).
-FROZEN_EMIT = ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--calibration", "--cluster",
+FROZEN_EMIT = ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--bridge-version",
+               "--calibration", "--cluster",
                "--constraint", "--constraints", "--cross-entropy-fusion", "--cross-entropy-fusion-impl",
                "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",
                "--grad-precision", "--headroom", "--job-name", "--launch-for", "--master-port", "--model",
@@ -52,6 +53,35 @@ def plan_file(result, tmp_path):
 def test_emit_surface_is_frozen():
     cmd = typer.main.get_command(app).commands["emit"]
     assert sorted(o for p in cmd.params for o in p.opts if o.startswith("--")) == FROZEN_EMIT
+
+
+def test_bridge_version_picks_the_release_and_refuses_others(capsys, result, plan_file):
+    from planner.cli.emit_cmd import BRIDGE_CHOICES
+    from planner.emit import EmitOptions
+    from planner.emit.base import BRIDGE_VERSIONS, DEFAULT_BRIDGE_VERSION
+
+    # the help's list is the emitter's table
+    others = [f"{k} ({v})" for k, v in BRIDGE_VERSIONS.items() if k != DEFAULT_BRIDGE_VERSION]
+    assert BRIDGE_CHOICES == (f"{DEFAULT_BRIDGE_VERSION} (Megatron-Bridge {BRIDGE_VERSIONS[DEFAULT_BRIDGE_VERSION]}, "
+                              "the default), " + ", ".join(others[:-1]) + " or " + others[-1])
+    best = result.plans[0]
+    for version, key in (("0.6", "dataset.seq_length=4096"), ("0.3", "dataset.sequence_length=4096"),
+                         ("main", "dataset.seq_length=4096"), (None, None)):
+        code, out, err = run(capsys, "emit", str(plan_file), "--backend", "megatron-bridge",
+                             *(["--bridge-version", version] if version else []))
+        assert code == 0, err
+        assert out == emit(best, "megatron-bridge", EmitOptions(bridge_version=version or DEFAULT_BRIDGE_VERSION))
+        assert (key or "dataset.seq_length=4096") in out
+        # llama3-8b: main's Llama recipes nest the transformer fields, the releases' take them flat
+        assert ("  model.transformer.tensor_model_parallel_size=" in out) == (version == "main")
+        assert ("  model.tensor_model_parallel_size=" in out) == (version != "main")
+    code, out, err = run(capsys, "emit", str(plan_file), "--backend", "megatron-bridge", "--bridge-version", "0.5")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        "error: --bridge-version must be one of 0.6 (0.6.0), 0.3 (0.3.1), main (main@067f987df) (got '0.5')"]
+    # refused before a search starts
+    code, out, err = run(capsys, "emit", *PLAN_ARGS, "--backend", "megatron-bridge", "--bridge-version", "1.0")
+    assert code == 2 and "--bridge-version must be one of" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("backend", ["megatron", "megatron-bridge", "torchtitan", "torchrun", "slurm"])

@@ -93,6 +93,7 @@ def test_edge_cases_build_megatron_core_configs(name):
     plan = edge_plan(name)
     check_megatron(plan, megatron_args(plan))
     check_bridge(plan, emit_data(plan, "megatron-bridge")["overrides"])
+    check_bridge(plan, emit_data(plan, "megatron-bridge", EmitOptions(bridge_version="0.3"))["overrides"], "0.3")
 
 
 @pytest.mark.parametrize("precision,grads", [("fp8", "fp32"), ("fp16", "fp32"), ("fp16", "fp16"), ("bf16", "bf16")])

@@ -1,5 +1,5 @@
 # Megatron-Bridge plan 1: gemma2-9b-like on 16x H100-SXM5-80GB (dgx-h100), dp8 tp2 pp1 sp z1 mbs1 rc=none offload; predicted <estimate>
-# Append to a Megatron-Bridge recipe script: python <recipe>.py "${OVERRIDES[@]}"
+# Megatron-Bridge 0.6.0: append to a recipe script: python <recipe>.py "${OVERRIDES[@]}"
 OVERRIDES=(
   model.tensor_model_parallel_size=2
   model.pipeline_model_parallel_size=1
@@ -41,7 +41,7 @@ OVERRIDES=(
   model.share_embeddings_and_output_weights=true
   train.micro_batch_size=1
   train.global_batch_size=64
-  dataset.sequence_length=8192
+  dataset.seq_length=8192
   ddp.use_distributed_optimizer=true
   ddp.overlap_grad_reduce=true
   ddp.overlap_param_gather=true

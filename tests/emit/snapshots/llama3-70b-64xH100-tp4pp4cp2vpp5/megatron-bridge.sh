@@ -1,5 +1,5 @@
 # Megatron-Bridge plan 1: llama3-70b on 64x H100-SXM5-80GB (dgx-h100), dp2 tp4 pp4 cp2 vpp5 sp z1 mbs1 rc=none; predicted <estimate>
-# Append to a Megatron-Bridge recipe script: python <recipe>.py "${OVERRIDES[@]}"
+# Megatron-Bridge 0.6.0: append to a recipe script: python <recipe>.py "${OVERRIDES[@]}"
 OVERRIDES=(
   model.tensor_model_parallel_size=4
   model.pipeline_model_parallel_size=4
@@ -38,7 +38,7 @@ OVERRIDES=(
   model.share_embeddings_and_output_weights=false
   train.micro_batch_size=1
   train.global_batch_size=128
-  dataset.sequence_length=8192
+  dataset.seq_length=8192
   ddp.use_distributed_optimizer=true
   ddp.overlap_grad_reduce=true
   ddp.overlap_param_gather=true

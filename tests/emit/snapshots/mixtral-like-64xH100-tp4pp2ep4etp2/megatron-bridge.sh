@@ -1,5 +1,5 @@
 # Megatron-Bridge plan 1: mixtral-8x7b-like on 64x H100-SXM5-80GB (dgx-h100), dp8 tp4 pp2 ep4 etp2 sp z1 mbs1 rc=none; predicted <estimate>
-# Append to a Megatron-Bridge recipe script: python <recipe>.py "${OVERRIDES[@]}"
+# Megatron-Bridge 0.6.0: append to a recipe script: python <recipe>.py "${OVERRIDES[@]}"
 OVERRIDES=(
   model.tensor_model_parallel_size=4
   model.pipeline_model_parallel_size=2
@@ -45,7 +45,7 @@ OVERRIDES=(
   model.share_embeddings_and_output_weights=false
   train.micro_batch_size=1
   train.global_batch_size=256
-  dataset.sequence_length=4096
+  dataset.seq_length=4096
   ddp.use_distributed_optimizer=true
   ddp.overlap_grad_reduce=true
   ddp.overlap_param_gather=true

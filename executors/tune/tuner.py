@@ -69,6 +69,7 @@ from executors.tune.study import (
     open_study,
 )
 from executors.validate import ValidateOptions, engine_reasons, resolve_device
+from planner.calibrate import run_settings
 from planner.api import plan
 from planner.errors import SpecError
 from planner.search import evaluate_one
@@ -436,8 +437,12 @@ def tune(model: str | ModelSpec, cluster: str | ClusterSpec, num_gpus: int, glob
     """Tune the job in an Optuna study (module docstring) and report the study after this worker.
 
     Bad input (a budget of 0, an unreachable storage, a study of another job, a calibration file
-    with a negative bandwidth) is a SpecError before any trial runs or the study is written."""
+    with a negative bandwidth) is a SpecError before any trial runs or the study is written.
+
+    Training settings not given run at the framework's defaults (planner.calibrate.run_settings), as
+    the trials' executors run them: the planner does not choose them here."""
     options = options or TuneOptions()
+    train_options = run_settings(train_options)
     event = on_event or (lambda kind, data: None)
     constraints = dict(constraints or {})
     common = dict(model=model, cluster=cluster, num_gpus=num_gpus, global_batch_size=global_batch_size,

@@ -183,6 +183,11 @@ def emit_cmd(
                               moe_load_imbalance, zero3_impl, fp8_recipe or "delayed", cross_entropy_fusion, runs,
                               moe_dispatcher, fp8_param_gather, torch_compile, cross_entropy_fusion_impl,
                               moe_flex_num_sms, moe_router_padding_for_quantization)
+        if backend == "megatron-bridge":  # the settings its mixed-precision recipe imposes, unless given
+            from planner.emit.megatron_bridge import imposed_settings
+
+            fixed = imposed_settings(getattr(precision, "value", precision or "bf16"), fp8_recipe or "delayed")
+            train = {k: v for k, v in fixed.items() if k not in train} | train
         result, source = _search(model, cluster, gpus, global_batch_size, seq_len, (precision or "bf16"), top_k,
                                  parse_constraints(constraint, constraints), train, parse_headroom(headroom),
                                  calibration, strict_numerics), "the search"

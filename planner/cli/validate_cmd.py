@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from planner.cli.app import app
+from planner.calibrate import run_settings
 from planner.cli.common import (
     AttentionOpt,
     CalibrationOpt,
@@ -252,7 +253,7 @@ def validate_cmd(
         result = api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                           seq_len=seq_len, precision=precision.value, top_k=top, calibration=calibration,
                           constraints=parse_constraints(constraint, constraints),
-                          **train_options(grad_precision, attention_kernel, optimizer))
+                          **run_settings(train_options(grad_precision, attention_kernel, optimizer)))
         spec_model, spec_cluster, train, num_gpus = result.model, result.cluster, result.train, result.num_gpus
         strategies = [p.strategy for p in result.plans]
     if train.cross_entropy_fusion_impl == "te":

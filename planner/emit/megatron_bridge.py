@@ -214,6 +214,28 @@ def overrides(plan: Plan, bridge_version: str = DEFAULT_BRIDGE_VERSION) -> dict[
     return out
 
 
+def imposed_settings(precision: str, fp8_recipe: str) -> dict[str, Any]:
+    """The training settings Megatron-Bridge's mixed-precision recipe of `precision` (and `fp8_recipe`) writes
+    over any override when the config is validated: the gradient reduction precision (fp32 under the bf16 and
+    FP8 recipes, fp16 under fp16) and, for FP8, its fp8_param_gather. A search for this backend takes them as
+    given, so that the planner does not choose other values the emitted config could not run
+    (planner.knobs); empty for a precision the emitter refuses.
+
+    >>> imposed_settings("fp8", "mxfp8"), imposed_settings("bf16", "delayed")
+    ({'grad_precision': 'fp32', 'fp8_param_gather': True}, {'grad_precision': 'fp32'})
+    """
+    if precision in MIXED_PRECISION:
+        recipe = MIXED_PRECISION[precision]
+    elif precision == "fp8" and fp8_recipe in FP8_MIXED_PRECISION:
+        recipe = FP8_MIXED_PRECISION[fp8_recipe][0]
+    else:
+        return {}
+    out: dict[str, Any] = {"grad_precision": "fp32" if RECIPE_GRAD_REDUCE_IN_FP32[recipe] else precision}
+    if precision == "fp8":
+        out["fp8_param_gather"] = FP8_MIXED_PRECISION[fp8_recipe][1]
+    return out
+
+
 def _mixed_precision_recipe(train) -> str:
     """The Megatron-Bridge mixed-precision recipe of the plan's precision (and FP8 scaling), refused where the
     recipe would set an FP8 parameter handling other than the plan's."""

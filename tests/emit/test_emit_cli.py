@@ -24,7 +24,7 @@ FROZEN_EMIT = ["--allow-partial", "--attention-kernel", "--backend", "--best-exp
                "--grad-precision", "--headroom", "--job-name", "--launch-for", "--master-port", "--model",
                "--moe-dispatcher", "--moe-flex-num-sms", "--moe-load-imbalance",
                "--moe-router-padding-for-quantization", "--optimizer", "--plan", "--precision", "--rank",
-               "--script", "--seq-len", "--torch-compile", "--zero3-impl"]
+               "--script", "--seq-len", "--strict-numerics", "--torch-compile", "--zero3-impl"]
 
 
 def run(capsys, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
@@ -40,7 +40,10 @@ def run(capsys, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def result():
-    return plan(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096, top_k=3)
+    # fp32 gradient reduction: the plan file is emitted for every backend, Megatron-Bridge's bf16 recipe included,
+    # which reduces in fp32 whatever the overrides say (the planner would choose bf16 for Megatron-LM)
+    return plan(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096, top_k=3,
+                grad_precision="fp32")
 
 
 @pytest.fixture
@@ -107,7 +110,7 @@ def test_emit_from_stdin_and_json_format(capsys, result, plan_file):
 
 
 def test_emit_from_plan_options(capsys, result):
-    code, out, err = run(capsys, "emit", "-B", "megatron", "--allow-partial", *PLAN_ARGS)
+    code, out, err = run(capsys, "emit", "-B", "megatron", "--allow-partial", *PLAN_ARGS, "--grad-precision", "fp32")
     assert code == 0, err
     assert out == emit(result.plans[0], "megatron")
 
@@ -170,6 +173,8 @@ def test_not_expressible_is_a_clear_error(capsys, result, plan_file):
     ("torchtitan", None, "torchtitan"), ("megatron-bridge", None, "megatron"),
     ("torchrun", "torchtitan", "torchtitan"), ("slurm", "deepspeed", "deepspeed")])
 def test_searched_plans_are_ranked_by_the_backends_framework(capsys, backend, launch_for, framework):
+    from planner.emit.megatron_bridge import imposed_settings
+
     """Plans searched by `emit` are costed and filtered as the framework that runs the emitted text runs them
     (`plan --framework`), not as Megatron does. Llama 3 8B at 8K on 8 H100s: Megatron's best plan (tp2, ZeRO 1)
     is not the other frameworks' (tp4, ZeRO 2-3)."""
@@ -178,7 +183,8 @@ def test_searched_plans_are_ranked_by_the_backends_framework(capsys, backend, la
     code, out, err = run(capsys, "emit", "-B", backend, *launch, "--allow-partial", "--model", "llama3-8b",
                          "--cluster", "dgx-h100", "--gpus", "8", "--global-batch-size", "32", "--seq-len", "8192")
     assert code == 0, err
-    best = plan(top_k=1, framework=framework, **args).plans[0]
+    imposed = imposed_settings("bf16", "delayed") if backend == "megatron-bridge" else {}  # as `emit` searches
+    best = plan(top_k=1, framework=framework, **args, **imposed).plans[0]
     assert best.train.framework == framework
     if framework != "megatron":  # the case tells the frameworks apart
         assert best.strategy != plan(top_k=1, **args).plans[0].strategy

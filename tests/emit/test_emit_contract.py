@@ -20,6 +20,7 @@ from emit_checks import (check_bridge, check_colossalai, check_deepspeed, check_
                          check_megatron, check_shell, check_torchtitan, maxtext_wheel)
 from emit_plans import search_sample
 from planner.emit import EmitOptions, Emitter, NotExpressibleError, backends, get_emitter
+from planner.emit.megatron_bridge import imposed_settings
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("colossalai.booster.plugin")
@@ -65,6 +66,18 @@ ALLOWED_REFUSALS = {
     "torchrun": [],
     "slurm": [],
 }
+# The settings the planner chooses for framework megatron where the input leaves them free (planner.knobs): Megatron's
+# FP8 parameter gather and flex dispatcher, which the other frameworks do not run
+ALLOWED_REFUSALS["torchtitan"].append(r"fp8_param_gather; it is Megatron's --fp8-param-gather")
+ALLOWED_REFUSALS["colossalai"].append(r"fp8_param_gather; it is Megatron's --fp8-param-gather")
+ALLOWED_REFUSALS["deepspeed"].append(r"moe_dispatcher (deepep|hybridep); DeepSpeed-MoE dispatches tokens")
+ALLOWED_REFUSALS["colossalai"].append(r"moe_dispatcher (deepep|hybridep); Colossal-AI's MoE plugin dispatches tokens")
+ALLOWED_REFUSALS["torchtitan"].append(r"moe_dispatcher (deepep|hybridep); the emitted job dispatches MoE tokens")
+# a sample plan searched for Megatron-LM with ZeRO 0, given the FP8 parameter gather Megatron-Bridge's FP8 recipe
+# imposes (its own search, `meshplan emit --backend megatron-bridge`, never returns one: the rules refuse it)
+ALLOWED_REFUSALS["megatron-bridge"].append(r"fp8_param_gather with zero_stage 0; --fp8-param-gather needs")
+for _backend in ("torchtitan", "colossalai", "deepspeed"):  # Megatron's --overlap-moe-expert-parallel-comm
+    ALLOWED_REFUSALS[_backend].append(r"overlap_moe_comm; [\w-]+ does not overlap the expert all-to-all")
 # Megatron's --use-tp-pp-dp-mapping, which the search turns for framework megatron: the other meshes nest one way
 for _backend in ("deepspeed", "colossalai", "torchtitan", "maxtext"):
     ALLOWED_REFUSALS[_backend].append(r"rank_order 'tp-cp-ep-pp-dp': [\w-]+ lays ranks out tp-cp-ep-dp-pp only")
@@ -115,6 +128,9 @@ def test_backend_accepts_or_refuses_every_searched_strategy(backend, sample, dee
     options = EmitOptions()
     counts = collections.Counter()
     for i, plan in enumerate(sample):
+        if backend == "megatron-bridge":  # the settings its recipe imposes, as `meshplan emit` searches with them
+            fixed = imposed_settings(plan.train.precision, plan.train.fp8_recipe)
+            plan = plan.model_copy(update={"train": plan.train.model_copy(update=fixed)})
         try:
             data = emitter.data(plan, options)
         except NotExpressibleError as exc:

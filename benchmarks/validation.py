@@ -245,9 +245,9 @@ ATTN_IMPL = {"flash2": "flash2", "triton": "flash1"}
 OTHER_DATA_FILES = {"published_layouts", "torchtitan_fsdp2_a100", "zero3_runs", "peak_memory", "te_gemm_profiling"}
 
 #: GPU preset -> the generation accuracy is reported by (H200 is the H100's GH100 die with faster HBM).
-#: The TPUs have no published run in the accuracy set yet (their names group none).
+#: The TPUs and B300 have no published run in the accuracy set yet (their names group none).
 GENERATIONS = {"a100-40gb": "A100", "a100-80gb": "A100", "h100-sxm": "H100-H200", "h200": "H100-H200",
-               "b200": "B200", "gb200": "GB200", "gb300": "GB300", "tpu-v4": "TPU v4", "tpu-v5p": "TPU v5p",
+               "b200": "B200", "b300": "B300", "gb200": "GB200", "gb300": "GB300", "tpu-v4": "TPU v4", "tpu-v5p": "TPU v5p",
                "tpu-v5e": "TPU v5e"}
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 GRAD_PRECISIONS = ("bf16", "fp16", "fp32")  # what TrainSpec.grad_precision accepts

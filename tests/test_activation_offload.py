@@ -8,7 +8,8 @@ import pytest
 
 from cost_models import StrategyArrays, evaluate_arrays
 from cost_models.step import offload_stall_s
-from planner import Strategy, evaluate, plan
+from planner import Strategy
+from tests.framework_defaults import evaluate, plan
 from planner.api import make_inputs
 from planner.errors import SpecError
 from planner.rules import Context, check

@@ -5,7 +5,7 @@
 import pytest
 
 from cost_models.blocks import MoE, Micro
-from planner import evaluate
+from tests.framework_defaults import evaluate
 from planner.errors import SpecError
 from planner.specs import TrainSpec
 

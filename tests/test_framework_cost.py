@@ -14,7 +14,7 @@ from cost_models.memory import kind_activation_bytes
 from cost_models.frameworks import cannot_run_masks
 from cost_models.step import op_sac_gemms, op_sac_recompute_s, setup
 from cost_models.units import DTYPE_BYTES, WEIGHT_BYTES
-from planner import evaluate, plan
+from tests.framework_defaults import evaluate, plan
 from planner.api import make_inputs
 from planner.errors import SpecError
 from planner.specs import Strategy
@@ -183,7 +183,8 @@ def test_cannot_run_rules_agree_with_the_emitters():
 
 
 def test_a_framework_with_its_own_zero3_fixes_zero3_impl_and_refuses_a_contradiction():
-    from planner import SpecError, plan
+    from planner import SpecError
+    from tests.framework_defaults import plan
 
     q = dict(model="llama3-8b", cluster="dgx-h100", num_gpus=16, global_batch_size=64, seq_len=4096, top_k=1)
     assert plan(**q, framework="deepspeed").plans[0].train.zero3_impl == "deepspeed"

@@ -11,7 +11,7 @@ import pytest
 from benchmarks.peak_memory import DATA, MAX_UNDER, published_rows
 from cost_models.memory import (MIB, OUTSIDE_ALLOCATOR_TERMS, cross_entropy_bytes_per_logit,
                                 nccl_buffer_bytes)
-from planner import evaluate
+from tests.framework_defaults import evaluate
 from planner.errors import SpecError
 from profiles import load_model
 from profiles.bundle import load_tables
@@ -113,7 +113,8 @@ def test_flex_dispatchers_own_buffers():
     HybridEP's holds the whole expert group's tokens (the worst case of one rank receiving all of them), so it
     grows with the micro-batch and the group; the all-to-all dispatcher has none (NCCL's are `nccl_buffers`)."""
     from cost_models.memory import dispatcher_buffer_bytes
-    from planner import Strategy, evaluate
+    from planner import Strategy
+    from tests.framework_defaults import evaluate
 
     one = np.array([4096])
     deepep = dispatcher_buffer_bytes("deepep", one, 7168, 256, np.array([8]), np.array([8]))

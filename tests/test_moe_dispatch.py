@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cost_models.dispatch import distinct_units, expected_distinct, tier_scales
-from planner import evaluate
+from tests.framework_defaults import evaluate
 from planner.errors import SpecError
 from planner.specs import ModelSpec, TrainSpec
 from profiles import load_model
@@ -90,7 +90,7 @@ def test_cli_option_reaches_the_estimate(capsys):
             "--precision", "fp8", "--fp8-recipe", "mxfp8", "--pp", "8", "--ep", "32", "--zero", "1",
             "--first-stage-layers", "6", "--last-stage-layers", "7", "-f", "json"]
     ep_comm = []
-    for extra in ([], ["--moe-dispatcher", "hybridep"]):
+    for extra in (["--moe-dispatcher", "alltoall"], ["--moe-dispatcher", "hybridep"]):
         main(args + extra)
         ep_comm.append(json.loads(capsys.readouterr().out)["time_s"]["ep_comm"])
     assert ep_comm[1] < ep_comm[0]

@@ -12,7 +12,7 @@ import pytest
 from benchmarks.peak_memory import DATA, MAX_UNDER, published_rows
 from cost_models.memory import cross_entropy_bytes_per_logit
 from cost_models.params import num_params
-from planner import evaluate
+from tests.framework_defaults import evaluate
 from profiles import load_model
 from profiles.bundle import load_tables
 
@@ -106,7 +106,7 @@ def test_torchtitan_is_costed_with_its_own_loss_unless_the_plan_says_otherwise()
     """torchtitan runs PyTorch's cross_entropy (profiles/frameworks/torchtitan.yaml cross_entropy_fusion false):
     a plan that does not name the loss is costed with it; an explicit --cross-entropy-fusion is kept (and the
     torchtitan emitter notes it); megatron keeps its fused default."""
-    from planner import evaluate
+    from tests.framework_defaults import evaluate
     from planner.api import make_inputs
 
     run = dict(model="llama3.1-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=16, seq_len=8192)

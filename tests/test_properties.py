@@ -188,8 +188,9 @@ def test_search_agrees_with_one_by_one_evaluation():
     model = ModelSpec(name="small", num_layers=8, hidden_size=1024, num_attention_heads=16, num_kv_heads=4,
                       ffn_hidden_size=2816, gated_mlp=True, vocab_size=32000, tie_embeddings=False)
     cluster = load_cluster("dgx-h100")
-    train = TrainSpec(global_batch_size=32, seq_len=2048)
     result = plan(model, cluster, num_gpus=16, global_batch_size=32, seq_len=2048, top_k=5)
+    train = result.train  # the settings the planner chose (planner.knobs): a dense model's are the same for all
+    assert train.global_batch_size == 32 and train.seq_len == 2048
     space = enumerate_space(model, train, 16, {})
     valid, _ = check(Context(model, train, 16, cluster), space)
     costs = evaluate_arrays(model, cluster, train, space)

@@ -15,7 +15,8 @@ from cost_models.blocks import (
     model_blocks,
 )
 from cost_models.params import num_params
-from planner import Strategy, evaluate, plan
+from planner import Strategy
+from tests.framework_defaults import evaluate, plan
 from planner.emit import NotExpressibleError, emit, emit_data, omissions
 from planner.errors import SpecError
 from planner.specs import ModelSpec

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from cost_models.blocks import UNFUSED_ROTARY_KERNELS, Attention, LatentAttention, Micro, model_blocks
-from planner import Strategy, evaluate
+from planner import Strategy
+from tests.framework_defaults import evaluate
 from profiles import load_model
 
 
@@ -59,7 +60,7 @@ def test_yarn_costs_time_for_gpt_oss_and_nothing_for_latent_attention():
 def test_megatron_flags_say_they_drop_yarn_for_standard_attention_only():
     """Megatron-LM 0.16's pretrain_gpt.py has no yarn position embedding for standard attention: its flags
     would run plain RoPE, and the text says so; multi-latent attention takes YaRN by default (--rope-type)."""
-    from planner import plan
+    from tests.framework_defaults import plan
     from planner.emit import omissions
 
     args = dict(cluster="dgx-b200", num_gpus=8, global_batch_size=64, seq_len=4096, top_k=1)

@@ -9,7 +9,8 @@ from cost_models.blocks import model_blocks
 from cost_models.compute import head_times
 from cost_models.step import micro_of
 from cost_models.arrays import StrategyArrays
-from planner import Strategy, TrainSpec, evaluate
+from planner import Strategy, TrainSpec
+from tests.framework_defaults import evaluate
 from planner.cli import main
 from planner.errors import SpecError
 from profiles import load_cluster, load_model

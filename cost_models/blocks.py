@@ -73,6 +73,7 @@ class Micro:
     cross_entropy_impl: str = "native"  # Megatron's --cross-entropy-fusion-impl (see Head.loss_bytes)
     moe_flex_sms: int | None = None  # SMs of the flex dispatcher's kernels (None: Megatron's default; cost_models.dispatch)
     moe_router_padding: bool = False  # Megatron's --moe-router-padding-for-quantization (MoE.quantization_padding)
+    cuda_graph: frozenset = frozenset()  # the CUDA graph scopes captured (`graph_scopes`; compute.graph_captured_kernels)
 
     @property
     def te_cross_entropy(self) -> bool:
@@ -145,6 +146,19 @@ class Micro:
     def keys(self, window: int) -> np.ndarray | int:
         """Keys each query attends to: the sequence, or the window where it is shorter."""
         return min(self.seq_len, window) if window else self.seq_len
+
+
+def graph_scopes(impl: str, scope) -> frozenset:
+    """The scopes a layer's CUDA graphs capture, from TrainSpec.cuda_graph_impl and cuda_graph_scope (Megatron's
+    --cuda-graph-impl, --cuda-graph-scope): none without graphs; an empty scope is the whole layer (attn, mlp,
+    and an MoE layer's router and preprocessing).
+
+    >>> sorted(graph_scopes("transformer_engine", [])), sorted(graph_scopes("none", None))
+    (['attn', 'mlp', 'moe_preprocess', 'moe_router'], [])
+    """
+    if impl == "none":
+        return frozenset()
+    return frozenset(scope) if scope else frozenset({"attn", "mlp", "moe_router", "moe_preprocess"})
 
 
 @dataclass(frozen=True)

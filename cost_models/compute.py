@@ -159,6 +159,7 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
         tp_exchanges = sum(c.tp_exchanges for c in layer.comms(x))
         local_experts = moe.num_experts / x.ep if moe else 0
         kernels = ew_kernels + layer_kernels(gemms, core, x, tp_exchanges)
+        captured, captured_ops, graphs = graph_captured_kernels(layer, x, kernels)
         if moe and x.framework == "megatron":  # Megatron-core's MoELayer: a host wait in its dispatcher,
             experts_s = sum(t for g, t in zip(gemms, gemm_ts) if g.grouped)  # counted ops for alltoall
             # the experts' FP8 casts are issued after the wait, with their GEMMs
@@ -166,9 +167,10 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
                      if prec in QUANTISED_PRECISIONS else 0)
             fwd, bwd = table.moe_host_floor(fwd, bwd, kernels, local_experts, experts_s,
                                             counted=x.moe_dispatcher == "alltoall",
-                                            expert_kernels=EXPERT_KERNELS + casts)
+                                            expert_kernels=EXPERT_KERNELS + casts, captured=captured,
+                                            captured_ops=captured_ops, graphs=graphs)
         else:
-            fwd, bwd = table.host_floor(fwd, bwd, kernels, local_experts)
+            fwd, bwd = table.host_floor(fwd, bwd, kernels, local_experts, captured=captured, graphs=graphs)
     shared_s = sum((gemm_time(g, gpu, prec, x.fp8_recipe) for g in moe.shared_gemms(x)), ZERO_S) if moe else ZERO_S
     return LayerTimes(fwd_s=fwd, bwd_s=bwd, attn_core_fwd_s=core_s + softmax_s,
                       fwd_flop=sum(g.flop for g in gemms) + core.flop,
@@ -177,6 +179,52 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
 
 
 ZERO_S = np.zeros(())
+
+#: Router operations a `moe_router` CUDA graph captures without `moe_preprocess`: the router's GEMM and its
+#: score and top-k kernel. ASSUMED from the router's structure (TopKRouter: the gating linear, then one fused
+#: score/top-k function), not counted on the installed code.
+ROUTER_GRAPH_KERNELS = 2
+
+
+def graph_captured_kernels(layer, x: Micro, kernels) -> tuple[np.ndarray | int, int, int]:
+    """(forward kernels of the idealised count that CUDA graphs capture, counted router and dispatcher
+    operations they capture, graph launches a direction) of one layer under `x.cuda_graph`
+    (cost_models.blocks.graph_scopes): the host issues one launch per captured graph instead of their kernels.
+
+    A transformer layer's attention part is its first three blocks (norm, attention, residual: megatron-core's
+    `attn` scope) with the attention core and its tensor-parallel exchange; the rest (norm, MLP or MoE,
+    residual) is the `mlp` scope of a dense layer. In an MoE layer `moe_router` captures the pre-MLP norm and
+    the router (`ROUTER_GRAPH_KERNELS` of its operations) and `moe_preprocess` the dispatcher's operations before
+    its host wait; the experts after the wait are never captured (dropless). `full_iteration` captures every
+    kernel (one launch a step, not counted)."""
+    scopes = x.cuda_graph
+    if not scopes:
+        return 0, 0, 0
+    if "full_iteration" in scopes:
+        return kernels, 10**9, 0
+    blocks = layer.blocks
+    if layer.attention() is None or len(blocks) != 6:  # not a transformer layer: nothing modelled is captured
+        return 0, 0, 0
+    tp_comm = np.where(np.asarray(x.tp) > 1, np.where(x.sequence_parallel, 2, 1), 0)
+    core = layer.core(x)
+
+    def count(parts) -> int:
+        return sum(len(b.gemms(x)) + np.asarray(b.elementwise(x).num_kernels) for b in parts)
+
+    captured, ops, graphs = 0, 0, 0
+    if "attn" in scopes:
+        captured = captured + count(blocks[:3]) + core.num_kernels + core.softmax_kernels + tp_comm
+        graphs += 1
+    if layer.is_moe:
+        if "moe_router" in scopes:
+            captured = captured + count(blocks[3:4])  # the pre-MLP norm
+            ops = 10**9 if "moe_preprocess" in scopes else ROUTER_GRAPH_KERNELS  # capped at the layer's own
+            graphs += 1
+    elif "mlp" in scopes:
+        captured = captured + count(blocks[3:]) + tp_comm
+        graphs += 1
+    return np.minimum(captured, kernels), ops, graphs
+
 
 #: Achieved fraction of the 16-bit tensor-core peak of the SSD scan's matrix work (Mamba-2's chunked kernels in
 #: mamba_ssm, ops/triton/ssd_*.py). ASSUMED, not measured here: the Mamba-2 paper (Dao & Gu 2024, Sec. 9.3,

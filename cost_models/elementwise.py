@@ -301,8 +301,8 @@ class ElementwiseModel:
         return (self.time_s(fwd_bytes, kernels + cast_kernels), self.time_s(bwd_bytes, kernels + cast_bwd_kernels),
                 np.asarray(kernels + cast_calls))
 
-    def host_floor(self, fwd_s: np.ndarray, bwd_s: np.ndarray, fwd_kernels: np.ndarray, local_experts=0
-                   ) -> tuple[np.ndarray, np.ndarray]:
+    def host_floor(self, fwd_s: np.ndarray, bwd_s: np.ndarray, fwd_kernels: np.ndarray, local_experts=0,
+                   captured=0, graphs: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """A layer's forward and backward seconds once the host's issue time is a floor under them:
         n·h forward and r·n·h backward for its kernels, plus e_f (e_b) per local expert of a
         grouped MLP.
@@ -313,14 +313,16 @@ class ElementwiseModel:
         >>> [round(float(t) * 1e6) for t in m.host_floor(np.array(50e-6), np.array(100e-6), np.array(20), 16)]
         [431, 785]
         """
-        host_fwd = fwd_kernels * self.host_per_kernel_s
+        # kernels inside CUDA graphs (`captured` of the forward's, their backward too) are issued by `graphs`
+        # graph launches a direction instead (`graph_captured_kernels`)
+        host_fwd = (fwd_kernels - captured + graphs) * self.host_per_kernel_s
         experts = np.asarray(local_experts)
         return (np.maximum(fwd_s, host_fwd + experts * self.host_per_expert_fwd_s),
                 np.maximum(bwd_s, self.backward_kernels_per_forward * host_fwd + experts * self.host_per_expert_bwd_s))
 
     def moe_host_floor(self, fwd_s: np.ndarray, bwd_s: np.ndarray, fwd_kernels: np.ndarray, local_experts,
-                       experts_fwd_s: np.ndarray, counted: bool = True, expert_kernels=EXPERT_KERNELS
-                       ) -> tuple[np.ndarray, np.ndarray]:
+                       experts_fwd_s: np.ndarray, counted: bool = True, expert_kernels=EXPERT_KERNELS,
+                       captured=0, captured_ops: int = 0, graphs: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """`host_floor` for a Megatron-core MoE layer: with `counted` (the alltoall dispatcher) the
         router and dispatcher issue the counted `moe_host_ops` in place of the `ROUTING_KERNELS` of the
         idealised count (without it, for the DeepEP and HybridEP dispatchers, whose operations were not
@@ -346,9 +348,15 @@ class ElementwiseModel:
         g = self.host_per_expert_gemm_s
         host_after = ((ops.forward_after_sync + expert_kernels) * h
                       + experts * (self.host_per_expert_fwd_s + EXPERT_GEMMS_FORWARD * g))
-        host_before = (kernels - expert_kernels + ops.forward_before_sync) * h
+        # CUDA graphs take `captured` of the idealised kernels before the wait and `captured_ops` of the counted
+        # router and dispatcher operations off the host (`graph_captured_kernels`), for `graphs` graph launches
+        captured_ops = min(captured_ops, ops.forward_before_sync)
+        host_before = (kernels - expert_kernels + ops.forward_before_sync - captured - captured_ops + graphs) * h
         fwd = synced_forward_s(fwd_s - experts_fwd_s, experts_fwd_s, host_before, host_after)
-        host_bwd = (r * kernels + ops.backward) * h + experts * (self.host_per_expert_bwd_s + EXPERT_GEMMS_BACKWARD * g)
+        captured_bwd = r * captured + (ops.backward * captured_ops / ops.forward_before_sync
+                                       if ops.forward_before_sync else 0)
+        host_bwd = ((r * kernels + ops.backward - captured_bwd + graphs) * h
+                    + experts * (self.host_per_expert_bwd_s + EXPERT_GEMMS_BACKWARD * g))
         return fwd, np.maximum(bwd_s, host_bwd)
 
     def optimizer_step_s(self, params: np.ndarray, traffic_bytes_per_param: float, grad_bytes: int) -> np.ndarray:

@@ -26,7 +26,8 @@ from functools import cached_property, partial
 import numpy as np
 
 from cost_models.arrays import RECOMPUTE_MODULES, StrategyArrays, spread
-from cost_models.blocks import Attention, DenseMLP, Gemm, Micro, ModelBlocks, model_blocks, padded_vocab
+from cost_models.blocks import (Attention, DenseMLP, Gemm, Micro, ModelBlocks, graph_scopes, model_blocks,
+                                padded_vocab)
 from cost_models.collectives import comm_model_for
 from cost_models.comm import CommModel, exposed_s
 from cost_models.dispatch import DispatchTable, dispatch_table, tier_scales
@@ -48,7 +49,7 @@ if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner 
     from planner.specs import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "fp8_weights", "activations", "recompute_working",
-                "embedding_activations", "logits", "zero3_buffers", "comm_buffers") + RUNTIME_TERMS
+                "embedding_activations", "logits", "zero3_buffers", "comm_buffers", "cuda_graph_buffers") + RUNTIME_TERMS
 TIME_TERMS = ("compute", "recompute", "activation_offload", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble",
               "dp_comm", "optimizer")
 COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
@@ -196,7 +197,8 @@ def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None =
                  "nvfp4" if train.precision == "nvfp4" else getattr(train, "fp8_recipe", "delayed"),
                  getattr(train, "moe_dispatcher", "alltoall"), getattr(train, "framework", "megatron"),
                  not getattr(train, "torch_compile", True), getattr(train, "cross_entropy_fusion_impl", "native"),
-                 getattr(train, "moe_flex_num_sms", None), getattr(train, "moe_router_padding_for_quantization", False))
+                 getattr(train, "moe_flex_num_sms", None), getattr(train, "moe_router_padding_for_quantization", False),
+                 graph_scopes(getattr(train, "cuda_graph_impl", "none"), getattr(train, "cuda_graph_scope", None)))
 
 
 def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> Setup:
@@ -271,6 +273,7 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     mem["zero3_buffers"] = (zero3_working_bytes(s.blocks, st, train.precision, train.grad_precision) * (lay.rows.layers > 0)
                             + zero3_head_bytes(s.blocks, st, lay, train.precision, s.framework.zero3_head_unsharded))
     mem["comm_buffers"] = p2p_buffers
+    mem["cuda_graph_buffers"] = cuda_graph_buffer_bytes(s)
     tensors = sum(np.broadcast_to(v, params.shape) for v in mem.values())
     dispatcher = getattr(train, "moe_dispatcher", "alltoall")
     flex = None
@@ -282,6 +285,28 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     mem |= runtime_memory_bytes(tensors, st, s.gpu, s.cluster.domain_size, alltoall=dispatcher == "alltoall",
                                 dispatcher_bytes=flex)
     return {k: np.broadcast_to(mem[k], params.shape) for k in MEMORY_TERMS}
+
+
+#: Static tensors a captured CUDA graph keeps per layer, in units of the layer's 16-bit hidden-state tensor (one
+#: micro-batch on one rank): each captured scope's output, held for every (micro-batch, chunk) in flight until its
+#: backward graph runs. ASSUMED from how Transformer Engine's make_graphed_callables keeps static outputs per
+#: captured callable and megatron-core captures one graph per layer and micro-batch of the schedule; the graphs'
+#: private memory pool beyond these outputs is not modelled.
+GRAPH_OUTPUTS_PER_SCOPE = 1
+
+
+def cuda_graph_buffer_bytes(s: Setup) -> np.ndarray:
+    """Bytes one rank of each stage row (S, N) keeps for its layers' CUDA graphs (`GRAPH_OUTPUTS_PER_SCOPE` per
+    captured scope, layer and in-flight micro-batch chunk); 0 without graphs. `full_iteration` keeps both
+    sub-layers' outputs."""
+    scopes, x, lay = s.x.cuda_graph, s.x, s.lay
+    rows = lay.rows
+    if not scopes:
+        return np.zeros(np.shape(rows.layers))
+    per_layer = 2 if "full_iteration" in scopes else len(scopes & {"attn", "mlp", "moe_router"})
+    hidden = x.tokens * s.model.hidden_size * x.act / lay.tp  # as the pipeline buffers: one micro-batch's output
+    chunks = lay.inflight_chunks(rows.rank, s.num_microbatches)
+    return GRAPH_OUTPUTS_PER_SCOPE * per_layer * hidden * chunks * rows.layers / lay.vpp
 
 
 def stage_fp8_weight_bytes(s: Setup, params: np.ndarray) -> dict[str, np.ndarray]:

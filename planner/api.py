@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+
+import numpy as np
 from typing import Any
 
 from cost_models.arrays import StrategyArrays
@@ -12,6 +14,7 @@ from planner.errors import InputWarning, SpecError, SpecValidationError, short_r
 from planner.rules import (
     batch_warning,
     context_warning,
+    cuda_graph_problem,
     eager_problem,
     family_warning,
     fp8_recipe_problem,
@@ -78,6 +81,8 @@ def make_inputs(
         raise SpecError(problem)
     cluster_spec.gpu.peak(train.precision)  # the GPU must have a rate for this precision
     if (problem := fp8_recipe_problem(train, cluster_spec.gpu)) is not None:
+        raise SpecError(problem)
+    if (problem := cuda_graph_problem(train, model_spec)) is not None:
         raise SpecError(problem)
     if (problem := kernel_problem(cluster_spec.gpu, train.attention_kernel,
                                   windowed=any(model_spec.local_attention_mask()))) is not None:
@@ -226,10 +231,13 @@ def evaluate(
         mp = strategy.model_parallel_size
         dp = strategy.dp if strategy.dp != "auto" else max(1, num_gpus // mp)
         resolved, mismatch = strategy.model_copy(update={"dp": dp}), str(exc)
-    variant = knobs.assign(StrategyArrays.from_strategies([resolved]))
+    one = StrategyArrays.from_strategies([resolved])
+    variant = knobs.assign(one)
     options = [int(variant[0])]
     if resolved.ep > 1:
         options += [int(v[0]) for v in knobs.other_dispatchers(variant)]
+    if knobs.graphs_searched and bool(knobs.graph_ok(one)[0]):
+        options += [int(knobs.with_graphs(np.array([v]))[0]) for v in options]
     scored = [evaluate_one(model_spec, cluster_spec, knobs.trains[i], resolved).model_copy(
         update={"settings": knobs.settings(i)}) for i in options]
     est = min(scored, key=lambda e: (not e.fits, e.step_time_s))

@@ -3,10 +3,11 @@
 NVIDIA's Megatron-Bridge performance recipes run more than a parallel layout: gradients reduced in bf16
 (`cfg.ddp.grad_reduce_in_fp32 = False`), FP8 weights gathered in FP8 (`fp8_param_gather`), Transformer
 Engine's cross-entropy, the router padding the routing map for FP8 GEMMs, the flex token dispatcher
-(HybridEP on 32 SMs) and the MoE all-to-all overlapped with another micro-batch's compute
-(benchmarks/validation.py `BRIDGE` names the recipe files). A planner that leaves them at the framework's
-defaults loses to the recipe by up to half a step on fine-grained MoE models, so every one of them the
-user does not set (a `TrainSpec` field not given to `plan()`/`evaluate()`) is chosen here:
+(HybridEP on 32 SMs), the MoE all-to-all overlapped with another micro-batch's compute and CUDA graphs over
+the attention and the router (benchmarks/validation.py `BRIDGE` and src/megatron/bridge/perf_recipes/ at
+067f987d). A planner that leaves them at the framework's defaults loses to the recipe by up to half a step on
+fine-grained MoE models, so every one of them the user does not set (a `TrainSpec` field not given to
+`plan()`/`evaluate()`) is chosen here:
 
 - **set to its best-known value** where one value is never worse in the cost model and the framework runs
   it: `grad_precision` bf16 (half the gradient buffer and its reduction; framework megatron, deepspeed and
@@ -19,9 +20,11 @@ user does not set (a `TrainSpec` field not given to `plan()`/`evaluate()`) is ch
   which Megatron refuses; off elsewhere. The candidates fall into disjoint groups, each scored with its
   own settings (`Knobs.assign`), so this costs nothing;
 - **searched** where neither holds: the MoE token dispatcher (`moe_dispatcher`: alltoall, and DeepEP and
-  HybridEP on GPUs with a measured dispatch table, profiles/kernels/dispatch/) and the all-to-all overlap
-  (`Strategy.overlap_moe_comm`). They change only the expert-parallel exchange and what hides it, so a
-  strategy is re-scored with them only where removing its whole exposed exchange could bring it within
+  HybridEP on GPUs with a measured dispatch table, profiles/kernels/dispatch/), the all-to-all overlap
+  (`Strategy.overlap_moe_comm`) and CUDA graphs (`cuda_graph_impl`/`cuda_graph_scope`: Transformer
+  Engine's graphs over the scopes `graph_scope` picks, which take the captured kernels' launches off the
+  host and hold static buffers). Each acts on one part of the step (the expert exchange; the host's issue
+  time), so a strategy is re-scored with them only where removing that whole part could bring it within
   `KNOB_MARGIN` of the `top_k`-th best plan (planner.search: dominated settings pruned, nothing sampled).
 
 Settings that change numerics (`NUMERICS_KNOBS`: bf16 gradient reduction, FP8 parameter gather) are
@@ -36,12 +39,14 @@ from typing import Any
 
 import numpy as np
 
+from cost_models.arrays import modules_mask
 from planner.errors import SpecError
 from planner.specs import TrainSpec
 
 #: The TrainSpec fields the planner chooses when left free.
 FREE_KNOBS = ("grad_precision", "fp8_param_gather", "cross_entropy_fusion_impl",
-              "moe_router_padding_for_quantization", "moe_dispatcher", "moe_flex_num_sms")
+              "moe_router_padding_for_quantization", "moe_dispatcher", "moe_flex_num_sms", "cuda_graph_impl",
+              "cuda_graph_scope")
 #: Knobs whose non-default value changes the numbers a step computes (not just how fast): bf16 gradient
 #: buffers and reduction round the summed gradients to bf16; FP8 parameter gather drops the bf16 weight copy,
 #: so the forward reads weights quantised from the fp32 master once per step.
@@ -57,46 +62,88 @@ BF16_REDUCE_FRAMEWORKS = ("megatron", "deepspeed", "colossalai")
 #: covers what a dispatcher changes besides the exchange (permute kernels, host waits, padding copies), a
 #: few per cent of a step on the measured recipes.
 KNOB_MARGIN = 0.05
+#: The largest share of a step CUDA graphs can take off: the host's issue time above the GPU's. With the host
+#: time of every kernel set to zero the Megatron-Bridge 26.04 recipes' predicted steps shorten by 0 to 19.8 %
+#: (Qwen3-30B-A3B on 8 GB200s the most); a strategy is re-scored with graphs only where this share of its step
+#: could bring it within `KNOB_MARGIN` of the top_k-th best plan.
+MAX_GRAPH_GAIN = 0.25
+
+
+def graph_scope(model, dispatcher: str, router_padding: bool) -> list[str]:
+    """The CUDA graph scopes the planner turns on (Transformer Engine's implementation): the attention, a dense
+    layer's MLP, and an MoE layer's router and dispatcher preprocessing, as Megatron-Bridge's DeepSeek-V3 and
+    gpt-oss recipes capture them (`["attn", "moe_router", "moe_preprocess"]`); without the preprocessing where
+    megatron-core refuses it (the alltoall dispatcher with the router's FP8 padding). A dropless MoE layer's
+    experts are never captured."""
+    if model.num_experts == 0:
+        return ["attn", "mlp"]
+    scope = ["attn"] + (["mlp"] if model.moe_first_k_dense or model.moe_layer_freq > 1 else []) + ["moe_router"]
+    if not (dispatcher == "alltoall" and router_padding):
+        scope.append("moe_preprocess")
+    return scope
 
 
 @dataclass(frozen=True)
 class Knobs:
-    """The settings variants a search scores: one TrainSpec per (FP8 gather, dispatcher) pair, the base
-    variant of each candidate (`assign`), and which knobs the planner chose (`chosen`)."""
+    """The settings variants a search scores: one TrainSpec per (FP8 gather, CUDA graphs, dispatcher) triple,
+    in that nesting (`index`), each candidate's base variant (`assign`), and which knobs the planner chose
+    (`chosen`)."""
 
     trains: tuple[TrainSpec, ...]
-    gathers: tuple[bool, ...]  # the fp8_param_gather values, outer index of `trains`
-    dispatchers: tuple[str, ...]  # the moe_dispatcher values, inner index of `trains`
+    gathers: tuple[bool, ...]  # the fp8_param_gather values, outermost
+    graphs: tuple[bool, ...]  # CUDA graphs off / on, middle
+    dispatchers: tuple[str, ...]  # the moe_dispatcher values, innermost
     gather_auto: bool = False
     chosen: tuple[str, ...] = field(default_factory=tuple)  # knobs the planner set (not the user)
 
     @classmethod
     def fixed(cls, train: TrainSpec) -> "Knobs":
         """Every setting as `train` has it (no choice left to the planner)."""
-        return cls((train,), (bool(train.fp8_param_gather),), (train.moe_dispatcher,))
+        return cls((train,), (bool(train.fp8_param_gather),), (train.cuda_graph_impl != "none",),
+                   (train.moe_dispatcher,))
 
     @property
     def base(self) -> TrainSpec:
         """The settings the rules judge candidates by and the result reports (FP8 gather off where the planner
-        chooses it per plan, the first dispatcher)."""
+        chooses it per plan, graphs off where it searches them, the first dispatcher)."""
         return self.trains[0]
 
-    def index(self, gather: int, dispatcher: int) -> int:
-        return gather * len(self.dispatchers) + dispatcher
+    def index(self, gather: int, graph: int, dispatcher: int) -> int:
+        return (gather * len(self.graphs) + graph) * len(self.dispatchers) + dispatcher
+
+    def parts(self, variant: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        k, g = len(self.dispatchers), len(self.graphs)
+        return variant // (k * g), (variant // k) % g, variant % k
 
     def assign(self, st) -> np.ndarray:
-        """Each candidate's base variant: FP8 gather on where its layout allows it (auto), first dispatcher."""
+        """Each candidate's base variant: FP8 gather on where its layout allows it (auto), graphs off where
+        searched, the first dispatcher."""
         n = len(st.tp)
         if not self.gather_auto:
             return np.zeros(n, dtype=np.int64)
         ok = (st.zero_stage >= 1) & ~(st.offload_optimizer & (self.base.fp8_recipe != "delayed"))
-        return np.where(ok, self.index(1, 0), self.index(0, 0)).astype(np.int64)
+        return np.where(ok, self.index(1, 0, 0), self.index(0, 0, 0)).astype(np.int64)
 
     def other_dispatchers(self, variant: np.ndarray) -> list[np.ndarray]:
         """For candidates of `variant` (all on the first dispatcher), the same variants with each other
         dispatcher, one array per dispatcher."""
         k = len(self.dispatchers)
         return [variant - variant % k + j for j in range(1, k)]
+
+    @property
+    def graphs_searched(self) -> bool:
+        return len(self.graphs) > 1
+
+    def with_graphs(self, variant: np.ndarray) -> np.ndarray:
+        """The same variants with CUDA graphs on (graphs searched)."""
+        gather, _, dispatcher = self.parts(variant)
+        return self.index(gather, 1, dispatcher)
+
+    def graph_ok(self, st) -> np.ndarray:
+        """Candidates megatron-core captures graphs for (the `cuda_graph` rule's test, planner.rules): no
+        activation offloading, no full recompute, and no recompute of the moe module under a router graph."""
+        return ((st.offload_activation_layers == 0) & (st.recompute != 2)
+                & ((st.recompute_modules & modules_mask(("moe",))) == 0))
 
     def settings(self, i: int) -> dict[str, Any]:
         """The chosen knobs' values in variant `i`."""
@@ -129,18 +176,29 @@ def choose(train: TrainSpec, model, gpu, strict_numerics: bool = False) -> Knobs
     dispatchers: tuple[str, ...] = (train.moe_dispatcher,)
     if moe and framework == "megatron" and "moe_dispatcher" not in given and gpu.tables.dispatch is not None:
         dispatchers = ("alltoall", "deepep", "hybridep")
+    graphs_auto = (framework == "megatron" and not {"cuda_graph_impl", "cuda_graph_scope"} & given
+                   and not getattr(model, "is_hybrid", False) and gpu.tables.elementwise is not None)
     base = train.model_copy(update=update)
     gathers = (False, True) if gather_auto else (bool(train.fp8_param_gather),)
+    graphs = (False, True) if graphs_auto else (train.cuda_graph_impl != "none",)
     trains = []
     for g in gathers:
-        for d in dispatchers:
-            extra: dict[str, Any] = {"moe_dispatcher": d}
-            if gather_auto:
-                extra["fp8_param_gather"] = g
-            if "moe_flex_num_sms" not in given:
-                extra["moe_flex_num_sms"] = FLEX_SMS.get(d)
-            trains.append(base.model_copy(update=extra))
+        for on in graphs:
+            for d in dispatchers:
+                extra: dict[str, Any] = {"moe_dispatcher": d}
+                if gather_auto:
+                    extra["fp8_param_gather"] = g
+                if "moe_flex_num_sms" not in given:
+                    extra["moe_flex_num_sms"] = FLEX_SMS.get(d)
+                if graphs_auto:
+                    padding = update.get("moe_router_padding_for_quantization",
+                                         train.moe_router_padding_for_quantization)
+                    extra |= ({"cuda_graph_impl": "transformer_engine",
+                               "cuda_graph_scope": graph_scope(model, d, padding)} if on
+                              else {"cuda_graph_impl": "none", "cuda_graph_scope": None})
+                trains.append(base.model_copy(update=extra))
     chosen = tuple(k for k in FREE_KNOBS if k not in given and (
         k in update or (k == "fp8_param_gather" and gather_auto)
-        or (k in ("moe_dispatcher", "moe_flex_num_sms") and len(dispatchers) > 1)))
-    return Knobs(tuple(trains), gathers, dispatchers, gather_auto, chosen)
+        or (k in ("moe_dispatcher", "moe_flex_num_sms") and len(dispatchers) > 1)
+        or (k in ("cuda_graph_impl", "cuda_graph_scope") and graphs_auto)))
+    return Knobs(tuple(trains), gathers, graphs, dispatchers, gather_auto, chosen)

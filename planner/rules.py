@@ -113,6 +113,57 @@ def _offload_msg(ctx: Context, r: dict) -> str:
             "`host:` section or GPU `host_link_gb_per_s` in its profile")
 
 
+def cuda_graph_problem(train, model) -> str | None:
+    """Why megatron-core 0.16 cannot capture the CUDA graphs `train` asks for on `model`, or None
+    (TransformerConfig.__post_init__, core_v0.16.1): a dropless MoE layer's experts have token counts known
+    only on the host, so a whole-layer or whole-iteration graph of an MoE model is refused (megatron-core
+    captures experts only with drop-and-pad); the router scopes need experts and the MLP scope dense layers;
+    the dispatcher's preprocessing cannot be captured where the alltoall dispatcher copies the token counts to
+    the host for FP8 padding. Hybrid Mamba stacks' graphs are not modelled."""
+    impl = getattr(train, "cuda_graph_impl", "none")
+    if impl == "none":
+        return None
+    scope = list(getattr(train, "cuda_graph_scope", None) or [])
+    if getattr(model, "is_hybrid", False):
+        return "cuda_graph_impl on a hybrid Mamba-Transformer stack is not modelled (its mamba scope's kernels)"
+    moe = model.num_experts > 0
+    if not moe:
+        if {"moe_router", "moe_preprocess"} & set(scope):
+            return f"cuda_graph_scope {scope}: the router scopes need an MoE model ({model.name} has no experts)"
+        return None
+    if not scope or "full_iteration" in scope:
+        return (f"cuda_graph_scope {scope or '[] (the whole layer)'} on MoE model {model.name}: its dropless experts "
+                "cannot be captured (megatron-core 0.16 captures experts only with drop-and-pad); capture attn, "
+                "moe_router and moe_preprocess")
+    if "mlp" in scope and not (model.moe_first_k_dense or model.moe_layer_freq > 1):
+        return f"cuda_graph_scope {scope}: mlp captures dense MLP layers, and every layer of {model.name} is MoE"
+    if ("moe_preprocess" in scope and getattr(train, "moe_dispatcher", "alltoall") == "alltoall"
+            and getattr(train, "moe_router_padding_for_quantization", False)):
+        return (f"cuda_graph_scope {scope}: moe_preprocess with the alltoall dispatcher and the router's FP8 padding, "
+                "whose token counts are copied to the host before the wait (megatron-core refuses it)")
+    return None
+
+
+def _cuda_graph_ok(c: Context, s: StrategyArrays) -> np.ndarray:
+    impl = getattr(c.train, "cuda_graph_impl", "none")
+    n = len(s.tp)
+    if impl == "none":
+        return np.ones(n, dtype=bool)
+    scope = list(getattr(c.train, "cuda_graph_scope", None) or [])
+    ok = (s.offload_activation_layers == 0) & ((s.recompute != 2) | ("full_iteration" in scope))
+    if impl == "transformer_engine" and "moe_router" in scope:
+        ok &= (s.recompute_modules & modules_mask(("moe",))) == 0
+    return ok
+
+
+def _cuda_graph_msg(c: Context, r: dict) -> str:
+    return (f"cuda_graph_impl {c.train.cuda_graph_impl!r} (scope {c.train.cuda_graph_scope or []}) needs no "
+            f"activation offloading (offload_activation_layers is {r['offload_activation_layers']}), no full "
+            f"recompute without the full_iteration scope (recompute is {r['recompute']!r}) and, with moe_router "
+            f"under Transformer Engine, no recompute of the moe module (recompute_modules {r['recompute_modules']}): "
+            "megatron-core 0.16's TransformerConfig refuses them")
+
+
 def fp8_recipe_problem(train, gpu) -> str | None:
     """Why the training's FP8 recipe cannot run on `gpu`, or None. The GPU's element-wise kernel table
     lists the recipes its kernels run (mxfp8 needs Blackwell tensor cores); a GPU without one runs
@@ -308,6 +359,7 @@ RULES: tuple[Rule, ...] = (
          lambda c, r: "offload_optimizer needs zero_stage >= 1"),
     # Megatron-LM core_v0.16.1 arguments.py validate_args: --fp8-param-gather needs the distributed optimizer
     # or Megatron-FSDP, and with the CPU-offloaded optimizer only the delayed recipe's FP8 parameters
+    Rule("cuda_graph", _cuda_graph_ok, _cuda_graph_msg),
     Rule("fp8_param_gather",
          lambda c, s: np.full(len(s.tp), not getattr(c.train, "fp8_param_gather", False))
          | ((s.zero_stage >= 1) & ~(s.offload_optimizer & (getattr(c.train, "fp8_recipe", "delayed") != "delayed"))),

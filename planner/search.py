@@ -20,7 +20,7 @@ from cost_models.placement import group_links
 from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs
 from planner.advice import advice_for, memory_floor_gpus, min_gpus_to_fit
 from planner.error_band import band_fields, errors_of, overlaps_best
-from planner.knobs import KNOB_MARGIN, Knobs
+from planner.knobs import KNOB_MARGIN, MAX_GRAPH_GAIN, Knobs
 from planner.errors import SpecError
 from planner.ranking import Row, closest_rows, headroom_limit, rank_rows
 from planner.rules import RULES, Context, check, first_failure_counts, messages
@@ -83,9 +83,9 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
             candidates = StrategyArrays.concat([candidates, twins])
             variant = np.concatenate([variant, twin_variant])
             costs = concat_costs([costs, twin_costs])
-    if model.num_experts > 0:
+    if model.num_experts > 0 or knobs.graphs_searched:
         ctx = Context(model, train, num_gpus, cluster)
-        for make in _knob_twin_makers(knobs, constraints or {}):
+        for make in _knob_twin_makers(knobs, constraints or {}, model.num_experts > 0):
             twins, twin_variant = make(candidates, variant, costs, limit, top_k)
             if not len(twins):
                 continue
@@ -187,27 +187,52 @@ def _score(model, cluster, knobs: Knobs, candidates: StrategyArrays, variant: np
     return StrategyArrays.concat(parts), np.concatenate(variants), concat_costs(costs)
 
 
-def _knob_twin_makers(knobs: Knobs, constraints: dict) -> list:
-    """The searched MoE knobs the user left free, as twin makers run in order (planner.knobs): the other
-    dispatchers, then the all-to-all overlap (over every dispatcher's rows)."""
+def _knob_twin_makers(knobs: Knobs, constraints: dict, moe: bool) -> list:
+    """The searched knobs the user left free, as twin makers run in order (planner.knobs): for an MoE model the
+    other dispatchers, then the all-to-all overlap (over every dispatcher's rows); then CUDA graphs (over all)."""
     makers = []
-    if len(knobs.dispatchers) > 1:
+    if moe and len(knobs.dispatchers) > 1:
         makers.append(lambda c, v, costs, limit, k: _dispatcher_twins(knobs, c, v, costs, limit, k))
-    if "overlap_moe_comm" not in constraints:
+    if moe and "overlap_moe_comm" not in constraints:
         makers.append(_overlap_twins)
+    if knobs.graphs_searched:
+        makers.append(lambda c, v, costs, limit, k: _graph_twins(knobs, c, v, costs, limit, k))
     return makers
+
+
+def _bar(costs: CostArrays, limit: float, top_k: int) -> float | None:
+    """The top_k-th best fitting plan's step time with `KNOB_MARGIN` on it; None when nothing fits."""
+    fits = costs.fits & (costs.peak_memory_bytes <= limit)
+    if not fits.any():
+        return None
+    steps = costs.step_time_s[fits]
+    k = min(max(top_k, 1), len(steps)) - 1
+    return float(np.partition(steps, k)[k]) * (1.0 + KNOB_MARGIN)
+
+
+def _graph_twins(knobs: Knobs, candidates: StrategyArrays, variant: np.ndarray, costs: CostArrays, limit: float,
+                 top_k: int) -> tuple[StrategyArrays, np.ndarray]:
+    """The fitting candidates without CUDA graphs that graphs could bring into the ranking (their step less
+    `MAX_GRAPH_GAIN` of it within the bar), with Transformer Engine's graphs (planner.knobs.graph_scope), where
+    megatron-core captures them (`Knobs.graph_ok`)."""
+    bar = _bar(costs, limit, top_k)
+    if bar is None:
+        return candidates.take(np.array([], dtype=np.int64)), np.array([], dtype=np.int64)
+    fits = costs.fits & (costs.peak_memory_bytes <= limit)
+    off = knobs.parts(variant)[1] == 0
+    need = np.flatnonzero(fits & off & knobs.graph_ok(candidates)
+                          & (costs.step_time_s * (1.0 - MAX_GRAPH_GAIN) <= bar))
+    return candidates.take(need), knobs.with_graphs(variant[need])
 
 
 def _could_win(candidates: StrategyArrays, costs: CostArrays, limit: float, top_k: int) -> np.ndarray:
     """Candidates with expert parallelism whose step time less their exposed expert-parallel time is within
     `KNOB_MARGIN` of the `top_k`-th best fitting plan: the only ones another dispatcher or the all-to-all
     overlap could bring into the ranking (those changes act on that time). Nothing fits: none."""
+    bar = _bar(costs, limit, top_k)
+    if bar is None:
+        return np.zeros(len(costs.step_time_s), dtype=bool)
     fits = costs.fits & (costs.peak_memory_bytes <= limit)
-    if not fits.any():
-        return np.zeros(len(fits), dtype=bool)
-    steps = costs.step_time_s[fits]
-    k = min(max(top_k, 1), len(steps)) - 1
-    bar = float(np.partition(steps, k)[k]) * (1.0 + KNOB_MARGIN)
     return fits & (candidates.ep > 1) & (costs.step_time_s - costs.time_s["ep_comm"] <= bar)
 
 

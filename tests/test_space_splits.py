@@ -67,10 +67,12 @@ def test_shaves_are_bounded_and_splits_are_unique():
 
 def test_deepseek_v3_61_layers_get_uneven_splits_without_empty_stages():
     # 61 layers on pp 16: middle ranks 4, the ends 2 and 3 (61 = 2 + 14·4 + 3), a deficit of 3 beyond the one-layer
-    # shaves, so the fallback split (as on pp 4: 14 + 16 + 16 + 15). Asked for vpp 4, pp 4 gets Megatron-Bridge's
-    # interleaved recipe layout, 4 chunks of 4 layers per rank but the last virtual stage's 1 (16 + 16 + 16 + 13).
-    assert {tuple(per_stage(61, 16, s)) for s in splits(61, 16)} == {(2,) + (4,) * 14 + (3,)}
-    assert {tuple(per_stage(61, 4, s)) for s in splits(61, 4)} == {(14, 16, 16, 15)}
+    # shaves, so the fallback splits: the ends share the rest, or the first rank full and the last the remainder
+    # (Megatron-Bridge's pp 16 layout, 15·4 + 1; on pp 4: 14 + 16 + 16 + 15 and 16 + 16 + 16 + 13). Asked for vpp 4,
+    # pp 4 gets Megatron-Bridge's interleaved recipe layout, 4 chunks of 4 layers per rank but the last virtual
+    # stage's 1 (16 + 16 + 16 + 13).
+    assert {tuple(per_stage(61, 16, s)) for s in splits(61, 16)} == {(2,) + (4,) * 14 + (3,), (4,) * 15 + (1,)}
+    assert {tuple(per_stage(61, 4, s)) for s in splits(61, 4)} == {(14, 16, 16, 15), (16, 16, 16, 13)}
     assert {s[3] for s in splits(61, 4, {"vpp": 4})} == {(4,) * 15 + (1,)}
     assert {tuple(per_stage(61, 4, s)) for s in splits(61, 4, {"vpp": 4})} == {(16, 16, 16, 13)}
     # pp 32 cannot hold 61 layers with equal middle ranks: one impossible split, rejected by the rules.

@@ -235,6 +235,10 @@ RANK_ORDER_FRAMEWORKS = ("Megatron-LM", "Megatron-Bridge")
 HYBRID_FRAMEWORKS = frozenset({"Megatron-LM"})
 
 
+#: Frameworks whose emitters write megatron-core's CUDA graph settings (TrainSpec.cuda_graph_impl, cuda_graph_scope).
+GRAPH_FRAMEWORKS = ("Megatron-LM", "Megatron-Bridge")
+
+
 def check_plan(plan: Plan, framework: str) -> PlanFacts:
     """Rules every framework needs and some accept silently, then the facts.
 
@@ -257,6 +261,9 @@ def check_plan(plan: Plan, framework: str) -> PlanFacts:
         refuse(f"tp ({s.tp}) must divide num_attention_heads ({m.num_attention_heads})")
     if m.kv_heads % s.tp:
         refuse(f"tp ({s.tp}) must divide num_kv_heads ({m.kv_heads})")
+    if t.cuda_graph_impl != "none" and framework not in GRAPH_FRAMEWORKS:
+        refuse(f"cuda_graph_impl {t.cuda_graph_impl!r} (scope {t.cuda_graph_scope or []}); {framework} is not emitted "
+               "with megatron-core's CUDA graphs: emit megatron or megatron-bridge")
     if m.is_hybrid:
         if framework not in HYBRID_FRAMEWORKS:
             refuse(f"model {one_line(clip(m.name))} is a hybrid Mamba-Transformer stack (hybrid_override_pattern); "

@@ -173,6 +173,8 @@ FLAGS: dict[str, Flag] = {
     "first_last_layers_bf16": Flag("--first-last-layers-bf16", "switch"),
     "num_layers_at_start_in_bf16": Flag("--num-layers-at-start-in-bf16", "int"),
     "num_layers_at_end_in_bf16": Flag("--num-layers-at-end-in-bf16", "int"),
+    "cuda_graph_impl": Flag("--cuda-graph-impl", "str"),
+    "cuda_graph_scope": Flag("--cuda-graph-scope", "list"),
     "cross_entropy_loss_fusion": Flag("--cross-entropy-loss-fusion", "switch"),
     "cross_entropy_fusion_impl": Flag("--cross-entropy-fusion-impl", "str"),
     # model shape
@@ -453,6 +455,10 @@ def _precision(f: PlanFacts) -> dict[str, Any]:
         if start or end:  # megatron-core's defaults are 1 and 1: both written
             out |= {"first_last_layers_bf16": True, "num_layers_at_start_in_bf16": start,
                     "num_layers_at_end_in_bf16": end}
+    if f.train.cuda_graph_impl != "none":  # megatron-core's TransformerConfig fields (cuda_graph_impl, cuda_graph_scope)
+        out["cuda_graph_impl"] = f.train.cuda_graph_impl
+        if f.train.cuda_graph_scope:  # an empty scope is the whole layer, megatron-core's default
+            out["cuda_graph_scope"] = list(f.train.cuda_graph_scope)
     if f.train.cross_entropy_fusion:
         out["cross_entropy_loss_fusion"] = True
         if f.train.cross_entropy_fusion_impl != "native":  # megatron-core's default (ModelParallelConfig)
@@ -755,7 +761,8 @@ _TRANSFORMER_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_atte
                        "moe_router_group_topk", "moe_deepep_num_sms", "moe_hybridep_num_sms",
                        "moe_router_padding_for_quantization", "moe_router_load_balancing_type", "moe_router_pre_softmax", "mtp_num_layers",
                        "window_size", "window_attn_skip_freq", "softmax_type", "multi_latent_attention",
-                       "is_hybrid_model", "mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups")
+                       "is_hybrid_model", "mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups",
+                       "cuda_graph_impl", "cuda_graph_scope")
 #: MLATransformerConfig fields, with Megatron-LM's argument defaults (arguments.py `_add_mla_args`)
 _MLA_FIELDS = {"q_lora_rank": None, "kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
 _RENAMED = {"decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",

@@ -77,6 +77,7 @@ _MODEL_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "
                  "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
                  "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
                  "cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_weights",
+                 "cuda_graph_impl", "cuda_graph_scope",
                  "gradient_accumulation_fusion",
                  "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
                  "num_query_groups", "gated_linear_unit", "normalization", "layernorm_epsilon", "qk_layernorm",

@@ -125,6 +125,22 @@ class TrainSpec(Spec):
         "value. Aux-loss balanced routers run near 1.1; a skewed router or small batches more.",
     )
 
+    cuda_graph_impl: Literal["none", "transformer_engine", "local"] = Field(
+        "none",
+        description="CUDA graphs (Megatron's --cuda-graph-impl): none; transformer_engine, Transformer Engine's "
+        "make_graphed_callables over the scopes of cuda_graph_scope, per layer; local, megatron-core's own capture, "
+        "per layer or (scope full_iteration) the whole forward and backward. A captured scope's kernels are "
+        "launched by one graph launch, which takes their host time off the step where the host bounds it "
+        "(cost_models.elementwise); its static buffers are held for the graph (the cuda_graph_buffers term).",
+    )
+    cuda_graph_scope: list[Literal["attn", "mlp", "moe_router", "moe_preprocess", "full_iteration"]] | None = Field(
+        None,
+        description="What cuda_graph_impl captures (Megatron's --cuda-graph-scope): attn (the attention sub-layer "
+        "with its norm), mlp (a dense MLP sub-layer), moe_router (the pre-MLP norm and the router), moe_preprocess "
+        "(with moe_router: the dispatcher's preprocessing before its host wait), full_iteration (local only); "
+        "None or empty: the whole layer (which a dropless MoE layer's experts cannot be).",
+    )
+
     @model_validator(mode="after")
     def _check_fp8_param_gather(self) -> "TrainSpec":
         if self.fp8_param_gather and self.precision != "fp8":
@@ -173,6 +189,27 @@ class TrainSpec(Spec):
             if not self.cross_entropy_fusion:
                 raise SpecError("cross_entropy_fusion_impl 'te' needs cross_entropy_fusion (Megatron runs the fused "
                                 "implementation it names only with --cross-entropy-loss-fusion)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_cuda_graphs(self) -> "TrainSpec":
+        scope = self.cuda_graph_scope or []
+        if self.cuda_graph_impl == "none":
+            if scope:
+                raise SpecError(f"cuda_graph_scope {scope} needs cuda_graph_impl 'transformer_engine' or 'local' "
+                                "(cuda_graph_impl is 'none')")
+            return self
+        if self.framework != "megatron":
+            raise SpecError(f"cuda_graph_impl {self.cuda_graph_impl!r} is Megatron's --cuda-graph-impl; framework "
+                            f"{self.framework!r} captures no CUDA graphs the plan can cost")
+        if len(set(scope)) != len(scope):
+            raise SpecError(f"cuda_graph_scope {scope} names a scope twice")
+        if "full_iteration" in scope and (self.cuda_graph_impl != "local" or scope != ["full_iteration"]):
+            raise SpecError(f"cuda_graph_scope {scope}: full_iteration stands alone, with cuda_graph_impl 'local' "
+                            "(megatron-core's TransformerConfig refuses it otherwise)")
+        if "moe_preprocess" in scope and "moe_router" not in scope:
+            raise SpecError(f"cuda_graph_scope {scope}: moe_preprocess needs moe_router (megatron-core captures the "
+                            "dispatcher's preprocessing with the router only)")
         return self
 
     @property

@@ -76,6 +76,9 @@ ALLOWED_REFUSALS["torchtitan"].append(r"moe_dispatcher (deepep|hybridep); the em
 # a sample plan searched for Megatron-LM with ZeRO 0, given the FP8 parameter gather Megatron-Bridge's FP8 recipe
 # imposes (its own search, `meshplan emit --backend megatron-bridge`, never returns one: the rules refuse it)
 ALLOWED_REFUSALS["megatron-bridge"].append(r"fp8_param_gather with zero_stage 0; --fp8-param-gather needs")
+for _backend in ("torchtitan", "colossalai", "deepspeed", "maxtext"):  # megatron-core's CUDA graphs
+    ALLOWED_REFUSALS[_backend].append(r"cuda_graph_impl 'transformer_engine' \(scope \[[\w', ]*\]\); [\w-]+ is not "
+                                      "emitted with megatron-core's CUDA graphs")
 for _backend in ("torchtitan", "colossalai", "deepspeed"):  # Megatron's --overlap-moe-expert-parallel-comm
     ALLOWED_REFUSALS[_backend].append(r"overlap_moe_comm; [\w-]+ does not overlap the expert all-to-all")
 # Megatron's --use-tp-pp-dp-mapping, which the search turns for framework megatron: the other meshes nest one way

@@ -132,12 +132,21 @@ MoeDispatcherOpt = Annotated[Optional[str], typer.Option(
     "Megatron on GPUs with measured flex dispatchers (Hopper, Blackwell), else alltoall.")]
 
 
+CudaGraphImplOpt = Annotated[Optional[str], typer.Option(
+    "--cuda-graph-impl", help="CUDA graphs (Megatron's --cuda-graph-impl): none, transformer_engine or local. Default: "
+    "searched under Megatron (Transformer Engine's graphs where they shorten a host-bound step).")]
+CudaGraphScopeOpt = Annotated[Optional[str], typer.Option(
+    "--cuda-graph-scope", help="Comma-separated scopes the graphs capture (Megatron's --cuda-graph-scope): attn, mlp, "
+    "moe_router, moe_preprocess, full_iteration (local); empty: the whole layer.")]
+
+
 def train_options(grad_precision: str | None, attention_kernel: str, optimizer: str,
                   moe_load_imbalance: float | None = None, zero3_impl: str | None = None, fp8_recipe: str = "delayed",
                   cross_entropy_fusion: bool | None = None, framework: str = "megatron",
                   moe_dispatcher: str | None = None, fp8_param_gather: bool | None = None,
                   torch_compile: bool | None = None, cross_entropy_fusion_impl: str | None = None,
-                  moe_flex_num_sms: int | None = None, router_padding: bool | None = None) -> dict[str, Any]:
+                  moe_flex_num_sms: int | None = None, router_padding: bool | None = None,
+                  cuda_graph_impl: str | None = None, cuda_graph_scope: str | None = None) -> dict[str, Any]:
     """TrainSpec options from the CLI: --zero3-impl only when given (a framework may fix it), and the
     settings the planner chooses when left free (planner.knobs) only when given."""
     out: dict[str, Any] = {"attention_kernel": attention_kernel, "optimizer": optimizer, "fp8_recipe": fp8_recipe,
@@ -152,6 +161,10 @@ def train_options(grad_precision: str | None, attention_kernel: str, optimizer: 
         out["moe_flex_num_sms"] = moe_flex_num_sms
     if router_padding is not None:
         out["moe_router_padding_for_quantization"] = router_padding
+    if cuda_graph_impl is not None:
+        out["cuda_graph_impl"] = cuda_graph_impl
+    if cuda_graph_scope is not None:
+        out["cuda_graph_scope"] = [p.strip() for p in cuda_graph_scope.split(",") if p.strip()]
     if cross_entropy_fusion_impl is not None:
         out["cross_entropy_fusion_impl"] = cross_entropy_fusion_impl
     if zero3_impl is not None:

@@ -41,6 +41,8 @@ from planner.cli.common import (
     PrecisionOpt,
     RouterPaddingOpt,
     StrictNumericsOpt,
+    CudaGraphImplOpt,
+    CudaGraphScopeOpt,
     SeqOpt,
     TorchCompileOpt,
     Zero3ImplOpt,
@@ -113,6 +115,8 @@ def emit_cmd(
     moe_flex_num_sms: FlexSmsOpt = None,
     moe_router_padding_for_quantization: RouterPaddingOpt = None,
     torch_compile: TorchCompileOpt = None,
+    cuda_graph_impl: CudaGraphImplOpt = None,
+    cuda_graph_scope: CudaGraphScopeOpt = None,
     strict_numerics: StrictNumericsOpt = False,
     headroom: HeadroomOpt = None,
     calibration: CalibrationOpt = None,
@@ -151,7 +155,8 @@ def emit_cmd(
                    "--cross-entropy-fusion-impl": cross_entropy_fusion_impl, "--framework": framework,
                    "--moe-dispatcher": moe_dispatcher, "--moe-flex-num-sms": moe_flex_num_sms,
                    "--moe-router-padding-for-quantization": moe_router_padding_for_quantization,
-                   "--strict-numerics": strict_numerics or None,
+                   "--strict-numerics": strict_numerics or None, "--cuda-graph-impl": cuda_graph_impl,
+                   "--cuda-graph-scope": cuda_graph_scope,
                    "--torch-compile": torch_compile, "--headroom": headroom, "--calibration": calibration}
     if plan_json is not None:
         given = [k for k, v in {**search, **search_only}.items() if v is not None]
@@ -182,7 +187,8 @@ def emit_cmd(
         train = train_options(grad_precision, attention_kernel or "flash", optimizer or "adam",
                               moe_load_imbalance, zero3_impl, fp8_recipe or "delayed", cross_entropy_fusion, runs,
                               moe_dispatcher, fp8_param_gather, torch_compile, cross_entropy_fusion_impl,
-                              moe_flex_num_sms, moe_router_padding_for_quantization)
+                              moe_flex_num_sms, moe_router_padding_for_quantization, cuda_graph_impl,
+                              cuda_graph_scope)
         if backend == "megatron-bridge":  # the settings its mixed-precision recipe imposes, unless given
             from planner.emit.megatron_bridge import imposed_settings
 

@@ -41,6 +41,8 @@ from planner.cli.common import (
     RecomputeOpt,
     RouterPaddingOpt,
     StrictNumericsOpt,
+    CudaGraphImplOpt,
+    CudaGraphScopeOpt,
     SeqOpt,
     TorchCompileOpt,
     Zero3ImplOpt,
@@ -96,6 +98,8 @@ def plan_cmd(
     moe_flex_num_sms: FlexSmsOpt = None,
     moe_router_padding_for_quantization: RouterPaddingOpt = None,
     torch_compile: TorchCompileOpt = None,
+    cuda_graph_impl: CudaGraphImplOpt = None,
+    cuda_graph_scope: CudaGraphScopeOpt = None,
     strict_numerics: StrictNumericsOpt = False,
     headroom: HeadroomOpt = None,
     calibration: CalibrationOpt = None,
@@ -113,7 +117,8 @@ def plan_cmd(
                                                                       cross_entropy_fusion, framework, moe_dispatcher,
                                                                       fp8_param_gather, torch_compile,
                                                                       cross_entropy_fusion_impl, moe_flex_num_sms,
-                                                                      moe_router_padding_for_quantization))
+                                                                      moe_router_padding_for_quantization,
+                                                                      cuda_graph_impl, cuda_graph_scope))
     with searching(f"searching strategies for {gpus:,} GPUs"):
         result = api_plan(**kwargs)
     if fmt is Format.json:
@@ -443,6 +448,7 @@ def _one_strategy_command(render):
         moe_dispatcher: MoeDispatcherOpt = None, moe_flex_num_sms: FlexSmsOpt = None,
         moe_router_padding_for_quantization: RouterPaddingOpt = None,
         torch_compile: TorchCompileOpt = None, strict_numerics: StrictNumericsOpt = False,
+        cuda_graph_impl: CudaGraphImplOpt = None, cuda_graph_scope: CudaGraphScopeOpt = None,
         plan_file: PlanFileOpt = None, rank: RankOpt = 1, calibration: CalibrationOpt = None,
         fmt: FormatOpt = Format.table,
     ) -> None:
@@ -473,7 +479,8 @@ def _one_strategy_command(render):
                                            zero3_impl, fp8_recipe, cross_entropy_fusion, framework,
                                            moe_dispatcher, fp8_param_gather, torch_compile,
                                            cross_entropy_fusion_impl, moe_flex_num_sms,
-                                           moe_router_padding_for_quantization))
+                                           moe_router_padding_for_quantization, cuda_graph_impl,
+                                           cuda_graph_scope))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)

@@ -19,7 +19,7 @@ PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "-
 # Frozen `emit` surface: extend it, never rename (users' scripts depend on it).
 FROZEN_EMIT = ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--bridge-version",
                "--calibration", "--cluster",
-               "--constraint", "--constraints", "--cross-entropy-fusion", "--cross-entropy-fusion-impl",
+               "--constraint", "--constraints", "--cross-entropy-fusion", "--cross-entropy-fusion-impl", "--cuda-graph-impl", "--cuda-graph-scope",
                "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",
                "--grad-precision", "--headroom", "--job-name", "--launch-for", "--master-port", "--model",
                "--moe-dispatcher", "--moe-flex-num-sms", "--moe-load-imbalance",

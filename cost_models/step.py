@@ -208,10 +208,38 @@ def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: Strategy
                  lay.num_microbatches(train.global_batch_size, st.micro_batch_size))
 
 
-def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> CostArrays:
-    """Score every candidate in `st`; validity is the caller's job (planner.rules)."""
+def memory_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays,
+                  comm: CommModel | None = None) -> tuple[CostArrays, dict[str, np.ndarray]]:
+    """The memory of every candidate in `st` (the first part of `evaluate_arrays`, the same numbers), with no
+    time: the step time is infinite and the time terms zero. The search scores the time of the candidates that
+    fit only (a plan that does not fit is never ranked; its memory says why and what it would take). Also returns
+    the memory of every stage row (`stage_memory`), which `evaluate_arrays` takes for a subset of the columns."""
     s = setup(model, cluster, train, st, comm)
     mem_rows = stage_memory(s)
+    total = sum(mem_rows.values())
+    binding = np.argmax(total, axis=0)
+    lay, m = s.lay, s.num_microbatches
+    n = len(st)
+    zeros = np.zeros(n)
+    host = cluster.host
+    return CostArrays(
+        host_memory_bytes=offloaded_bytes(s).max(axis=0),
+        host_capacity_bytes=host.memory_bytes / cluster.gpus_per_node if host is not None else float("inf"),
+        step_time_s=np.full(n, np.inf), memory_bytes={k: _pick(v, binding) for k, v in mem_rows.items()},
+        time_s={k: zeros for k in TIME_TERMS}, peak_memory_bytes=_pick(total, binding),
+        binding_stage=_pick(lay.rows.kind, binding), binding_pipeline_rank=_pick(lay.rows.rank, binding),
+        num_microbatches=m, bubble_fraction=lay.bubble_fraction(m), model_flop_per_step=zeros,
+        hardware_flop_per_step=zeros, comm_total_s=zeros, memory_capacity_bytes=s.gpu.memory_bytes,
+        peak_flop_per_s=s.gpu.peak(train.precision),
+    ), mem_rows
+
+
+def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None,
+                    mem_rows: dict[str, np.ndarray] | None = None) -> CostArrays:
+    """Score every candidate in `st`; validity is the caller's job (planner.rules). `mem_rows`: their stage rows'
+    memory already computed (`memory_arrays`), not computed again."""
+    s = setup(model, cluster, train, st, comm)
+    mem_rows = stage_memory(s) if mem_rows is None else mem_rows
     total = sum(mem_rows.values())
     binding = np.argmax(total, axis=0)
     pl = per_layer_times(model, train, s.gpu, s.comm, st, cluster.overlap_efficiency, s, cluster.tp_comm_overlap,

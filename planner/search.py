@@ -17,7 +17,7 @@ from cost_models.blocks import Micro, model_blocks
 from cost_models.layout import STAGE_NAMES
 from cost_models.memory import kind_activation_bytes
 from cost_models.placement import group_links
-from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs
+from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs, memory_arrays
 from planner.advice import advice_for, memory_floor_gpus, min_gpus_to_fit
 from planner.error_band import band_fields, errors_of, overlaps_best
 from planner.knobs import KNOB_MARGIN, MAX_GRAPH_GAIN, Knobs
@@ -62,8 +62,8 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
                             search_time_s=time.perf_counter() - start)
         return PlanResult(plans=[], stats=stats, rejections=rejections, **common)
     variant = knobs.assign(candidates)
-    candidates, variant, costs = _score(model, cluster, knobs, candidates, variant)
-    limit = headroom_limit(costs.memory_capacity_bytes, headroom)
+    limit = headroom_limit(cluster.gpu.memory_bytes, headroom)
+    candidates, variant, costs = _score(model, cluster, knobs, candidates, variant, limit)
     # the offloaded twins of the plans that do not fit, scored together (one more evaluation, one concatenation)
     twins = ([_activation_offload_twins(model, candidates, costs, limit)]
              if "offload_activation_layers" not in (constraints or {}) else [])
@@ -79,7 +79,7 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
             rejected[key] = rejected.get(key, 0) + n
         twins = twins.take(valid)
         if len(twins):
-            twins, twin_variant, twin_costs = _score(model, cluster, knobs, twins, knobs.assign(twins))
+            twins, twin_variant, twin_costs = _score(model, cluster, knobs, twins, knobs.assign(twins), limit)
             candidates = StrategyArrays.concat([candidates, twins])
             variant = np.concatenate([variant, twin_variant])
             costs = concat_costs([costs, twin_costs])
@@ -95,11 +95,14 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
                 rejected[key] = rejected.get(key, 0) + n
             twins, twin_variant = twins.take(valid), twin_variant[valid]
             if len(twins):
-                twins, twin_variant, twin_costs = _score(model, cluster, knobs, twins, twin_variant)
+                twins, twin_variant, twin_costs = _score(model, cluster, knobs, twins, twin_variant, limit)
                 candidates = StrategyArrays.concat([candidates, twins])
                 variant = np.concatenate([variant, twin_variant])
                 costs = concat_costs([costs, twin_costs])
     fits = costs.fits & (costs.peak_memory_bytes <= limit)
+    if not fits.any() and np.isinf(costs.step_time_s).any():  # nothing fits: the closest plans need their times
+        candidates, variant, costs = _score(model, cluster, knobs, candidates, variant)
+        fits = costs.fits & (costs.peak_memory_bytes <= limit)
     over = ~costs.fits
     host_over = costs.host_memory_bytes > costs.host_capacity_bytes
     if host_over.any():
@@ -170,21 +173,63 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
     )
 
 
-def _score(model, cluster, knobs: Knobs, candidates: StrategyArrays, variant: np.ndarray
-           ) -> tuple[StrategyArrays, np.ndarray, CostArrays]:
+#: Below this many candidates a variant is scored in full at once: the memory pass first would cost more than the
+#: times it saves (its memory is computed again for the candidates that fit).
+MEMORY_FIRST_MIN = 20_000
+
+
+def _score(model, cluster, knobs: Knobs, candidates: StrategyArrays, variant: np.ndarray,
+           limit: float | None = None) -> tuple[StrategyArrays, np.ndarray, CostArrays]:
     """Score `candidates`, each with its settings variant (`knobs.trains[variant[i]]`): one evaluation per
-    variant present. Returns the candidates and variants regrouped in the order they were scored."""
-    present = np.unique(variant)
-    if len(present) == 1:
-        return candidates, variant, evaluate_arrays(model, cluster, knobs.trains[int(present[0])], candidates)
+    variant present. With `limit`, the memory of every candidate and the time of those whose peak is within it
+    only (`cost_models.step.memory_arrays`: the others' step time is infinite; a plan over the limit is never
+    ranked, and its memory says what it would take). Returns the candidates and variants regrouped in the
+    order they were scored."""
     parts, variants, costs = [], [], []
-    for v in present:
+    for v in np.unique(variant):
         idx = np.flatnonzero(variant == v)
-        part = candidates.take(idx)
-        parts.append(part)
-        variants.append(variant[idx])
-        costs.append(evaluate_arrays(model, cluster, knobs.trains[int(v)], part))
+        part = candidates.take(idx) if len(idx) < len(variant) else candidates
+        train = knobs.trains[int(v)]
+        if limit is None or len(part) < MEMORY_FIRST_MIN:
+            parts.append(part), variants.append(variant[idx]), costs.append(evaluate_arrays(model, cluster, train, part))
+            continue
+        memory, rows = memory_arrays(model, cluster, train, part)
+        under = memory.fits & (memory.peak_memory_bytes <= limit)
+        if under.all():
+            parts.append(part), variants.append(variant[idx])
+            costs.append(evaluate_arrays(model, cluster, train, part, mem_rows=rows))
+            continue
+        ok = np.flatnonzero(under)
+        parts.append(part), variants.append(variant[idx])
+        if len(ok):
+            sub = {k: np.broadcast_to(v, (v.shape[0] if v.ndim == 2 else 1, len(part)))[:, ok] for k, v in rows.items()}
+            memory = _scatter(memory, ok, evaluate_arrays(model, cluster, train, part.take(ok), mem_rows=sub))
+        costs.append(memory)
+    if len(parts) == 1:
+        return parts[0], variants[0], costs[0]
     return StrategyArrays.concat(parts), np.concatenate(variants), concat_costs(costs)
+
+
+def _scatter(memory: CostArrays, index: np.ndarray, scored: CostArrays) -> CostArrays:
+    """`memory` (every candidate's memory, no times) with the full scores of rows `index` written in: `scored`
+    holds those rows, in that order. The memory terms are the same numbers in both and are kept."""
+    n = len(memory.step_time_s)
+    out = {}
+    for name in CostArrays.__dataclass_fields__:
+        value, new = getattr(memory, name), getattr(scored, name)
+        if name == "memory_bytes" or not isinstance(value, (dict, np.ndarray)):
+            out[name] = value
+        elif isinstance(value, dict):
+            out[name] = {}
+            for k, v in value.items():
+                full = np.array(np.broadcast_to(v, (n,)), dtype=np.result_type(v, new[k]))
+                full[index] = new[k]
+                out[name][k] = full
+        else:
+            full = np.array(np.broadcast_to(value, (n,)), dtype=np.result_type(value, new))
+            full[index] = new
+            out[name] = full
+    return CostArrays(**out)
 
 
 def _knob_twin_makers(knobs: Knobs, constraints: dict, moe: bool) -> list:

@@ -207,3 +207,28 @@ def test_bridge_emit_searches_with_the_settings_its_recipe_imposes(capsys):
     overrides = json.loads(out)["overrides"]
     assert "ddp.grad_reduce_in_fp32=true" in overrides  # the FP8 recipe reduces in fp32
     assert "mixed_precision=bf16_with_fp8_delayed_scaling_mixed" in overrides
+
+
+def test_evaluate_flags_reproduce_a_plan_with_the_overlap_and_recompute_modules(capsys):
+    """The plan table's `a2a-ovl` and `selective(a+b)` cells are typed back as --overlap-moe-comm and
+    --recompute-modules, and evaluate reproduces the plan with its settings given."""
+    question = QWEN | {"global_batch_size": 512}
+    strategy = {"ep": 8, "zero_stage": 1, "micro_batch_size": 4, "overlap_moe_comm": True, "recompute": "selective",
+                "recompute_modules": ["moe_act", "layernorm"]}
+    settings = run_settings({"moe_dispatcher": "hybridep"})
+    direct = evaluate(**question, strategy=strategy, **settings)
+    code = main(["evaluate", "--model", "qwen3-30b-a3b", "--cluster", "gb200-nvl72", "--gpus", "8",
+                 "--global-batch-size", "512", "--seq-len", "4096", "--precision", "fp8", "--fp8-recipe", "mxfp8",
+                 "--ep", "8", "--zero", "1", "--mbs", "4", "--overlap-moe-comm", "--recompute", "selective",
+                 "--recompute-modules", "moe_act+layernorm", "--moe-dispatcher", "hybridep", "--moe-flex-num-sms", "16",
+                 "--grad-precision",
+                 "fp32", "--no-fp8-param-gather", "--cross-entropy-fusion-impl", "native",
+                 "--no-router-padding", "--cuda-graph-impl", "none", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code in (0, 1), err
+    assert json.loads(out)["step_time_s"] == pytest.approx(direct.step_time_s, rel=1e-12)
+    code = main(["evaluate", "--model", "qwen3-30b-a3b", "--cluster", "gb200-nvl72", "--gpus", "8",
+                 "--global-batch-size", "512", "--seq-len", "4096", "--ep", "8", "--recompute", "selective",
+                 "--recompute-modules", "moe_act,bogus"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "recompute_modules" in err and "Traceback" not in err

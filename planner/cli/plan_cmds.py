@@ -376,7 +376,8 @@ def _strategy(dp: Optional[int], tp: int, pp: int, cp: int, vpp: int, sp: bool, 
               last_stage_layers: Optional[int], stage_layers: Optional[str], embedding_as_layer: bool,
               loss_as_layer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool, ep: int = 1, etp: int = 1,
               offload_optimizer: bool = False, offload_activation_layers: Optional[int] = None,
-              overlap_p2p_comm: bool = True, rank_order: str = "tp-cp-ep-dp-pp") -> Strategy:
+              overlap_p2p_comm: bool = True, rank_order: str = "tp-cp-ep-dp-pp", overlap_moe_comm: bool = False,
+              recompute_modules: Optional[str] = None) -> Strategy:
     return Strategy(dp=dp if dp is not None else "auto", tp=tp, pp=pp, cp=cp, ep=ep, etp=etp,
                     offload_optimizer=offload_optimizer, offload_activation_layers=offload_activation_layers,
                     vpp=vpp, sequence_parallel=sp,
@@ -385,7 +386,16 @@ def _strategy(dp: Optional[int], tp: int, pp: int, cp: int, vpp: int, sp: bool, 
                     num_layers_in_last_stage=last_stage_layers, stage_layers=parse_stage_layers(stage_layers),
                     embedding_as_layer=embedding_as_layer, loss_as_layer=loss_as_layer,
                     overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                    overlap_p2p_comm=overlap_p2p_comm, rank_order=rank_order)
+                    overlap_p2p_comm=overlap_p2p_comm, rank_order=rank_order, overlap_moe_comm=overlap_moe_comm,
+                    recompute_modules=parse_modules(recompute_modules))
+
+
+def parse_modules(text: Optional[str]) -> Optional[list[str]]:
+    """`mla_up_proj+moe_act` or `mla_up_proj,moe_act` (the recompute cell of a plan table row reads the first)
+    -> ["mla_up_proj", "moe_act"]; Strategy checks the names."""
+    if text is None:
+        return None
+    return [m.strip() for m in text.replace("+", ",").split(",") if m.strip()]
 
 
 def parse_stage_layers(text: Optional[str]) -> Optional[list[int]]:
@@ -422,6 +432,12 @@ LossLayerOpt = Annotated[bool, typer.Option("--loss-as-layer", help="Count the o
 OgrOpt = Annotated[bool, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Overlap the gradient reduction with backward.")]
 OpgOpt = Annotated[bool, typer.Option("--overlap-param-gather/--no-overlap-param-gather", help="Overlap ZeRO parameter gathers with forward.")]
 RankOrderOpt = Annotated[str, typer.Option("--rank-order", help="How ranks map onto the dimensions, innermost first: tp-cp-ep-dp-pp (Megatron's default) or tp-cp-ep-pp-dp (Megatron's --use-tp-pp-dp-mapping: pipelines close together, data-parallel replicas far apart).")]
+MoeOverlapOpt = Annotated[bool, typer.Option(
+    "--overlap-moe-comm/--no-overlap-moe-comm", help="MoE: overlap the token all-to-all with another micro-batch's "
+    "compute (Megatron's --overlap-moe-expert-parallel-comm; a2a-ovl in the plan table).")]
+ModulesOpt = Annotated[Optional[str], typer.Option(
+    "--recompute-modules", help="With --recompute selective: the modules recomputed (Megatron's --recompute-modules), "
+    "e.g. mla_up_proj+moe_act as the plan table's recompute cell writes them, or comma-separated.")]
 Op2pOpt = Annotated[bool, typer.Option("--overlap-p2p-comm/--no-overlap-p2p-comm", help="With vpp > 1: overlap the steady-state pipeline transfers with compute (Megatron's --overlap-p2p-communication, its default); off: every transfer blocks.")]
 
 
@@ -439,7 +455,8 @@ def _one_strategy_command(render):
         recompute_num_layers: RclOpt = None, first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
         stage_layers: StageLayersOpt = None, embedding_as_layer: EmbLayerOpt = False, loss_as_layer: LossLayerOpt = False,
         overlap_grad_reduce: OgrOpt = True, overlap_param_gather: OpgOpt = True, overlap_p2p_comm: Op2pOpt = True,
-        rank_order: RankOrderOpt = "tp-cp-ep-dp-pp", grad_precision: GradPrecisionOpt = None, attention_kernel: AttentionOpt = "flash",
+        rank_order: RankOrderOpt = "tp-cp-ep-dp-pp", overlap_moe_comm: MoeOverlapOpt = False,
+        recompute_modules: ModulesOpt = None, grad_precision: GradPrecisionOpt = None, attention_kernel: AttentionOpt = "flash",
         optimizer: OptimizerOpt = "adam", moe_load_imbalance: MoeImbalanceOpt = None,
         zero3_impl: Zero3ImplOpt = None, fp8_recipe: Fp8RecipeOpt = "delayed",
         fp8_param_gather: Fp8ParamGatherOpt = None,
@@ -472,7 +489,7 @@ def _one_strategy_command(render):
         strategy = _strategy(dp, tp, pp, cp, vpp, sp, zero, mbs, recompute, recompute_num_layers, first_stage_layers,
                              last_stage_layers, stage_layers, embedding_as_layer, loss_as_layer, overlap_grad_reduce,
                              overlap_param_gather, ep, etp, offload_optimizer, offload_activation_layers,
-                             overlap_p2p_comm, rank_order)
+                             overlap_p2p_comm, rank_order, overlap_moe_comm, recompute_modules)
         est = api_evaluate(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                            seq_len=seq_len, precision=precision.value, strategy=strategy, calibration=calibration,
                            strict_numerics=strict_numerics, **train_options(grad_precision, attention_kernel, optimizer, moe_load_imbalance,

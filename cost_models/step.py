@@ -208,6 +208,22 @@ def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: Strategy
                  lay.num_microbatches(train.global_batch_size, st.micro_batch_size))
 
 
+def _memory_fields(s: Setup, mem_rows: dict[str, np.ndarray]) -> dict:
+    """The CostArrays fields that memory decides (the binding stage row's terms and peak, host memory, capacity)
+    and those of the layout alone, shared by `memory_arrays` and `evaluate_arrays`."""
+    total = sum(mem_rows.values())
+    binding = np.argmax(total, axis=0)
+    lay, m, cluster = s.lay, s.num_microbatches, s.cluster
+    host = cluster.host
+    return dict(
+        host_memory_bytes=offloaded_bytes(s).max(axis=0),
+        host_capacity_bytes=host.memory_bytes / cluster.gpus_per_node if host is not None else float("inf"),
+        memory_bytes={k: _pick(v, binding) for k, v in mem_rows.items()}, peak_memory_bytes=_pick(total, binding),
+        binding_stage=_pick(lay.rows.kind, binding), binding_pipeline_rank=_pick(lay.rows.rank, binding),
+        num_microbatches=m, bubble_fraction=lay.bubble_fraction(m), memory_capacity_bytes=s.gpu.memory_bytes,
+        peak_flop_per_s=s.gpu.peak(s.train.precision))
+
+
 def memory_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays,
                   comm: CommModel | None = None) -> tuple[CostArrays, dict[str, np.ndarray]]:
     """The memory of every candidate in `st` (the first part of `evaluate_arrays`, the same numbers), with no
@@ -216,22 +232,10 @@ def memory_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: 
     the memory of every stage row (`stage_memory`), which `evaluate_arrays` takes for a subset of the columns."""
     s = setup(model, cluster, train, st, comm)
     mem_rows = stage_memory(s)
-    total = sum(mem_rows.values())
-    binding = np.argmax(total, axis=0)
-    lay, m = s.lay, s.num_microbatches
-    n = len(st)
-    zeros = np.zeros(n)
-    host = cluster.host
-    return CostArrays(
-        host_memory_bytes=offloaded_bytes(s).max(axis=0),
-        host_capacity_bytes=host.memory_bytes / cluster.gpus_per_node if host is not None else float("inf"),
-        step_time_s=np.full(n, np.inf), memory_bytes={k: _pick(v, binding) for k, v in mem_rows.items()},
-        time_s={k: zeros for k in TIME_TERMS}, peak_memory_bytes=_pick(total, binding),
-        binding_stage=_pick(lay.rows.kind, binding), binding_pipeline_rank=_pick(lay.rows.rank, binding),
-        num_microbatches=m, bubble_fraction=lay.bubble_fraction(m), model_flop_per_step=zeros,
-        hardware_flop_per_step=zeros, comm_total_s=zeros, memory_capacity_bytes=s.gpu.memory_bytes,
-        peak_flop_per_s=s.gpu.peak(train.precision),
-    ), mem_rows
+    zeros = np.zeros(len(st))
+    return CostArrays(step_time_s=np.full(len(st), np.inf), time_s={k: zeros for k in TIME_TERMS},
+                      model_flop_per_step=zeros, hardware_flop_per_step=zeros, comm_total_s=zeros,
+                      **_memory_fields(s, mem_rows)), mem_rows
 
 
 def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None,
@@ -240,8 +244,6 @@ def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st
     memory already computed (`memory_arrays`), not computed again."""
     s = setup(model, cluster, train, st, comm)
     mem_rows = stage_memory(s) if mem_rows is None else mem_rows
-    total = sum(mem_rows.values())
-    binding = np.argmax(total, axis=0)
     pl = per_layer_times(model, train, s.gpu, s.comm, st, cluster.overlap_efficiency, s, cluster.tp_comm_overlap,
                          cluster.ep_overlap_efficiency)
     mb = microbatch_times(s, pl)
@@ -269,17 +271,10 @@ def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st
     tp_hidden = s.per_row(2 * pl.tp_raw_s - pl.tp_fwd_s - pl.tp_bwd_s)
     comm_total = (time["tp_comm"] + m * _pick(moe_raw + tp_hidden, slow) + pp_comm + _pick(tail_raw, tail_stage))
     model_flop, hardware_flop = step_flops(s)
-    host = cluster.host
     return CostArrays(
-        host_memory_bytes=offloaded_bytes(s).max(axis=0),
-        host_capacity_bytes=host.memory_bytes / cluster.gpus_per_node if host is not None else float("inf"),
-        step_time_s=sum(time[k] for k in TIME_TERMS), memory_bytes={k: _pick(v, binding) for k, v in mem_rows.items()},
-        time_s=time, peak_memory_bytes=_pick(total, binding), binding_stage=_pick(lay.rows.kind, binding),
-        binding_pipeline_rank=_pick(lay.rows.rank, binding), num_microbatches=m,
-        bubble_fraction=lay.bubble_fraction(m), model_flop_per_step=np.broadcast_to(model_flop, m.shape).astype(float),
-        hardware_flop_per_step=hardware_flop, comm_total_s=comm_total, memory_capacity_bytes=s.gpu.memory_bytes,
-        peak_flop_per_s=s.gpu.peak(train.precision),
-    )
+        step_time_s=sum(time[k] for k in TIME_TERMS), time_s=time,
+        model_flop_per_step=np.broadcast_to(model_flop, m.shape).astype(float), hardware_flop_per_step=hardware_flop,
+        comm_total_s=comm_total, **_memory_fields(s, mem_rows))
 
 
 def stage_memory(s: Setup) -> dict[str, np.ndarray]:

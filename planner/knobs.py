@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from cost_models.arrays import modules_mask
 from planner.errors import SpecError
+from planner.rules import fp8_gather_allowed, graphs_capturable
 from planner.specs import TrainSpec
 
 #: The TrainSpec fields the planner chooses when left free.
@@ -121,7 +121,7 @@ class Knobs:
         n = len(st.tp)
         if not self.gather_auto:
             return np.zeros(n, dtype=np.int64)
-        ok = (st.zero_stage >= 1) & ~(st.offload_optimizer & (self.base.fp8_recipe != "delayed"))
+        ok = fp8_gather_allowed(st, self.base.fp8_recipe)
         return np.where(ok, self.index(1, 0, 0), self.index(0, 0, 0)).astype(np.int64)
 
     def other_dispatchers(self, variant: np.ndarray) -> list[np.ndarray]:
@@ -140,10 +140,10 @@ class Knobs:
         return self.index(gather, 1, dispatcher)
 
     def graph_ok(self, st) -> np.ndarray:
-        """Candidates megatron-core captures graphs for (the `cuda_graph` rule's test, planner.rules): no
-        activation offloading, no full recompute, and no recompute of the moe module under a router graph."""
-        return ((st.offload_activation_layers == 0) & (st.recompute != 2)
-                & ((st.recompute_modules & modules_mask(("moe",))) == 0))
+        """Candidates megatron-core captures the planner's graphs for (the `cuda_graph` rule's test,
+        planner.rules.graphs_capturable); graphs searched only."""
+        on = self.trains[self.index(0, 1, 0)]
+        return graphs_capturable(st, on.cuda_graph_impl, on.cuda_graph_scope)
 
     def settings(self, i: int) -> dict[str, Any]:
         """The chosen knobs' values in variant `i`."""

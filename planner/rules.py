@@ -144,16 +144,29 @@ def cuda_graph_problem(train, model) -> str | None:
     return None
 
 
-def _cuda_graph_ok(c: Context, s: StrategyArrays) -> np.ndarray:
-    impl = getattr(c.train, "cuda_graph_impl", "none")
-    n = len(s.tp)
-    if impl == "none":
-        return np.ones(n, dtype=bool)
-    scope = list(getattr(c.train, "cuda_graph_scope", None) or [])
+def graphs_capturable(s: StrategyArrays, impl: str, scope) -> np.ndarray:
+    """Candidates megatron-core 0.16 captures CUDA graphs `impl` over `scope` for (TransformerConfig): no
+    activation offloading, no full recompute outside `full_iteration`, and no recompute of the moe module under a
+    Transformer Engine router graph. The planner's own graphs (planner.knobs) are judged by the same test."""
+    scope = list(scope or [])
     ok = (s.offload_activation_layers == 0) & ((s.recompute != 2) | ("full_iteration" in scope))
     if impl == "transformer_engine" and "moe_router" in scope:
         ok &= (s.recompute_modules & modules_mask(("moe",))) == 0
     return ok
+
+
+def fp8_gather_allowed(s: StrategyArrays, fp8_recipe: str) -> np.ndarray:
+    """Candidates Megatron runs --fp8-param-gather for (Megatron-LM core_v0.16.1 arguments.py validate_args): the
+    distributed optimizer or Megatron-FSDP (zero_stage >= 1), and with the CPU-offloaded optimizer only the delayed
+    recipe's FP8 parameters. The planner turns the gather on exactly there (planner.knobs)."""
+    return (s.zero_stage >= 1) & ~(s.offload_optimizer & (fp8_recipe != "delayed"))
+
+
+def _cuda_graph_ok(c: Context, s: StrategyArrays) -> np.ndarray:
+    impl = getattr(c.train, "cuda_graph_impl", "none")
+    if impl == "none":
+        return np.ones(len(s.tp), dtype=bool)
+    return graphs_capturable(s, impl, getattr(c.train, "cuda_graph_scope", None))
 
 
 def _cuda_graph_msg(c: Context, r: dict) -> str:
@@ -357,12 +370,10 @@ RULES: tuple[Rule, ...] = (
     Rule("zero_offload",
          lambda c, s: ~s.offload_optimizer | (s.zero_stage >= 1),
          lambda c, r: "offload_optimizer needs zero_stage >= 1"),
-    # Megatron-LM core_v0.16.1 arguments.py validate_args: --fp8-param-gather needs the distributed optimizer
-    # or Megatron-FSDP, and with the CPU-offloaded optimizer only the delayed recipe's FP8 parameters
     Rule("cuda_graph", _cuda_graph_ok, _cuda_graph_msg),
     Rule("fp8_param_gather",
          lambda c, s: np.full(len(s.tp), not getattr(c.train, "fp8_param_gather", False))
-         | ((s.zero_stage >= 1) & ~(s.offload_optimizer & (getattr(c.train, "fp8_recipe", "delayed") != "delayed"))),
+         | fp8_gather_allowed(s, getattr(c.train, "fp8_recipe", "delayed")),
          lambda c, r: f"fp8_param_gather needs zero_stage >= 1 (is {r['zero_stage']}) and, with offload_optimizer, "
                       f"fp8_recipe 'delayed' (is {getattr(c.train, 'fp8_recipe', 'delayed')!r}): Megatron's "
                       "--fp8-param-gather runs with the distributed optimizer or Megatron-FSDP only"),

@@ -84,9 +84,14 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
             variant = np.concatenate([variant, twin_variant])
             costs = concat_costs([costs, twin_costs])
     if model.num_experts > 0 or knobs.graphs_searched:
+        # the searched settings are tried on plans that fit only: the makers see those (a small share of the
+        # candidates), and the twins join everything else once, at the end
         ctx = Context(model, train, num_gpus, cluster)
+        keep = np.flatnonzero(costs.fits & (costs.peak_memory_bytes <= limit))
+        pool = (candidates.take(keep), variant[keep], _take_costs(costs, keep))
+        added = []
         for make in _knob_twin_makers(knobs, constraints or {}, model.num_experts > 0):
-            twins, twin_variant = make(candidates, variant, costs, limit, top_k)
+            twins, twin_variant = make(*pool, limit, top_k)
             if not len(twins):
                 continue
             num_candidates += len(twins)
@@ -95,10 +100,15 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
                 rejected[key] = rejected.get(key, 0) + n
             twins, twin_variant = twins.take(valid), twin_variant[valid]
             if len(twins):
-                twins, twin_variant, twin_costs = _score(model, cluster, knobs, twins, twin_variant, limit)
-                candidates = StrategyArrays.concat([candidates, twins])
-                variant = np.concatenate([variant, twin_variant])
-                costs = concat_costs([costs, twin_costs])
+                scored = _score(model, cluster, knobs, twins, twin_variant, limit)
+                added.append(scored)
+                ok = np.flatnonzero(scored[2].fits & (scored[2].peak_memory_bytes <= limit))
+                pool = (StrategyArrays.concat([pool[0], scored[0].take(ok)]), np.concatenate([pool[1], scored[1][ok]]),
+                        concat_costs([pool[2], _take_costs(scored[2], ok)]))
+        if added:
+            candidates = StrategyArrays.concat([candidates] + [a[0] for a in added])
+            variant = np.concatenate([variant] + [a[1] for a in added])
+            costs = concat_costs([costs] + [a[2] for a in added])
     fits = costs.fits & (costs.peak_memory_bytes <= limit)
     if not fits.any() and np.isinf(costs.step_time_s).any():  # nothing fits: the closest plans need their times
         candidates, variant, costs = _score(model, cluster, knobs, candidates, variant)
@@ -108,13 +118,14 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
     if host_over.any():
         rejected["host memory (offloaded optimizer)"] = int(host_over.sum())
     over = over & ~host_over
-    if over.any():
-        terms = np.stack([costs.memory_bytes[t] for t in MEMORY_TERMS])
-        binding_term = np.argmax(terms, axis=0)
-        for j, term in enumerate(MEMORY_TERMS):
-            n = int((over & (binding_term == j)).sum())
+    if over.any():  # the largest term of each candidate over the GPU's memory (those rows only)
+        rows = np.flatnonzero(over)
+        n_all = len(costs.step_time_s)
+        terms = np.stack([np.broadcast_to(costs.memory_bytes[t], (n_all,))[rows] for t in MEMORY_TERMS])
+        counts = np.bincount(np.argmax(terms, axis=0), minlength=len(MEMORY_TERMS))
+        for term, n in zip(MEMORY_TERMS, counts):
             if n:
-                rejected[f"memory ({term} largest)"] = n
+                rejected[f"memory ({term} largest)"] = int(n)
     margin = int((costs.fits & ~fits).sum())
     if margin:
         rejected[f"memory (inside the {headroom:.0%} headroom)"] = margin
@@ -210,6 +221,21 @@ def _score(model, cluster, knobs: Knobs, candidates: StrategyArrays, variant: np
     return StrategyArrays.concat(parts), np.concatenate(variants), concat_costs(costs)
 
 
+def _take_costs(costs: CostArrays, index: np.ndarray) -> CostArrays:
+    """Rows `index` of `costs`."""
+    n = len(costs.step_time_s)
+    out = {}
+    for name in CostArrays.__dataclass_fields__:
+        value = getattr(costs, name)
+        if isinstance(value, dict):
+            out[name] = {k: np.broadcast_to(v, (n,))[index] for k, v in value.items()}
+        elif isinstance(value, np.ndarray):
+            out[name] = np.broadcast_to(value, (n,))[index]
+        else:
+            out[name] = value
+    return CostArrays(**out)
+
+
 def _scatter(memory: CostArrays, index: np.ndarray, scored: CostArrays) -> CostArrays:
     """`memory` (every candidate's memory, no times) with the full scores of rows `index` written in: `scored`
     holds those rows, in that order. The memory terms are the same numbers in both and are kept."""
@@ -245,14 +271,15 @@ def _knob_twin_makers(knobs: Knobs, constraints: dict, moe: bool) -> list:
     return makers
 
 
-def _bar(costs: CostArrays, limit: float, top_k: int) -> float | None:
-    """The top_k-th best fitting plan's step time with `KNOB_MARGIN` on it; None when nothing fits."""
+def _bar(costs: CostArrays, limit: float, top_k: int) -> tuple[float | None, np.ndarray]:
+    """The top_k-th best fitting plan's step time with `KNOB_MARGIN` on it (None when nothing fits), and which
+    candidates fit under the limit."""
     fits = costs.fits & (costs.peak_memory_bytes <= limit)
     if not fits.any():
-        return None
+        return None, fits
     steps = costs.step_time_s[fits]
     k = min(max(top_k, 1), len(steps)) - 1
-    return float(np.partition(steps, k)[k]) * (1.0 + KNOB_MARGIN)
+    return float(np.partition(steps, k)[k]) * (1.0 + KNOB_MARGIN), fits
 
 
 def _graph_twins(knobs: Knobs, candidates: StrategyArrays, variant: np.ndarray, costs: CostArrays, limit: float,
@@ -260,10 +287,9 @@ def _graph_twins(knobs: Knobs, candidates: StrategyArrays, variant: np.ndarray, 
     """The fitting candidates without CUDA graphs that graphs could bring into the ranking (their step less
     `MAX_GRAPH_GAIN` of it within the bar), with Transformer Engine's graphs (planner.knobs.graph_scope), where
     megatron-core captures them (`Knobs.graph_ok`)."""
-    bar = _bar(costs, limit, top_k)
+    bar, fits = _bar(costs, limit, top_k)
     if bar is None:
         return candidates.take(np.array([], dtype=np.int64)), np.array([], dtype=np.int64)
-    fits = costs.fits & (costs.peak_memory_bytes <= limit)
     off = knobs.parts(variant)[1] == 0
     need = np.flatnonzero(fits & off & knobs.graph_ok(candidates)
                           & (costs.step_time_s * (1.0 - MAX_GRAPH_GAIN) <= bar))
@@ -274,10 +300,9 @@ def _could_win(candidates: StrategyArrays, costs: CostArrays, limit: float, top_
     """Candidates with expert parallelism whose step time less their exposed expert-parallel time is within
     `KNOB_MARGIN` of the `top_k`-th best fitting plan: the only ones another dispatcher or the all-to-all
     overlap could bring into the ranking (those changes act on that time). Nothing fits: none."""
-    bar = _bar(costs, limit, top_k)
+    bar, fits = _bar(costs, limit, top_k)
     if bar is None:
-        return np.zeros(len(costs.step_time_s), dtype=bool)
-    fits = costs.fits & (costs.peak_memory_bytes <= limit)
+        return fits
     return fits & (candidates.ep > 1) & (costs.step_time_s - costs.time_s["ep_comm"] <= bar)
 
 

@@ -133,7 +133,7 @@ def emit_cmd(
 ) -> None:
     """Emit a plan as Megatron-LM flags, Megatron-Bridge overrides, a DeepSpeed JSON, Colossal-AI plugin
     kwargs, a torchtitan TOML, a MaxText config with its JAX mesh, or a torchrun / Slurm launch script."""
-    from planner.emit import EmitOptions, costed_elsewhere, get_emitter, runs_framework
+    from planner.emit import EmitOptions, costed_elsewhere, get_emitter, imposed_settings, runs_framework
     from planner.emit.base import DEFAULT_BRIDGE_VERSION, check_bridge_version
     from planner.emit.quoting import check_name, shell_command
 
@@ -189,11 +189,9 @@ def emit_cmd(
                               moe_dispatcher, fp8_param_gather, torch_compile, cross_entropy_fusion_impl,
                               moe_flex_num_sms, moe_router_padding_for_quantization, cuda_graph_impl,
                               cuda_graph_scope)
-        if backend == "megatron-bridge":  # the settings its mixed-precision recipe imposes, unless given
-            from planner.emit.megatron_bridge import imposed_settings
-
-            fixed = imposed_settings(getattr(precision, "value", precision or "bf16"), fp8_recipe or "delayed")
-            train = {k: v for k, v in fixed.items() if k not in train} | train
+        # the settings the backend's output imposes (Megatron-Bridge's mixed-precision recipe), unless given
+        fixed = imposed_settings(backend, getattr(precision, "value", precision or "bf16"), fp8_recipe or "delayed")
+        train = {k: v for k, v in fixed.items() if k not in train} | train
         result, source = _search(model, cluster, gpus, global_batch_size, seq_len, (precision or "bf16"), top_k,
                                  parse_constraints(constraint, constraints), train, parse_headroom(headroom),
                                  calibration, strict_numerics), "the search"

@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from planner.cli.app import app
-from planner.calibrate import run_settings
 from planner.cli.common import (
     AttentionOpt,
     ExitWith,
@@ -292,7 +291,7 @@ def tune_cmd(
                           seq_len=seq_len, precision=precision.value,
                           constraints=parse_constraints(constraint, constraints), calibration=calibration,
                           options=options, on_event=progress.event,
-                          **run_settings(train_options(grad_precision, attention_kernel, optimizer)))
+                          **train_options(grad_precision, attention_kernel, optimizer))
         except Interrupted as exc:
             raise ExitWith(exc.exit_code, f"{exc}: the running trial's processes stopped; finished trials are kept "
                                           "in the study (rerun the same command to resume)") from None

@@ -38,6 +38,19 @@ from planner.emit.torchtitan import to_toml  # noqa: E402,F401  isort:skip
 from planner.emit.maxtext import jax_mesh, to_yaml  # noqa: E402,F401  isort:skip
 
 
+#: Backends whose emitted config overrides some training settings whatever the plan says (a function of the
+#: precision and FP8 recipe giving them): a search for such a backend takes them as given (planner.knobs would
+#: otherwise choose values the config cannot keep).
+IMPOSED_SETTINGS = {"megatron-bridge": megatron_bridge.imposed_settings}
+
+
+def imposed_settings(backend: str, precision: str, fp8_recipe: str) -> dict[str, Any]:
+    """The training settings `backend`'s output imposes for `precision` (and `fp8_recipe`); empty for most
+    (Megatron-Bridge's mixed-precision recipe: its gradient precision and FP8 parameter gather)."""
+    rule = IMPOSED_SETTINGS.get(backend)
+    return rule(precision, fp8_recipe) if rule else {}
+
+
 def backends() -> list[str]:
     """Names of the registered emitters."""
     return REGISTRY.names()

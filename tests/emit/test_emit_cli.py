@@ -173,7 +173,7 @@ def test_not_expressible_is_a_clear_error(capsys, result, plan_file):
     ("torchtitan", None, "torchtitan"), ("megatron-bridge", None, "megatron"),
     ("torchrun", "torchtitan", "torchtitan"), ("slurm", "deepspeed", "deepspeed")])
 def test_searched_plans_are_ranked_by_the_backends_framework(capsys, backend, launch_for, framework):
-    from planner.emit.megatron_bridge import imposed_settings
+    from planner.emit import imposed_settings
 
     """Plans searched by `emit` are costed and filtered as the framework that runs the emitted text runs them
     (`plan --framework`), not as Megatron does. Llama 3 8B at 8K on 8 H100s: Megatron's best plan (tp2, ZeRO 1)
@@ -183,7 +183,7 @@ def test_searched_plans_are_ranked_by_the_backends_framework(capsys, backend, la
     code, out, err = run(capsys, "emit", "-B", backend, *launch, "--allow-partial", "--model", "llama3-8b",
                          "--cluster", "dgx-h100", "--gpus", "8", "--global-batch-size", "32", "--seq-len", "8192")
     assert code == 0, err
-    imposed = imposed_settings("bf16", "delayed") if backend == "megatron-bridge" else {}  # as `emit` searches
+    imposed = imposed_settings(backend, "bf16", "delayed")  # as `emit` searches
     best = plan(top_k=1, framework=framework, **args, **imposed).plans[0]
     assert best.train.framework == framework
     if framework != "megatron":  # the case tells the frameworks apart

@@ -20,7 +20,7 @@ from emit_checks import (check_bridge, check_colossalai, check_deepspeed, check_
                          check_megatron, check_shell, check_torchtitan, maxtext_wheel)
 from emit_plans import search_sample
 from planner.emit import EmitOptions, Emitter, NotExpressibleError, backends, get_emitter
-from planner.emit.megatron_bridge import imposed_settings
+from planner.emit import imposed_settings
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("colossalai.booster.plugin")
@@ -131,8 +131,8 @@ def test_backend_accepts_or_refuses_every_searched_strategy(backend, sample, dee
     options = EmitOptions()
     counts = collections.Counter()
     for i, plan in enumerate(sample):
-        if backend == "megatron-bridge":  # the settings its recipe imposes, as `meshplan emit` searches with them
-            fixed = imposed_settings(plan.train.precision, plan.train.fp8_recipe)
+        fixed = imposed_settings(backend, plan.train.precision, plan.train.fp8_recipe)  # as `meshplan emit` searches
+        if fixed:
             plan = plan.model_copy(update={"train": plan.train.model_copy(update=fixed)})
         try:
             data = emitter.data(plan, options)

@@ -26,6 +26,7 @@ Kinds (`KINDS`) and the fields each uses:
 - ``cat``: concatenation along ``attrs["dim"]``.
 - ``conv2d``: inputs [x (N, C, H, W)]; params [weight (O, C/groups, kh, kw), (bias)];
   ``attrs``: stride, padding, dilation (pairs), groups.
+- ``batch_norm``: 2-D batch norm in training mode over (N, H, W) per channel; params [weight, bias] of C.
 - ``pool``: max / avg / adaptive-avg 2-D pooling over the last two dims; ``attrs["op"]``, ``attrs["kernel"]``.
 - ``reduce``: sum / mean / amax over ``attrs["dims"]`` with ``attrs["keepdim"]``; ``attrs["op"]``.
 - ``loss``: a loss reducing to a scalar: ``attrs["op"]`` (nll_loss, cross_entropy, mse_loss, ...), inputs
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from math import prod
 
 KINDS = ("input", "linear", "matmul", "embedding", "layer_norm", "rms_norm", "softmax", "sdpa", "elementwise",
-         "view", "permute", "slice", "cat", "conv2d", "pool", "reduce", "loss", "unknown")
+         "view", "permute", "slice", "cat", "conv2d", "batch_norm", "pool", "reduce", "loss", "unknown")
 
 #: Bytes per element of the dtypes a traced graph carries (torch dtype names without "torch.").
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,

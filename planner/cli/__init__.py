@@ -14,6 +14,7 @@ COMMAND_MODULES = [
     "planner.cli.validate_cmd",
     "planner.cli.profile_cmd",
     "planner.cli.tune_cmd",
+    "planner.cli.autoshard_cmd",
 ]
 
 for _name in COMMAND_MODULES:

@@ -70,7 +70,8 @@ class _Solve:
                  budget: float | None, time_limit_s: float):
         self.builder, self.nodes = builder, nodes
         inside = set(nodes)
-        runs = chains(builder, [g for g in groups if all(n in inside for inst in g for n in inst)])
+        # the instances of each run that lie wholly in these nodes (a pipeline stage holds part of a run)
+        runs = chains(builder, [[inst for inst in g if all(n in inside for n in inst)] for g in groups])
         seed = None
         self.note = []
         self.choice: dict[str, int] | None = None
@@ -182,8 +183,8 @@ def _check(num_gpus: Any, pp: Any, micro_batches: Any, precision: Any, budget: A
 
 def autoshard(module, example_inputs, cluster, num_gpus: int, memory_budget_bytes: float | None = None, pp: int = 1,
               mesh_shape: tuple[int, ...] | None = None, precision: str = "bf16", optimizer: str = "adam",
-              micro_batches: int | None = None, time_limit_s: float = 30.0, graph: nx.DiGraph | None = None
-              ) -> AutoshardResult:
+              micro_batches: int | None = None, time_limit_s: float = 30.0, graph: nx.DiGraph | None = None,
+              reuse_blocks: bool = True) -> AutoshardResult:
     """Choose the sharding of every operator of `module` on `num_gpus` devices of `cluster`.
 
     module: an nn.Module, or a zero-argument callable building one (built on the meta device: no memory, no
@@ -191,7 +192,8 @@ def autoshard(module, example_inputs, cluster, num_gpus: int, memory_budget_byte
     memory_budget_bytes: per device; default the GPU's memory less its framework reserve. pp: pipeline stages
     (num_gpus / pp devices each). mesh_shape: one stage's mesh (inner axis first); default: the fastest of 1-D
     and every 2-D factorisation. micro_batches: per step (default 1, or 2·pp with a pipeline). `graph`: a traced
-    graph to use instead of tracing (`trace`).
+    graph to use instead of tracing (`trace`). reuse_blocks: solve runs of identical blocks once (False: always
+    the whole graph, for checking the reduction).
     """
     micro = micro_batches if micro_batches is not None else (1 if pp == 1 else 2 * pp)
     _check(num_gpus, pp, micro, precision, memory_budget_bytes, time_limit_s)
@@ -205,7 +207,7 @@ def autoshard(module, example_inputs, cluster, num_gpus: int, memory_budget_byte
         graph = trace(module, example_inputs)
     traced = time.perf_counter()
     order = [n for n in graph.graph["order"] if n in graph]
-    groups = repeated_blocks(graph)
+    groups = repeated_blocks(graph) if reuse_blocks else []
     devices = num_gpus // pp
     best = None
     failures = []

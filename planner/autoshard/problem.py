@@ -40,9 +40,15 @@ class Built:
     weights: list[int] = field(default_factory=list)  # instances each node stands for
 
 
+#: Attributes that name things (buffers' qualified names) rather than change what the op computes: two ops that
+#: differ only in these have the same strategies.
+NAMING_ATTRS = {"buffers"}
+
+
 def _signature(op: OpNode, owns: tuple, shares: tuple) -> tuple:
+    attrs = sorted((k, v) for k, v in op.attrs.items() if k not in NAMING_ATTRS)
     return (op.kind, op.target, op.input_tensors, op.output,
-            tuple((p.tensor, p.role, p.arg) for p in op.params), repr(sorted(op.attrs.items())), owns, shares)
+            tuple((p.tensor, p.role, p.arg) for p in op.params), repr(attrs), owns, shares)
 
 
 #: Suffixes of a shared tensor's two layout nodes: the layout it is converted to once for all its readers in the

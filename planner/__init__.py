@@ -7,6 +7,9 @@
 
     from planner import tune            # the auto-tuner (executors.tune): real trials in an Optuna study
     report = tune("llama3-8b", "dgx-h100", num_gpus=8, global_batch_size=64, seq_len=8192)
+
+    import planner                      # graph auto-parallel for any PyTorch module (planner.autoshard)
+    result = planner.autoshard(module, example_inputs, "dgx-h100", num_gpus=8)
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the lazy names below resolve to
     from planner.api import evaluate, plan
+    from planner.autoshard import AutoshardResult, autoshard
     from executors.tune import tune
     from planner.errors import SpecError
     from planner.specs import (
@@ -36,6 +40,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to
 # core, which imports those layers in turn. `tune` is the executors' (it runs real trials and needs
 # optuna): `import planner` loads neither until it is used.
 _HOME = {"plan": "planner.api", "evaluate": "planner.api", "SpecError": "planner.errors", "tune": "executors.tune",
+         "autoshard": None, "AutoshardResult": "planner.autoshard",
          **{name: "planner.specs" for name in ("ClusterSpec", "Estimate", "GpuSpec", "LinkTier", "ModelSpec", "Plan",
                                                  "PlanResult", "SearchStats", "Strategy", "TrainSpec")}}
 
@@ -43,7 +48,10 @@ _HOME = {"plan": "planner.api", "evaluate": "planner.api", "SpecError": "planner
 def __getattr__(name: str) -> Any:
     if name not in _HOME:
         raise AttributeError(f"module 'planner' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
+    if _HOME[name] is None:  # a callable subpackage (planner.autoshard)
+        value = importlib.import_module(f"planner.{name}")
+    else:
+        value = getattr(importlib.import_module(_HOME[name]), name)
     globals()[name] = value
     return value
 
@@ -53,6 +61,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AutoshardResult",
     "ClusterSpec",
     "Estimate",
     "GpuSpec",
@@ -64,6 +73,7 @@ __all__ = [
     "SpecError",
     "Strategy",
     "TrainSpec",
+    "autoshard",
     "evaluate",
     "plan",
     "tune",

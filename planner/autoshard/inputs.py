@@ -3,7 +3,9 @@ shapes of its inputs, parsed without evaluating anything.
 
 A factory is named as ``package.module:function`` (the form uvicorn and gunicorn use): the module is imported
 like any Python import - its code runs, as `python -m` would run it - and the function called with keyword
-arguments given as ``key=value`` (ints, floats, booleans and plain strings; nothing is evaluated). An input is
+arguments given as ``key=value``. The function must be defined in that module (not imported into it from
+elsewhere) and the module must not be part of the standard library, so a name such as ``os:system`` is refused
+rather than called (ints, floats, booleans and plain strings; nothing is evaluated). An input is
 ``8,1024`` (float32), ``8,1024:int64:50304`` (integers below 50304, such as token ids) or ``8,3,224,224:bfloat16``.
 """
 
@@ -70,6 +72,8 @@ def load_factory(path: str, app_dir: str | None = ".") -> Callable[..., Any]:
     if not isinstance(path, str) or not FACTORY.match(path):
         raise SpecError(f"factory: {path!r} must be package.module:function")
     module_name, name = path.split(":")
+    if module_name.split(".")[0] in sys.stdlib_module_names:
+        raise SpecError(f"factory: {module_name!r} is a standard-library module, not a model's")
     if app_dir is not None:
         folder = str(Path(app_dir).resolve())
         if folder not in sys.path:
@@ -86,4 +90,7 @@ def load_factory(path: str, app_dir: str | None = ".") -> Callable[..., Any]:
     factory = getattr(module, name, None)
     if not callable(factory):
         raise SpecError(f"factory: {module_name!r} has no callable {name!r}")
+    if getattr(factory, "__module__", None) != module_name:  # a name it imported from elsewhere is not its factory
+        raise SpecError(f"factory: {name!r} is not defined in {module_name!r} (it comes from "
+                        f"{getattr(factory, '__module__', '?')!r}); name the module that defines it")
     return factory

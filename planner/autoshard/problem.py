@@ -155,9 +155,10 @@ class Builder:
             for arg, u in enumerate(self.op(v).inputs):
                 if u in inside:
                     readers.setdefault(u, []).append((v, arg))
-        units = list(nodes)
+        units = []  # each shared tensor's layout nodes right after its producer: neighbours stay close
         edges = []
         for u in nodes:
+            units.append(u)
             rs = readers.get(u, [])
             if len(rs) < 2:
                 edges += [(u, v, arg) for v, arg in rs if not (cut_edges and (u, v) in cut_edges)]

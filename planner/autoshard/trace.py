@@ -181,7 +181,18 @@ def trace(module: Any, example_inputs: Any, example_kwargs: dict[str, Any] | Non
                 raise SpecError(f"module: cannot be traced: its forward branches on tensor values "
                                 f"({_where(exc)}); make the branch depend on shapes only") from None
             raise SpecError(f"module: torch.export cannot trace it: {_first_line(exc)}") from None
-    return _Builder(exported, list(kwargs), shapes).build()
+    return _Builder(exported, list(kwargs), shapes, _aliases(module)).build()
+
+
+def _aliases(module: Any) -> dict[str, str]:
+    """Each parameter's and buffer's name -> the name `named_parameters()` lists it under: export gives a tied
+    tensor one placeholder per name (the head's and the embedding's), the graph names it once."""
+    out: dict[str, str] = {}
+    for named in (module.named_parameters, module.named_buffers):
+        first: dict[int, str] = {}
+        for name, tensor in named(remove_duplicate=False):
+            out[name] = first.setdefault(id(tensor), name)
+    return out
 
 
 def module_prefixes(path: str) -> Iterator[str]:
@@ -418,9 +429,10 @@ def _short_type(value: Any) -> str:
 class _Builder:
     """One pass over the exported program in its order, making graph nodes as it goes."""
 
-    def __init__(self, exported: Any, keywords: list[str], shapes: str) -> None:
+    def __init__(self, exported: Any, keywords: list[str], shapes: str, aliases: dict[str, str]) -> None:
         self.ep = exported
         self.shapes = shapes
+        self.aliases = aliases
         self.keywords = keywords
         self.G = nx.DiGraph()
         self.order: list[str] = []
@@ -442,11 +454,13 @@ class _Builder:
             spec = specs[node.name]
             val = node.meta.get("val")
             if spec.kind == InputKind.PARAMETER:
-                env[node] = _Param(spec.target)
-                params[spec.target] = _tensor(val)
+                fqn = self.aliases.get(spec.target, spec.target)
+                env[node] = _Param(fqn)
+                params[fqn] = _tensor(val)
             elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
-                env[node] = _Buffer(spec.target)
-                buffers[spec.target] = _tensor(val)
+                fqn = self.aliases.get(spec.target, spec.target)
+                env[node] = _Buffer(fqn)
+                buffers[fqn] = _tensor(val)
             elif spec.kind == InputKind.USER_INPUT and _is_tensor(val):
                 index = len(inputs)
                 attrs = {"index": index}

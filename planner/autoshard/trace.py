@@ -76,12 +76,16 @@ _BATCH_NORM = frozenset({"batch_norm", "native_batch_norm", "_native_batch_norm_
                          "cudnn_batch_norm"})
 _POOL = {"max_pool2d": "max", "max_pool2d_with_indices": "max", "avg_pool2d": "avg",
          "adaptive_avg_pool2d": "adaptive_avg", "adaptive_max_pool2d": "adaptive_max"}
-_REDUCE = frozenset({"sum", "mean", "amax", "amin", "max", "min", "prod", "var", "std", "logsumexp"})
+#: Reductions a shard can do in part and combine (a sum, mean or maximum of partial results); max / min over a
+#: dim are written as amax / amin (their values; the indices output is `unknown`).
+_REDUCE = {"sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin", "max": "amax", "min": "amin"}
 _SOFTMAX = {"softmax": "softmax", "_softmax": "softmax", "log_softmax": "log_softmax",
             "_log_softmax": "log_softmax"}
-_LOSS = frozenset({"cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss2d", "mse_loss", "l1_loss",
-                   "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
-                   "kl_div"})
+#: aten's losses -> the name the graph gives them.
+_LOSS = {"cross_entropy_loss": "cross_entropy", "nll_loss": "nll_loss", "nll_loss_nd": "nll_loss",
+         "nll_loss2d": "nll_loss", "mse_loss": "mse_loss", "l1_loss": "l1_loss", "smooth_l1_loss": "smooth_l1_loss",
+         "huber_loss": "huber_loss", "binary_cross_entropy": "binary_cross_entropy",
+         "binary_cross_entropy_with_logits": "binary_cross_entropy_with_logits", "kl_div": "kl_div"}
 #: Higher-order ops that only change a mode around a subgraph (export wraps `torch.no_grad()` and autocast
 #: regions in them): their subgraph is traced in place, as if the wrapper were not there.
 _INLINED = frozenset({"wrap_with_set_grad_enabled", "wrap_with_autocast"})
@@ -574,6 +578,9 @@ class _Builder:
         packet = _packet(op.target)
         if packet in _PIECES:
             made = self._piece(name, node, op, index, env, module)
+        elif packet == "broadcast_tensors":  # output i is input i broadcast to the common shape
+            reads = self._reads([(0, op.args[0][index])], env)
+            made = self._make(name, op, target, "elementwise", val, reads, {"op": "expand"}, module)
         elif index == 0 and isinstance(op.target, _op_overload_type()):
             made = self._op(op, env, module, name=name, val=val)
         else:
@@ -810,10 +817,10 @@ def _classify(node: Any, bound: list[tuple[str, Any]], val: Any, reads: list[tup
         dims = args.get("dim")
         dims = list(range(in_ndim())) if dims is None or dims == [] else (
             [dims] if isinstance(dims, int) else list(dims))
-        return "reduce", {"op": name, "dims": tuple(sorted(_dim(int(d), in_ndim()) for d in dims)),
+        return "reduce", {"op": _REDUCE[name], "dims": tuple(sorted(_dim(int(d), in_ndim()) for d in dims)),
                           "keepdim": bool(args.get("keepdim", False))}, reads
     if name in _LOSS:
-        attrs = {"op": name, "reduction": _REDUCTION.get(args.get("reduction", 1), str(args.get("reduction")))}
+        attrs = {"op": _LOSS[name], "reduction": _REDUCTION.get(args.get("reduction", 1), str(args.get("reduction")))}
         if name in ("cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss2d"):
             attrs["class_dim"] = 1 if in_ndim() >= 2 else 0
             attrs["ignore_index"] = args.get("ignore_index")

@@ -88,7 +88,8 @@ def test_gpt_kinds_flops_params_and_order(factory, batch, seq):
     assert sdpa.attrs["causal"] is True and sdpa.input_tensors[0].shape == (batch, heads, seq, head_dim)
     assert sdpa.flop == 4 * batch * heads * seq * seq * head_dim / 2
     loss = G.nodes["cross_entropy_loss"]["op"]
-    assert loss.kind == "loss" and loss.attrs["class_dim"] == 1 and loss.attrs["reduction"] == "mean"
+    assert loss.kind == "loss" and loss.attrs["op"] == "cross_entropy" and loss.attrs["class_dim"] == 1
+    assert loss.attrs["reduction"] == "mean" and loss.inputs == ("flatten", "flatten_1")
     assert loss.output.shape == ()
 
 
@@ -350,14 +351,20 @@ def test_an_op_outside_the_vocabulary_is_unknown_and_listed():
         def forward(self, x):
             y = torch.cumsum(self.fc(x), dim=1)
             values, _ = torch.sort(y, dim=-1)
-            return values.sum()
+            return F.mse_loss(values, y, reduction="sum") + y.max(dim=1).values.sum()
 
     G = trace(Odd(), (InputSpec((3, 4)),))
     check_wiring(G)
     assert G.graph["unknown_ops"] == ["aten.cumsum.default", "aten.sort.default"]
     sort = next(op for op in ops(G) if op.kind == "unknown" and "sort" in op.target)
     assert sort.name == "sort" and sort.output.shape == (3, 4)  # one node for the used output
-    assert list(G.successors("sort")) == ["sum_1"]
+    (loss,) = [op for op in ops(G) if op.kind == "loss"]
+    assert loss.attrs["op"] == "mse_loss" and loss.attrs["reduction"] == "sum"
+    broadcast = [G.nodes[n]["op"] for n in loss.inputs]  # F.mse_loss broadcasts its operands first
+    assert [(op.kind, op.attrs["op"], op.inputs) for op in broadcast] == [
+        ("elementwise", "expand", ("sort",)), ("elementwise", "expand", ("cumsum",))]
+    (amax,) = [op for op in ops(G) if op.kind == "reduce" and op.attrs["op"] == "amax"]
+    assert amax.attrs["dims"] == (1,) and amax.output.shape == (3,) and amax.inputs == ("cumsum",)
 
 
 # -- errors ----------------------------------------------------------------------------------------------------

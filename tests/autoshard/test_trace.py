@@ -136,7 +136,9 @@ def test_resnet50_conv_flops_match_the_analytic_count():
     pools = {op.attrs["op"]: op for op in ops(G) if op.kind == "pool"}
     assert pools["max"].attrs["kernel"] == (3, 3) and pools["max"].attrs["stride"] == (2, 2)
     assert pools["max"].attrs["padding"] == (1, 1)
-    assert pools["adaptive_avg"].attrs["output_size"] == (1, 1) and pools["adaptive_avg"].output.shape == (2, 2048, 1, 1)
+    adaptive = pools["adaptive_avg"]
+    assert adaptive.attrs["output_size"] == (1, 1) and adaptive.attrs["kernel"] == (7, 7)
+    assert adaptive.output.shape == (2, 2048, 1, 1)
     stem = next(op for op in ops(G) if op.kind == "conv2d")
     assert stem.attrs == {"stride": (2, 2), "padding": (3, 3), "dilation": (1, 1), "groups": 1}
 
@@ -152,6 +154,25 @@ def test_small_cnn_real_weights_and_inputs_trace_without_touching_them():
     assert [op.kind for op in ops(G)] == ["input", "input", "conv2d", "elementwise", "pool", "conv2d",
                                           "elementwise", "pool", "view", "linear", "loss"]
     assert next(op for op in ops(G) if op.kind == "pool").attrs["kernel"] == (2, 2)
+    assert repeated_blocks(G) == []
+
+
+def test_a_real_module_in_training_keeps_its_running_statistics():
+    module = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    mean, count = module[1].running_mean.clone(), module[1].num_batches_tracked.clone()
+
+    class Loss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = module
+
+        def forward(self, x):
+            return self.net(x).sum()
+
+    G = trace(Loss(), (torch.randn(2, 3, 8, 8),))
+    assert torch.equal(module[1].running_mean, mean) and torch.equal(module[1].num_batches_tracked, count)
+    assert kinds(G)["batch_norm"] == 1
+    # a Sequential's children are numbered but of different classes: no repeated unit
     assert repeated_blocks(G) == []
 
 

@@ -39,7 +39,7 @@ _VIEW = frozenset("""
 """.split())
 _PERMUTE = frozenset({"permute", "transpose", "t", "swapaxes", "swapdims", "movedim", "numpy_T"})
 PIECES = frozenset({"split", "split_with_sizes", "chunk", "unbind", "tensor_split", "unsafe_split",
-                     "unsafe_split_with_sizes", "unsafe_chunk"})
+                    "unsafe_split_with_sizes", "unsafe_chunk"})
 _MATMUL = frozenset({"mm", "bmm", "matmul"})
 _BATCH_NORM = frozenset({"batch_norm", "native_batch_norm", "_native_batch_norm_legit",
                          "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional",
@@ -149,7 +149,7 @@ def classify(node: Any, bound: list[tuple[str, Any]], val: Any, reads: list[tupl
             return unknown
         return "linear", {}, reads
     if name in _MATMUL:
-        return "matmul", {"op": name}, reads
+        return "matmul", {"op": name, "k": fx_shape(args["self"])[-1]}, reads
     if name == "addmm":
         if kinds.get(0, Param) is not Param or 0 not in kinds:
             return unknown
@@ -157,7 +157,7 @@ def classify(node: Any, bound: list[tuple[str, Any]], val: Any, reads: list[tupl
                 if isinstance(v, Param) and pos in (1, 2)]
         bias = next(v for pos, v in reads if pos == 0)
         uses.append(ParamUse(bias.fqn, b.params[bias.fqn], "bias", 2))
-        return "matmul", {"op": "addmm", "_params": uses}, reads
+        return "matmul", {"op": "addmm", "k": fx_shape(args["mat1"])[-1], "_params": uses}, reads
     if name == "embedding":
         if kinds.get(0) is not Param:
             return unknown
@@ -291,16 +291,16 @@ def _pool(name: str, args: dict, reads: list) -> tuple[str, dict, list]:
 def flop_of(op: OpNode) -> float:
     """Forward FLOPs of the whole op. Matrix products count 2 per multiply-add; a bias counts as one more
     input column of ones (2·M·N·(K+1)), so that a layer's FLOPs are 2 per parameter per row, the convention
-    behind 6·N·tokens."""
+    behind 6·N·tokens. Attention counts its two products, 2·Sq·Sk·(D + Dv) per batch and head, halved when causal
+    (the masked half is skipped by the kernels). Views, permutes, slices, concatenations, embeddings (a gather),
+    constants and unknown ops count 0."""
     out = op.output.numel
     bias = any(p.role == "bias" for p in op.params)
     if op.kind == "linear":
         k = next(p.tensor.shape[1] for p in op.params if p.role == "weight")
         return 2 * out * (k + bias)
     if op.kind == "matmul":
-        first = next((p.tensor for p in op.params if p.arg == 0 and p.role == "weight"), None)
-        a = first if first is not None else op.input_tensors[0]
-        return 2 * out * (a.shape[-1] + bias)
+        return 2 * out * (op.attrs["k"] + bias)
     if op.kind == "conv2d":
         weight = next(p.tensor for p in op.params if p.role == "weight")
         return 2 * out * (math.prod(weight.shape[1:]) + bias)

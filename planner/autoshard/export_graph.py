@@ -242,7 +242,13 @@ class Builder:
             return None  # assertions, symbolic sizes, ops returning nothing
         bound = bind_args(node)
         reads = self._reads([(i, v) for i, (_, v) in enumerate(bound)], env)
-        kind, attrs, reads = classify(node, bound, val, reads, self)
+        try:
+            kind, attrs, reads = classify(node, bound, val, reads, self)
+        except SpecError:  # the inputs do not fit the module
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            # an argument form the table does not handle: kept, replicated, and listed as unknown
+            kind, attrs = "unknown", {"target": str(node.target)}
         name = name or node.name
         if kind == "slice" and attrs.pop("squeeze", False):  # select: a size-1 slice, then a view dropping it
             shape = list(fx_shape(node.args[0]))

@@ -12,8 +12,8 @@ Kinds (`KINDS`) and the fields each uses:
 - ``linear``: y[..., n] = x[..., k] · W[n, k]ᵀ (+ b[n]); inputs [x]; params [weight, (bias)].
 - ``matmul``: y = a @ b with torch.matmul's broadcasting (mm, bmm, matmul); inputs [a, b] where both are
   activations; when one operand is a parameter it is in ``params`` with ``arg`` its position (0 or 1).
-  ``attrs["op"]``: mm, bmm, matmul or addmm; addmm (a Hugging Face Conv1D: bias + a @ b) lists its bias in
-  ``params`` with role "bias" and ``arg`` 2.
+  ``attrs["op"]``: mm, bmm, matmul or addmm; ``attrs["k"]``: the contracted size. addmm (a Hugging Face
+  Conv1D: bias + a @ b) lists its bias in ``params`` with role "bias" and ``arg`` 2.
 - ``embedding``: y[..., h] = W[idx]; inputs [indices]; params [weight (V, h)]; ``attrs["padding_idx"]``.
 - ``layer_norm`` / ``rms_norm``: over the last ``attrs["normalized_ndim"]`` dims; params [weight, (bias)];
   ``attrs["eps"]``.

@@ -101,15 +101,13 @@ def trace(module: Any, example_inputs: Any, example_kwargs: dict[str, Any] | Non
                 module(*fargs, **fkwargs)
         except Exception as exc:  # the forward itself failed: a value-dependent branch, or inputs it rejects
             if _data_dependent(exc):
-                raise SpecError(f"module: cannot be traced: its forward branches on tensor values "
-                                f"({_where(exc)}); make the branch depend on shapes only") from None
+                raise _data_dependent_error(exc) from None
             raise SpecError(f"input_shape: {shapes} does not fit the module: {_first_line(exc)}") from None
         try:
             exported = torch.export.export(module, fargs, kwargs=fkwargs or None, strict=False)
         except Exception as exc:  # the forward runs but export refuses it
             if _data_dependent(exc):
-                raise SpecError(f"module: cannot be traced: its forward branches on tensor values "
-                                f"({_where(exc)}); make the branch depend on shapes only") from None
+                raise _data_dependent_error(exc) from None
             raise SpecError(f"module: torch.export cannot trace it: {_first_line(exc)}") from None
     return build_graph(exported, list(kwargs), shapes, _aliases(module))
 
@@ -294,6 +292,11 @@ class _quiet:
         self._warnings.__exit__(*exc)
         for name, level in self._levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+def _data_dependent_error(exc: BaseException) -> SpecError:
+    return SpecError(f"module: cannot be traced: its forward depends on tensor values (a data-dependent branch or "
+                     f"output shape) at {_where(exc)}; make it depend on shapes only")
 
 
 def _data_dependent(exc: BaseException) -> bool:

@@ -414,7 +414,39 @@ def test_data_dependent_control_flow_cannot_be_traced():
         trace(Branchy, (InputSpec((2, 4)),))
     message = one_line(error)
     assert message.startswith("module: cannot be traced") and "tensor values" in message
-    assert "if x.sum() > 0" in message
+    assert "test_trace.py" in message and "if x.sum() > 0:" in message  # the module's own line
+
+
+class Boxed:
+    def __init__(self, value) -> None:
+        self.value = value
+
+
+class ReturnsAnObject(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return Boxed(self.fc(x))
+
+
+class MasksByValue(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x)[x[:, 0] > 0].sum()
+
+
+def test_what_export_refuses_and_value_dependent_shapes():
+    with pytest.raises(SpecError) as error:
+        trace(ReturnsAnObject, (InputSpec((2, 4)),))
+    assert one_line(error).startswith("module: torch.export cannot trace it: RuntimeError: Found")
+    with pytest.raises(SpecError) as error:
+        trace(MasksByValue, (InputSpec((2, 4)),))
+    assert one_line(error).startswith("module: cannot be traced: its forward depends on tensor values")
 
 
 @pytest.mark.parametrize("factory, inputs, reason", [

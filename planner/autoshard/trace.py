@@ -1,11 +1,19 @@
 """Trace a PyTorch module into the operator graph the auto-parallel planner reads (`planner.autoshard.ops`).
 
-The module runs once through ``torch.export.export(..., strict=False)`` on fake tensors: no weight is loaded and
-no memory is used, so GPT-3-sized models trace on a laptop. The export's training IR is the level the sharding
-strategies want: it keeps ``aten.linear``, ``aten.scaled_dot_product_attention``, ``aten.layer_norm``,
-``aten.conv2d`` and ``aten.batch_norm`` as single ops, where the core ATen IR would split each into a dozen.
+The module's forward runs on fake tensors, so no weight is loaded and no memory is used (a GPT-3-sized model
+traces on a laptop): once by itself, so that a failure can be told apart as the inputs' (shapes that do not fit)
+or the module's (a branch on tensor values), then through ``torch.export.export(..., strict=False)``. The
+export's training IR is the level the sharding strategies want: it keeps ``aten.linear``,
+``aten.scaled_dot_product_attention``, ``aten.layer_norm``, ``aten.conv2d`` and ``aten.batch_norm`` as single
+ops, where the core ATen IR would split each into a dozen.
 
-torch is imported inside the functions only: the planner core, this module included, imports without torch.
+A Hugging Face model takes its inputs by keyword: pass them as ``example_kwargs`` (``input_ids=``, ``labels=``),
+or wrap the model in a module whose forward returns ``model(input_ids=..., labels=...).loss``. Build it from its
+config (``AutoModelForCausalLM.from_config``), never with remote code.
+
+This module holds the entry points, the inputs and the errors; `planner.autoshard.export_graph` walks the
+exported program and `planner.autoshard.aten_ops` maps each op to its kind and FLOPs. torch is imported inside
+functions only: the planner core, these modules included, imports without torch.
 
 What the graph keeps and drops, and why:
 

@@ -84,7 +84,9 @@ def validate_autoshard(factory: str, input_shapes: list[str] | None, factory_arg
                        steps: int, seed: int, timeout_s: float, work_dir: Path | None, fmt: Format) -> None:
     """Solve, run, print; ExitWith(1) when the run is not ok (parity failed, unsupported, crashed)."""
     from executors.autoshard_run import MAX_RANKS, load_factory, run_plan
+    from executors.launcher import check_folder
 
+    check_folder(work_dir, "--work-dir")
     fn = load_factory(factory, "--autoshard")
     inputs = [parse_input_shape(s) for s in input_shapes or []]
     if not inputs:

@@ -248,6 +248,34 @@ def test_factory_args_are_parsed_without_eval():
     assert parse_input_shape("4,32:int64:128") == {"shape": [4, 32], "dtype": "int64", "high": 128}
 
 
+@pytest.mark.executor
+@pytest.mark.slow
+def test_cli_runs_the_plan_the_solver_returns(capsys, tmp_path, monkeypatch):
+    """The command's path with the solver stood in for by a hand-written plan: it gets a zero-argument factory and
+    the inputs, and the run's JSON carries both step times and the parity."""
+    pytest.importorskip("torch")
+    import planner.cli.validate_autoshard as cmd
+    from planner.cli import main
+
+    seen = {}
+
+    def solve(module, example_inputs, cluster, num_gpus, **kwargs):
+        seen.update(module=module(), inputs=example_inputs, cluster=cluster, num_gpus=num_gpus)
+        return make_plan(gpt_params(False, layers=1), [["Shard(0)"], ["Shard(0)"]], [num_gpus])
+
+    monkeypatch.setattr(cmd, "autoshard_api", lambda: solve)
+    monkeypatch.setattr(cmd, "_example_inputs", tuple)  # the InputSpecs of planner.autoshard.trace, as dicts
+    code = main(["validate", "--autoshard", GPT, "--input-shape", "4,32:int64:128", "--input-shape",
+                 "4,32:int64:128", "--factory-arg", "layers=1", "--ranks", "2", "--steps", "3", "--format", "json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    data = json.loads(out.out)
+    assert data["outcome"] == "ok" and data["parity_passed"] and len(data["losses"]) == 3
+    assert data["predicted_step_time_s"] == 0.02 and data["step_time_s"] > 0
+    assert len(seen["module"].blocks) == 1 and seen["cluster"] == "local-cpu" and seen["num_gpus"] == 2
+    assert [i["shape"] for i in seen["inputs"]] == [[4, 32], [4, 32]]
+
+
 def _autoshard_missing() -> bool:
     from planner.cli.validate_autoshard import autoshard_api
 

@@ -59,6 +59,8 @@ POLL_S = 0.5
 PROGRESS_FILE = "progress.json"
 STDERR_TAIL_LINES = 30
 WORKER_MODULE = "executors.worker"
+WORKER_MODULES = (WORKER_MODULE, "executors.autoshard_worker")
+"""The modules whose processes a run's pid files may name (`recorded_workers` kills only those)."""
 LIFELINE = Path(__file__).resolve().with_name("lifeline.py")
 LOCK_FILE = ".meshplan.lock"
 """A run's lock in its folder (`locked_dir`): held while the run lasts, removed after it."""
@@ -196,7 +198,7 @@ def _is_our_worker(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return False
-    return WORKER_MODULE in cmdline
+    return any(module in cmdline for module in WORKER_MODULES)
 
 
 def _stat(pid: int) -> tuple[str, int] | None:

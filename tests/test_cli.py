@@ -50,7 +50,7 @@ FROZEN = {
     "models": ["--format"],
     "clusters": ["--constraint", "--constraints", "--format", "--global-batch-size", "--gpus", "--model", "--plot",
                  "--seq-len", "--show", "--strategy"],
-    "validate": ["--attention-kernel", "--calibration",
+    "validate": ["--attention-kernel", "--autoshard", "--calibration", "--factory-arg", "--input-shape", "--ranks",
                  "--cluster", "--collect", "--constraint", "--constraints", "--device", "--engine",
                  "--format", "--global-batch-size", "--gpus", "--grad-precision", "--hsdp-replicate", "--keep",
                  "--max-host-memory", "--model", "--num-layers", "--optimizer", "--parity-steps", "--plan", "--precision", "--prepare", "--seed",

@@ -193,10 +193,28 @@ def validate_cmd(
     prepare: Annotated[Optional[Path], typer.Option("--prepare", help="Multi-node: write run configs here and print the torchrun command of each run instead of launching.")] = None,
     collect: Annotated[Optional[Path], typer.Option("--collect", help="Multi-node: fold the results of runs prepared with --prepare (needs --cluster).")] = None,
     calibration: CalibrationOpt = None,
+    autoshard: Annotated[Optional[str], typer.Option("--autoshard", help="Graph auto-parallel instead of plans: solve the module this factory builds (PKG.MODULE:FACTORY; its forward takes the inputs and returns the loss) with planner.autoshard for --ranks CPU devices, run the plan's DTensor placements on that many gloo ranks for --steps plain-SGD steps and check each step's loss against one process.")] = None,
+    input_shape: Annotated[Optional[list[str]], typer.Option("--input-shape", help="With --autoshard: one forward input, SIZES[:DTYPE[:HIGH]] (e.g. 4,32:int64:128 for tokens in [0, 128); 8,3,32,32 for float32); repeat in order.")] = None,
+    factory_arg: Annotated[Optional[list[str]], typer.Option("--factory-arg", help="With --autoshard: a keyword argument of the factory, KEY=VALUE (an int, float, true/false or string; repeatable).")] = None,
+    ranks: Annotated[int, typer.Option("--ranks", help="With --autoshard: devices to plan for and gloo ranks to run.")] = 2,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Run the top plans for a few steps, check their loss against a single-process run, and put the
     measured step time and memory next to the prediction."""
+    if autoshard is not None:
+        given = [flag for flag, v in (("--plan", plan_file), ("--model", model), ("--strategy", strategy),
+                                      ("--prepare", prepare), ("--collect", collect), ("--cluster", cluster),
+                                      ("--gpus", gpus)) if v]
+        if given or engine != "torch" or device not in ("auto", "cpu"):
+            what = ", ".join(given) or (f"--engine {engine}" if engine != "torch" else f"--device {device}")
+            raise SpecError(f"--autoshard solves and runs its own plan on this machine's CPU ranks (--ranks): "
+                            f"drop {what}")
+        from planner.cli.validate_autoshard import validate_autoshard
+
+        validate_autoshard(autoshard, input_shape, factory_arg, ranks, steps, seed, timeout, work_dir, fmt)
+        return
+    if input_shape or factory_arg:
+        raise SpecError("--input-shape and --factory-arg go with --autoshard PKG.MODULE:FACTORY")
     from executors.launcher import check_folder
     from executors.validate import (
         ValidateOptions,

@@ -44,6 +44,7 @@ from executors.launcher import (
     worker_env,
     work_folder,
 )
+from planner.autoshard.inputs import load_factory as inputs_load_factory
 from planner.autoshard.result import AutoshardResult
 from planner.errors import SpecError, short_repr
 from planner.specs.files import read_text
@@ -267,21 +268,12 @@ def check_plan(plan: AutoshardResult, inputs: list[AutoshardInput]) -> None:
 
 
 def load_factory(factory: str, field: str = "factory"):
-    """The callable `factory` names ('package.module:function'), imported (never evaluated); SpecError naming
-    `field` when the string is malformed, the module or attribute is missing, or it is not callable."""
-    if not isinstance(factory, str) or not FACTORY_RE.match(factory):
-        raise SpecError(f"{field} must be 'package.module:function' (got {short_repr(factory)})")
-    module_name, attr = factory.split(":")
+    """The callable `factory` names ('package.module:function'), imported (never evaluated) by
+    `planner.autoshard.inputs.load_factory`; SpecError naming the field otherwise."""
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise SpecError(f"{field} {factory!r}: module {module_name!r} cannot be imported ({exc})") from None
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise SpecError(f"{field} {factory!r}: module {module_name!r} has no attribute {attr!r}")
-    if not callable(fn):
-        raise SpecError(f"{field} {factory!r}: {attr!r} is not callable")
-    return fn
+        return inputs_load_factory(factory, app_dir=None)
+    except SpecError as err:
+        raise SpecError(f"{field}: {str(err).removeprefix('factory: ')}") from None
 
 
 def coerce_inputs(inputs: Iterable[Any]) -> list[AutoshardInput]:

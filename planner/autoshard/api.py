@@ -59,7 +59,7 @@ def _axis_names(mesh: Mesh, cluster) -> list[str]:
     names = []
     for size, stride in zip(mesh.shape, mesh.strides):
         inside = size * stride <= cluster.domain_size
-        names.append(f"{size} devices {'on NVLink' if inside else 'across nodes'} (stride {stride})")
+        names.append(f"{size} devices over {'intra-node' if inside else 'inter-node'} links (stride {stride})")
     return names
 
 
@@ -184,7 +184,7 @@ def _check(num_gpus: Any, pp: Any, micro_batches: Any, precision: Any, budget: A
 def autoshard(module, example_inputs, cluster, num_gpus: int, memory_budget_bytes: float | None = None, pp: int = 1,
               mesh_shape: tuple[int, ...] | None = None, precision: str = "bf16", optimizer: str = "adam",
               micro_batches: int | None = None, time_limit_s: float = 30.0, graph: nx.DiGraph | None = None,
-              reuse_blocks: bool = True) -> AutoshardResult:
+              reuse_blocks: bool = True, executor: str | None = None) -> AutoshardResult:
     """Choose the sharding of every operator of `module` on `num_gpus` devices of `cluster`.
 
     module: an nn.Module, or a zero-argument callable building one (built on the meta device: no memory, no
@@ -193,12 +193,15 @@ def autoshard(module, example_inputs, cluster, num_gpus: int, memory_budget_byte
     (num_gpus / pp devices each). mesh_shape: one stage's mesh (inner axis first); default: the fastest of 1-D
     and every 2-D factorisation. micro_batches: per step (default 1, or 2·pp with a pipeline). `graph`: a traced
     graph to use instead of tracing (`trace`). reuse_blocks: solve runs of identical blocks once (False: always
-    the whole graph, for checking the reduction).
+    the whole graph, for checking the reduction). executor: "dtensor" keeps to the strategies DTensor runs as one
+    process would (`strategies.DTENSOR_UNSUPPORTED`), for plans that `meshplan validate --autoshard` runs.
     """
     micro = micro_batches if micro_batches is not None else (1 if pp == 1 else 2 * pp)
     _check(num_gpus, pp, micro, precision, memory_budget_bytes, time_limit_s)
     if optimizer not in ("adam", "sgd"):
         raise SpecError(f"optimizer: must be adam or sgd, got {optimizer!r}")
+    if executor not in (None, "dtensor"):
+        raise SpecError(f"executor: must be None or 'dtensor', got {executor!r}")
     spec = load_cluster(cluster)
     budget = float(memory_budget_bytes) if memory_budget_bytes is not None else \
         float(spec.gpu.memory_bytes - spec.gpu.framework_reserve_bytes)
@@ -212,7 +215,7 @@ def autoshard(module, example_inputs, cluster, num_gpus: int, memory_budget_byte
     best = None
     failures = []
     for shape in mesh_shapes(devices, mesh_shape):
-        ctx = CostContext(spec, Mesh(shape), precision, optimizer)
+        ctx = CostContext(spec, Mesh(shape), precision, optimizer, dtensor=executor == "dtensor")
         builder = Builder(graph, ctx)
         try:
             found = _plan_mesh(builder, order, groups, pp, micro, budget, time_limit_s)

@@ -116,6 +116,7 @@ class CostContext:
     mesh: Mesh
     precision: str = "bf16"
     optimizer: str = "adam"
+    dtensor: bool = False  # only the strategies DTensor computes correctly (DTENSOR_UNSUPPORTED left out)
 
     @property
     def gpu(self):
@@ -534,6 +535,12 @@ def _input(op: OpNode) -> list[AxisOption]:
     return opts
 
 
+#: Per-axis options DTensor (torch 2.13) does not compute as one process would, left out when a plan is to run
+#: with it: a convolution with a sharded weight convolves each shard as if it were the whole weight and calls the
+#: result replicated (measured: ranks disagree), and a batch norm over a split batch normalises with each
+#: device's own statistics (data parallel's semantics, not one process's).
+DTENSOR_UNSUPPORTED = {"conv2d": {"out-channel", "in-channel"}, "batch_norm": {"channel", "S0", "S2", "S3"}}
+
 AXIS_OPTIONS = {"input": _input, "linear": _linear, "matmul": _matmul, "embedding": _embedding,
                 "layer_norm": _norm, "rms_norm": _norm, "batch_norm": _batch_norm, "softmax": _softmax,
                 "sdpa": _sdpa, "elementwise": _pointwise, "view": _view, "permute": _permute, "slice": _slice,
@@ -662,6 +669,8 @@ def op_strategies(op: OpNode, ctx: CostContext, owns: tuple[bool, ...] = (), sha
     mesh = ctx.mesh
     owns = owns or tuple(True for _ in op.params)
     per_axis = axis_options(op)
+    if ctx.dtensor:
+        per_axis = [o for o in per_axis if o.name not in DTENSOR_UNSUPPORTED.get(op.kind, ())]
     result = []
     for combo in product(per_axis, repeat=len(mesh.shape)):
         ins = tuple(tuple(c.ins[i] for c in combo) for i in range(len(op.inputs)))

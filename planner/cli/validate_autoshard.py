@@ -2,76 +2,37 @@
 (`planner.autoshard.autoshard`) and run it with DTensor on CPU ranks against one process
 (`executors.autoshard_run`).
 
-The options' text is parsed here without eval: an input is ``SHAPE[:DTYPE[:HIGH]]`` (``4,32:int64:128``: a
-4 x 32 int64 tensor drawn in [0, 128); ``8,3,32,32`` is float32), a factory argument ``KEY=VALUE`` whose value is
-an int, a float, true / false, or else a string.
+The options' text is parsed as `meshplan autoshard` parses it (`planner.autoshard.inputs`, no eval): an input is
+``SHAPE[:DTYPE[:HIGH]]`` (``4,32:int64:128``: a 4 x 32 int64 tensor drawn in [0, 128); ``8,3,32,32`` is
+float32), a factory argument ``KEY=VALUE`` whose value is an int, a float, true / false, or else a string.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from pathlib import Path
 from typing import Any
 
+from planner.autoshard import autoshard
+from planner.autoshard.inputs import parse_factory_arg, parse_input
 from planner.cli.common import ExitWith, Format, emit_csv, emit_json, stdout
 from planner.cli.text import MESSAGE_CHARS, plain
-from planner.errors import SpecError, short_repr
+from planner.errors import SpecError
 
-INPUT_RE = re.compile(r"^(\d+(?:,\d+)*)(?::([a-z0-9]+))?(?::(\d+))?$")
-"""--input-shape: comma-separated sizes, then optionally ':dtype' and ':high'."""
-ARG_KEY_RE = re.compile(r"^[A-Za-z_]\w*$")
-INT_RE = re.compile(r"^[+-]?\d+$")
-FLOAT_RE = re.compile(r"^[+-]?(?:\d+\.\d*|\.\d+|\d+(?:\.\d*)?[eE][+-]?\d+)$")
 CLUSTER = "local-cpu"
 """The cluster the plan is solved for: this machine's CPU profile, the ranks the run starts."""
 
 
 def parse_input_shape(text: str) -> dict[str, Any]:
-    """{'shape', 'dtype', 'high'} of one --input-shape; SpecError naming the option otherwise."""
-    m = INPUT_RE.match(text.strip()) if isinstance(text, str) else None
-    if m is None:
-        raise SpecError(f"--input-shape must be SIZES[:DTYPE[:HIGH]], e.g. 4,32:int64:128 (got {short_repr(text)})")
-    shape = [int(d) for d in m.group(1).split(",")]
-    dtype = m.group(2) or "float32"
-    high = int(m.group(3)) if m.group(3) is not None else None
+    """{'shape', 'dtype', 'high'} of one --input-shape (`planner.autoshard.inputs.parse_input`), in a dtype the
+    runs make data in."""
     from executors.autoshard_run import FLOAT_DTYPES, INT_DTYPES
 
-    if dtype not in FLOAT_DTYPES + INT_DTYPES:
-        raise SpecError(f"--input-shape {text!r}: dtype must be one of {', '.join(FLOAT_DTYPES + INT_DTYPES)}")
-    if any(d < 1 for d in shape):
-        raise SpecError(f"--input-shape {text!r}: sizes must be positive")
-    if dtype in INT_DTYPES and (high is None or high < 1):
-        raise SpecError(f"--input-shape {text!r}: an integer input needs :HIGH >= 1 (values are drawn in [0, HIGH))")
-    if dtype in FLOAT_DTYPES and high is not None:
-        raise SpecError(f"--input-shape {text!r}: HIGH is for integer inputs (floats are drawn from a normal)")
-    return {"shape": shape, "dtype": dtype, "high": high}
-
-
-def parse_factory_arg(text: str) -> tuple[str, int | float | bool | str]:
-    """(key, value) of one --factory-arg KEY=VALUE: an int, a float, true / false, else the string."""
-    key, sep, raw = text.partition("=") if isinstance(text, str) else ("", "", "")
-    if not sep or not ARG_KEY_RE.match(key):
-        raise SpecError(f"--factory-arg must be KEY=VALUE with KEY an identifier (got {short_repr(text)})")
-    if INT_RE.match(raw):
-        return key, int(raw)
-    if FLOAT_RE.match(raw):
-        return key, float(raw)
-    if raw.lower() in ("true", "false"):
-        return key, raw.lower() == "true"
-    return key, raw
-
-
-def autoshard_api():
-    """planner.autoshard's `autoshard` entry, or None while this installation has none."""
-    try:
-        from planner.autoshard import autoshard
-    except ImportError:
-        try:
-            from planner.autoshard.api import autoshard
-        except ImportError:
-            return None
-    return autoshard
+    spec = parse_input(text)
+    if spec.dtype not in FLOAT_DTYPES + INT_DTYPES:
+        raise SpecError(f"--input-shape {text!r}: the runs make inputs of {', '.join(FLOAT_DTYPES + INT_DTYPES)} "
+                        f"only")
+    return {"shape": list(spec.shape), "dtype": spec.dtype, "high": spec.high}
 
 
 def _example_inputs(inputs: list[dict[str, Any]]) -> tuple:
@@ -97,11 +58,9 @@ def validate_autoshard(factory: str, input_shapes: list[str] | None, factory_arg
         raise SpecError(f"--ranks must be between 1 and {MAX_RANKS} (got {ranks})")
     if steps < 2:
         raise SpecError(f"--steps must be at least 2 with --autoshard (the first step is not timed; got {steps})")
-    api = autoshard_api()
-    if api is None:
-        raise SpecError("--autoshard needs planner.autoshard.autoshard (the graph tracer and solver), which this "
-                        "installation does not have")
-    plan = api(functools.partial(fn, **kwargs), _example_inputs(inputs), cluster=CLUSTER, num_gpus=ranks)
+    # the runs train in fp32 with plain SGD, with DTensor: the plan is solved for the same
+    plan = autoshard(functools.partial(fn, **kwargs), _example_inputs(inputs), cluster=CLUSTER, num_gpus=ranks,
+                     precision="fp32", optimizer="sgd", executor="dtensor")
     run = run_plan(factory, inputs, plan, steps=steps, out_dir=work_dir, timeout_s=timeout_s,
                    factory_kwargs=kwargs, seed=seed)
     if fmt is Format.json:

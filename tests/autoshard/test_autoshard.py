@@ -50,7 +50,7 @@ def test_rediscovers_megatron_layout_on_the_fast_axis(block_graph):
     assert result.params["block.attn.q.weight"][0] == "Shard(0)"
     assert result.params["block.mlp.fc2.weight"][0] == "Shard(1)"
     assert result.peak_memory_bytes <= 1.5 * GIB and result.optimal
-    assert result.mesh_axes[0].startswith("8 devices on NVLink") and "across nodes" in result.mesh_axes[1]
+    assert result.mesh_axes[0].startswith("8 devices over intra-node") and "inter-node" in result.mesh_axes[1]
 
 
 def test_step_time_agrees_with_the_transformer_planner():
@@ -170,7 +170,7 @@ def test_cli_table_and_factory_args(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["os:system", "-i", "4"], "factory: 'os' is a standard-library module, not a model's"),
-    (["tests.autoshard.models:F", "-i", "4"], "factory: 'F' is not defined in 'tests.autoshard.models'"),
+    (["tests.autoshard.graphs:OpNode", "-i", "4"], "factory: 'OpNode' is not defined in 'tests.autoshard.graphs'"),
     (["not a path", "-i", "4"], "factory: 'not a path' must be package.module:function"),
     (["tests.autoshard.models:small_gpt", "-i", "4,x"], "input_shape: '4,x' must be positive integers"),
     (["tests.autoshard.models:small_gpt", "-i", "4,32:int64:128", "-i", "4,33:int64:128"], "input_shape"),

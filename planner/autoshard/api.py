@@ -184,7 +184,8 @@ def _check(num_gpus: Any, pp: Any, micro_batches: Any, precision: Any, budget: A
 def autoshard(module, example_inputs, cluster, num_gpus: int, memory_budget_bytes: float | None = None, pp: int = 1,
               mesh_shape: tuple[int, ...] | None = None, precision: str = "bf16", optimizer: str = "adam",
               micro_batches: int | None = None, time_limit_s: float = 30.0, graph: nx.DiGraph | None = None,
-              reuse_blocks: bool = True, executor: str | None = None) -> AutoshardResult:
+              reuse_blocks: bool = True, executor: str | None = None,
+              example_kwargs: dict[str, Any] | None = None) -> AutoshardResult:
     """Choose the sharding of every operator of `module` on `num_gpus` devices of `cluster`.
 
     module: an nn.Module, or a zero-argument callable building one (built on the meta device: no memory, no
@@ -195,6 +196,7 @@ def autoshard(module, example_inputs, cluster, num_gpus: int, memory_budget_byte
     graph to use instead of tracing (`trace`). reuse_blocks: solve runs of identical blocks once (False: always
     the whole graph, for checking the reduction). executor: "dtensor" keeps to the strategies DTensor runs as one
     process would (`strategies.DTENSOR_UNSUPPORTED`), for plans that `meshplan validate --autoshard` runs.
+    example_kwargs: inputs given by keyword (a Hugging Face model's ``input_ids=``, ``labels=``).
     """
     micro = micro_batches if micro_batches is not None else (1 if pp == 1 else 2 * pp)
     _check(num_gpus, pp, micro, precision, memory_budget_bytes, time_limit_s)
@@ -207,7 +209,7 @@ def autoshard(module, example_inputs, cluster, num_gpus: int, memory_budget_byte
         float(spec.gpu.memory_bytes - spec.gpu.framework_reserve_bytes)
     started = time.perf_counter()
     if graph is None:
-        graph = trace(module, example_inputs)
+        graph = trace(module, example_inputs, example_kwargs)
     traced = time.perf_counter()
     order = [n for n in graph.graph["order"] if n in graph]
     groups = repeated_blocks(graph) if reuse_blocks else []

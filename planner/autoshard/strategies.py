@@ -243,28 +243,35 @@ def to_dtensor(layout: tuple) -> list[str]:
 # --- per-axis options by kind -------------------------------------------------------------------------------
 
 def _pointwise(op: OpNode) -> list[AxisOption]:
+    """Any output dim; each input (and parameter, e.g. a norm's weight written out point-wise) split along the same
+    dim where it has it at full size, replicated where it is broadcast (its gradient then partial)."""
     out = op.output.shape
     nd = len(out)
-    opts = [AxisOption("R", tuple(R for _ in op.inputs), R, tuple(R for _ in op.inputs))]
+    tensors = list(op.input_tensors) + [p.tensor for p in op.params]
+    k = len(op.inputs)
+    whole = tuple(R for _ in tensors)
+    opts = [AxisOption("R", whole[:k], R, whole[:k], whole[k:], whole[k:])]
     for d in range(nd):
         if out[d] <= 1:
             continue
         ins, grads = [], []
-        for t in op.input_tensors:
+        for t in tensors:
             i = d - (nd - len(t.shape))
             sharded = i >= 0 and t.shape[i] == out[d]
             ins.append(i if sharded else R)
             grads.append(i if sharded else P)  # a broadcast input's gradient sums over the split dim: partial
-        opts.append(AxisOption(f"S{d}", tuple(ins), d, tuple(grads)))
+        opts.append(AxisOption(f"S{d}", tuple(ins[:k]), d, tuple(grads[:k]), tuple(ins[k:]), tuple(grads[k:])))
     name = op.attrs.get("op", "")
     if op.inputs and name in LINEAR_POINTWISE:
-        if name in ("mul", "div", "scale") and len(op.inputs) > 1:
-            # a product is linear in one factor: that one partial, the others replicated
-            for j in range(len(op.inputs) if name == "mul" else 1):
-                ins = tuple(P if i == j else R for i in range(len(op.inputs)))
-                opts.append(AxisOption(f"P{j}", ins, P, tuple(R for _ in op.inputs)))
-        else:
-            opts.append(AxisOption("P", tuple(P for _ in op.inputs), P, tuple(R for _ in op.inputs)))
+        n = len(tensors)
+        if name in ("mul", "div", "scale") and n > 1:
+            # a product is linear in one activation factor: that one partial, the others (parameters too)
+            # replicated
+            for j in range(k if name == "mul" else 1):
+                place = tuple(P if i == j else R for i in range(n))
+                opts.append(AxisOption(f"P{j}", place[:k], P, whole[:k], place[k:], whole[k:]))
+        elif not op.params:  # a sum of partial sums (a parameter added to a partial sum would count n times)
+            opts.append(AxisOption("P", (P,) * k, P, whole[:k]))
     return opts
 
 
@@ -359,25 +366,27 @@ def _linear(op: OpNode) -> list[AxisOption]:
 
 
 def _matmul(op: OpNode) -> list[AxisOption]:
-    """a[..., m, k] @ b[..., k, n] with one operand possibly a parameter (``params[0].arg``)."""
-    shapes = [None, None]
-    act = [i for i in range(2) if not any(p.arg == i for p in op.params)]
+    """a[..., m, k] @ b[..., k, n] with one operand possibly a parameter (``params[i].arg`` 0 or 1), plus a bias
+    parameter over n (``arg`` 2: Conv1D's addmm), added after the op's own reduction where k is split."""
+    shapes: list = [None, None]
+    operands = [p for p in op.params if p.arg in (0, 1)]
+    bias = [p for p in op.params if p.arg == 2]
+    act = [i for i in range(2) if not any(p.arg == i for p in operands)]
     for i, t in zip(act, op.input_tensors):
         shapes[i] = t.shape
-    for p in op.params:
+    for p in operands:
         shapes[p.arg] = p.tensor.shape
     a, b = shapes
     out = op.output.shape
     nd = len(out)
-    if len(a) < 2 or len(b) < 2:
-        return [AxisOption("R", (R,) * len(op.inputs), R, (R,) * len(op.inputs), (R,) * len(op.params),
-                           (R,) * len(op.params))]
+    if a is None or b is None or len(a) < 2 or len(b) < 2 or len(bias) > 1:
+        return _replicated(op)
     m_dim, k_a, k_b, n_dim = len(a) - 2, len(a) - 1, len(b) - 2, len(b) - 1
 
-    def option(name, pa, pb, po, ga, gb):
-        place, grad = {0: pa, 1: pb}, {0: ga, 1: gb}
+    def option(name, pa, pb, po, ga, gb, bias_place=R, bias_grad=R, inner=()):
+        place, grad = {0: pa, 1: pb, 2: bias_place}, {0: ga, 1: gb, 2: bias_grad}
         return AxisOption(name, tuple(place[i] for i in act), po, tuple(grad[i] for i in act),
-                          tuple(place[p.arg] for p in op.params), tuple(grad[p.arg] for p in op.params))
+                          tuple(place[p.arg] for p in op.params), tuple(grad[p.arg] for p in op.params), inner)
 
     opts = [option("R", R, R, R, R, R)]
     for d in range(nd - 2):  # batch dims (broadcast operands stay replicated, their gradient partial)
@@ -386,13 +395,17 @@ def _matmul(op: OpNode) -> list[AxisOption]:
         da, db = d - (nd - len(a)), d - (nd - len(b))
         sa = da >= 0 and a[da] == out[d]
         sb = db >= 0 and b[db] == out[d]
-        opts.append(option(f"batch{d}", da if sa else R, db if sb else R, d, da if sa else P, db if sb else P))
+        opts.append(option(f"batch{d}", da if sa else R, db if sb else R, d, da if sa else P, db if sb else P,
+                           R, P))
     if a[m_dim] > 1:
-        opts.append(option("m", m_dim, R, nd - 2, m_dim, P))
+        opts.append(option("m", m_dim, R, nd - 2, m_dim, P, R, P))
     if b[n_dim] > 1:
-        opts.append(option("n", R, n_dim, nd - 1, P, n_dim))
+        opts.append(option("n", R, n_dim, nd - 1, P, n_dim, 0, 0))
     if a[k_a] > 1:
-        opts.append(option("k", k_a, k_b, P, k_a, k_b))
+        if bias:  # the bias is added once, after the op reduces its own output
+            opts.append(option("k", k_a, k_b, R, k_a, k_b, R, R, (("all_reduce", "out", "fwd"),)))
+        else:
+            opts.append(option("k", k_a, k_b, P, k_a, k_b))
     return opts
 
 
@@ -573,10 +586,15 @@ def _compute_s(op: OpNode, ins: tuple, out: tuple, params: tuple, ctx: CostConte
     if kind == "matmul":
         shapes = {}
         act = [i for i in range(2) if not any(p.arg == i for p in op.params)]
+        if len(act) < len(op.input_tensors):  # more activations than two operands: kept whole, priced by FLOPs
+            return 3 * op.flop / ctx.gpu.peak(ctx.precision if ctx.precision != "fp32" else "fp32")
         for i, t, lay in zip(act, op.input_tensors, ins):
             shapes[i] = local_shape(t.shape, lay, mesh)
         for p, lay in zip(op.params, params):
-            shapes[p.arg] = local_shape(p.tensor.shape, lay, mesh)
+            if p.arg in (0, 1):
+                shapes[p.arg] = local_shape(p.tensor.shape, lay, mesh)
+        if 0 not in shapes or 1 not in shapes:  # kept whole (`_matmul` found no split): its whole GEMM
+            return sum(ctx.gemm_s(op.flop / 2 / max(op.output.shape[-1], 1), op.output.shape[-1], 1))
         a, bb = shapes[0], shapes[1]
         o = local_shape(op.output.shape, tuple(R if p == P else p for p in out), mesh)
         batch = prod(o[:-2]) if len(o) > 2 else 1
@@ -671,6 +689,11 @@ def op_strategies(op: OpNode, ctx: CostContext, owns: tuple[bool, ...] = (), sha
     per_axis = axis_options(op)
     if ctx.dtensor:
         per_axis = [o for o in per_axis if o.name not in DTENSOR_UNSUPPORTED.get(op.kind, ())]
+    # a rule that does not place the op's parameters (a kind read with parameters it does not expect) keeps only
+    # its replicated option, with the parameters replicated too
+    per_axis = [o if len(o.params) == len(op.params) else
+                AxisOption(o.name, o.ins, o.out, o.grads, (R,) * len(op.params), (R,) * len(op.params), o.inner)
+                for o in per_axis if len(o.params) == len(op.params) or o.name == "R"]
     result = []
     for combo in product(per_axis, repeat=len(mesh.shape)):
         ins = tuple(tuple(c.ins[i] for c in combo) for i in range(len(op.inputs)))

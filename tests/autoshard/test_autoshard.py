@@ -107,6 +107,26 @@ def test_resnet50_on_8_devices():
     assert not result.unknown_ops
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_hugging_face_models_built_from_their_configs(family):
+    """A transformers model from its config on the meta device (no weights): traced and solved; the op the
+    strategies do not know (the loss's label shift, aten.pad) is kept replicated and listed."""
+    transformers = pytest.importorskip("transformers")
+    if family == "gpt2":
+        config = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=1024, n_positions=128,
+                                         use_cache=False)
+    else:
+        config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
+                                          num_key_value_heads=2, intermediate_size=512, vocab_size=1024,
+                                          use_cache=False)
+    ids = {"input_ids": InputSpec((8, 128), "int64", 1024), "labels": InputSpec((8, 128), "int64", 1024)}
+    result = autoshard(lambda: transformers.AutoModelForCausalLM.from_config(config), (), "dgx-h100", 8,
+                       example_kwargs=ids)
+    assert result.solver == "milp (repeated blocks)" and result.optimal
+    assert result.unknown_ops == ["aten.pad.default"]
+    assert len(result.inputs) == 2 and result.step_time_s > 0
+
+
 def test_pipeline_stages_are_contiguous_and_fit():
     graph = trace(lambda: models.gpt(layers=8, hidden=2048, heads=16, seq_len=1024), tokens(4, 1024, 50304))
     result = autoshard(None, None, "dgx-h100", 8, pp=2, graph=graph, memory_budget_bytes=20 * GIB)
@@ -172,6 +192,7 @@ def test_cli_table_and_factory_args(capsys):
     (["os:system", "-i", "4"], "factory: 'os' is a standard-library module, not a model's"),
     (["tests.autoshard.graphs:OpNode", "-i", "4"], "factory: 'OpNode' is not defined in 'tests.autoshard.graphs'"),
     (["not a path", "-i", "4"], "factory: 'not a path' must be package.module:function"),
+    (["tests.autoshard.test_trace:Branchy", "-i", "2,4"], "module: cannot be traced"),
     (["tests.autoshard.models:small_gpt", "-i", "4,x"], "input_shape: '4,x' must be positive integers"),
     (["tests.autoshard.models:small_gpt", "-i", "4,32:int64:128", "-i", "4,33:int64:128"], "input_shape"),
     (["tests.autoshard.models:small_gpt", "-i", "4,32:int64:128", "-i", "4,32:int64:128", "--factory-arg",

@@ -3,7 +3,8 @@ placements with the predicted cost.
 
 The search: for each mesh shape of one stage's devices (1-D, and 2-D as inner x outer for every factorisation,
 the inner axis on the fastest links), build the problem (`problem.build`), solve it (`solver`), and keep the
-fastest mesh. Runs of identical blocks are solved once, as the quotient problem, and that answer is used when a
+fastest mesh; a mesh whose lower bound (a linear relaxation) is above the best step already found is dropped
+before its integer program runs. Runs of identical blocks are solved once, as the quotient problem, and that answer is used when a
 lower bound proves it optimal (`problem` explains both); otherwise the whole graph goes to the integer program
 when it has at most `solver.MILP_MAX_VARIABLES` variables, else to the heuristic. The result says which.
 
@@ -63,11 +64,17 @@ def _axis_names(mesh: Mesh, cluster) -> list[str]:
     return names
 
 
+class Dominated(Exception):
+    """A mesh whose lower bound is already above the best plan found on another mesh: it cannot win."""
+
+
 class _Solve:
-    """One mesh's solve of a set of nodes: the choice per node and how it was found."""
+    """One mesh's solve of a set of nodes: the choice per node and how it was found. `cutoff`: the best step
+    found on another mesh, where the objective is the step (no pipeline); a lower bound above it ends the solve
+    (`Dominated`)."""
 
     def __init__(self, builder: Builder, nodes: list[str], groups, micro_batches: int, in_flight: float,
-                 budget: float | None, time_limit_s: float):
+                 budget: float | None, time_limit_s: float, cutoff: float | None = None):
         self.builder, self.nodes = builder, nodes
         inside = set(nodes)
         # the instances of each run that lie wholly in these nodes (a pipeline stage holds part of a run)
@@ -90,9 +97,13 @@ class _Solve:
                                 between_instances(builder.graph, runs))
                 # the linear relaxation first (a weaker bound, found faster), then the program itself
                 bound = solve_milp(relaxed.problem, time_limit_s, relax=True).bound
+                if cutoff is not None and bound >= cutoff:
+                    raise Dominated
                 if not uniform.objective <= bound * (1 + PROOF_TOLERANCE) + 1e-15:
                     bound_sol = solve_milp(relaxed.problem, time_limit_s)
                     bound = bound_sol.objective if bound_sol.optimal else (bound_sol.bound or 0.0)
+                    if cutoff is not None and bound >= cutoff:
+                        raise Dominated
                 blocks = ", ".join(f"{len(g)} x {len(g[0])} ops" for g in runs)
                 if uniform.optimal and uniform.objective <= bound * (1 + PROOF_TOLERANCE) + 1e-15:
                     self.choice, self.method, self.optimal = expanded, "milp (repeated blocks)", True
@@ -103,6 +114,8 @@ class _Solve:
                 self.note.append(f"repeated blocks ({blocks}): the uniform plan ({uniform.objective:.6g} s) is "
                                  f"above the lower bound ({bound:.6g} s); the whole graph is solved")
         full = build(builder, nodes, micro_batches, in_flight, budget)
+        if cutoff is not None and solve_milp(full.problem, time_limit_s, relax=True).bound >= cutoff:
+            raise Dominated
         size = milp_size(full.problem)
         start = [seed[n] for n in full.names] if seed is not None else None
         if size <= MILP_MAX_VARIABLES:
@@ -220,9 +233,12 @@ def autoshard(module, example_inputs, cluster, num_gpus: int, memory_budget_byte
         ctx = CostContext(spec, Mesh(shape), precision, optimizer, dtensor=executor == "dtensor")
         builder = Builder(graph, ctx)
         try:
-            found = _plan_mesh(builder, order, groups, pp, micro, budget, time_limit_s)
+            found = _plan_mesh(builder, order, groups, pp, micro, budget, time_limit_s,
+                               best["step_s"] if best is not None and pp == 1 else None)
         except SpecError as err:
             failures.append(str(err))
+            continue
+        except Dominated:
             continue
         if best is None or found["step_s"] < best["step_s"]:
             best = found
@@ -235,10 +251,10 @@ def autoshard(module, example_inputs, cluster, num_gpus: int, memory_budget_byte
 
 
 def _plan_mesh(builder: Builder, order: list[str], groups, pp: int, micro: int, budget: float,
-               time_limit_s: float) -> dict[str, Any]:
+               time_limit_s: float, cutoff: float | None) -> dict[str, Any]:
     ctx = builder.ctx
     in_flight = 1.0 if pp == 1 else float(min(micro, pp))
-    first = _Solve(builder, order, groups, micro, in_flight, None if pp > 1 else budget, time_limit_s)
+    first = _Solve(builder, order, groups, micro, in_flight, None if pp > 1 else budget, time_limit_s, cutoff)
     if pp == 1:
         info = _breakdown(builder, order, first.choice, micro, 1.0)
         return {"builder": builder, "stages": [(order, first, info)], "step_s": info["step_s"],

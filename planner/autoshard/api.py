@@ -74,7 +74,7 @@ class _Solve:
     (`Dominated`)."""
 
     def __init__(self, builder: Builder, nodes: list[str], groups, micro_batches: int, in_flight: float,
-                 budget: float | None, time_limit_s: float, cutoff: float | None = None):
+                 budget: float | None, time_limit_s: float, cutoff: float | None = None, proof: bool = True):
         self.builder, self.nodes = builder, nodes
         inside = set(nodes)
         # the instances of each run that lie wholly in these nodes (a pipeline stage holds part of a run)
@@ -93,6 +93,10 @@ class _Solve:
                 where = {name: i for i, name in enumerate(quotient.names)}
                 units, _ = builder.unit_edges(nodes)
                 expanded = {n: uniform.choice[where[rep_name(n, mapping)]] for n in units}
+                if not proof:  # costs to cut pipeline stages by: the best uniform plan is enough
+                    self.choice, self.method, self.optimal = expanded, "milp (repeated blocks)", False
+                    self.note.append(f"repeated blocks solved once for the stage cut: {uniform.note}")
+                    return
                 relaxed = build(builder, nodes, micro_batches, in_flight, None, relaxed_mapping(runs),
                                 between_instances(builder.graph, runs))
                 # the linear relaxation first (a weaker bound, found faster), then the program itself
@@ -254,7 +258,8 @@ def _plan_mesh(builder: Builder, order: list[str], groups, pp: int, micro: int, 
                time_limit_s: float, cutoff: float | None) -> dict[str, Any]:
     ctx = builder.ctx
     in_flight = 1.0 if pp == 1 else float(min(micro, pp))
-    first = _Solve(builder, order, groups, micro, in_flight, None if pp > 1 else budget, time_limit_s, cutoff)
+    first = _Solve(builder, order, groups, micro, in_flight, None if pp > 1 else budget, time_limit_s, cutoff,
+                   proof=pp == 1)
     if pp == 1:
         info = _breakdown(builder, order, first.choice, micro, 1.0)
         return {"builder": builder, "stages": [(order, first, info)], "step_s": info["step_s"],

@@ -44,6 +44,7 @@ from executors.launcher import (
     worker_env,
     work_folder,
 )
+from executors.parity import parity_errors
 from planner.autoshard.inputs import load_factory as inputs_load_factory
 from planner.autoshard.result import AutoshardResult
 from planner.errors import SpecError, short_repr
@@ -315,16 +316,6 @@ def read_rank_results(out_dir: Path) -> list[AutoshardRankResult]:
     return sorted(ranks, key=lambda r: r.rank)
 
 
-def parity(measured: list[float], reference: list[float]) -> tuple[float, float]:
-    """(largest relative loss error, largest relative error of the loss change since step 1)."""
-    loss_err = max(abs(m - r) / max(abs(r), 1e-12) for m, r in zip(measured, reference))
-    update_err = 0.0
-    for m, r in zip(measured[1:], reference[1:]):
-        dm, dr = m - measured[0], r - reference[0]
-        update_err = max(update_err, abs(dm - dr) / max(abs(dr), 1e-12))
-    return loss_err, update_err
-
-
 def fold(cfg: AutoshardRunConfig, ranks: list[AutoshardRankResult], reference: ReferenceResult,
          return_code: int | None, timed_out: bool, stderr_tail: str, wall_s: float) -> AutoshardRunResult:
     """One AutoshardRunResult from the ranks' files, the reference and the launch's outcome."""
@@ -359,7 +350,7 @@ def fold(cfg: AutoshardRunConfig, ranks: list[AutoshardRankResult], reference: R
         result.reason = ("the ranks disagree on the loss (a placement DTensor marks replicated holds different "
                          "values per rank): " + "; ".join(f"rank {r.rank}: {r.losses[:3]}" for r in ranks))
         return result
-    loss_err, update_err = parity(result.losses, reference.losses)
+    loss_err, update_err = parity_errors(result.losses, reference.losses)
     result.max_rel_error, result.update_rel_error = loss_err, update_err
     result.parity_passed = loss_err <= LOSS_RTOL and update_err <= UPDATE_RTOL
     per_step = [max(r.step_times_s[i] for r in ranks) for i in range(len(ranks[0].step_times_s))]

@@ -55,6 +55,7 @@ from executors.autoshard_run import (
 )
 from executors.lifeline import bind_to_parent
 from executors.results import write_json_atomic
+from executors.worker import close_group
 
 DTYPES = {"float32": "float32", "float64": "float64", "int64": "int64", "int32": "int32"}
 CONV_INPUT_OK = ("replicate", "shard0")
@@ -324,10 +325,7 @@ def run_rank(cfg: AutoshardRunConfig, out: Path) -> int:
         exit_code = 1
     finally:
         write_json_atomic(out / f"rank{rank}.json", result.model_dump_json())
-    if exit_code == 0:
-        dist.barrier()
-        dist.destroy_process_group()
-    return exit_code
+    return close_group(exit_code)
 
 
 def main(argv: list[str] | None = None) -> int:

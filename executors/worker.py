@@ -133,6 +133,14 @@ def run_rank(cfg: RunConfig, out: Path) -> int:
         exit_code = 1
     finally:
         write_json_atomic(out / f"rank{rank}.json", result.model_dump_json())
+    return close_group(exit_code)
+
+
+def close_group(exit_code: int) -> int:
+    """After a rank wrote its result: a rank that succeeded waits for the others and leaves the group (one
+    that failed exits at once, and the launcher sees its exit code)."""
+    import torch.distributed as dist
+
     if exit_code == 0:
         dist.barrier()
         dist.destroy_process_group()

@@ -103,3 +103,14 @@ def test_shared_tensor_pays_one_conversion_for_all_readers():
     assert builder.strategies("blocks.0.q")[names["blocks.0.q"]].name == "column"
     # the summed gradient's layout is partial, converted once to the replicated layout layer norm expects
     assert builder.strategies("blocks.0.ln1@bwd")[names["blocks.0.ln1@bwd"]].out == (P,)
+
+
+def test_planner_autoshard_is_the_entry_point():
+    """`planner.autoshard(...)` (DESIGN's name) is the package called as the function; a graph written by hand
+    solves without torch."""
+    import planner
+
+    result = planner.autoshard(None, None, "dgx-h100", 8, graph=gpt_block_graph(b=1, s=256, h=512, heads=8))
+    assert isinstance(result, planner.AutoshardResult)
+    assert set(result.params) == set(gpt_block_graph(b=1, s=256, h=512, heads=8).graph["params"])
+    assert result.nodes[0].name == "x" and len(result.inputs) == 1 and len(result.inputs[0]) == len(result.mesh_shape)

@@ -326,7 +326,7 @@ def fold(cfg: AutoshardRunConfig, ranks: list[AutoshardRankResult], reference: R
         reference_step_time_s=_median_after_first(reference.step_times_s), coords=[r.coords for r in ranks],
         local_param_numel=[r.local_param_numel for r in ranks], reference_param_numel=reference.param_numel,
         wall_s=wall_s)
-    if cfg.sdpa_math:
+    if cfg.sdpa_math and any(node.kind == "sdpa" for node in cfg.plan.nodes):  # a plan that has attention
         result.notes.append("scaled_dot_product_attention ran with the math backend in both runs (DTensor has no "
                             "sharding rule for the CPU flash kernel)")
     failed = [r for r in ranks if r.status != "ok"]

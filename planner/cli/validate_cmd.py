@@ -194,7 +194,7 @@ def validate_cmd(
     collect: Annotated[Optional[Path], typer.Option("--collect", help="Multi-node: fold the results of runs prepared with --prepare (needs --cluster).")] = None,
     calibration: CalibrationOpt = None,
     autoshard: Annotated[Optional[str], typer.Option("--autoshard", help="Graph auto-parallel instead of plans: solve the module this factory builds (PKG.MODULE:FACTORY; its forward takes the inputs and returns the loss) with planner.autoshard for --ranks CPU devices, run the plan's DTensor placements on that many gloo ranks for --steps plain-SGD steps and check each step's loss against one process.")] = None,
-    input_shape: Annotated[Optional[list[str]], typer.Option("--input-shape", help="With --autoshard: one forward input, SIZES[:DTYPE[:HIGH]] (e.g. 4,32:int64:128 for tokens in [0, 128); 8,3,32,32 for float32); repeat in order.")] = None,
+    input_shape: Annotated[Optional[list[str]], typer.Option("--input-shape", "-i", help="With --autoshard: one forward input, SIZES[:DTYPE[:HIGH]] (e.g. 4,32:int64:128 for tokens in [0, 128); 8,3,32,32 for float32); repeat in order.")] = None,
     factory_arg: Annotated[Optional[list[str]], typer.Option("--factory-arg", help="With --autoshard: a keyword argument of the factory, KEY=VALUE (an int, float, true/false or string; repeatable).")] = None,
     ranks: Annotated[int, typer.Option("--ranks", help="With --autoshard: devices to plan for and gloo ranks to run.")] = 2,
     fmt: FormatOpt = Format.table,

@@ -29,7 +29,7 @@ shard -> another dim an all-to-all; replicate -> shard or partial is a local sli
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 from math import prod
 
@@ -561,13 +561,21 @@ AXIS_OPTIONS = {"input": _input, "linear": _linear, "matmul": _matmul, "embeddin
                 "unknown": _replicated}
 
 
+#: Kinds that rearrange one tensor: when that tensor is a parameter (a weight transposed before a matmul, as
+#: `x @ w.t()` or a decomposed linear writes it), the parameter is laid out as the op's input would be.
+REARRANGING = ("view", "permute", "slice")
+
+
 def axis_options(op: OpNode) -> list[AxisOption]:
     try:
         rule = AXIS_OPTIONS[op.kind]
     except KeyError:
         raise SpecError(f"op {op.name}: kind {op.kind!r} has no sharding rule") from None
-    if op.kind == "elementwise" and not op.inputs:
+    if op.kind == "elementwise" and not op.inputs and not op.params:  # a constant made from nothing
         return [AxisOption("R", (), R, ())]
+    if op.kind in REARRANGING and not op.inputs and len(op.params) == 1:
+        as_input = replace(op, inputs=(op.params[0].fqn,), input_tensors=(op.params[0].tensor,), params=())
+        return [AxisOption(o.name, (), o.out, (), o.ins, o.grads, o.inner) for o in rule(as_input) if P not in o.ins]
     return rule(op)
 
 

@@ -20,6 +20,25 @@ from tests.autoshard import models  # noqa: E402
 
 GIB = 2**30
 
+# CPU-heavy solves: run on the worker that runs the executors' multi-process tests, one after another, so they
+# never compete with a timed run for the two cores (tests/conftest.py)
+pytestmark = pytest.mark.xdist_group("processes")
+
+
+class TransposedWeights(torch.nn.Module):
+    """Linears written as `addmm(b, x, w.t())` and `mm(h, w2.t())`: the weights reach the GEMMs through a
+    transpose of the parameter (as a decomposed linear is traced)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4096, 1024))
+        self.b = torch.nn.Parameter(torch.zeros(4096))
+        self.w2 = torch.nn.Parameter(torch.randn(1024, 4096))
+
+    def forward(self, x):
+        h = torch.addmm(self.b, x, self.w.t())
+        return torch.mm(torch.relu(h), self.w2.t()).pow(2).mean()
+
 
 def tokens(b: int, s: int, vocab: int) -> tuple[InputSpec, InputSpec]:
     return InputSpec((b, s), "int64", vocab), InputSpec((b, s), "int64", vocab)
@@ -140,6 +159,18 @@ def test_pipeline_stages_are_contiguous_and_fit():
     assert result.time_s["pp_bubble"] > 0
     # the cut crosses one hidden state (a residual stream), never more
     assert result.stages[0].send_bytes <= 4 * 1024 * 2048 * 2
+
+
+def test_weights_transposed_before_their_gemm_are_split_through_the_transpose():
+    graph = trace(TransposedWeights, (InputSpec((64, 1024)),))
+    result = autoshard(None, None, "dgx-h100", 4, graph=graph, memory_budget_bytes=0.15 * GIB)
+    transposes = [n for n in result.nodes if n.kind == "permute" and n.params]
+    assert len(transposes) == 2 and result.peak_memory_bytes <= 0.15 * GIB
+    for node in transposes:  # the parameter's split and its transpose's output agree
+        (placement,) = node.params.values()
+        assert placement != ["Replicate()"]  # the budget forces the weights apart
+        dim = int(placement[0][6])
+        assert node.output == [f"Shard({1 - dim})"]
 
 
 def test_heuristic_for_graphs_too_large(monkeypatch):

@@ -27,7 +27,6 @@ the placement named; they are never replaced by a placement that works.
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 import statistics

@@ -34,7 +34,7 @@ from planner.autoshard.stages import live_after, partition
 from planner.autoshard.strategies import CostContext, Mesh, to_dtensor
 from planner.autoshard.trace import repeated_blocks, trace
 from planner.errors import SpecError
-from cost_models.units import ACTIVATION_BYTES, FP32, WEIGHT_BYTES, optimizer_state_bytes
+from cost_models.units import FP32, WEIGHT_BYTES, optimizer_state_bytes
 from profiles import load_cluster
 
 #: Relative tolerance of the proof that the repeated-block answer is optimal (floating-point sums).
@@ -274,10 +274,9 @@ def _plan_mesh(builder: Builder, order: list[str], groups, pp: int, micro: int, 
     nbytes = {n: ctx.bytes_of(builder.op(n).output) / _pieces(per[n][0].out, ctx.mesh) for n in order}
     count, live = live_after(order, inputs_of, nbytes, skip)
     devices = ctx.mesh.size
-    comm = ctx._comm
 
     def send_s(b: float) -> float:
-        return float(comm.p2p_s(b, devices, devices * pp)) if b > 0 else 0.0
+        return ctx.p2p_s(b, devices, devices * pp)
 
     cut = partition(order, time_s, params, acts, count, live, send_s, pp, micro, budget)
     stages = []

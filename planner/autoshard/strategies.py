@@ -145,6 +145,10 @@ class CostContext:
     def all_to_all_s(self, axis: int, nbytes: float) -> float:
         return self._collective("all_to_all_s", axis, nbytes)
 
+    def p2p_s(self, nbytes: float, stride: int, span: int) -> float:
+        """One send between pipeline neighbours `stride` devices apart in a pipeline of `span` devices."""
+        return float(self._comm.p2p_s(nbytes, stride, span)) if nbytes > 0 else 0.0
+
     # --- kernels ----------------------------------------------------------------------------------------------
     def memory_bound_s(self, nbytes: float) -> float:
         """Forward seconds of one memory-bound kernel moving `nbytes`."""

@@ -86,7 +86,7 @@ def test_requires_grad_follows_parameters():
     x = gb.add("x", "input", [], (4, 8), index=0)
     idx = gb.add("idx", "input", [], (4,), dtype="int64", index=1)
     y = gb.add("y", "linear", [x], (4, 8), [("w", (8, 8), "weight")])
-    z = gb.add("z", "elementwise", [x], (4, 8), op="relu")
+    gb.add("z", "elementwise", [x], (4, 8), op="relu")
     graph = gb.done(["x", "idx"], [y])
     need = requires_grad(graph)
     assert need == {"x": False, "idx": False, "y": True, "z": False} and idx

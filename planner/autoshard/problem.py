@@ -18,7 +18,7 @@ choice outside the runs, the middle instances of a run are independent identical
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import networkx as nx
 import numpy as np
@@ -36,8 +36,6 @@ class Built:
     names: list[str]
     strategies: list[list[OpStrategy]]
     problem: Problem
-    edges: list[tuple[str, str, int]] = field(default_factory=list)  # the unit edges (u, v, arg) counted
-    weights: list[int] = field(default_factory=list)  # instances each node stands for
 
 
 #: Attributes that name things (buffers' qualified names) rather than change what the op computes: two ops that
@@ -232,19 +230,13 @@ def build(builder: Builder, nodes: list[str], micro_batches: int = 1, in_flight:
         for k, p in enumerate(op.params):
             if p.fqn in seen and seen[p.fqn][0] != i:
                 j, kj = seen[p.fqn]
-                labels_a = _labels([s.params[kj] for s in strategies[j]])
-                labels_b = _labels([s.params[k] for s in strategies[i]])
+                ids: dict[tuple, int] = {}  # one numbering of the parameter's layouts for both readers
+                labels_a = np.array([ids.setdefault(s.params[kj], len(ids)) for s in strategies[j]])
+                labels_b = np.array([ids.setdefault(s.params[k], len(ids)) for s in strategies[i]])
                 ties.append((j, labels_a, i, labels_b))
             else:
                 seen.setdefault(p.fqn, (i, k))
-    return Built(reps, strategies, Problem(costs, memory, edges, ties, budget), unit_edges, weights)
-
-
-_LAYOUT_IDS: dict[tuple, int] = {}
-
-
-def _labels(layouts: list[tuple]) -> np.ndarray:
-    return np.array([_LAYOUT_IDS.setdefault(lay, len(_LAYOUT_IDS)) for lay in layouts])
+    return Built(reps, strategies, Problem(costs, memory, edges, ties, budget))
 
 
 def chains(builder: Builder, groups: list[list[list[str]]]) -> list[list[list[str]]]:
@@ -257,9 +249,6 @@ def chains(builder: Builder, groups: list[list[list[str]]]) -> list[list[list[st
     for group in groups:
         if len(group) < 2:
             continue
-        for inst in group:
-            for name in inst:
-                builder.strategies(name)
         sigs = [[builder.signature(name) for name in inst] for inst in group]
         if any(s != sigs[0] for s in sigs[1:]):
             continue

@@ -165,6 +165,11 @@ class CostContext:
         g = Gemm(2.0 * m * n * k, m, n, k, quantised=False)
         return float(gemm_time(g, self.gpu, self.precision)), float(gemm_backward_time(g, self.gpu, self.precision))
 
+    def whole_gemm_s(self, flop: float) -> float:
+        """Forward + backward seconds of `flop` GEMM FLOPs whose shape the rules do not read (an op kept whole):
+        at the GPU's calibrated GEMM efficiency, the backward twice the forward."""
+        return 3 * flop / (self.gpu.peak(self.precision) * self.gpu.gemm_efficiency)
+
     def optimizer_s(self, params: float) -> float:
         per_param = WEIGHT_BYTES[self.precision] + FP32 + optimizer_state_bytes(self.optimizer, self.precision)
         per_param *= 2  # read and write every state
@@ -599,14 +604,14 @@ def _compute_s(op: OpNode, ins: tuple, out: tuple, params: tuple, ctx: CostConte
         shapes = {}
         act = [i for i in range(2) if not any(p.arg == i for p in op.params)]
         if len(act) < len(op.input_tensors):  # more activations than two operands: kept whole, priced by FLOPs
-            return 3 * op.flop / ctx.gpu.peak(ctx.precision if ctx.precision != "fp32" else "fp32")
+            return ctx.whole_gemm_s(op.flop)
         for i, t, lay in zip(act, op.input_tensors, ins):
             shapes[i] = local_shape(t.shape, lay, mesh)
         for p, lay in zip(op.params, params):
             if p.arg in (0, 1):
                 shapes[p.arg] = local_shape(p.tensor.shape, lay, mesh)
-        if 0 not in shapes or 1 not in shapes:  # kept whole (`_matmul` found no split): its whole GEMM
-            return sum(ctx.gemm_s(op.flop / 2 / max(op.output.shape[-1], 1), op.output.shape[-1], 1))
+        if 0 not in shapes or 1 not in shapes:  # kept whole (`_matmul` found no split)
+            return ctx.whole_gemm_s(op.flop)
         a, bb = shapes[0], shapes[1]
         o = local_shape(op.output.shape, tuple(R if p == P else p for p in out), mesh)
         batch = prod(o[:-2]) if len(o) > 2 else 1

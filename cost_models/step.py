@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from functools import cached_property, partial
 
 import numpy as np
@@ -275,6 +276,71 @@ def evaluate_arrays(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st
         step_time_s=sum(time[k] for k in TIME_TERMS), time_s=time,
         model_flop_per_step=np.broadcast_to(model_flop, m.shape).astype(float), hardware_flop_per_step=hardware_flop,
         comm_total_s=comm_total, **_memory_fields(s, mem_rows))
+
+
+def stage_breakdown(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays,
+                    comm: CommModel | None = None) -> list[list[dict]]:
+    """Per candidate, per pipeline rank (first to last): its transformer layers, one micro-batch's forward and
+    backward seconds there (all its chunks; the backward with recomputation and every exposed exchange of the
+    layers, as `microbatch_times` adds them; the forward is the rank's `PerLayerTimes.fwd_s` with the output
+    layer's), and its memory by term with the peak. What the schedule picture and the memory-per-stage picture
+    draw, from the same functions `evaluate_arrays` ranks with.
+
+    Without an explicit split the cost model keeps three stage rows (first, heaviest middle, last). Each such
+    candidate is scored again with its split written out rank by rank (`stage_layers`, every rank its own row),
+    which gives every middle rank its own in-flight micro-batches; that copy is used only where its first,
+    second and last ranks agree with the three rows (else every middle rank shows the heaviest one's figures,
+    an upper bound on their activations, exact for their times)."""
+    own = _stage_breakdown(model, cluster, train, st, comm)
+    implicit = (st.stage_layers < 0).all(axis=1) if st.stage_layers.shape[1] else np.ones(len(st), dtype=bool)
+    spelled = [i for i in range(len(st)) if len(own[i]) > 3 and implicit[i]]
+    if not spelled:
+        return own
+    rows = []
+    for i in spelled:
+        row = st.row(i)
+        row.update(stage_layers=[r["layers"] for r in own[i]], num_layers_in_first_stage=None,
+                   num_layers_in_last_stage=None, embedding_as_layer=False, loss_as_layer=False)
+        rows.append(SimpleNamespace(**row))
+    again = _stage_breakdown(model, cluster, train, StrategyArrays.from_strategies(rows), comm)
+    for i, ranks in zip(spelled, again):
+        if all(_same_stage(own[i][r], ranks[r]) for r in (0, 1, -1)):
+            own[i] = ranks
+    return own
+
+
+def _same_stage(a: dict, b: dict, rel: float = 1e-9) -> bool:
+    keys = ("layers", "forward_s", "backward_s", "peak_memory_bytes")
+    return all(abs(a[k] - b[k]) <= rel * max(abs(a[k]), abs(b[k]), 1e-30) for k in keys)
+
+
+def _stage_breakdown(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays,
+                     comm: CommModel | None) -> list[list[dict]]:
+    """`stage_breakdown` from the candidates' own stage rows."""
+    s = setup(model, cluster, train, st, comm)
+    mem = stage_memory(s)
+    pl = per_layer_times(model, train, s.gpu, s.comm, st, cluster.overlap_efficiency, s, cluster.tp_comm_overlap,
+                         cluster.ep_overlap_efficiency)
+    mb = microbatch_times(s, pl)
+    rows = s.lay.rows
+    total = np.broadcast_to(sum(mb.values()), rows.rank.shape)
+    forward = (s.per_row(pl.fwd_s) + rows.has_head * s.blocks.head_passes * pl.head_fwd_s
+               + rows.has_embedding * pl.tp_all_reduce_s)
+    forward = np.minimum(np.broadcast_to(forward, total.shape), total)
+    out = []
+    for i in range(len(st)):
+        pp = int(s.lay.pp[i])
+        layers = s.lay.layers_per_stage(i)
+        ranks = []
+        for r in range(pp):
+            hits = np.flatnonzero(rows.rank[:, i] == r)
+            k = int(hits[0]) if len(hits) else 1  # an implicit middle rank: the middle row
+            memory = {t: float(np.broadcast_to(v, total.shape)[k, i]) for t, v in mem.items()}
+            ranks.append({"pipeline_rank": r, "layers": int(layers[r]), "forward_s": float(forward[k, i]),
+                          "backward_s": float(total[k, i] - forward[k, i]), "memory_bytes": memory,
+                          "peak_memory_bytes": float(sum(memory.values()))})
+        out.append(ranks)
+    return out
 
 
 def stage_memory(s: Setup) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ from cost_models.blocks import Micro, model_blocks
 from cost_models.layout import STAGE_NAMES
 from cost_models.memory import kind_activation_bytes
 from cost_models.placement import group_links
-from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs, memory_arrays
+from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs, memory_arrays, stage_breakdown
 from planner.advice import advice_for, memory_floor_gpus, min_gpus_to_fit
 from planner.error_band import band_fields, errors_of, overlaps_best
 from planner.knobs import KNOB_MARGIN, MAX_GRAPH_GAIN, Knobs
@@ -26,6 +26,7 @@ from planner.ranking import Row, closest_rows, headroom_limit, rank_rows
 from planner.rules import RULES, Context, check, first_failure_counts, messages
 from planner.space import enumerate_space, normalise_constraints, search_space
 from planner.specs import Estimate, GpuSpec, Plan, PlanResult, SearchStats, Strategy
+from planner.specs.results import Candidates, StageEstimate
 from planner.specs.results import DEFAULT_HEADROOM, Folded, GroupLink, Rejection
 
 GIB = 2**30
@@ -129,6 +130,8 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
     margin = int((costs.fits & ~fits).sum())
     if margin:
         rejected[f"memory (inside the {headroom:.0%} headroom)"] = margin
+    table = _candidate_table(candidates, variant, knobs, costs, fits, host_over, limit, headroom, num_gpus,
+                             train.tokens_per_step, constraints or {})
     feasible = np.flatnonzero(fits)
     moe = model.num_experts > 0
     high = costs.step_time_s / (1.0 + errors_of(cluster.gpu, moe)[0])  # the band's slow edge, as band_fields has it
@@ -155,11 +158,13 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
         own = knobs.trains[int(variant[i])]
         est = estimate_from(costs, i, num_gpus, own, reasons=reasons, gpu=cluster.gpu, moe=moe,
                             settings=knobs.settings(int(variant[i])))
+        est = est.model_copy(update={"stages": stages[i]})
         return Plan(rank=rank, strategy=strategy, estimate=est, model=model, cluster=cluster, train=own,
                     num_gpus=num_gpus, folded=_folded(candidates, costs, row))
 
     stats = SearchStats(num_candidates=num_candidates, num_valid=len(candidates), num_feasible=int(len(feasible)),
                         rejected=rejected, search_time_s=elapsed)
+    stages = _stages(model, cluster, knobs, candidates, variant, [row.index for row in rows + closest])
     plans = [make_plan(r + 1, row) for r, row in enumerate(rows)]
     overlap = overlaps_best([p.estimate.step_time_s_low for p in plans], [p.estimate.step_time_s_high for p in plans])
     near = [make_plan(r + 1, row) for r, row in enumerate(closest)]
@@ -178,10 +183,51 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
                         if find_min_gpus and not fixed else (None, []))  # fixed degrees fix the GPU count
         extra = dict(min_gpus_to_fit=found, min_gpus_searched=tried,
                      advice=advice_for(near[0], constraints or {}, headroom, found, tried))
-    return PlanResult(
+    result = PlanResult(
         plans=plans, worth_a_real_run=[p.rank for p, o in zip(plans, overlap) if o], closest=near,
         stats=stats, **common, **extra,
     )
+    result._candidates = table
+    return result
+
+
+def _stages(model, cluster, knobs: Knobs, candidates: StrategyArrays, variant: np.ndarray,
+            index: list[int]) -> dict[int, list[StageEstimate]]:
+    """Per pipeline rank, the figures of the candidates `index` (the plans shown): one breakdown per settings
+    variant among them (cost_models.step.stage_breakdown)."""
+    out: dict[int, list[StageEstimate]] = {}
+    index = np.unique(np.asarray(index, dtype=np.int64))
+    for v in np.unique(variant[index]) if len(index) else []:
+        rows = index[variant[index] == v]
+        for i, ranks in zip(rows, stage_breakdown(model, cluster, knobs.trains[int(v)], candidates.take(rows))):
+            out[int(i)] = [StageEstimate(**r) for r in ranks]
+    return out
+
+
+def _candidate_table(candidates: StrategyArrays, variant: np.ndarray, knobs: Knobs, costs: CostArrays,
+                     fits: np.ndarray, host_over: np.ndarray, limit: float, headroom: float, num_gpus: int,
+                     tokens_per_step: int, constraints: dict) -> Candidates:
+    """Every scored candidate's figures with why each does not fit, under the same reason keys as
+    SearchStats.rejected counts them."""
+    n = len(costs.step_time_s)
+    labels = ["fits", "host memory (offloaded optimizer)", f"memory (inside the {headroom:.0%} headroom)"]
+    labels += [f"memory ({t} largest)" for t in MEMORY_TERMS]
+    reason = np.zeros(n, dtype=np.int16)
+    reason[costs.fits & ~fits] = 2
+    over = ~costs.fits & ~host_over
+    if over.any():
+        rows = np.flatnonzero(over)
+        terms = np.stack([np.broadcast_to(costs.memory_bytes[t], (n,))[rows] for t in MEMORY_TERMS])
+        reason[rows] = 3 + np.argmax(terms, axis=0)
+    reason[host_over] = 1
+    return Candidates(strategies=candidates, step_time_s=np.asarray(costs.step_time_s, dtype=float),
+                      peak_memory_bytes=costs.peak_memory_bytes, variant=variant, trains=list(knobs.trains),
+                      time_s=costs.time_s, memory_bytes=costs.memory_bytes,
+                      model_flop_per_step=np.broadcast_to(costs.model_flop_per_step, (n,)), reason=reason,
+                      reason_labels=tuple(labels), memory_limit_bytes=float(limit),
+                      memory_capacity_bytes=float(costs.memory_capacity_bytes),
+                      peak_flop_per_s=float(costs.peak_flop_per_s), num_gpus=num_gpus,
+                      tokens_per_step=tokens_per_step, constraints=dict(constraints))
 
 
 #: Below this many candidates a variant is scored in full at once: the memory pass first would cost more than the
@@ -465,7 +511,8 @@ def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:
     if not valid:
         return est
     links = group_links(cluster, strategy, model.num_layers, model.num_experts > 0)
-    return est.model_copy(update={"groups": [GroupLink(**g) for g in links]})
+    stages = [StageEstimate(**r) for r in stage_breakdown(model, cluster, train, st)[0]]
+    return est.model_copy(update={"groups": [GroupLink(**g) for g in links], "stages": stages})
 
 
 def _memory_reason(costs: CostArrays, i: int) -> list[str]:

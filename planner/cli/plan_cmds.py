@@ -49,7 +49,6 @@ from planner.cli.common import (
     calibration_note,
     emit_csv,
     emit_json,
-    gib,
     json_option,
     load_plan,
     parse_constraints,
@@ -61,10 +60,12 @@ from planner.cli.common import (
 )
 from planner.cli.text import MESSAGE_CHARS, NAME_CHARS, message_lines, plain, shown
 from planner.cli.topology_plot import draw_topology
+from planner.show.labels import (TextTable, estimate_lines, header_line, layout_label, memory_rows, plan_legend,
+                                 plan_table, plans_shown, stats_lines, time_rows)
 from planner.cli.topology_view import (check_png_target, group_spans, print_summary, rank_order, topology_summary,
                                        write_png)
 from planner.errors import SpecError
-from planner.specs import Estimate, Plan, PlanResult, Strategy, TrainSpec
+from planner.specs import Estimate, Plan, PlanResult, Strategy
 
 #: Above this share of communication assumed hidden behind compute, `plan` warns under its table:
 #: the prediction then rests on near-perfect overlap, which real runs rarely reach (a profile's
@@ -178,186 +179,51 @@ def plan_row(p: Plan) -> dict[str, Any]:
 
 
 def print_plan_table(result: PlanResult, wide: bool = False, console=None) -> None:
-    """The ranked plans (or, when nothing fits, the closest) with their legend. The default table fits a
-    100-column terminal; `wide` adds the bands, tokens/s, TFLOP/s and headroom columns."""
+    """The ranked plans (or, when nothing fits, the closest) with their legend (cells and lines from
+    planner.show.labels). The default table fits a 100-column terminal; `wide` adds the bands, tokens/s,
+    TFLOP/s and headroom columns."""
+    from planner.ranking import TIE_FRACTION
+
     out = console or stdout
-    m, c, t = result.model, result.cluster, result.train
-    size = f"{num_params(m) / 1e9:.1f}B params" + (f", {num_active_params(m) / 1e9:.1f}B active" if m.is_moe else "")
-    out.print(f"[bold]{shown(m.name)}[/] ({size}) on {result.num_gpus} x {shown(c.gpu.name)} ({shown(c.name)}), "
-              f"global batch {t.global_batch_size} x {t.seq_len} tokens, {t.precision}", soft_wrap=False)
-    plans = result.plans or result.closest
-    title = "ranked plans" if result.plans else "no strategy fits; closest candidates"
+    m = result.model
+    out.print(header_line(result, num_params(m), num_active_params(m), name=shown,
+                          model_name=lambda n: f"[bold]{shown(n)}[/]"), soft_wrap=False)
+    plans = plans_shown(result)
+    cells = plan_table(result, wide)
+    table = rich_table(cells, wide)
     if wide:  # as wide as the table needs: the full detail was asked for
         from rich.console import Console
         from rich.measure import Measurement
 
-        table = _wide_table(result, plans, title)
         need = Measurement.get(out, out.options.update(width=10_000), table).maximum
         if need > out.width:
             out = Console(file=out.file, width=need, soft_wrap=True, no_color=out.no_color,
                           force_terminal=out.is_terminal)
-        out.print(table)
-    else:
-        out.print(_narrow_table(result, plans, title))
-    for line in plan_legend(result, plans, wide):  # the band's basis comes from a profile file: made plain
+    out.print(table)
+    for line in plan_legend(result, plans, wide, TIE_FRACTION):  # the band's basis comes from a profile file: plain
         out.print(message_lines(line), markup=False, highlight=False, soft_wrap=False)
-    st = result.stats
-    rejected = ", ".join(f"{k}: {v:,}" for k, v in sorted(st.rejected.items(), key=lambda kv: -kv[1])) or "none"
-    out.print(f"candidates evaluated: {st.num_candidates:,} | valid: {st.num_valid:,} | feasible: "
-              f"{st.num_feasible:,} | search time: {st.search_time_s:.2f} s", soft_wrap=False)
-    out.print(f"rejected by reason: {rejected}", markup=False, highlight=False, soft_wrap=False)
+    for line in stats_lines(result):
+        out.print(line, markup=False, highlight=False, soft_wrap=False)
 
 
-def layout_label(s: Strategy, train: TrainSpec | None = None) -> str:
-    """`dp64 tp8 pp16 cp2 vpp8 sp`: the degrees (cp, ep, etp, vpp only when > 1) and sequence parallelism, and
-    `pp<dp` where the rank order nests the pipeline inside data parallelism (Megatron's --use-tp-pp-dp-mapping);
-    with expert parallelism, `a2a-ovl` where the all-to-all overlaps another micro-batch's compute and, given the
-    plan's `train`, its flex dispatcher (`hybridep`, `deepep`)."""
-    parts = [f"dp{s.dp}", f"tp{s.tp}", f"pp{s.pp}"]
-    parts += [f"{k}{v}" for k, v in (("cp", s.cp), ("ep", s.ep), ("etp", s.etp), ("vpp", s.vpp)) if v > 1]
-    order = [] if s.rank_order == "tp-cp-ep-dp-pp" else ["pp<dp"]
-    moe = (["a2a-ovl"] if s.overlap_moe_comm else []) + (
-        [train.moe_dispatcher] if train is not None and s.ep > 1 and train.moe_dispatcher != "alltoall" else [])
-    return " ".join(parts + (["sp"] if s.sequence_parallel else []) + order + moe)
-
-
-def zero_label(p: Plan) -> str:
-    """`1`, `1-2` for a folded row, `1+cpu` with the optimizer offloaded."""
-    z = p.folded.zero_label() if p.folded else str(p.strategy.zero_stage)
-    return z + ("+cpu" if p.strategy.offload_optimizer else "")
-
-
-def recompute_label(p: Plan) -> str:
-    """`none`, `selective`, `selective(mla_up_proj+moe_act)` (Megatron's --recompute-modules), `full`,
-    `full(6)` (6 layers per chunk) or `full(1..6)` for a folded row; `none+cpu(20)` with the activations
-    of 20 layers offloaded to the host (as `1+cpu` is the optimizer's)."""
-    s = p.strategy
-    detail = ("+".join(s.recompute_modules) if s.recompute_modules
-              else (p.folded.layers_label() if p.folded else "")
-              or (str(s.recompute_num_layers) if s.recompute_num_layers else ""))
-    offload = f"+cpu({s.offload_activation_layers})" if s.offload_activation_layers else ""
-    return s.recompute + (f"({detail})" if detail else "") + offload
-
-
-def _mark(result: PlanResult, p: Plan) -> str:
-    if not result.plans:
-        return ""
-    return "best" if p.rank == 1 else ("~" if p.rank in result.worth_a_real_run else "")
-
-
-def _narrow_table(result: PlanResult, plans: list[Plan], title: str) -> Table:
-    table = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 1),
-                  header_style="bold underline")
-    # every cell is printed whole: a cell that would be cut folds onto a second line instead
-    for col in ("#", "layout", "zero", "mbs", "recompute", "split", "step (s)", "MFU %", "GiB/GPU"):
-        table.add_column(col, justify="left" if col in ("layout", "recompute", "split") else "right",
-                         overflow="fold", no_wrap=col in ("#", "step (s)", "MFU %", "GiB/GPU", "zero"))
-    for p in plans:
-        s, e = p.strategy, p.estimate
-        table.add_row(f"{p.rank}~" if _mark(result, p) == "~" else str(p.rank), layout_label(s, p.train),
-                      zero_label(p), str(s.micro_batch_size), shown(recompute_label(p), MESSAGE_CHARS),
-                      s.split_label() or "even",
-                      f"{e.step_time_s:.3f}", f"{100 * e.mfu:.1f}", gib(e.peak_memory_bytes))
+def rich_table(cells: TextTable, wide: bool) -> Table:
+    """A planner.show.labels table as a rich Table: every cell escaped (user text), narrow tables fold a cell that
+    would be cut onto a second line, the wide one never cuts the columns typed back into `evaluate`."""
+    if wide:
+        table = Table(title=cells.title, title_justify="left")
+        widths = {c: max([len(r[cells.columns.index(c)]) for r in cells.rows] + [len(c)]) for c in cells.whole}
+        for col in cells.columns:
+            table.add_column(col, justify="left" if col in cells.left else "right", no_wrap=col in cells.whole,
+                             min_width=widths.get(col))
+    else:
+        table = Table(title=cells.title, title_justify="left", box=None, pad_edge=False, padding=(0, 1),
+                      header_style="bold underline")
+        for col in cells.columns:
+            table.add_column(col, justify="left" if col in cells.left else "right", overflow="fold",
+                             no_wrap=col in cells.whole)
+    for row in cells.rows:
+        table.add_row(*(shown(c, MESSAGE_CHARS) for c in row))
     return table
-
-
-def _wide_table(result: PlanResult, plans: list[Plan], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    moe = result.model.is_moe or any(p.strategy.ep > 1 or p.strategy.etp > 1 for p in plans)
-    cols = ["#", "dp", "tp", "pp", "cp"] + (["ep", "etp"] if moe else []) + [
-        "vpp", "sp", "zero", "mbs", "recompute", "split", "step (s)", "step band (s)", "~#1", "tok/s/GPU",
-        "model TFLOP/s/GPU", "MFU %", "MFU band %", "mem/GPU (GiB)", "headroom (GiB)"]
-    # the split and recompute labels are typed back into `evaluate`: never truncated, the other columns give way
-    widths = {"split": max([len(p.strategy.split_label() or "even") for p in plans] + [5]),
-              "recompute": max([len(recompute_label(p)) for p in plans] + [9])}
-    for col in cols:
-        table.add_column(col, justify="left" if col in widths else "right", no_wrap=col in widths,
-                         min_width=widths.get(col))
-    for p in plans:
-        s, e = p.strategy, p.estimate
-        experts = [str(s.ep), str(s.etp)] if moe else []
-        table.add_row(str(p.rank), str(s.dp), str(s.tp), str(s.pp), str(s.cp), *experts, str(s.vpp),
-                      "y" if s.sequence_parallel else "-", zero_label(p), str(s.micro_batch_size),
-                      shown(recompute_label(p), MESSAGE_CHARS),
-                      s.split_label() or "even", f"{e.step_time_s:.3f}", step_band(e), _mark(result, p),
-                      f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.model_tflops_per_gpu:.1f}", f"{100 * e.mfu:.1f}",
-                      mfu_band(e), gib(e.peak_memory_bytes),
-                      gib(e.memory_capacity_bytes - e.peak_memory_bytes))
-    return table
-
-
-def plan_legend(result: PlanResult, plans: list[Plan], wide: bool) -> list[str]:
-    """The lines under the plan table."""
-    from planner.ranking import TIE_FRACTION
-
-    if not plans:
-        return []
-    cap = result.cluster.gpu.memory_bytes
-    lines = [f"memory safety margin {result.headroom:.0%} (--headroom): a plan fits when its peak is at most "
-             f"{cap * (1 - result.headroom) / GIB:.1f} of {cap / GIB:.1f} GiB per GPU"]
-    if result.plans:
-        lines.append(f"order: fastest first, but plans within {TIE_FRACTION:.0%} of the fastest remaining (and in "
-                     "its band) go to the simpler layout: no offload, fewer stages, no cp, larger micro-batches")
-    if any(p.folded for p in plans):
-        lines.append("a range (zero 1-2, full(1..6)) folds near-duplicates of one layout into a row; the row's plan "
-                     "is one concrete member (--format json)")
-    lines.append("reproduce a row: meshplan evaluate|explain|emit --plan plans.json --rank N (plans.json from "
-                 "--format json)")
-    if not wide:
-        lines.append("layout: degrees (cp, ep, etp, vpp shown when > 1), sp = sequence parallel; --wide for the "
-                     "bands, tokens/s and TFLOP/s")
-    if any(p.strategy.rank_order != "tp-cp-ep-dp-pp" for p in plans):
-        lines.append("pp<dp: ranks ordered tp-cp-ep-pp-dp, each pipeline's stages adjacent and the data-parallel "
-                     "replicas outermost (Megatron's --use-tp-pp-dp-mapping; evaluate --rank-order tp-cp-ep-pp-dp)")
-    if any(p.strategy.offload_activation_layers for p in plans):
-        lines.append("recompute none+cpu(N): the activations of the first N layers offloaded to host memory "
-                     "(Megatron's --cpu-offloading-num-layers N; evaluate --offload-activation-layers N)")
-    chosen = chosen_settings_line(plans)
-    band = band_legend(result, plans[0].estimate, wide)
-    return lines + ([chosen] if chosen else []) + ([band] if band else [])
-
-
-#: How the legend names a setting the planner chose (planner.knobs), by TrainSpec field.
-SETTING_WORDS = {"grad_precision": "gradients reduced in {}", "fp8_param_gather": "FP8 parameter gather {}",
-                 "cross_entropy_fusion_impl": "cross-entropy {}", "moe_router_padding_for_quantization":
-                 "router FP8 padding {}", "moe_dispatcher": "dispatcher {}", "moe_flex_num_sms": "flex SMs {}"}
-
-
-def chosen_settings_line(plans: list[Plan]) -> str:
-    """The training settings the planner chose for the shown plans (left free by the input): each with its
-    value, or `per plan` where the plans differ; empty when every setting was given."""
-    keys = [k for k in SETTING_WORDS if any(k in p.estimate.settings for p in plans)]
-    if not keys:
-        return ""
-
-    def word(v: Any) -> str:
-        return {True: "on", False: "off", None: "default"}.get(v, str(v)) if isinstance(v, (bool, type(None))) else str(v)
-
-    bits = []
-    for k in keys:
-        values = {word(p.estimate.settings.get(k)) for p in plans if k in p.estimate.settings}
-        bits.append(SETTING_WORDS[k].format(values.pop() if len(values) == 1 else "per plan"))
-    return ("settings chosen (not given; --strict-numerics keeps the framework's numerics): " + ", ".join(bits)
-            + "; each plan's own are in --format json (train, estimate.settings)")
-
-
-def step_band(e: Estimate) -> str:
-    """`low-high` seconds of the step-time band ("-" for an Estimate without one)."""
-    return "-" if e.step_time_s_low is None else f"{e.step_time_s_low:.3f}-{e.step_time_s_high:.3f}"
-
-
-def mfu_band(e: Estimate) -> str:
-    return "-" if e.mfu_low is None else f"{100 * e.mfu_low:.1f}-{100 * e.mfu_high:.1f}"
-
-
-def band_legend(result: PlanResult, best: Estimate, wide: bool = True) -> str:
-    """The lines under the plan table: what the band is and what `~` marks."""
-    lines = [f"band: where a real run is expected to land; {best.band_basis}"] if wide else []
-    if result.plans:
-        others = [r for r in result.worth_a_real_run if r != 1]
-        lines.append("~ : step-time band overlaps plan 1's, the model cannot order them: worth a real run "
-                     "(`meshplan tune` or `validate`)" + ("" if others else "; none here"))
-    return "\n".join(lines)
 
 
 def warn_hidden_comm(result: PlanResult) -> None:
@@ -534,17 +400,8 @@ def render_evaluate(strategy: Strategy, est: Estimate, fmt: Format) -> None:
 
 def print_estimate_summary(strategy: Strategy, est: Estimate) -> None:
     stdout.print(f"[bold]{shown(strategy.short(), MESSAGE_CHARS)}[/]")
-    stdout.print(f"step {est.step_time_s:.3f} s | {est.tokens_per_s:,.0f} tokens/s | {est.tokens_per_s_per_gpu:,.0f} "
-                 f"tokens/s/GPU | model {est.model_tflops_per_gpu:.1f} TFLOP/s/GPU | hardware "
-                 f"{est.hardware_tflops_per_gpu:.1f} TFLOP/s/GPU | MFU {100 * est.mfu:.1f} %")
-    if est.step_time_s_low is not None:
-        stdout.print(f"band: step {step_band(est)} s | {est.tokens_per_s_per_gpu_low:,.0f}-"
-                     f"{est.tokens_per_s_per_gpu_high:,.0f} tokens/s/GPU | MFU {mfu_band(est)} % "
-                     f"({plain(est.band_basis, MESSAGE_CHARS)})",
-                     markup=False, highlight=False)
-    stdout.print(f"peak memory {gib(est.peak_memory_bytes)} GiB of {gib(est.memory_capacity_bytes)} GiB "
-                 f"({est.binding_stage} stage; largest term {est.binding_memory_term}) | "
-                 f"{est.num_microbatches} micro-batches, bubble {100 * est.bubble_fraction:.1f} %", markup=False)
+    for line in estimate_lines(est):  # the band's basis comes from a profile file: made plain
+        stdout.print(plain(line, MESSAGE_CHARS), markup=False, highlight=False)
     from planner.specs.results import DEFAULT_HEADROOM
 
     if not est.reasons and est.peak_memory_bytes > est.memory_capacity_bytes * (1 - DEFAULT_HEADROOM):
@@ -571,17 +428,16 @@ def render_explain(strategy: Strategy, est: Estimate, fmt: Format) -> None:
     mem = Table(title=f"memory of the most-loaded rank: {binding_ranks(strategy, est)}", title_justify="left")
     for col in ("term", "GiB", "% of peak"):
         mem.add_column(col, justify="left" if col == "term" else "right")
-    for term, value in sorted(est.memory_bytes.items(), key=lambda kv: -kv[1]):
-        mark = " <- largest" if term == est.binding_memory_term else ""
-        mem.add_row(shown(term) + mark, f"{value / GIB:.2f}", f"{100 * value / est.peak_memory_bytes:.1f}")
+    for row in memory_rows(est):
+        mem.add_row(*(shown(c) for c in row))
     mem.add_row("[bold]peak[/]", f"{est.peak_memory_bytes / GIB:.2f}", "100.0")
     mem.add_row("capacity", f"{est.memory_capacity_bytes / GIB:.2f}", "")
     stdout.print(mem)
     tim = Table(title="step time (exposed seconds per term)", title_justify="left")
     for col in ("term", "s", "% of step"):
         tim.add_column(col, justify="left" if col == "term" else "right")
-    for term, value in est.time_s.items():
-        tim.add_row(shown(TIME_TERM_LABELS.get(term, term), MESSAGE_CHARS), f"{value:.4f}", f"{100 * value / est.step_time_s:.1f}")
+    for row in time_rows(est):
+        tim.add_row(*(shown(c, MESSAGE_CHARS) for c in row))
     tim.add_row("[bold]step[/]", f"{est.step_time_s:.4f}", "100.0")
     stdout.print(tim)
     stdout.print(f"communication hidden behind compute (assumed): {100 * est.comm_hidden_fraction:.0f} %",
@@ -603,19 +459,6 @@ def placement_table(strategy: Strategy, est: Estimate) -> Table:
         table.add_row(g.dim, str(g.size), str(g.stride), g.collective, shown(g.tier, MESSAGE_CHARS),
                       f"{g.bus_bw_bytes_per_s / 1e9:.1f}", shown(g.limited_by), shares)
     return table
-
-
-#: What each step-time term is, beside its name in `explain`.
-TIME_TERM_LABELS = {
-    "tp_comm": "tp_comm (TP all-reduce / all-gather + reduce-scatter)",
-    "cp_comm": "cp_comm (context-parallel KV ring)",
-    "ep_comm": "ep_comm (MoE token all-to-all: dispatch + combine, fwd + bwd)",
-    "pp_comm": "pp_comm (pipeline send/recv)",
-    "pp_bubble": "pp_bubble (pipeline fill and drain)",
-    "activation_offload": "activation_offload (copies to and from the host the compute waits for)",
-    "dp_comm": "dp_comm (gradient reduce / ZeRO gathers, exposed)",
-    "optimizer": "optimizer (step; on the host when offloaded)",
-}
 
 
 app.command("evaluate", help="Score one strategy: step time, throughput, MFU, peak memory and whether it fits.")(

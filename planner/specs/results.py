@@ -6,9 +6,14 @@ public contract (DESIGN.md) and are never renamed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from planner.errors import SpecError
+from planner.show.compare import Comparison, compare_estimates
 
 from planner.specs.hardware import ClusterSpec
 from planner.specs.model import ModelSpec
@@ -45,6 +50,21 @@ class GroupLink(BaseModel):
                             "the smallest.")
     shares_bytes_per_s: dict[str, float] = Field(default_factory=dict, description="Per crossed fabric level, the "
                                                  "bandwidth one group gets there.")
+
+
+class StageEstimate(BaseModel):
+    """One pipeline rank of a plan: its layers, one micro-batch's time there and its memory
+    (cost_models.step.stage_breakdown). The schedule and memory-per-stage pictures draw these."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pipeline_rank: int = Field(description="0 = the first stage.")
+    layers: int = Field(description="Transformer layers on the rank (all its virtual chunks).")
+    forward_s: float = Field(description="One micro-batch's forward through the rank's layers, seconds (all "
+                             "chunks; exposed TP/CP/EP exchanges and the output layer included).")
+    backward_s: float = Field(description="One micro-batch's backward there, seconds (recomputation included).")
+    memory_bytes: dict[str, float] = Field(description="Peak-memory breakdown of one rank of this stage, bytes.")
+    peak_memory_bytes: float = Field(description="Peak memory of one rank of this stage, bytes.")
 
 
 class Estimate(BaseModel):
@@ -91,6 +111,9 @@ class Estimate(BaseModel):
     mfu_high: float | None = Field(None, description="High edge of the MFU band (from step_time_s_low).")
     band_basis: str = Field("", description="Where the band comes from: the published end-to-end runs whose "
                             "residuals set it, or the rule that widened it for a GPU without such runs.")
+    stages: list[StageEstimate] = Field(default_factory=list, description="Per pipeline rank, first to last: layers, "
+                                        "one micro-batch's forward and backward time, memory (`evaluate`, `explain` "
+                                        "and each ranked plan fill it; empty in a file written before it existed).")
     groups: list[GroupLink] = Field(default_factory=list, description="Per parallel dimension of more than one "
                                     "rank, the link its groups cross and the bandwidth they get (`evaluate` and "
                                     "`explain` fill it; the ranked plans of `plan` leave it empty).")
@@ -164,6 +187,17 @@ class Plan(BaseModel):
         "changing nothing within planner.ranking.FOLD_FRACTION); None when the row stands alone.")
 
 
+    def compare(self, other: "Plan", a: str | None = None, b: str | None = None) -> Comparison:
+        """This plan (A) against `other` (B): both breakdowns side by side and, in words, what the slower one
+        loses to term by term (planner.show.compare). Labels default to the plans' ranks (`#1`, `#3`), or A and B
+        where the ranks are equal."""
+        if not isinstance(other, Plan):
+            raise SpecError(f"compare takes another Plan (got {type(other).__name__})")
+        same = self.rank == other.rank
+        return compare_estimates(self.estimate, other.estimate, a or ("A" if same else f"#{self.rank}"),
+                                 b or ("B" if same else f"#{other.rank}"), self.strategy, other.strategy)
+
+
 class SearchStats(BaseModel):
     """How the search went."""
 
@@ -174,6 +208,80 @@ class SearchStats(BaseModel):
     num_feasible: int = Field(description="Valid strategies that fit in memory.")
     rejected: dict[str, int] = Field(description="Rejected candidates counted by reason.")
     search_time_s: float = Field(description="Wall time of enumeration, evaluation and ranking, seconds.")
+
+
+#: The reason code of a candidate that fits (`Candidates.reason`).
+FITS = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Candidates:
+    """Every valid candidate one search scored, as arrays (one entry per candidate): what a scatter of speed
+    against memory, the rejections by reason and their nearest misses need. Held by the `PlanResult` the search
+    returns (`PlanResult.candidates`), never written to its JSON: a search may score millions.
+
+    A candidate over the memory limit is not timed (its `step_time_s` is infinite): the search scores the time
+    of those that fit only, and its memory says why it does not."""
+
+    #: The candidates' Strategy fields as columns (cost_models.arrays.StrategyArrays: `.row(i)`, `.tp`, ...).
+    strategies: Any
+    step_time_s: np.ndarray
+    peak_memory_bytes: np.ndarray
+    #: Training-settings variant of each candidate: `trains[variant[i]]` is its TrainSpec (planner.knobs).
+    variant: np.ndarray
+    trains: list
+    time_s: dict[str, np.ndarray]
+    memory_bytes: dict[str, np.ndarray]
+    model_flop_per_step: np.ndarray
+    #: Index into `reason_labels`: FITS (0) for a plan that fits under the limit, else why it does not (the keys
+    #: of SearchStats.rejected, e.g. "memory (activations largest)").
+    reason: np.ndarray
+    reason_labels: tuple[str, ...]
+    memory_limit_bytes: float
+    memory_capacity_bytes: float
+    peak_flop_per_s: float
+    num_gpus: int
+    tokens_per_step: int
+    #: The constraints the search ran under (as given to `plan`).
+    constraints: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.step_time_s)
+
+    @property
+    def fits(self) -> np.ndarray:
+        return self.reason == FITS
+
+    @property
+    def tokens_per_s_per_gpu(self) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return np.where(np.isfinite(self.step_time_s), self.tokens_per_step / self.step_time_s / self.num_gpus, 0.0)
+
+    @property
+    def mfu(self) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(np.isfinite(self.step_time_s), self.model_flop_per_step / self.step_time_s
+                            / self.num_gpus / self.peak_flop_per_s, 0.0)
+
+    def term(self, name: str, memory: bool = False) -> np.ndarray:
+        """One time (or memory) term of every candidate, as a full-length array."""
+        source = self.memory_bytes if memory else self.time_s
+        return np.broadcast_to(source[name], (len(self),))
+
+    def strategy(self, i: int):
+        """Candidate i as a Strategy."""
+        return Strategy(**self.strategies.row(int(i)))
+
+    def pareto(self) -> np.ndarray:
+        """Indices of the fitting candidates no other fitting one beats on both speed and memory (faster and no
+        more memory, or less memory and no slower), by ascending peak memory."""
+        idx = np.flatnonzero(self.fits)
+        if not len(idx):
+            return idx
+        order = idx[np.lexsort((self.step_time_s[idx], self.peak_memory_bytes[idx]))]
+        best = np.minimum.accumulate(self.step_time_s[order])
+        keep = np.concatenate([[True], self.step_time_s[order][1:] < best[:-1]])
+        return order[keep]
 
 
 class PlanResult(BaseModel):
@@ -207,3 +315,25 @@ class PlanResult(BaseModel):
     rejections: list[Rejection] = Field(
         default_factory=list, description="When no strategy is valid: every rule that rejected candidates, with "
         "counts, most first.")
+    _candidates: Candidates | None = PrivateAttr(default=None)
+
+    @property
+    def candidates(self) -> Candidates:
+        """Every valid candidate the search scored (`Candidates`); kept by the search that made this result, not
+        by its JSON: a result read back from a file refuses, as does one whose search found no valid candidate."""
+        if self._candidates is None:
+            raise SpecError("this result holds no candidate table: every candidate's figures are kept only by the "
+                            "search that made it (plan()), not in its JSON; run the search again")
+        return self._candidates
+
+    @property
+    def has_candidates(self) -> bool:
+        return self._candidates is not None
+
+    def __eq__(self, other: object) -> bool:
+        """Equal fields (the candidate table, which JSON does not keep, is not compared)."""
+        if not isinstance(other, PlanResult):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = BaseModel.__hash__

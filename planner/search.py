@@ -119,19 +119,21 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
     if host_over.any():
         rejected["host memory (offloaded optimizer)"] = int(host_over.sum())
     over = over & ~host_over
+    largest = np.zeros(0, dtype=np.int64)
     if over.any():  # the largest term of each candidate over the GPU's memory (those rows only)
         rows = np.flatnonzero(over)
         n_all = len(costs.step_time_s)
         terms = np.stack([np.broadcast_to(costs.memory_bytes[t], (n_all,))[rows] for t in MEMORY_TERMS])
-        counts = np.bincount(np.argmax(terms, axis=0), minlength=len(MEMORY_TERMS))
+        largest = np.argmax(terms, axis=0)
+        counts = np.bincount(largest, minlength=len(MEMORY_TERMS))
         for term, n in zip(MEMORY_TERMS, counts):
             if n:
                 rejected[f"memory ({term} largest)"] = int(n)
     margin = int((costs.fits & ~fits).sum())
     if margin:
         rejected[f"memory (inside the {headroom:.0%} headroom)"] = margin
-    table = _candidate_table(candidates, variant, knobs, costs, fits, host_over, limit, headroom, num_gpus,
-                             train.tokens_per_step, constraints or {})
+    table = _candidate_table(candidates, variant, knobs, costs, fits, host_over, over, largest, limit, headroom,
+                             num_gpus, train.tokens_per_step, constraints or {})
     feasible = np.flatnonzero(fits)
     moe = model.num_experts > 0
     high = costs.step_time_s / (1.0 + errors_of(cluster.gpu, moe)[0])  # the band's slow edge, as band_fields has it
@@ -205,26 +207,25 @@ def _stages(model, cluster, knobs: Knobs, candidates: StrategyArrays, variant: n
 
 
 def _candidate_table(candidates: StrategyArrays, variant: np.ndarray, knobs: Knobs, costs: CostArrays,
-                     fits: np.ndarray, host_over: np.ndarray, limit: float, headroom: float, num_gpus: int,
-                     tokens_per_step: int, constraints: dict) -> Candidates:
+                     fits: np.ndarray, host_over: np.ndarray, over: np.ndarray, largest: np.ndarray, limit: float,
+                     headroom: float, num_gpus: int, tokens_per_step: int, constraints: dict) -> Candidates:
     """Every scored candidate's figures with why each does not fit, under the same reason keys as
-    SearchStats.rejected counts them."""
+    SearchStats.rejected counts them (`over`: over the GPU's memory, not the host's; `largest`: the index in
+    MEMORY_TERMS of the largest term of each of those rows)."""
     n = len(costs.step_time_s)
     labels = ["fits", "host memory (offloaded optimizer)", f"memory (inside the {headroom:.0%} headroom)"]
     labels += [f"memory ({t} largest)" for t in MEMORY_TERMS]
     reason = np.zeros(n, dtype=np.int16)
     reason[costs.fits & ~fits] = 2
-    over = ~costs.fits & ~host_over
-    if over.any():
-        rows = np.flatnonzero(over)
-        terms = np.stack([np.broadcast_to(costs.memory_bytes[t], (n,))[rows] for t in MEMORY_TERMS])
-        reason[rows] = 3 + np.argmax(terms, axis=0)
+    reason[over] = 3 + largest
     reason[host_over] = 1
     return Candidates(strategies=candidates, step_time_s=np.asarray(costs.step_time_s, dtype=float),
                       peak_memory_bytes=costs.peak_memory_bytes, variant=variant, trains=list(knobs.trains),
                       time_s=costs.time_s, memory_bytes=costs.memory_bytes,
                       model_flop_per_step=np.broadcast_to(costs.model_flop_per_step, (n,)), reason=reason,
                       reason_labels=tuple(labels), memory_limit_bytes=float(limit),
+                      host_memory_bytes=np.broadcast_to(costs.host_memory_bytes, (n,)),
+                      host_capacity_bytes=float(costs.host_capacity_bytes),
                       memory_capacity_bytes=float(costs.memory_capacity_bytes),
                       peak_flop_per_s=float(costs.peak_flop_per_s), num_gpus=num_gpus,
                       tokens_per_step=tokens_per_step, constraints=dict(constraints))

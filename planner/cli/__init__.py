@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "planner.cli.profile_cmd",
     "planner.cli.tune_cmd",
     "planner.cli.autoshard_cmd",
+    "planner.cli.compare_cmd",
 ]
 
 for _name in COMMAND_MODULES:

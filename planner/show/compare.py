@@ -95,7 +95,7 @@ def _why(term: str, sa: "Strategy | None", sb: "Strategy | None", ea: "Estimate"
         size = {"tp": lambda s: s.tp, "cp": lambda s: s.cp, "ep": lambda s: s.ep, "dp": lambda s: s.dp * s.cp}[dim]
         name = "dp·cp" if dim == "dp" and max(s_slow.cp, s_fast.cp) > 1 else dim
         group = {g.dim: g for g in e_slow.groups}.get(dim)
-        cross = f" across {group.level}" if group is not None and group.level else ""
+        cross = f" over {group.tier}" if group is not None and group.level else ""
         return f" ({name} {size(s_slow)}{cross} vs {size(s_fast)})"
     if term == "recompute":
         return f" (recompute {s_slow.recompute} vs {s_fast.recompute})"

@@ -237,6 +237,9 @@ class Candidates:
     #: of SearchStats.rejected, e.g. "memory (activations largest)").
     reason: np.ndarray
     reason_labels: tuple[str, ...]
+    #: Host memory of each candidate's offloaded optimizer per GPU (0 without offload), and the host's per GPU.
+    host_memory_bytes: np.ndarray
+    host_capacity_bytes: float
     memory_limit_bytes: float
     memory_capacity_bytes: float
     peak_flop_per_s: float

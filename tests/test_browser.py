@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+import socket
 import struct
 import zlib
 from pathlib import Path
@@ -148,8 +149,6 @@ def test_script_error_in_evaluate_raises(browser_page, tmp_path):
 
 def test_a_page_that_never_loads_times_out_with_a_clear_error(browser_page, tmp_path):
     """An image whose request never ends holds the load event back."""
-    import socket
-
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
@@ -193,6 +192,31 @@ def test_browser_is_stopped_when_the_body_raises(tmp_path):
     with pytest.raises(KeyError), Browser(tmp_path) as page:
         pid = page.browser_pid
         raise KeyError("body failed")
+    assert _left_behind(pid) == {}
+
+
+def _fake_chromium(tmp_path: Path, monkeypatch, script: str) -> None:
+    """Make Browser start a shell script in chromium's place."""
+    fake = tmp_path / "fake-chromium"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    monkeypatch.setattr(browser, "find_chromium", lambda: str(fake))
+    monkeypatch.setattr(browser, "websocket", browser.websocket or object())
+
+
+def test_a_browser_that_exits_at_once_raises_with_its_output(tmp_path, monkeypatch):
+    _fake_chromium(tmp_path, monkeypatch, "echo 'cannot open display: no such thing' >&2\nexit 3\n")
+    with pytest.raises(RuntimeError, match=r"exited \(3\) before it listened:\ncannot open display"), \
+            Browser(tmp_path):
+        pass
+
+
+def test_a_browser_that_never_listens_raises_and_is_stopped(tmp_path, monkeypatch):
+    _fake_chromium(tmp_path, monkeypatch, "echo started >&2\necho $$ > \"$0.pid\"\nexec sleep 600\n")
+    monkeypatch.setattr(browser, "START_TIMEOUT_S", 1)
+    with pytest.raises(RuntimeError, match="wrote no DevToolsActivePort within 1 s:\nstarted"), Browser(tmp_path):
+        pass
+    pid = int((tmp_path / "fake-chromium.pid").read_text())
     assert _left_behind(pid) == {}
 
 

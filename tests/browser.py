@@ -234,8 +234,8 @@ class Page:
 
         - `tag`: the element's tag name, lower case;
         - `width`, `height`: its getBoundingClientRect() size in CSS pixels (0 when it is not laid out);
-        - `hidden_by`: "display:none", "visibility:hidden" or "opacity:0" where the computed style of the element
-          or of an ancestor hides it, else None;
+        - `hidden_by`: "display:none", "visibility:hidden" (or ":collapse") or "opacity:0" where the computed
+          style of the element or of an ancestor hides it (the nearest such one), else None;
         - `visible`: width and height above 0 and hidden_by None;
         - for <img>: `complete` (loading has ended, successfully or not) and `natural_width`, `natural_height`
           (0 for an image that failed to load or decode);

@@ -47,19 +47,38 @@ BPIP=("$BRIDGE_VENV/bin/python" -m pip install --quiet --disable-pip-version-che
 "${BPIP[@]}" --no-deps "megatron-bridge==0.3.1" "triton==3.9.0"
 export MESHPLAN_BRIDGE_PYTHON="$(cd "$BRIDGE_VENV" && pwd)/bin/python"
 
-# The tuner's multi-worker tests start a PostgreSQL server of their own (tests/services.py): without
-# initdb they are skipped, saying why. As root on a Debian-like machine without it, install the server.
-have_initdb() { command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; }
-if ! have_initdb; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "scripts/test.sh: installing PostgreSQL with apt-get for the tests that share a study through it" >&2
-    if ! apt_log=$( { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-                      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql
-                    } 2>&1 ); then
+# Programs some tests start, installed as root on a Debian-like machine where they are missing (one `apt-get
+# update` for all of them); without them those tests are skipped, saying why. PostgreSQL: the tuner's
+# multi-worker tests start a server of their own (tests/services.py). chromium: the tests that check an HTML page
+# open it in a headless browser (tests/browser.py looks for the names have_chromium looks for).
+apt_updated=false
+apt_install() {  # apt_install PACKAGE WHAT-FOR: quietly, printing apt-get's last lines only when it fails
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || return 0
+  echo "scripts/test.sh: installing $1 with apt-get for $2" >&2
+  local apt_log
+  if ! $apt_updated; then
+    if ! apt_log=$(DEBIAN_FRONTEND=noninteractive apt-get update -qq 2>&1); then
       printf '%s\n' "$apt_log" | tail -n 5 >&2
+      return 0
     fi
+    apt_updated=true
   fi
+  if ! apt_log=$(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$1" 2>&1); then
+    printf '%s\n' "$apt_log" | tail -n 5 >&2
+  fi
+}
+have_initdb() { command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; }
+have_chromium() {
+  command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null ||
+    [ -x /usr/bin/chromium ]
+}
+if ! have_initdb; then
+  apt_install postgresql "the tests that share a study through it"
   have_initdb || echo "scripts/test.sh: PostgreSQL is not installed: the tests that need it are skipped" >&2
+fi
+if ! have_chromium; then
+  apt_install chromium "the tests that check HTML pages in a browser"
+  have_chromium || echo "scripts/test.sh: chromium is not installed: the browser tests are skipped" >&2
 fi
 
 # Two workers (pytest-xdist): the tests that start processes run one after another on one of them

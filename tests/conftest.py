@@ -8,8 +8,9 @@ import pytest
 
 from ci_skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401  (hooks)
 
-# services: the fixtures of the real services some tests start (PostgreSQL, optuna-dashboard).
-pytest_plugins = ["pytester", "services"]
+# services: the fixtures of the real services some tests start (PostgreSQL, optuna-dashboard); browser: the
+# headless chromium that checks HTML pages (the `browser_page` fixture).
+pytest_plugins = ["pytester", "services", "browser"]
 
 # The CLI sizes its tables by COLUMNS when it is set (planner/cli/common.py, read at import), and the tests
 # read its output as a pipe's, without it; pytest-xdist's workers inherit COLUMNS=80 from execnet.
@@ -19,12 +20,12 @@ os.environ.pop("COLUMNS", None)
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the group into the test ids
 def pytest_collection_modifyitems(config, items):
     """Tests that start processes of their own (torchrun and gloo runs, executor workers, the services of
-    tests/services.py: tests marked `services`) share one xdist group: under `pytest -n 2 --dist loadgroup`
+    tests/services.py: tests marked `services`, chromium: tests marked `browser`) share one xdist group: under `pytest -n 2 --dist loadgroup`
     (scripts/test.sh) they run one after another on one worker, so two multi-process runs never compete
     for the cores and their timeouts hold, while the rest of the suite runs on the other worker."""
     group = pytest.mark.xdist_group("processes")
     for item in items:
-        if (item.get_closest_marker("executor") or item.get_closest_marker("services")
+        if (any(item.get_closest_marker(name) for name in ("executor", "services", "browser"))
                 or "executors" in item.path.parts):
             item.add_marker(group)
 

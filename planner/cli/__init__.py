@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "planner.cli.tune_cmd",
     "planner.cli.autoshard_cmd",
     "planner.cli.compare_cmd",
+    "planner.cli.report_cmd",
 ]
 
 for _name in COMMAND_MODULES:

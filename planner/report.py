@@ -1,0 +1,278 @@
+"""One self-contained HTML page a person can open and pass around: the ranked table, the pictures, why the
+winner wins (its breakdowns, where its groups sit, what the runner-up loses to), the candidates set aside by
+reason, and the configs emitted for it (`meshplan report --out report.html`, `write_report`).
+
+The page carries everything inline (CSS, pictures as PNG data URIs, no script, no external link), so it opens
+from a mail attachment or a shared drive with no network. Every text that comes from the input (model, GPU and
+cluster names, file paths in messages) is HTML-escaped. The cells and sentences are the CLI's
+(planner.show.labels, planner.show.compare): the page and the terminal never disagree.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import io
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from cost_models.params import num_active_params, num_params
+from planner.api import evaluate
+from planner.emit import NotExpressibleError, backends, emit, first_expressible
+from planner.errors import SpecError
+from planner.misses import Miss, rejected_by_reason
+from planner.ranking import TIE_FRACTION
+from planner.show.labels import (TIME_TERM_LABELS, TextTable, estimate_lines, header_line, memory_rows, memory_word,
+                                 plan_label, plan_legend, plan_table, plans_shown, stats_lines, time_word)
+from planner.specs import Plan, PlanResult
+from planner.specs.files import write_whole
+
+GIB = 2**30
+#: The configs the page shows, in this order: the training frameworks (launch scripts left out: they wrap
+#: one of these).
+REPORT_BACKENDS = ("megatron", "megatron-bridge", "deepspeed", "colossalai", "torchtitan", "maxtext")
+#: The largest page written (bytes): pictures of a search of millions of candidates stay far below it.
+MAX_REPORT_BYTES = 64 * 2**20
+
+
+@dataclass
+class Figure:
+    """One picture of the page: its id, caption and PNG bytes."""
+
+    id: str
+    caption: str
+    png: bytes
+
+
+STYLE = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2rem auto; max-width: 1200px;
+       padding: 0 1rem; color: #1d1d1f; line-height: 1.45; }
+h1 { font-size: 1.6rem; margin-bottom: 0.2rem; }
+h2 { font-size: 1.25rem; border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2rem; }
+p.question { color: #444; margin-top: 0; }
+nav a { margin-right: 1rem; }
+table { border-collapse: collapse; margin: 0.5rem 0; font-size: 0.9rem; }
+th, td { border: 1px solid #d0d0d0; padding: 0.25rem 0.5rem; }
+th { background: #f3f3f5; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.best td { background: #eef7ee; }
+tr.tie td { background: #fbf8e8; }
+ul.legend { color: #555; font-size: 0.85rem; }
+figure { margin: 1rem 0; }
+figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.85rem; }
+pre { background: #f7f7f9; padding: 0.75rem; overflow-x: auto; font-size: 0.8rem; }
+p.sentence { font-weight: 600; }
+.note { color: #8a5a00; }
+footer { margin-top: 3rem; color: #777; font-size: 0.8rem; }
+"""
+
+
+def build_report(result: PlanResult, figures: list[Figure] | None = None, configs: bool = True) -> str:
+    """The page for `result` (a search's result: the candidates set aside need its candidate table; one read
+    back from JSON gets a note instead). `figures`: the pictures to show (`report_figures`)."""
+    if not result.plans:
+        raise SpecError("a report needs at least one plan that fits: nothing fits this question "
+                        "(`meshplan plan` shows the closest candidates and what would make one fit)")
+    esc = html.escape
+    best = result.plans[0]
+    m = result.model
+    title = f"meshplan report: {m.name} on {result.num_gpus} x {result.cluster.gpu.name}"
+    parts = [
+        "<!doctype html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{esc(title)}</title>", f"<style>{STYLE}</style>", "</head>", "<body>",
+        f'<header><h1>{esc(title)}</h1><p class="question">'
+        f"{esc(header_line(result, num_params(m), num_active_params(m)))}</p></header>",
+        '<nav><a href="#plans">Ranked plans</a><a href="#pictures">Pictures</a><a href="#winner">Why plan 1</a>'
+        '<a href="#rejected">Set aside</a><a href="#configs">Configs</a></nav>',
+        '<section id="plans"><h2>Ranked plans</h2>', _table(plan_table(result, wide=True), "plan-table",
+                                                             _row_classes(result)),
+        '<ul class="legend">' + "".join(f"<li>{esc(line)}</li>" for text in
+                                        plan_legend(result, plans_shown(result), True, TIE_FRACTION)
+                                        for line in text.split("\n") if line) + "</ul>",
+        '<p class="stats">' + "<br>".join(esc(line) for line in stats_lines(result)) + "</p></section>",
+        '<section id="pictures"><h2>Pictures</h2>', _figures(figures or []), "</section>",
+        '<section id="winner"><h2>Why plan 1</h2>', _winner(result, best), "</section>",
+        '<section id="rejected"><h2>Candidates set aside</h2>', _rejected(result), "</section>",
+        '<section id="configs"><h2>Configs</h2>', _configs(result) if configs else "<p>not asked for</p>", "</section>",
+        f"<footer>meshplan {esc(_version())}, {esc(_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'))}"
+        f"; search of {result.stats.num_candidates:,} candidates in {result.stats.search_time_s:.2f} s.</footer>",
+        "</body></html>",
+    ]
+    return "\n".join(parts)
+
+
+def write_report(result: PlanResult, path: str | Path, figures: list[Figure] | None = None,
+                 configs: bool = True) -> Path:
+    """Write the page as `path` whole (a temporary file beside it, then a rename; a link there is refused)."""
+    target = check_report_target(path)
+    text = build_report(result, figures, configs)
+    data = text.encode("utf-8")
+    if len(data) > MAX_REPORT_BYTES:
+        raise SpecError(f"the report would be {len(data):,} bytes, above the {MAX_REPORT_BYTES:,} written")
+    check_report_target(target)  # again: building took a while
+    write_whole(target, data)
+    return target
+
+
+def check_report_target(path: str | Path) -> Path:
+    """The --out path, refused unless it names an .html file that may be written: not a directory, not a link
+    or other non-regular file, in an existing folder."""
+    target = Path(path)
+    if target.suffix.lower() not in (".html", ".htm"):
+        raise SpecError(f"--out {str(path)!r} must name an .html file")
+    if target.is_symlink():
+        raise SpecError(f"--out {str(path)!r} is a symbolic link; the report is written only as a regular file")
+    if target.is_dir():
+        raise SpecError(f"--out {str(path)!r} is a directory, not a file")
+    if target.exists() and not target.is_file():
+        raise SpecError(f"--out {str(path)!r} exists and is not a regular file; it is not replaced")
+    if not target.parent.is_dir():
+        raise SpecError(f"--out {str(path)!r}: folder {str(target.parent)!r} does not exist")
+    return target
+
+
+def report_figures(result: PlanResult) -> tuple[list[Figure], list[str]]:
+    """The page's pictures (planner.show.plots, through the result's plot methods): speed against memory of every
+    fitting candidate (a search's result only), the step-time terms of the top plans, plan 1's memory per
+    pipeline rank and its schedule. Returns them with a note for each left out and why."""
+    try:
+        import matplotlib  # noqa: F401  (the `plot` extra)
+    except ImportError:
+        return [], ["no pictures: matplotlib is not installed (pip install 'meshplan[plot]')"]
+    figures, notes = [], []
+    best = result.plans[0]
+    if result.has_candidates:
+        figures.append(Figure("fig-pareto", "Tokens/s per GPU against peak memory of every candidate that fits, "
+                              "with the Pareto front and the memory limit; the ranked plans numbered.",
+                              figure_png(result.plot_pareto())))
+    else:
+        notes.append("no speed-against-memory picture: a result read from a file keeps no candidate table")
+    figures.append(Figure("fig-breakdown", "Exposed step time of the top plans, term by term.",
+                          figure_png(result.plot_breakdown())))
+    figures.append(Figure("fig-memory", f"Memory of plan 1 per pipeline rank ({best.strategy.pp} ranks), term by "
+                          "term, against the GPU's capacity and the limit.", figure_png(result.plot_memory(rank=1))))
+    figures.append(Figure("fig-schedule", "Plan 1's pipeline schedule: each rank's forward and backward passes of "
+                          "every micro-batch; the gaps are the bubble.", figure_png(result.plot_schedule(rank=1))))
+    return figures, notes
+
+
+def figure_png(figure: Any) -> bytes:
+    """A matplotlib Figure as PNG bytes (rendered in memory, no pyplot, no global backend)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    buf = io.BytesIO()
+    FigureCanvasAgg(figure).print_png(buf)
+    return buf.getvalue()
+
+
+# ---- parts -------------------------------------------------------------------------------------------
+def _version() -> str:
+    try:
+        return metadata.version("meshplan")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def _row_classes(result: PlanResult) -> list[str]:
+    return ["best" if p.rank == 1 else ("tie" if p.rank in result.worth_a_real_run else "")
+            for p in plans_shown(result)]
+
+
+def _table(cells: TextTable, table_id: str, row_classes: list[str] | None = None) -> str:
+    esc = html.escape
+    head = "".join(f"<th>{esc(c)}</th>" for c in cells.columns)
+    body = []
+    for n, row in enumerate(cells.rows):
+        klass = row_classes[n] if row_classes and row_classes[n] else ""
+        tds = "".join(f'<td{"" if c in cells.left else " class=num"}>{esc(v)}</td>'
+                      for c, v in zip(cells.columns, row))
+        body.append(f'<tr{f" class={klass}" if klass else ""}>{tds}</tr>')
+    caption = f"<caption>{esc(cells.title)}</caption>" if cells.title else ""
+    return f'<table id="{table_id}">{caption}<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _figures(figures: list[Figure]) -> str:
+    if not figures:
+        return "<p>No pictures (matplotlib is not installed, or they were not asked for).</p>"
+    out = []
+    for f in figures:
+        data = base64.b64encode(f.png).decode("ascii")
+        out.append(f'<figure id="{html.escape(f.id)}"><img alt="{html.escape(f.caption)}" '
+                   f'src="data:image/png;base64,{data}"><figcaption>{html.escape(f.caption)}</figcaption></figure>')
+    return "\n".join(out)
+
+
+def _winner(result: PlanResult, best: Plan) -> str:
+    esc = html.escape
+    est = evaluate(strategy=best.strategy, model=best.model, cluster=best.cluster, num_gpus=best.num_gpus,
+                   **{k: v for k, v in best.train.model_dump().items() if v is not None})
+    out = [f"<p><strong>{esc(plan_label(best))}</strong></p>",
+           "<p>" + "<br>".join(esc(line) for line in estimate_lines(est)) + "</p>"]
+    out.append(_table(TextTable("step time (exposed seconds per term)", ["term", "s", "% of step"],
+                                _step_rows(est), left={"term"}), "winner-time"))
+    out.append(_table(TextTable("memory of the most-loaded rank", ["term", "GiB", "% of peak"], memory_rows(est),
+                                left={"term"}), "winner-memory"))
+    if est.groups:
+        rows = [[g.dim, str(g.size), str(g.stride), g.collective, g.tier, f"{g.bus_bw_bytes_per_s / 1e9:.1f}",
+                 g.limited_by] for g in est.groups]
+        out.append(_table(TextTable("where each parallel group sits (all groups of a dimension at once)",
+                                    ["dim", "group", "ranks apart", "collective", "crosses", "GB/s per group",
+                                     "limited by"], rows, left={"dim", "collective", "crosses", "limited by"}),
+                          "winner-groups"))
+    if len(result.plans) > 1:
+        runner = result.plans[1]
+        c = best.compare(runner)
+        out.append(f"<h3>Against plan 2: {esc(plan_label(runner))}</h3>")
+        out += [f'<p class="sentence">{esc(line)}</p>' for line in c.lines()]
+        rows = [[time_word(d.term), f"{d.a:.4f}", f"{d.b:.4f}", f"{d.difference:+.4f}", f"{100 * d.share:+.1f}"]
+                for d in c.time if d.a or d.b]
+        out.append(_table(TextTable("step time, plan 1 against plan 2", ["term", "#1 (s)", "#2 (s)",
+                                                                          "#2 - #1 (s)", "% of faster step"], rows,
+                                    left={"term"}), "compare-time"))
+        rows = [[memory_word(d.term), f"{d.a / GIB:.2f}", f"{d.b / GIB:.2f}", f"{d.difference / GIB:+.2f}"]
+                for d in c.memory if abs(d.a) >= 0.005 * GIB or abs(d.b) >= 0.005 * GIB]
+        out.append(_table(TextTable("memory (GiB), plan 1 against plan 2", ["term", "#1", "#2", "#2 - #1"], rows,
+                                    left={"term"}), "compare-memory"))
+    return "\n".join(out)
+
+
+def _step_rows(est) -> list[list[str]]:
+    return [[TIME_TERM_LABELS.get(t, t), f"{v:.4f}", f"{100 * v / est.step_time_s:.1f}"]
+            for t, v in est.time_s.items()] + [["step", f"{est.step_time_s:.4f}", "100.0"]]
+
+
+def _rejected(result: PlanResult) -> str:
+    if not result.has_candidates:
+        return ('<p class="note">This result was read from a file, which keeps no candidate table: run the report '
+                "from the question to list the candidates set aside.</p>")
+    misses: list[Miss] = rejected_by_reason(result)
+    if not misses:
+        return "<p>None: every candidate fits.</p>"
+    rows = [[m.reason, f"{m.count:,}", m.nearest.short() if m.nearest is not None else "-", m.detail]
+            for m in misses]
+    return _table(TextTable("each candidate under the first reason it meets, with the nearest miss",
+                            ["reason", "candidates", "nearest miss", "why"], rows,
+                            left={"reason", "nearest miss", "why"}), "rejected-table")
+
+
+def _configs(result: PlanResult) -> str:
+    esc = html.escape
+    out = []
+    for backend in REPORT_BACKENDS:
+        if backend not in backends():
+            continue
+        try:
+            chosen, refused = first_expressible(result.plans, backend)
+            text = emit(chosen, backend)
+        except NotExpressibleError as exc:
+            out.append(f"<h3>{esc(backend)}</h3><p class=note>{esc(str(exc))}</p>")
+            continue
+        which = "plan 1" if chosen.rank == 1 else f"plan {chosen.rank}, the best it can run"
+        note = (f" (plans {', '.join(str(p.rank) for p, _ in refused)} it cannot run)" if refused else "")
+        out.append(f"<h3>{esc(backend)}: {esc(which)}{esc(note)}</h3><pre>{esc(text)}</pre>")
+    return "\n".join(out)

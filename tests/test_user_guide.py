@@ -50,8 +50,13 @@ class Command:
 
     @property
     def id(self) -> str:
-        words = [a for a in self.args if not a.startswith("-")][:2]
-        return f"L{self.line}-" + "-".join(Path(w).name for w in words)
+        """`L<line>-<sub-command>[-<model or cluster file>]`, e.g. L107-plan-llama3-70b."""
+        words = [self.args[0]]
+        for flag in ("--model", "-m", "--show"):
+            if flag in self.args[:-1]:
+                words.append(Path(self.args[self.args.index(flag) + 1]).name)
+                break
+        return f"L{self.line}-" + "-".join(words)
 
 
 @dataclass

@@ -122,10 +122,15 @@ def check_preset_name(what: str, name: str) -> None:
                         f"letter or digit first, at most {longest} characters")
 
 
+def _is_file_ref(ref: str) -> bool:
+    """A reference names a file (not a preset) when it has a file suffix or a folder in it."""
+    return Path(ref).suffix in {".yaml", ".yml", ".json"} or os.sep in ref
+
+
 def _resolve(kind: str, ref: str) -> Path:
     check_ref(kind[:-1], ref)
     candidate = Path(ref)
-    if candidate.suffix in {".yaml", ".yml", ".json"} or os.sep in ref:
+    if _is_file_ref(ref):
         if not candidate.exists():
             raise SpecError(f"{kind[:-1]} file {ref!r} does not exist")
         return candidate
@@ -358,11 +363,16 @@ def _tier(data: Any, what: str) -> LinkTier:
     return _validated(LinkTier, fields, what)
 
 
-def cluster_from_yaml(data: dict[str, Any], what: str = "cluster") -> ClusterSpec:
+def cluster_from_yaml(data: dict[str, Any], what: str = "cluster", base: Path | None = None) -> ClusterSpec:
+    """A cluster from its YAML mapping. `gpu:` is a preset name, a mapping or a GPU file's path; a relative path
+    is read from `base` (the cluster file's folder, as a topology's `graph_file` is), or from the working
+    directory for a mapping given without a file."""
     data = dict(data)
     gpu = data.pop("gpu", None)
     if gpu is None:
         raise SpecError(f"{what} lacks required field 'gpu' (a GPU preset name or mapping)")
+    if isinstance(gpu, str) and base is not None and _is_file_ref(gpu) and not Path(gpu).expanduser().is_absolute():
+        gpu = str(Path(base) / gpu)
     gpu_spec = gpu_from_yaml(gpu, f"{what}.gpu") if isinstance(gpu, dict) else load_gpu(str(gpu))
     _pop_sources(data, CLUSTER_YAML_FIELDS, what)
     fields = {
@@ -414,7 +424,7 @@ def load_cluster(ref: str | Path | ClusterSpec | dict) -> ClusterSpec:
     if isinstance(ref, dict):
         return resolve_cluster(cluster_from_yaml(ref, "cluster"))
     path = _resolve("clusters", str(ref))
-    cluster = cluster_from_yaml(read_yaml(path, "cluster"), f"cluster {path.stem}")
+    cluster = cluster_from_yaml(read_yaml(path, "cluster"), f"cluster {path.stem}", base=path.parent)
     return resolve_cluster(with_fabric(cluster, base=path.parent))
 
 

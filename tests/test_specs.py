@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,8 @@ from cost_models.params import embedding_params, layer_params, num_params
 from planner import ModelSpec, SpecError, Strategy
 from planner.specs.hf import read_hf_config
 from profiles import list_presets, load_cluster, load_gpu, load_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Published parameter counts (Hugging Face model cards / safetensors totals).
 PUBLISHED_PARAMS = {
@@ -180,3 +183,23 @@ def test_cluster_host_section_is_read_and_checked():
     with pytest.raises(SpecError, match="unknown field"):
         load_cluster(base | {"host": {"memory_gib": 1024, "memory_bw_gb_per_s": 400, "cores": 64}})
     assert load_cluster(base).host is None and load_cluster(base).moe_load_imbalance == 1.0
+
+
+def test_a_cluster_files_gpu_path_is_read_from_its_folder(tmp_path, monkeypatch):
+    """A relative `gpu:` path in a cluster file is the file's neighbour, wherever meshplan runs (as a
+    topology's graph_file is); a path that is not there is refused naming it."""
+    from profiles import load_cluster
+
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (folder / "accel.yaml").write_text((ROOT / "docs/examples/l40s.yaml").read_text())
+    text = (ROOT / "docs/examples/l40s-cluster.yaml").read_text().replace("gpu: l40s.yaml", "gpu: accel.yaml")
+    (folder / "cluster.yaml").write_text(text)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cluster = load_cluster(str(folder / "cluster.yaml"))
+    assert cluster.gpu.name == load_cluster(str(ROOT / "docs/examples/l40s-cluster.yaml")).gpu.name
+    (folder / "cluster.yaml").write_text(text.replace("gpu: accel.yaml", "gpu: missing.yaml"))
+    with pytest.raises(SpecError, match="missing.yaml"):
+        load_cluster(str(folder / "cluster.yaml"))

@@ -271,7 +271,7 @@ def draw_memory_stages(ax: "Axes", estimate: "Estimate", headroom: float | None,
     ax.set_ylabel("memory per GPU (GiB)")
     ax.set_title(title + note, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right", ncols=2)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2)
 
 
 def memory_stages(plan: "Plan", headroom: float | None = None, path: str | os.PathLike | None = None) -> "Figure":

@@ -11,7 +11,8 @@ is drawn; without it each function says so in one line.
 The artists carry SVG ids (`gid`) naming what they draw, so a saved SVG can be read back and checked: points
 `candidates`, `pareto-front`, `plans`; bars `bar-<term>-<plan rank>`, `mem-<term>-r<pipeline rank>`; schedule
 blocks `block-<F|B>-r<rank>-m<micro-batch>-c<chunk>` over their row `row-r<rank>`; lines `memory-limit`,
-`memory-capacity`, `identity`. SVG text is written as text (`svg.fonttype` none), so labels stay searchable.
+`memory-capacity`, `identity` (above RASTER_POINTS candidates the points are one raster image, without an id).
+SVG text is written as text (`svg.fonttype` none), so labels stay searchable.
 
 This module sits in the bottom layer with planner.specs, which imports it: it imports nothing of planner.specs
 (types for checking only), so it writes its files itself rather than through planner.specs.files.

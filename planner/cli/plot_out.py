@@ -15,7 +15,7 @@ import typer
 from planner.cli.common import stderr
 from planner.cli.text import MESSAGE_CHARS, plain
 from planner.errors import SpecError
-from planner.show.plots import check_plot_target, save
+from planner.show.files import check_plot_target, save
 
 PlotFileOpt = Annotated[Optional[str], typer.Option(
     "--plot", metavar="FILE.png|FILE.svg", help="Also draw the result to this PNG or SVG file (needs matplotlib: "

@@ -11,7 +11,6 @@ in one unit (a unit's GPUs have consecutive ranks).
 from __future__ import annotations
 
 import io
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,7 @@ from rich.table import Table
 from cost_models.layout import DEFAULT_RANK_ORDER, ParallelLayout
 from planner.cli.common import stdout
 from planner.cli.text import MESSAGE_CHARS, plain, shown
-from planner.errors import SpecError
-from planner.show.plots import check_plot_target
+from planner.show.files import check_plot_target
 from planner.specs import ClusterSpec, Strategy
 from planner.specs.files import write_whole
 from profiles.topology import graph_file
@@ -169,7 +167,7 @@ def print_summary(summary: dict[str, Any], plan: dict[str, Any] | None = None) -
 
 # ---- writing the picture ------------------------------------------------------------------------------
 def check_png_target(path: str) -> Path:
-    """The --plot path, refused unless it names a .png file that may be written (planner.show.plots
+    """The --plot path, refused unless it names a .png file that may be written (planner.show.files
     .check_plot_target: not a directory, not an existing link or non-regular file, in an existing writable
     folder). Checked before any planning or drawing."""
     return check_plot_target(path, (".png",), "--plot")

@@ -15,23 +15,20 @@ blocks `block-<F|B>-r<rank>-m<micro-batch>-c<chunk>` over their row `row-r<rank>
 SVG text is written as text (`svg.fonttype` none), so labels stay searchable.
 
 This module sits in the bottom layer with planner.specs, which imports it: it imports nothing of planner.specs
-(types for checking only), so it writes its files itself rather than through planner.specs.files.
+(types for checking only). Writing a picture is planner.show.files'.
 """
 
 from __future__ import annotations
 
-import io
 import math
 import os
-import stat
-import tempfile
 import textwrap
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from planner.errors import SpecError
+from planner.show.files import PLOT_SUFFIXES, check_plot_target, figure_bytes, save  # noqa: F401  (public here)
 from planner.show.labels import (GIB, MEMORY_TERM_WORDS, TIME_TERM_WORDS, layout_label, memory_word, plan_label,
                                  plans_shown, time_word)
 from planner.show.schedule import Schedule, simulate, stage_times
@@ -43,8 +40,6 @@ if TYPE_CHECKING:
     from planner.specs import Estimate, Plan, PlanResult, Strategy
     from planner.show.compare import Comparison
 
-#: The files a picture is written as (by suffix).
-PLOT_SUFFIXES = (".png", ".svg")
 #: Above this many candidates the scatter is drawn as one raster image inside the SVG (a vector file of a
 #: million markers is hundreds of MB and slow to open); the points stay exact in a PNG either way.
 RASTER_POINTS = 2000
@@ -77,67 +72,6 @@ def _colour(term: str, words: dict[str, str], cmap: str) -> Any:
 
 def _cut(text: str, n: int = LABEL_CHARS) -> str:
     return text if len(text) <= n else text[:n - 1] + "…"
-
-
-# ---- writing ------------------------------------------------------------------------------------------
-def check_plot_target(path: str | os.PathLike, suffixes: Sequence[str] = PLOT_SUFFIXES,
-                      option: str = "plot path") -> Path:
-    """`path` as a picture may be written there: a suffix of `suffixes`, not a directory, not an existing link or
-    non-regular file, in an existing folder. Callers check before any planning or drawing."""
-    target = Path(path)
-    if target.suffix.lower() not in suffixes:
-        raise SpecError(f"{option} {str(path)!r} must name a {' or '.join(suffixes)} file")
-    if target.is_symlink():
-        raise SpecError(f"{option} {str(path)!r} is a symbolic link; the picture is written only as a regular file")
-    if target.is_dir():
-        raise SpecError(f"{option} {str(path)!r} is a directory, not a file")
-    if target.exists() and not stat.S_ISREG(target.stat().st_mode):
-        raise SpecError(f"{option} {str(path)!r} exists and is not a regular file; it is not replaced")
-    folder = target.parent
-    if not folder.is_dir():
-        raise SpecError(f"{option} {str(path)!r}: folder {str(folder)!r} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise SpecError(f"{option} {str(path)!r}: folder {str(folder)!r} is not writable")
-    return target
-
-
-def figure_bytes(fig: "Figure", suffix: str) -> bytes:
-    """The figure as a PNG or SVG file's bytes (SVG text kept as text, ids fixed: the same figure gives the same
-    file)."""
-    import matplotlib
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.backends.backend_svg import FigureCanvasSVG
-
-    buf = io.BytesIO()
-    if suffix.lower() == ".png":
-        FigureCanvasAgg(fig).print_png(buf)
-    elif suffix.lower() == ".svg":
-        with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "meshplan"}):
-            FigureCanvasSVG(fig).print_svg(buf, metadata={"Date": None})
-    else:
-        raise SpecError(f"a picture is written as {' or '.join(PLOT_SUFFIXES)} (got {suffix!r})")
-    return buf.getvalue()
-
-
-def save(fig: "Figure", path: str | os.PathLike) -> Path:
-    """Write `fig` to `path` (.png or .svg by its suffix) whole: a temporary file beside it, then os.replace (which
-    replaces the name, never follows a link). The picture is drawn before the folder is checked again."""
-    target = check_plot_target(path)
-    data = figure_bytes(fig, target.suffix)
-    check_plot_target(target)
-    mask = os.umask(0)
-    os.umask(mask)
-    fd, tmp = tempfile.mkstemp(prefix=".meshplan-", suffix=".tmp", dir=target.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~mask)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
-    return target
 
 
 def _done(fig: "Figure", path: str | os.PathLike | None) -> "Figure":

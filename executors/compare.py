@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cost_models.memory import RUNTIME_TERMS
 from executors.host_load import HostLoad, spread_too_wide, step_spread
 from executors.results import Outcome, ParityCheck, RunResult
+from planner.show import plots
 from planner.specs import Estimate, ModelSpec, Strategy, TrainSpec
 
 
@@ -95,6 +96,16 @@ class ValidationReport(BaseModel):
     runs: list[RunResult] = Field(default_factory=list, description="The raw run results.")
     host: HostSummary | None = Field(None, description="The host's load over the runs; None when no run was "
                                      "launched here.")
+
+    def plot(self, path: str | None = None):
+        """Predicted against measured step time of every run that finished ok (planner.show.plots); a matplotlib
+        Figure, also written to `path` (.png or .svg)."""
+        pairs = [(c.label, c.predicted_step_time_s, c.measured_step_time_s) for c in self.comparisons
+                 if c.outcome == "ok"]
+        err = self.median_abs_step_time_error
+        title = (f"{self.model.name}: {self.num_gpus} ranks on {self.cluster} ({self.device}, {self.engine})"
+                 + (f"; median |error| {100 * err:.1f}%" if err is not None else ""))
+        return plots.predicted_vs_measured(pairs, title=title, path=path)
 
 
 def _rel(pred: float | None, meas: float | None) -> float | None:

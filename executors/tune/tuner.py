@@ -73,6 +73,7 @@ from planner.calibrate import run_settings
 from planner.api import plan
 from planner.errors import SpecError
 from planner.search import evaluate_one
+from planner.show import plots
 from planner.specs import ClusterSpec, ModelSpec, Strategy, TrainSpec
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
@@ -174,6 +175,15 @@ class TuneReport(BaseModel):
     reranked_errors: dict[str, float | None] = Field(
         default_factory=dict, description="Over the trials scored on a calibration fitted before they ran: median "
         "|error| of their profile prediction ('before') and of their calibrated one ('after').")
+
+    def plot(self, path: str | None = None):
+        """Predicted (on the profile, with its band) against measured step time of every trial measured ok
+        (planner.show.plots); a matplotlib Figure, also written to `path` (.png or .svg)."""
+        pairs = [(r.label or f"trial {r.number}", r.predicted_step_s, r.measured_step_s, r.predicted_step_s_low,
+                  r.predicted_step_s_high) for r in self.trials
+                 if r.state == "COMPLETE" and r.measured_step_s and r.predicted_step_s]
+        return plots.predicted_vs_measured(pairs, title=f"study {self.study_name}: {len(pairs)} trials measured",
+                                           path=path)
 
 
 def measured_trials(study: optuna.Study) -> list[FrozenTrial]:

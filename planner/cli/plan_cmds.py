@@ -59,13 +59,16 @@ from planner.cli.common import (
     train_options,
 )
 from planner.cli.text import MESSAGE_CHARS, NAME_CHARS, message_lines, plain, shown
+from planner.cli.plot_out import PlotFileOpt, check_plot, write_plot
 from planner.cli.topology_plot import draw_topology
 from planner.show.labels import (TextTable, estimate_lines, header_line, layout_label, memory_rows, plan_legend,
                                  plan_table, plans_shown, stats_lines, time_rows)
 from planner.cli.topology_view import (check_png_target, group_spans, print_summary, rank_order, topology_summary,
                                        write_png)
 from planner.errors import SpecError
+from planner.show.plots import explain_figure, plan_figure
 from planner.specs import Estimate, Plan, PlanResult, Strategy
+from planner.specs.results import DEFAULT_HEADROOM
 
 #: Above this share of communication assumed hidden behind compute, `plan` warns under its table:
 #: the prediction then rests on near-perfect overlap, which real runs rarely reach (a profile's
@@ -106,10 +109,13 @@ def plan_cmd(
     calibration: CalibrationOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column (bands, tokens/s, TFLOP/s, headroom); the "
                                        "default table fits 100 columns.")] = False,
+    plot: PlotFileOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Rank every valid strategy by predicted throughput; show the fastest that fit (near-ties go to the
-    simpler layout, near-duplicates share a row: see the README's "Reading the plan table")."""
+    simpler layout, near-duplicates share a row: see the README's "Reading the plan table"). --plot draws
+    speed against memory over every candidate above the best plans' step-time terms."""
+    target = check_plot(plot)
     kwargs = dict(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size, seq_len=seq_len,
                   precision=precision.value, constraints=parse_constraints(constraint, constraints), top_k=top,
                   calibration=calibration, strict_numerics=strict_numerics,
@@ -131,6 +137,7 @@ def plan_cmd(
         print_plan_table(result, wide=wide)
         calibration_note(calibration)
         warn_hidden_comm(result)
+    write_plot(target, lambda: plan_figure(result))
     if not result.stats.num_valid:
         raise ExitWith(2, no_valid_message(result))
     if not result.plans:
@@ -333,15 +340,17 @@ def _one_strategy_command(render):
         torch_compile: TorchCompileOpt = None, strict_numerics: StrictNumericsOpt = False,
         cuda_graph_impl: CudaGraphImplOpt = None, cuda_graph_scope: CudaGraphScopeOpt = None,
         plan_file: PlanFileOpt = None, rank: RankOpt = 1, calibration: CalibrationOpt = None,
-        fmt: FormatOpt = Format.table,
+        plot: PlotFileOpt = None, fmt: FormatOpt = Format.table,
     ) -> None:
+        target = check_plot(plot)
         if plan_file is not None:  # the plan file holds the whole question and the strategy: nothing else may be given
-            given = _given_options(ctx, skip={"plan_file", "rank", "fmt", "strict_numerics"})
+            given = _given_options(ctx, skip={"plan_file", "rank", "fmt", "strict_numerics", "plot"})
             if given:
                 raise SpecError(f"--plan gives the model, cluster, batch and strategy; drop {', '.join(given)}")
             chosen = load_plan(plan_file, rank)
             est = api_evaluate(strategy=chosen.strategy, **plan_inputs(chosen))
             render(chosen.strategy, est, fmt)
+            write_plot(target, lambda: explain_figure(chosen.strategy, est, DEFAULT_HEADROOM))
             if not est.fits:
                 raise ExitWith(1)
             return
@@ -369,6 +378,7 @@ def _one_strategy_command(render):
         render(strategy.resolve(gpus), est, fmt)
         if fmt is Format.table:
             calibration_note(calibration)
+        write_plot(target, lambda: explain_figure(strategy.resolve(gpus), est, DEFAULT_HEADROOM))
         if not est.fits:
             raise ExitWith(1)
 
@@ -402,8 +412,6 @@ def print_estimate_summary(strategy: Strategy, est: Estimate) -> None:
     stdout.print(f"[bold]{shown(strategy.short(), MESSAGE_CHARS)}[/]")
     for line in estimate_lines(est):  # the band's basis comes from a profile file: made plain
         stdout.print(plain(line, MESSAGE_CHARS), markup=False, highlight=False)
-    from planner.specs.results import DEFAULT_HEADROOM
-
     if not est.reasons and est.peak_memory_bytes > est.memory_capacity_bytes * (1 - DEFAULT_HEADROOM):
         stdout.print(f"note: peak memory is inside the {DEFAULT_HEADROOM:.0%} safety margin `meshplan plan` keeps by "
                      "default (--headroom): it fits the GPU, with little to spare", markup=False, highlight=False)

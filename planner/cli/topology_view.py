@@ -11,7 +11,6 @@ in one unit (a unit's GPUs have consecutive ranks).
 from __future__ import annotations
 
 import io
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from rich.table import Table
 from cost_models.layout import DEFAULT_RANK_ORDER, ParallelLayout
 from planner.cli.common import stdout
 from planner.cli.text import MESSAGE_CHARS, plain, shown
-from planner.errors import SpecError
+from planner.show.files import check_plot_target
 from planner.specs import ClusterSpec, Strategy
 from planner.specs.files import write_whole
 from profiles.topology import graph_file
@@ -168,21 +167,10 @@ def print_summary(summary: dict[str, Any], plan: dict[str, Any] | None = None) -
 
 # ---- writing the picture ------------------------------------------------------------------------------
 def check_png_target(path: str) -> Path:
-    """The --plot path, refused unless it names a .png file that may be written: not a directory, not an
-    existing link or non-regular file, in an existing folder. Checked before any planning or drawing."""
-    target = Path(path)
-    if target.suffix.lower() != ".png":
-        raise SpecError(f"--plot {str(path)!r} must name a .png file")
-    if target.is_symlink():
-        raise SpecError(f"--plot {str(path)!r} is a symbolic link; the picture is written only as a regular file")
-    if target.is_dir():
-        raise SpecError(f"--plot {str(path)!r} is a directory, not a file")
-    if target.exists() and not stat.S_ISREG(target.stat().st_mode):
-        raise SpecError(f"--plot {str(path)!r} exists and is not a regular file; it is not replaced")
-    folder = target.parent
-    if not folder.is_dir():
-        raise SpecError(f"--plot {str(path)!r}: folder {str(folder)!r} does not exist")
-    return target
+    """The --plot path, refused unless it names a .png file that may be written (planner.show.files
+    .check_plot_target: not a directory, not an existing link or non-regular file, in an existing writable
+    folder). Checked before any planning or drawing."""
+    return check_plot_target(path, (".png",), "--plot")
 
 
 def write_png(target: Path, figure: Any) -> int:

@@ -27,6 +27,7 @@ from planner.cli.common import (
     train_options,
 )
 from planner.cli.text import MESSAGE_CHARS, plain, shown
+from planner.cli.plot_out import PlotFileOpt, check_plot, write_plot
 from planner.errors import SpecError, short_repr
 
 #: TuneOptions' and ValidateOptions' fields by the flag that sets them, for error messages.
@@ -247,6 +248,7 @@ def tune_cmd(
     attention_kernel: AttentionOpt = "flash",
     optimizer: OptimizerOpt = "adam",
     slurm_workers: Annotated[Optional[int], typer.Option("--slurm-workers", help="Print a Slurm batch script that runs one tuner worker per node on N nodes, sharing this study (needs a database-server --storage), instead of tuning here.")] = None,
+    plot: PlotFileOpt = None,
     fmt: Annotated[TuneFormat, typer.Option("--format", "-f", help="table or json.")] = TuneFormat.table,
 ) -> None:
     """Run the best predicted plans briefly in a persistent Optuna study, calibrate the cost model on
@@ -255,6 +257,9 @@ def tune_cmd(
     from executors.tune import tune
 
     check_folder(work_dir, "--work-dir")
+    target = check_plot(plot)
+    if target is not None and slurm_workers is not None:
+        raise SpecError("--plot draws this worker's measured trials: not with --slurm-workers (nothing runs here)")
     if emit_dir is not None and not emit_dir.is_dir():
         raise SpecError(f"--emit-dir {str(emit_dir)!r} is not an existing folder")
     if calibration_out is not None and calibration_out.suffix != ".yaml":
@@ -303,5 +308,6 @@ def tune_cmd(
         emit_json(report.model_dump(mode="json"))
     else:
         print_report(report)
+    write_plot(target, report.plot)
     if report.best is None:
         raise ExitWith(1, f"no trial measured ok ({report.stopped})")

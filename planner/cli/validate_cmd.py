@@ -29,6 +29,7 @@ from planner.cli.common import (
     stdout,
     train_options,
 )
+from planner.cli.plot_out import PlotFileOpt, check_plot, write_plot
 from planner.cli.text import MESSAGE_CHARS, plain, shown
 from planner.errors import SpecError, short_repr
 
@@ -142,7 +143,7 @@ def comparison_row(c) -> dict[str, Any]:
             "step_spread": c.step_spread, "busy": c.busy if c.host_load is not None else None}
 
 
-def emit_report(report, fmt: Format) -> None:
+def emit_report(report, fmt: Format, plot: Path | None = None) -> None:
     if fmt is Format.json:
         emit_json(report.model_dump(mode="json"))
     elif fmt is Format.csv:
@@ -152,6 +153,7 @@ def emit_report(report, fmt: Format) -> None:
     warning = busy_warning(report)
     if warning:  # on stderr in every format: JSON and CSV carry the flags in their fields
         stderr.print(f"warning: {plain(warning, MESSAGE_CHARS)}", markup=False, highlight=False)
+    write_plot(plot, report.plot)
     failed = [c for c in report.comparisons if c.outcome in FAILED]
     if report.comparisons and all(c.outcome == "unsupported" for c in report.comparisons):
         more = len(report.comparisons) - 1
@@ -197,10 +199,15 @@ def validate_cmd(
     input_shape: Annotated[Optional[list[str]], typer.Option("--input-shape", "-i", help="With --autoshard: one forward input, SIZES[:DTYPE[:HIGH]] (e.g. 4,32:int64:128 for tokens in [0, 128); 8,3,32,32 for float32); repeat in order.")] = None,
     factory_arg: Annotated[Optional[list[str]], typer.Option("--factory-arg", help="With --autoshard: a keyword argument of the factory, KEY=VALUE (an int, float, true/false or string; repeatable).")] = None,
     ranks: Annotated[int, typer.Option("--ranks", help="With --autoshard: devices to plan for and gloo ranks to run.")] = 2,
+    plot: PlotFileOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Run the top plans for a few steps, check their loss against a single-process run, and put the
-    measured step time and memory next to the prediction."""
+    measured step time and memory next to the prediction (--plot: predicted against measured)."""
+    target = check_plot(plot)
+    if target is not None and (autoshard is not None or prepare is not None):
+        raise SpecError("--plot draws the runs' predicted against measured step times: not with "
+                        + ("--autoshard" if autoshard is not None else "--prepare (nothing runs here)"))
     if autoshard is not None:
         given = [flag for flag, v in (("--plan", plan_file), ("--model", model), ("--strategy", strategy),
                                       ("--prepare", prepare), ("--collect", collect), ("--cluster", cluster),
@@ -244,7 +251,8 @@ def validate_cmd(
         if cluster is None:
             raise SpecError("--collect needs --cluster (the profile the predictions are made on)")
         spec = load_cluster(cluster)
-        emit_report(collect_runs(collect, spec if calibration is None else apply_calibration(spec, calibration)), fmt)
+        emit_report(collect_runs(collect, spec if calibration is None else apply_calibration(spec, calibration)), fmt,
+                    target)
         return
     if options.engine != "jax":
         resolve_device(device)  # --device cuda without a CUDA device: refused before the planning
@@ -305,7 +313,7 @@ def validate_cmd(
 
         with run_progress() as progress:
             report = validate_jax(unique, spec_model, spec_cluster, train, num_gpus, options, progress.done)
-        emit_report(report, fmt)
+        emit_report(report, fmt, target)
         return
     with run_progress() as progress:
         try:
@@ -317,4 +325,4 @@ def validate_cmd(
             raise ExitWith(exc.exit_code, f"{exc}: every process of the run stopped; {where}") from None
     if keep and work_dir is None and progress.work_dir:
         stderr.print(f"run files kept in {progress.work_dir}", markup=False, highlight=False)
-    emit_report(report, fmt)
+    emit_report(report, fmt, target)

@@ -5,6 +5,7 @@
 - `compare`: why one plan beats another, term by term, in words (`Plan.compare`).
 - `schedule`: a pipeline schedule (1F1B, interleaved) as timed blocks per stage, from an estimate's stages.
 - `plots`: matplotlib figures (`PlanResult.plot_*`); matplotlib is imported only when a figure is drawn.
+- `files`: a picture written to a .png or .svg file, its target checked first.
 
 This package sits in the bottom layer beside `planner.specs` (whose result types call it): it reads plans and
 estimates by their attributes and imports nothing of the project above `planner.errors`.

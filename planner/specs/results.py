@@ -13,7 +13,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from planner.errors import SpecError
+from planner.show import plots
 from planner.show.compare import Comparison, compare_estimates
+from planner.show.labels import plans_shown
 
 from planner.specs.hardware import ClusterSpec
 from planner.specs.model import ModelSpec
@@ -197,6 +199,16 @@ class Plan(BaseModel):
         return compare_estimates(self.estimate, other.estimate, a or ("A" if same else f"#{self.rank}"),
                                  b or ("B" if same else f"#{other.rank}"), self.strategy, other.strategy)
 
+    def plot_memory(self, path: str | None = None, headroom: float = DEFAULT_HEADROOM):
+        """Memory by term on each pipeline rank, with the GPU's capacity and the limit `plan` keeps
+        (planner.show.plots.memory_stages); a matplotlib Figure, also written to `path` (.png or .svg)."""
+        return plots.memory_stages(self, headroom=headroom, path=path)
+
+    def plot_schedule(self, path: str | None = None, max_microbatches: int | None = None):
+        """The pipeline schedule (1F1B or interleaved) from the per-rank times, the bubble visible
+        (planner.show.plots.schedule); a matplotlib Figure, also written to `path` (.png or .svg)."""
+        return plots.schedule(self, max_microbatches=max_microbatches, path=path)
+
 
 class SearchStats(BaseModel):
     """How the search went."""
@@ -332,6 +344,33 @@ class PlanResult(BaseModel):
     @property
     def has_candidates(self) -> bool:
         return self._candidates is not None
+
+    def plan_at(self, rank: int = 1) -> Plan:
+        """The ranked plan of this rank (the closest candidate of this rank when nothing fits)."""
+        shown = plans_shown(self)
+        for p in shown:
+            if p.rank == rank:
+                return p
+        which = "ranked plans" if self.plans else "closest candidates"
+        ranks = ", ".join(str(p.rank) for p in shown) or "none"
+        raise SpecError(f"rank ({rank!r}) names no plan: the {which} have ranks {ranks}")
+
+    def plot_pareto(self, path: str | None = None):
+        """Tokens/s/GPU against peak memory for every fitting candidate, the Pareto front, the memory limit and
+        the ranked plans (planner.show.plots.pareto); needs the candidate table (not kept in JSON)."""
+        return plots.pareto(self, path=path)
+
+    def plot_breakdown(self, top: int = 5, path: str | None = None):
+        """Stacked bars of the first `top` plans' step-time terms (planner.show.plots.breakdown)."""
+        return plots.breakdown(self, top=top, path=path)
+
+    def plot_memory(self, rank: int = 1, path: str | None = None):
+        """Memory by term per pipeline rank of plan `rank`, with this search's limit."""
+        return plots.memory_stages(self.plan_at(rank), headroom=self.headroom, path=path)
+
+    def plot_schedule(self, rank: int = 1, path: str | None = None, max_microbatches: int | None = None):
+        """The pipeline schedule of plan `rank` (planner.show.plots.schedule)."""
+        return plots.schedule(self.plan_at(rank), max_microbatches=max_microbatches, path=path)
 
     def __eq__(self, other: object) -> bool:
         """Equal fields (the candidate table, which JSON does not keep, is not compared)."""

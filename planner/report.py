@@ -13,11 +13,9 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
-import io
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from cost_models.params import num_active_params, num_params
 from planner.api import evaluate
@@ -25,6 +23,7 @@ from planner.emit import NotExpressibleError, backends, emit, first_expressible
 from planner.errors import SpecError
 from planner.misses import Miss, rejected_by_reason
 from planner.ranking import TIE_FRACTION
+from planner.show.files import figure_bytes
 from planner.show.labels import (TIME_TERM_LABELS, TextTable, estimate_lines, header_line, memory_rows, memory_word,
                                  plan_label, plan_legend, plan_table, plans_shown, stats_lines, time_word)
 from planner.specs import Plan, PlanResult
@@ -54,6 +53,7 @@ h1 { font-size: 1.6rem; margin-bottom: 0.2rem; }
 h2 { font-size: 1.25rem; border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2rem; }
 p.question { color: #444; margin-top: 0; }
 nav a { margin-right: 1rem; }
+div.scroll { overflow-x: auto; }
 table { border-collapse: collapse; margin: 0.5rem 0; font-size: 0.9rem; }
 th, td { border: 1px solid #d0d0d0; padding: 0.25rem 0.5rem; }
 th { background: #f3f3f5; text-align: left; }
@@ -89,8 +89,9 @@ def build_report(result: PlanResult, figures: list[Figure] | None = None, config
         f"{esc(header_line(result, num_params(m), num_active_params(m)))}</p></header>",
         '<nav><a href="#plans">Ranked plans</a><a href="#pictures">Pictures</a><a href="#winner">Why plan 1</a>'
         '<a href="#rejected">Set aside</a><a href="#configs">Configs</a></nav>',
-        '<section id="plans"><h2>Ranked plans</h2>', _table(plan_table(result, wide=True), "plan-table",
-                                                             _row_classes(result)),
+        '<section id="plans"><h2>Ranked plans</h2>', '<div class="scroll">' + _table(plan_table(result, wide=True),
+                                                                                  "plan-table", _row_classes(result))
+        + "</div>",
         '<ul class="legend">' + "".join(f"<li>{esc(line)}</li>" for text in
                                         plan_legend(result, plans_shown(result), True, TIE_FRACTION)
                                         for line in text.split("\n") if line) + "</ul>",
@@ -138,36 +139,32 @@ def check_report_target(path: str | Path) -> Path:
 
 def report_figures(result: PlanResult) -> tuple[list[Figure], list[str]]:
     """The page's pictures (planner.show.plots, through the result's plot methods): speed against memory of every
-    fitting candidate (a search's result only), the step-time terms of the top plans, plan 1's memory per
-    pipeline rank and its schedule. Returns them with a note for each left out and why."""
+    fitting candidate (a search's result only), the step-time terms of the top plans, and the memory per pipeline
+    rank and the schedule of plan 1, or, where plan 1 has no pipeline, of the best ranked plan with one (the
+    caption says which). Returns them with a note for each left out and why."""
     try:
-        import matplotlib  # noqa: F401  (the `plot` extra)
+        import matplotlib  # noqa: F401  (the `plot` extra; its absence is said, not raised)
     except ImportError:
         return [], ["no pictures: matplotlib is not installed (pip install 'meshplan[plot]')"]
     figures, notes = [], []
-    best = result.plans[0]
     if result.has_candidates:
         figures.append(Figure("fig-pareto", "Tokens/s per GPU against peak memory of every candidate that fits, "
                               "with the Pareto front and the memory limit; the ranked plans numbered.",
-                              figure_png(result.plot_pareto())))
+                              figure_bytes(result.plot_pareto(), ".png")))
     else:
         notes.append("no speed-against-memory picture: a result read from a file keeps no candidate table")
     figures.append(Figure("fig-breakdown", "Exposed step time of the top plans, term by term.",
-                          figure_png(result.plot_breakdown())))
-    figures.append(Figure("fig-memory", f"Memory of plan 1 per pipeline rank ({best.strategy.pp} ranks), term by "
-                          "term, against the GPU's capacity and the limit.", figure_png(result.plot_memory(rank=1))))
-    figures.append(Figure("fig-schedule", "Plan 1's pipeline schedule: each rank's forward and backward passes of "
-                          "every micro-batch; the gaps are the bubble.", figure_png(result.plot_schedule(rank=1))))
+                          figure_bytes(result.plot_breakdown(), ".png")))
+    piped = next((p for p in result.plans if p.strategy.pp > 1), result.plans[0])
+    which = ("plan 1" if piped.rank == 1 else
+             f"plan {piped.rank}, the best ranked plan with a pipeline (plan 1 has none: one stage, no bubble)")
+    figures.append(Figure("fig-memory", f"Memory of {which} per pipeline rank ({piped.strategy.pp} ranks), term by "
+                          "term, against the GPU's capacity and the limit.",
+                          figure_bytes(result.plot_memory(rank=piped.rank), ".png")))
+    figures.append(Figure("fig-schedule", f"Pipeline schedule of {which}: each rank's forward and backward passes "
+                          "of every micro-batch; the gaps are the bubble.",
+                          figure_bytes(result.plot_schedule(rank=piped.rank), ".png")))
     return figures, notes
-
-
-def figure_png(figure: Any) -> bytes:
-    """A matplotlib Figure as PNG bytes (rendered in memory, no pyplot, no global backend)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    buf = io.BytesIO()
-    FigureCanvasAgg(figure).print_png(buf)
-    return buf.getvalue()
 
 
 # ---- parts -------------------------------------------------------------------------------------------

@@ -65,9 +65,8 @@ def test_the_configs_are_the_emitters_own(result):
 
 def test_names_from_the_input_are_escaped():
     spec = {"name": "<img src=x onerror=alert(1)>", "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 16,
-            "ffn_hidden_size": 4096, "vocab_size": 32000, "max_seq_len": 2048}
-    with pytest.warns(Warning):
-        r = plan(spec, "dgx-h100", 8, 16, 2048, top_k=2)
+            "ffn_hidden_size": 4096, "vocab_size": 32000, "max_position_embeddings": 2048}
+    r = plan(spec, "dgx-h100", 8, 16, 2048, top_k=2)
     page = build_report(r, configs=False)
     assert "<img src=x" not in page
     assert "&lt;img src=x onerror=alert(1)&gt;" in page

@@ -160,7 +160,7 @@ def draw_breakdown(ax: "Axes", plans: list["Plan"]) -> None:
     ax.set_xlabel("exposed step time (s)")
     ax.set_title("step time by term", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
 
 
 def breakdown(plans: "list[Plan] | PlanResult", top: int = 5, path: str | os.PathLike | None = None) -> "Figure":
@@ -213,7 +213,7 @@ def memory_stages(plan: "Plan", headroom: float | None = None, path: str | os.Pa
     """Memory by term on each pipeline rank of `plan` (one rank of each stage), capacity and limit lines."""
     fig = _figure(max(6.0, 2.5 + 0.5 * max(len(plan.estimate.stages), 1)), 5)
     draw_memory_stages(fig.add_subplot(), plan.estimate, headroom,
-                       f"memory per pipeline rank: {_cut(plan_label(plan))}")
+                       f"memory per pipeline rank\n{_cut(plan_label(plan))}")
     return _done(fig, path)
 
 
@@ -260,11 +260,11 @@ def draw_schedule(ax: "Axes", strategy: "Strategy", estimate: "Estimate", max_mi
                         zorder=3)
     ax.set_xlim(0, end)
     ax.set_ylim(pp - 0.5, -0.5)
-    ax.set_yticks(range(pp), [f"rank {r}\nidle {100 * sched.idle_s[r] / sched.makespan_s:.0f}%"
+    ax.set_yticks(range(pp), [f"rank {r}\nidle {100 * max(0.0, sched.idle_s[r]) / sched.makespan_s:.0f}%"
                               if sched.makespan_s else f"rank {r}" for r in range(pp)], fontsize=7)
     ax.set_xlabel("time in the step's micro-batches (s)")
     kind = "interleaved 1F1B" if vpp > 1 else "1F1B"
-    parts = [f"{kind}: pp {pp}, vpp {vpp}, m {m}, simulated bubble {100 * sched.bubble_fraction:.1f}% "
+    parts = [f"{kind}: pp {pp}, vpp {vpp}, m {m}, simulated bubble {100 * max(0.0, sched.bubble_fraction):.1f}% "
              f"(cost model {100 * estimate.bubble_fraction:.1f}%)"]
     if shown_mb is not None:
         parts.append(f"first {shown_mb} of {m} micro-batches' time shown")

@@ -24,6 +24,7 @@ from planner.errors import SpecError
 from planner.misses import Miss, rejected_by_reason
 from planner.ranking import TIE_FRACTION
 from planner.show.files import figure_bytes
+from planner.show.html import html_table
 from planner.show.labels import (TIME_TERM_LABELS, TextTable, estimate_lines, header_line, memory_rows, memory_word,
                                  plan_label, plan_legend, plan_table, plans_shown, stats_lines, time_word)
 from planner.specs import Plan, PlanResult
@@ -181,16 +182,7 @@ def _row_classes(result: PlanResult) -> list[str]:
 
 
 def _table(cells: TextTable, table_id: str, row_classes: list[str] | None = None) -> str:
-    esc = html.escape
-    head = "".join(f"<th>{esc(c)}</th>" for c in cells.columns)
-    body = []
-    for n, row in enumerate(cells.rows):
-        klass = row_classes[n] if row_classes and row_classes[n] else ""
-        tds = "".join(f'<td{"" if c in cells.left else " class=num"}>{esc(v)}</td>'
-                      for c, v in zip(cells.columns, row))
-        body.append(f'<tr{f" class={klass}" if klass else ""}>{tds}</tr>')
-    caption = f"<caption>{esc(cells.title)}</caption>" if cells.title else ""
-    return f'<table id="{table_id}">{caption}<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    return html_table(cells, table_id, row_classes)
 
 
 def _figures(figures: list[Figure]) -> str:

@@ -143,3 +143,16 @@ def test_the_report_renders_in_a_real_browser(tmp_path, browser_page, request, c
     shot = browser_page.screenshot(artefact_path(request, "-report.png"))
     width, height = _png_size(shot.read_bytes())
     assert width > 500 and height > 1000  # the whole page, not the window
+
+
+def test_a_notebook_shows_a_result_and_a_comparison_as_the_cli_does(result):
+    from planner.show.labels import plan_table
+
+    shown = result._repr_html_()
+    cells = plan_table(result, wide=True)
+    assert len(re.findall(r"<tr>", shown)) == len(cells.rows) + 1  # the header row and one per plan
+    for row in cells.rows:
+        assert "".join(f"<td{'' if c in cells.left else ' class=num'}>{html.escape(v)}</td>"
+                       for c, v in zip(cells.columns, row)) in shown
+    c = result.plans[0].compare(result.plans[1])
+    assert html.escape(c.sentence) in c._repr_html_()

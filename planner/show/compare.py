@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.show.labels import GIB, memory_word, time_word
+from planner.show.html import html_table, lines_html
+from planner.show.labels import GIB, TextTable, memory_word, time_word
 
 if TYPE_CHECKING:
     from planner.specs import Estimate, Strategy
@@ -74,6 +75,19 @@ class Comparison(BaseModel):
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
+
+    def _repr_html_(self) -> str:
+        """The sentences and both breakdowns side by side, as a notebook shows a comparison."""
+        rows = [[time_word(d.term), f"{d.a:.4f}", f"{d.b:.4f}", f"{d.difference:+.4f}", f"{100 * d.share:+.1f}"]
+                for d in self.time if d.a or d.b]
+        time = TextTable("step time (exposed seconds per term)",
+                         ["term", f"{self.a} (s)", f"{self.b} (s)", f"{self.b} - {self.a} (s)", "% of faster step"],
+                         rows, left={"term"})
+        rows = [[memory_word(d.term), f"{d.a / GIB:.2f}", f"{d.b / GIB:.2f}", f"{d.difference / GIB:+.2f}"]
+                for d in self.memory if max(abs(d.a), abs(d.b)) >= 0.005 * GIB]
+        memory = TextTable("memory of the most-loaded rank (GiB)", ["term", self.a, self.b, f"{self.b} - {self.a}"],
+                           rows, left={"term"})
+        return lines_html(self.lines()) + html_table(time) + html_table(memory)
 
 
 def _pct(x: float) -> str:

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from planner.errors import SpecError
 from planner.show import plots
 from planner.show.compare import Comparison, compare_estimates
+from planner.show.html import html_table, lines_html
+from planner.show.labels import plan_table, stats_lines
 from planner.show.labels import plans_shown
 
 from planner.specs.hardware import ClusterSpec
@@ -371,6 +373,13 @@ class PlanResult(BaseModel):
     def plot_schedule(self, rank: int = 1, path: str | None = None, max_microbatches: int | None = None):
         """The pipeline schedule of plan `rank` (planner.show.plots.schedule)."""
         return plots.schedule(self.plan_at(rank), max_microbatches=max_microbatches, path=path)
+
+    def _repr_html_(self) -> str:
+        """The ranked table (or the closest candidates) with its legend, as a notebook shows a result: the cells
+        the CLI prints (planner.show.labels)."""
+        from_question = f"{self.model.name} on {self.num_gpus} x {self.cluster.gpu.name} ({self.cluster.name})"
+        return (lines_html([from_question]) + html_table(plan_table(self, wide=True))
+                + lines_html(stats_lines(self)))
 
     def __eq__(self, other: object) -> bool:
         """Equal fields (the candidate table, which JSON does not keep, is not compared)."""

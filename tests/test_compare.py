@@ -290,3 +290,14 @@ def test_compare_refuses_bad_input_in_one_line(argv, message, capsys):
 def test_compare_needs_a_question_or_a_plan_file(capsys):
     assert main(["compare", "--model", "llama3-70b"]) == 2
     assert "missing option(s)" in capsys.readouterr().err
+
+
+def test_compare_draws_the_difference(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "c.svg"
+    assert main(["compare", *ARGS, "--ranks", "1,2", "--no-rejected", "--plot", str(target)]) == 0
+    assert f"plot: {target}" in capsys.readouterr().err
+    text = target.read_text()
+    assert 'id="diff-compute"' in text and "the difference, term by term" in text
+    assert main(["compare", *ARGS, "--plot", str(tmp_path / "c.gif")]) == 2
+    assert "must name a .png or .svg file" in capsys.readouterr().err

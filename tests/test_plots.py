@@ -239,6 +239,10 @@ def test_comparison_stacks_both_plans(piped, result):
         if d.a or d.b:
             assert {f"bar-{d.term}-a", f"bar-{d.term}-b"} <= set(ids)
     assert {f"mem-{d.term}-a" for d in comp.memory if d.a or d.b} <= set(ids)
+    # the difference panel: one bar per term either plan spends time on, each as long as its share
+    fig = plots.comparison(comp, a.estimate, b.estimate)
+    bars = {p.get_gid(): p.get_width() for ax in fig.axes for p in ax.patches if str(p.get_gid()).startswith("diff-")}
+    assert bars == pytest.approx({f"diff-{d.term}": 100 * d.share for d in comp.time if d.a or d.b})
 
 
 def test_plan_and_explain_figures(result, piped):

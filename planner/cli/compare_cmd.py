@@ -48,10 +48,12 @@ from planner.cli.common import (
     stdout,
     train_options,
 )
+from planner.cli.plot_out import PlotFileOpt, check_plot, write_plot
 from planner.cli.plan_cmds import no_fit_message, no_valid_message, searching
 from planner.cli.text import MESSAGE_CHARS, plain, shown
 from planner.errors import SpecError
 from planner.misses import Miss, rejected_by_reason
+from planner.show import plots
 from planner.show.compare import Comparison
 from planner.show.labels import GIB, TIME_TERM_WORDS, memory_word, plan_label
 from planner.specs import Plan
@@ -79,11 +81,13 @@ def compare_cmd(
                                            "aside, by reason, with the nearest miss of each (default on).")] = True,
     grad_precision: GradPrecisionOpt = None, attention_kernel: AttentionOpt = "flash",
     optimizer: OptimizerOpt = "adam", framework: FrameworkOpt = "megatron", strict_numerics: StrictNumericsOpt = False,
-    headroom: HeadroomOpt = None, calibration: CalibrationOpt = None, fmt: FormatOpt = Format.table,
+    headroom: HeadroomOpt = None, calibration: CalibrationOpt = None, plot: PlotFileOpt = None,
+    fmt: FormatOpt = Format.table,
 ) -> None:
     """Compare two plans: both breakdowns side by side and, in words, what the slower one loses to ("B is 15%
     slower than A: it loses 11% to the pipeline bubble ..."); after a search, every reason candidates were set
     aside with the nearest miss of each."""
+    target = check_plot(plot)
     pair = _ranks(ranks)
     question = {"--model": model, "--cluster": cluster, "--gpus": gpus, "--global-batch-size": global_batch_size,
                 "--seq-len": seq_len}
@@ -123,8 +127,8 @@ def compare_cmd(
             else:
                 one, two = (_evaluated(_ranked(result.plans, r, "the search")) for r in pair)
             misses = rejected_by_reason(result) if rejected else None
-    comparison = one.compare(two)
-    _render(one, two, comparison, misses, fmt)
+    comparison = _render(one, two, misses, fmt)
+    write_plot(target, lambda: plots.comparison(comparison, one.estimate, two.estimate))
 
 
 def _ranks(text: str | None) -> tuple[int, int]:
@@ -181,7 +185,8 @@ def _label(p: Plan, name: str) -> str:
     return plan_label(p) if p.rank else f"{name}: {plan_label(p).split(' ', 1)[1]}"
 
 
-def _render(one: Plan, two: Plan, c: Comparison, misses: list[Miss] | None, fmt: Format) -> None:
+def _render(one: Plan, two: Plan, misses: list[Miss] | None, fmt: Format) -> Comparison:
+    """Print the comparison in `fmt`; returns it (labelled as printed)."""
     a_name = "A" if not one.rank else f"#{one.rank}"
     b_name = "B" if not two.rank else f"#{two.rank}"
     if one.rank and two.rank and one.rank == two.rank:
@@ -192,13 +197,13 @@ def _render(one: Plan, two: Plan, c: Comparison, misses: list[Miss] | None, fmt:
                    "b": two.model_dump(mode="json", include={"rank", "strategy", "estimate", "train"}),
                    "comparison": c.model_dump(mode="json"),
                    "rejected": None if misses is None else [m.model_dump(mode="json") for m in misses]})
-        return
+        return c
     if fmt is Format.csv:
         emit_csv([{"kind": "time_s", "term": d.term, "a": d.a, "b": d.b, "difference": d.difference,
                    "share": d.share} for d in c.time]
                  + [{"kind": "memory_bytes", "term": d.term, "a": d.a, "b": d.b, "difference": d.difference,
                      "share": d.share} for d in c.memory])
-        return
+        return c
     for name, p in ((a_name, one), (b_name, two)):
         stdout.print(plain(_label(p, name), MESSAGE_CHARS), markup=False, highlight=False)
     tim = Table(title="step time (exposed seconds per term)", title_justify="left")
@@ -229,6 +234,7 @@ def _render(one: Plan, two: Plan, c: Comparison, misses: list[Miss] | None, fmt:
                          markup=False, highlight=False)
     if misses:
         stdout.print(rejected_table(misses))
+    return c
 
 
 def rejected_table(misses: list[Miss]) -> Table:

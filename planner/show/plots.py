@@ -345,8 +345,8 @@ def comparison(comp: "Comparison", estimate_a: "Estimate", estimate_b: "Estimate
                path: str | os.PathLike | None = None) -> "Figure":
     """Plan A and plan B: their step-time terms stacked side by side, and their most-loaded rank's memory terms
     (`meshplan compare --plot`)."""
-    fig = _figure(11, 5.5)
-    t_ax, m_ax = fig.subplots(1, 2)
+    fig = _figure(15, 6)
+    t_ax, d_ax, m_ax = fig.subplots(1, 3, width_ratios=(1, 1.3, 1))
     names = ["a", "b"]
     x = np.arange(2)
     for ax, diffs, words, cmap, scale, prefix in ((t_ax, comp.time, TIME_TERM_WORDS, "tab10", 1.0, "bar"),
@@ -366,12 +366,25 @@ def comparison(comp: "Comparison", estimate_a: "Estimate", estimate_b: "Estimate
     for e, n in ((estimate_a, 0), (estimate_b, 1)):
         cap = e.memory_capacity_bytes / GIB
         m_ax.hlines(cap, n - 0.35, n + 0.35, color="#444444", ls=":", lw=1.2).set_gid(f"memory-capacity-{names[n]}")
+    # the difference term by term, as a share of the faster step: what the sentence names, largest first
+    shown = sorted((d for d in comp.time if d.a or d.b), key=lambda d: -abs(d.share))
+    y = np.arange(len(shown))
+    diff = d_ax.barh(y, [100 * d.share for d in shown], color=[_colour(d.term, TIME_TERM_WORDS, "tab10")
+                                                                for d in shown], height=0.6)
+    for d, bar in zip(shown, diff.patches):
+        bar.set_gid(f"diff-{d.term}")
+    d_ax.set_yticks(y, [time_word(d.term) for d in shown], fontsize=7)
+    d_ax.invert_yaxis()
+    d_ax.axvline(0, color="#444444", lw=0.8)
+    d_ax.set_xlabel(f"{comp.b} - {comp.a}, % of the faster step ({comp.b} loses where positive)")
+    d_ax.set_title("the difference, term by term", fontsize=10)
+    d_ax.grid(axis="x", alpha=0.3)
     t_ax.set_ylabel("exposed step time (s)")
     t_ax.set_title("step time by term", fontsize=10)
-    t_ax.legend(fontsize=7, loc="upper left")
+    t_ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncols=2)
     m_ax.set_ylabel("memory of the most-loaded rank (GiB)")
     m_ax.set_title("memory by term (dotted: GPU memory)", fontsize=10)
-    m_ax.legend(fontsize=7, loc="upper left", ncols=2)
+    m_ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncols=2)
     fig.suptitle("\n".join(textwrap.wrap(comp.sentence, 130)), fontsize=9)
     return _done(fig, path)
 

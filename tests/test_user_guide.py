@@ -243,11 +243,18 @@ def workdir(tmp_path_factory) -> Path:
 
 
 def _marks(command: Command) -> list:
-    # All share one folder and run in order: under pytest-xdist they stay on one worker (tests/conftest.py).
-    marks = [pytest.mark.xdist_group("processes")]
+    # The commands that start processes (profile, tune) and those that read what `profile` wrote (profiles/) run
+    # in order on one worker, in the group of the tests that start processes (tests/conftest.py); the others read
+    # only docs/examples/ and run wherever pytest-xdist puts them (each worker has its own copy of the folder).
     if command.args[0] in PROCESS_COMMANDS:
-        marks += [pytest.mark.executor, pytest.mark.slow]
-    return marks
+        return [pytest.mark.xdist_group("processes"), pytest.mark.executor, pytest.mark.slow]
+    if any(arg.startswith(PROFILE_OUTPUT) for arg in command.args):
+        return [pytest.mark.xdist_group("processes")]
+    return []
+
+
+#: Where the guide's `meshplan profile --output` writes: the commands reading it run after it, on its worker.
+PROFILE_OUTPUT = "profiles/"
 
 
 @pytest.mark.parametrize("command", [pytest.param(c, id=c.id, marks=_marks(c)) for c in GUIDE_COMMANDS])

@@ -16,10 +16,12 @@ import html
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from cost_models.params import num_active_params, num_params
-from planner.api import evaluate
-from planner.emit import NotExpressibleError, backends, emit, first_expressible
+from planner.api import evaluate, plan
+from planner.emit import (NotExpressibleError, backends, costed_elsewhere, emit, first_expressible, imposed_settings,
+                          runs_framework)
 from planner.errors import SpecError
 from planner.misses import Miss, rejected_by_reason
 from planner.ranking import TIE_FRACTION
@@ -250,18 +252,47 @@ def _rejected(result: PlanResult) -> str:
 
 
 def _configs(result: PlanResult) -> str:
+    """Each framework's config for the best plan it can run. A backend whose config imposes training settings the
+    ranked plans do not have (Megatron-Bridge's mixed-precision recipe) gets plans searched again with them, as
+    `meshplan emit --backend megatron-bridge` searches; a plan ranked as another framework runs it says so."""
     esc = html.escape
     out = []
     for backend in REPORT_BACKENDS:
         if backend not in backends():
             continue
+        plans, again = result.plans, ""
         try:
-            chosen, refused = first_expressible(result.plans, backend)
+            try:
+                chosen, refused = first_expressible(plans, backend)
+            except NotExpressibleError:
+                fixed = imposed_settings(backend, result.train.precision, result.train.fp8_recipe)
+                if not fixed:
+                    raise
+                plans = _searched_with(result, fixed).plans
+                again = ("searched again with the settings its config imposes (" +
+                         ", ".join(f"{k} {v}" for k, v in fixed.items()) + "): ")
+                chosen, refused = first_expressible(plans, backend)
             text = emit(chosen, backend)
         except NotExpressibleError as exc:
             out.append(f"<h3>{esc(backend)}</h3><p class=note>{esc(str(exc))}</p>")
             continue
-        which = "plan 1" if chosen.rank == 1 else f"plan {chosen.rank}, the best it can run"
+        which = f"plan {chosen.rank}" + ("" if chosen.rank == 1 else ", the best it can run")
         note = (f" (plans {', '.join(str(p.rank) for p, _ in refused)} it cannot run)" if refused else "")
-        out.append(f"<h3>{esc(backend)}: {esc(which)}{esc(note)}</h3><pre>{esc(text)}</pre>")
+        out.append(f"<h3>{esc(backend)}: {esc(again + which)}{esc(note)}</h3>")
+        elsewhere = costed_elsewhere(chosen, runs_framework(backend))
+        if elsewhere:
+            out.append(f"<p class=note>{esc(elsewhere)}</p>")
+        out.append(f"<pre>{esc(text)}</pre>")
     return "\n".join(out)
+
+
+def _searched_with(result: PlanResult, settings: dict[str, Any]) -> PlanResult:
+    """The result's question searched again with `settings` fixed: its model, cluster, batch, the training
+    settings it was given, and its constraints where the result keeps them."""
+    train = result.train
+    given = {k: getattr(train, k) for k in train.model_fields_set
+             if k not in ("global_batch_size", "seq_len", "precision")}
+    constraints = result.candidates.constraints if result.has_candidates else {}
+    return plan(result.model, result.cluster, result.num_gpus, train.global_batch_size, train.seq_len,
+                train.precision, constraints=dict(constraints), top_k=max(len(result.plans), 1),
+                headroom=result.headroom, **(given | settings))

@@ -156,3 +156,20 @@ def test_a_notebook_shows_a_result_and_a_comparison_as_the_cli_does(result):
                        for c, v in zip(cells.columns, row)) in shown
     c = result.plans[0].compare(result.plans[1])
     assert html.escape(c.sentence) in c._repr_html_()
+
+
+def test_every_framework_gets_a_config_and_says_how_it_was_planned(result):
+    from planner.emit import bridge_overrides
+
+    page = build_report(result, configs=True)
+    configs = page.split('<section id="configs">')[1]
+    # Megatron-Bridge's recipe reduces gradients in fp32: the plans chosen with bf16 reduction cannot be written
+    # for it, so it gets plans searched again with its settings, and says so
+    assert result.plans[0].train.grad_precision == "bf16"
+    assert "megatron-bridge: searched again with the settings its config imposes (grad_precision fp32)" in configs
+    bridge = configs.split("megatron-bridge:")[1].split("<h3>")[0]
+    again = plan(*QUESTION, top_k=6, grad_precision="fp32")
+    assert html.escape(bridge_overrides(again.plans[0])[0]) in bridge
+    # a plan ranked as Megatron runs it, written for DeepSpeed: said next to the config
+    deepspeed = configs.split("<h3>deepspeed:")[1].split("<h3>")[0]
+    assert "was costed and ranked as megatron runs it, not deepspeed" in deepspeed

@@ -33,7 +33,6 @@ from planner.cli.common import (
     HeadroomOpt,
     ModelOpt,
     OptimizerOpt,
-    PlanFileOpt,
     Precision,
     PrecisionOpt,
     SeqOpt,
@@ -61,6 +60,9 @@ from planner.specs import Plan
 RanksOpt = Annotated[Optional[str], typer.Option(
     "--ranks", metavar="A,B", help="The two ranks to compare, e.g. 1,3 (default 1,2): of --plan's file, or of the "
     "search the question runs.")]
+ComparePlanFileOpt = Annotated[Optional[str], typer.Option(
+    "--plan", metavar="FILE", help="A plan file written by `meshplan plan --format json` (or - for stdin); --ranks "
+    "picks the two plans.")]
 SideOpt = Annotated[Optional[list[str]], typer.Option(
     "-A", "--a", metavar="FIELD=VALUE", help="Plan A's layout, one Strategy field per option (-A tp=8 -A pp=2); "
     "without -A, A is the search's best plan.")]
@@ -72,7 +74,7 @@ SideBOpt = Annotated[Optional[list[str]], typer.Option(
 def compare_cmd(
     model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, global_batch_size: GbsOpt = None,
     seq_len: SeqOpt = None, precision: PrecisionOpt = Precision.bf16,
-    plan_file: PlanFileOpt = None, ranks: RanksOpt = None, a: SideOpt = None, b: SideBOpt = None,
+    plan_file: ComparePlanFileOpt = None, ranks: RanksOpt = None, a: SideOpt = None, b: SideBOpt = None,
     constraint: Annotated[Optional[list[str]], typer.Option("--constraint", "-C", help="With the question: restrict "
                                                             "the search (tp=8, pp=2,4; repeatable).")] = None,
     constraints: Annotated[Optional[str], typer.Option("--constraints", help="With the question: constraints as a "

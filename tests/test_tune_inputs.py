@@ -7,6 +7,7 @@ import optuna
 import pytest
 
 from executors.tune.space import Space, build_space, seeds_of, strategy_for, strategy_key
+import executors.tune.study as study_module
 from executors.tune.study import JOB_ATTR, job_fingerprint, masked, open_storage, open_study
 from planner import Strategy, plan
 from planner.cli import main
@@ -148,7 +149,8 @@ def test_a_study_of_another_job_is_refused_and_left_as_it_was(capsys, tmp_path):
     assert after.user_attrs == attrs and len(after.trials) == trials
 
 
-def test_a_study_not_made_by_meshplan_is_refused(capsys, tmp_path):
+def test_a_study_not_made_by_meshplan_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(study_module, "CREATION_WAIT_S", 0.5)  # no worker is creating it: no need to wait long
     url = f"sqlite:///{tmp_path}/t.db"
     optuna.create_study(storage=url, study_name="mine", direction="maximize")
     code, _, err = run(capsys, "tune", *JOB, "--storage", url, "--study-name", "mine")
@@ -200,3 +202,22 @@ def test_an_engine_that_cannot_run_here_is_refused_before_the_study(capsys, tmp_
     line = one_line_error(code, err)
     assert "needs CUDA" in line
     assert not db.exists() or not optuna.get_all_study_summaries(f"sqlite:///{db}")
+
+
+def test_a_worker_waits_for_the_one_creating_the_study(tmp_path):
+    """optuna creates a study and writes its attributes in separate transactions: a second worker that finds the
+    study in between waits for its job instead of calling it foreign."""
+    import threading
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    storage = open_storage(url)
+    created = optuna.create_study(storage=storage, study_name="race", direction="maximize")
+    job = plan(model=MODEL, cluster="local-cpu", num_gpus=2, global_batch_size=4, seq_len=32, precision="fp32", top_k=1)
+    fingerprint = job_fingerprint(job.model, job.cluster, job.train, 2, {}, "torch", None)
+    writer = threading.Timer(1.0, lambda: created.set_user_attr(JOB_ATTR, fingerprint))
+    writer.start()
+    try:
+        study = open_study(storage, "race", fingerprint, url, optuna.samplers.TPESampler())
+    finally:
+        writer.join()
+    assert study.user_attrs[JOB_ATTR] == fingerprint

@@ -233,9 +233,11 @@ def test_guide_reserves_the_compare_section_and_is_listed_in_the_readme():
     assert "docs/user-guide.md" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def workdir(tmp_path_factory) -> Path:
-    """One folder for all the guide's commands, in order: docs/examples/ copied below it."""
+    """One folder for all the guide's commands on one worker, in order: docs/examples/ copied below it. Session
+    scope: the worker running the process group interleaves other files' tests between the guide's, and the
+    profile's output must outlive them until the commands reading it have run."""
     folder = tmp_path_factory.mktemp("user-guide")
     shutil.copytree(EXAMPLES, folder / "docs" / "examples")
     (folder / "xdg").mkdir()

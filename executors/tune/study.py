@@ -146,6 +146,23 @@ def _differences(stored: dict[str, Any], mine: dict[str, Any]) -> list[str]:
     return out
 
 
+#: How long a worker that finds the study without its job waits for it: the worker that created the study writes
+#: its job right after (optuna creates a study and its attributes in separate transactions), which on a busy
+#: machine may take a moment. A study still without one is not `meshplan tune`'s.
+CREATION_WAIT_S = 20.0
+
+
+def _job_of(study: optuna.Study) -> dict[str, Any] | None:
+    """The study's job fingerprint, waiting up to CREATION_WAIT_S (a study with trials: not at all) for a worker
+    that is creating it to write it."""
+    deadline = time.monotonic() + (CREATION_WAIT_S if not study.trials else 0.0)
+    while True:
+        stored = study.user_attrs.get(JOB_ATTR)
+        if stored is not None or time.monotonic() >= deadline:
+            return stored
+        time.sleep(0.2)
+
+
 def open_study(storage: RDBStorage, name: str, fingerprint: dict[str, Any], url: str,
                sampler: optuna.samplers.BaseSampler) -> optuna.Study:
     """Create the study, or load it when it exists and belongs to this job (SpecError otherwise)."""
@@ -157,7 +174,7 @@ def open_study(storage: RDBStorage, name: str, fingerprint: dict[str, Any], url:
             from None
     if name in existing:
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
-        stored = study.user_attrs.get(JOB_ATTR)
+        stored = _job_of(study)
         if stored is None:
             raise SpecError(f"--study-name {name!r}: the study exists in {masked(url)} but was not created by "
                             "`meshplan tune`; choose another name")

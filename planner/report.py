@@ -27,8 +27,8 @@ from planner.misses import Miss, rejected_by_reason
 from planner.ranking import TIE_FRACTION
 from planner.show.files import figure_bytes
 from planner.show.html import html_table
-from planner.show.labels import (TIME_TERM_LABELS, TextTable, estimate_lines, header_line, memory_rows, memory_word,
-                                 plan_label, plan_legend, plan_table, plans_shown, stats_lines, time_word)
+from planner.show.labels import (TIME_TERM_LABELS, TextTable, estimate_lines, header_line, memory_rows,
+                                 plan_label, plan_legend, plan_table, plans_shown, stats_lines)
 from planner.specs import Plan, PlanResult
 from planner.specs.files import write_whole
 
@@ -220,15 +220,8 @@ def _winner(result: PlanResult, best: Plan) -> str:
         c = best.compare(runner)
         out.append(f"<h3>Against plan 2: {esc(plan_label(runner))}</h3>")
         out += [f'<p class="sentence">{esc(line)}</p>' for line in c.lines()]
-        rows = [[time_word(d.term), f"{d.a:.4f}", f"{d.b:.4f}", f"{d.difference:+.4f}", f"{100 * d.share:+.1f}"]
-                for d in c.time if d.a or d.b]
-        out.append(_table(TextTable("step time, plan 1 against plan 2", ["term", "#1 (s)", "#2 (s)",
-                                                                          "#2 - #1 (s)", "% of faster step"], rows,
-                                    left={"term"}), "compare-time"))
-        rows = [[memory_word(d.term), f"{d.a / GIB:.2f}", f"{d.b / GIB:.2f}", f"{d.difference / GIB:+.2f}"]
-                for d in c.memory if abs(d.a) >= 0.005 * GIB or abs(d.b) >= 0.005 * GIB]
-        out.append(_table(TextTable("memory (GiB), plan 1 against plan 2", ["term", "#1", "#2", "#2 - #1"], rows,
-                                    left={"term"}), "compare-memory"))
+        out.append(_table(c.time_table(), "compare-time"))
+        out.append(_table(c.memory_table(), "compare-memory"))
     return "\n".join(out)
 
 

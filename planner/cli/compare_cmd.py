@@ -54,7 +54,7 @@ from planner.errors import SpecError
 from planner.misses import Miss, rejected_by_reason
 from planner.show import plots
 from planner.show.compare import Comparison
-from planner.show.labels import GIB, TIME_TERM_WORDS, memory_word, plan_label
+from planner.show.labels import plan_label
 from planner.specs import Plan
 
 RanksOpt = Annotated[Optional[str], typer.Option(
@@ -208,26 +208,13 @@ def _render(one: Plan, two: Plan, misses: list[Miss] | None, fmt: Format) -> Com
         return c
     for name, p in ((a_name, one), (b_name, two)):
         stdout.print(plain(_label(p, name), MESSAGE_CHARS), markup=False, highlight=False)
-    tim = Table(title="step time (exposed seconds per term)", title_justify="left")
-    for col in ("term", f"{a_name} (s)", f"{b_name} (s)", f"{b_name} - {a_name} (s)", "% of faster step"):
-        tim.add_column(col, justify="left" if col == "term" else "right")
-    for d in c.time:
-        if d.a or d.b:
-            tim.add_row(TIME_TERM_WORDS.get(d.term, d.term), f"{d.a:.4f}", f"{d.b:.4f}", f"{d.difference:+.4f}",
-                        f"{100 * d.share:+.1f}")
-    tim.add_row("[bold]step[/]", f"{c.step_time_s_a:.4f}", f"{c.step_time_s_b:.4f}",
-                f"{c.step_time_s_b - c.step_time_s_a:+.4f}",
-                f"{100 * (c.step_time_s_b - c.step_time_s_a) / min(c.step_time_s_a, c.step_time_s_b):+.1f}")
-    stdout.print(tim)
-    mem = Table(title="memory of the most-loaded rank (GiB)", title_justify="left")
-    for col in ("term", a_name, b_name, f"{b_name} - {a_name}"):
-        mem.add_column(col, justify="left" if col == "term" else "right")
-    for d in c.memory:
-        if abs(d.a) >= 0.005 * GIB or abs(d.b) >= 0.005 * GIB:
-            mem.add_row(memory_word(d.term), f"{d.a / GIB:.2f}", f"{d.b / GIB:.2f}", f"{d.difference / GIB:+.2f}")
-    mem.add_row("[bold]peak[/]", f"{c.peak_memory_bytes_a / GIB:.2f}", f"{c.peak_memory_bytes_b / GIB:.2f}",
-                f"{(c.peak_memory_bytes_b - c.peak_memory_bytes_a) / GIB:+.2f}")
-    stdout.print(mem)
+    for cells in (c.time_table(), c.memory_table()):
+        table = Table(title=cells.title, title_justify="left")
+        for col in cells.columns:
+            table.add_column(col, justify="left" if col in cells.left else "right")
+        for row in cells.rows:
+            table.add_row(*(shown(v, MESSAGE_CHARS) for v in row), style="bold" if row is cells.rows[-1] else None)
+        stdout.print(table)
     for line in c.lines():
         stdout.print(plain(line, MESSAGE_CHARS), markup=False, highlight=False)
     for name, p in ((a_name, one), (b_name, two)):

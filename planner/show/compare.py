@@ -76,18 +76,29 @@ class Comparison(BaseModel):
     def __str__(self) -> str:
         return "\n".join(self.lines())
 
-    def _repr_html_(self) -> str:
-        """The sentences and both breakdowns side by side, as a notebook shows a comparison."""
+    def time_table(self) -> TextTable:
+        """Every step-time term either plan spends time on: both values, the difference, its share; the step last."""
         rows = [[time_word(d.term), f"{d.a:.4f}", f"{d.b:.4f}", f"{d.difference:+.4f}", f"{100 * d.share:+.1f}"]
                 for d in self.time if d.a or d.b]
-        time = TextTable("step time (exposed seconds per term)",
+        a, b = self.step_time_s_a, self.step_time_s_b
+        rows.append(["step", f"{a:.4f}", f"{b:.4f}", f"{b - a:+.4f}", f"{100 * (b - a) / min(a, b):+.1f}"])
+        return TextTable("step time (exposed seconds per term)",
                          ["term", f"{self.a} (s)", f"{self.b} (s)", f"{self.b} - {self.a} (s)", "% of faster step"],
                          rows, left={"term"})
+
+    def memory_table(self) -> TextTable:
+        """Every memory term of the most-loaded rank above 5 MiB in either plan, GiB, with the difference; the peak
+        last."""
         rows = [[memory_word(d.term), f"{d.a / GIB:.2f}", f"{d.b / GIB:.2f}", f"{d.difference / GIB:+.2f}"]
                 for d in self.memory if max(abs(d.a), abs(d.b)) >= 0.005 * GIB]
-        memory = TextTable("memory of the most-loaded rank (GiB)", ["term", self.a, self.b, f"{self.b} - {self.a}"],
-                           rows, left={"term"})
-        return lines_html(self.lines()) + html_table(time) + html_table(memory)
+        a, b = self.peak_memory_bytes_a, self.peak_memory_bytes_b
+        rows.append(["peak", f"{a / GIB:.2f}", f"{b / GIB:.2f}", f"{(b - a) / GIB:+.2f}"])
+        return TextTable("memory of the most-loaded rank (GiB)", ["term", self.a, self.b, f"{self.b} - {self.a}"],
+                         rows, left={"term"})
+
+    def _repr_html_(self) -> str:
+        """The sentences and both breakdowns side by side, as a notebook shows a comparison."""
+        return lines_html(self.lines()) + html_table(self.time_table()) + html_table(self.memory_table())
 
 
 def _pct(x: float) -> str:

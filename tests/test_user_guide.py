@@ -233,42 +233,61 @@ def test_guide_reserves_the_compare_section_and_is_listed_in_the_readme():
     assert "docs/user-guide.md" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-@pytest.fixture(scope="session")
-def workdir(tmp_path_factory) -> Path:
-    """One folder for all the guide's commands on one worker, in order: docs/examples/ copied below it. Session
-    scope: the worker running the process group interleaves other files' tests between the guide's, and the
-    profile's output must outlive them until the commands reading it have run."""
-    folder = tmp_path_factory.mktemp("user-guide")
-    shutil.copytree(EXAMPLES, folder / "docs" / "examples")
-    (folder / "xdg").mkdir()
-    return folder
-
-
-def _marks(command: Command) -> list:
-    # The commands that start processes (profile, tune) and those that read what `profile` wrote (profiles/) run
-    # in order on one worker, in the group of the tests that start processes (tests/conftest.py); the others read
-    # only docs/examples/ and run wherever pytest-xdist puts them (each worker has its own copy of the folder).
-    if command.args[0] in PROCESS_COMMANDS:
-        return [pytest.mark.xdist_group("processes"), pytest.mark.executor, pytest.mark.slow]
-    if any(arg.startswith(PROFILE_OUTPUT) for arg in command.args):
-        return [pytest.mark.xdist_group("processes")]
-    return []
-
-
-#: Where the guide's `meshplan profile --output` writes: the commands reading it run after it, on its worker.
+#: Where the guide's `meshplan profile --output` writes: the commands that read it run in its test, after it.
 PROFILE_OUTPUT = "profiles/"
 
 
-@pytest.mark.parametrize("command", [pytest.param(c, id=c.id, marks=_marks(c)) for c in GUIDE_COMMANDS])
-def test_guide_command(command: Command, workdir: Path):
-    if command.args[0] in PROCESS_COMMANDS:
+def guide_runs(commands: list[Command]) -> list[list[Command]]:
+    """The guide's commands as the tests run them: each on its own, except that a command reading what the last
+    `profile` wrote (PROFILE_OUTPUT) joins that profile's run, after it. No test depends on another's files."""
+    runs: list[list[Command]] = []
+    profile_run: list[Command] | None = None
+    for c in commands:
+        if profile_run is not None and any(arg.startswith(PROFILE_OUTPUT) for arg in c.args):
+            profile_run.append(c)
+            continue
+        runs.append([c])
+        if c.args[0] == "profile":
+            profile_run = runs[-1]
+    return runs
+
+
+GUIDE_RUNS = guide_runs(GUIDE_COMMANDS)
+
+
+def _marks(run: list[Command]) -> list:
+    # A run that starts processes (profile, tune, validate) goes in the group of the tests that do
+    # (tests/conftest.py: one after another on one worker); the others run wherever pytest-xdist puts them.
+    if any(c.args[0] in PROCESS_COMMANDS for c in run):
+        return [pytest.mark.xdist_group("processes"), pytest.mark.executor, pytest.mark.slow]
+    return []
+
+
+def test_a_profiles_readers_run_in_its_test():
+    blocks = extract_blocks(
+        "```console\n$ meshplan profile --output profiles\n$ meshplan plan -c profiles/clusters/x.yaml\n```\n"
+        "```console\n$ meshplan models\n$ meshplan tune -c profiles/clusters/x.yaml\n```\n")
+    runs = guide_runs([c for b in blocks for c in b.commands])
+    assert [[c.args[0] for c in run] for run in runs] == [["profile", "plan", "tune"], ["models"]]
+    assert [[c.args[0] for c in run] for run in GUIDE_RUNS if run[0].args[0] == "profile"] == [["profile", "plan",
+                                                                                                "tune"]]
+
+
+@pytest.mark.parametrize("run", [pytest.param(r, id=r[0].id, marks=_marks(r)) for r in GUIDE_RUNS])
+def test_guide_command(run: list[Command], tmp_path: Path):
+    """Each run in a fresh folder holding a copy of docs/examples/, its commands in the guide's order."""
+    if any(c.args[0] in PROCESS_COMMANDS for c in run):
         pytest.importorskip("torch")
-    env = dict(os.environ, COLUMNS="200", PYTHONPATH=str(ROOT), XDG_DATA_HOME=str(workdir / "xdg"))
+    shutil.copytree(EXAMPLES, tmp_path / "docs" / "examples")
+    (tmp_path / "xdg").mkdir()
+    env = dict(os.environ, COLUMNS="200", PYTHONPATH=str(ROOT), XDG_DATA_HOME=str(tmp_path / "xdg"))
     env.pop("MESHPLAN_PROFILES", None)
-    proc = subprocess.run([sys.executable, "-m", "planner", *command.args], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    shown = f"line {command.line}: meshplan {shlex.join(command.args)}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    assert proc.returncode == command.exit_code, shown
-    output = proc.stdout if command.exit_code == 0 else proc.stdout + proc.stderr
-    missing = missing_lines(command.expected, output)
-    assert not missing, f"not in the output: {missing}\n{shown}"
+    for command in run:
+        proc = subprocess.run([sys.executable, "-m", "planner", *command.args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        shown = (f"line {command.line}: meshplan {shlex.join(command.args)}\nstdout:\n{proc.stdout}\n"
+                 f"stderr:\n{proc.stderr}")
+        assert proc.returncode == command.exit_code, shown
+        output = proc.stdout if command.exit_code == 0 else proc.stdout + proc.stderr
+        missing = missing_lines(command.expected, output)
+        assert not missing, f"not in the output: {missing}\n{shown}"

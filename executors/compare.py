@@ -26,6 +26,8 @@ from cost_models.memory import RUNTIME_TERMS
 from executors.host_load import HostLoad, spread_too_wide, step_spread
 from executors.results import Outcome, ParityCheck, RunResult
 from planner.show import plots
+from planner.show.html import html_table, lines_html
+from planner.show.labels import validation_table
 from planner.specs import Estimate, ModelSpec, Strategy, TrainSpec
 
 
@@ -96,6 +98,13 @@ class ValidationReport(BaseModel):
     runs: list[RunResult] = Field(default_factory=list, description="The raw run results.")
     host: HostSummary | None = Field(None, description="The host's load over the runs; None when no run was "
                                      "launched here.")
+
+    def _repr_html_(self) -> str:
+        """The runs' table as a notebook shows it: the cells `meshplan validate` prints (planner.show.labels)."""
+        lines = [f"median |step-time error| {100 * self.median_abs_step_time_error:.1f}%"
+                 if self.median_abs_step_time_error is not None else "no run finished ok"]
+        lines += [f"#{i} {c.outcome}: {c.reason}" for i, c in enumerate(self.comparisons, start=1) if c.outcome != "ok"]
+        return html_table(validation_table(self)) + lines_html(lines)
 
     def plot(self, path: str | None = None):
         """Predicted against measured step time of every run that finished ok (planner.show.plots); a matplotlib

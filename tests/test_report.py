@@ -173,3 +173,28 @@ def test_every_framework_gets_a_config_and_says_how_it_was_planned(result):
     # a plan ranked as Megatron runs it, written for DeepSpeed: said next to the config
     deepspeed = configs.split("<h3>deepspeed:")[1].split("<h3>")[0]
     assert "was costed and ranked as megatron runs it, not deepspeed" in deepspeed
+
+
+def test_validation_and_tune_reports_show_the_cli_cells_in_a_notebook():
+    """The tables `validate` and `tune` print come from planner.show.labels; their reports show the same cells."""
+    from types import SimpleNamespace as NS
+
+    from planner.show.html import html_table
+    from planner.show.labels import trials_table, validation_table
+
+    comp = NS(label="dp2 tp1 pp1", outcome="ok", reason="", predicted_step_time_s=0.5, measured_step_time_s=0.4,
+              step_time_error=0.25, predicted_memory_bytes=3 * 2**20, measured_memory_bytes=2 * 2**20,
+              memory_error=0.5, predicted_rank=1, measured_rank=1, parity=NS(passed=True), host_load=None, busy=False)
+    report = NS(model=NS(name="<tiny>"), num_gpus=2, cluster="local-cpu", device="cpu", engine="torch",
+                train=NS(global_batch_size=4, seq_len=32, precision="fp32"), comparisons=[comp])
+    cells = validation_table(report)
+    assert cells.rows == [["1", "dp2 tp1 pp1", "ok", "0.500", "0.400", "+25", "3", "2", "+50", "1", "1", "pass", "-"]]
+    assert "&lt;tiny&gt;" in html_table(cells)
+    trial = NS(number=3, label="dp2", origin="plan #1", state="COMPLETE", status="ok", busy=False,
+               predicted_step_s=0.5, measured_step_s=0.4, error=0.25, error_calibrated=None, spread=0.1,
+               predicted_peak_memory_bytes=None, measured_peak_memory_bytes=2 * 2**20, tokens_per_s=320.0)
+    queued = NS(number=4, state="WAITING", status="")
+    tune = NS(study_name="s", measured=1, job=dict(model="m", num_gpus=2, cluster="c", global_batch_size=4, seq_len=32,
+                                                   precision="fp32"), trials=[trial, queued])
+    assert trials_table(tune).rows == [["3", "dp2", "plan #1", "ok", "0.500", "0.400", "+25%", "-", "10%", "-", "2",
+                                        "320"]]

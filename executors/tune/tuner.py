@@ -74,6 +74,8 @@ from planner.api import plan
 from planner.errors import SpecError
 from planner.search import evaluate_one
 from planner.show import plots
+from planner.show.html import html_table, lines_html
+from planner.show.labels import trials_table
 from planner.specs import ClusterSpec, ModelSpec, Strategy, TrainSpec
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
@@ -175,6 +177,10 @@ class TuneReport(BaseModel):
     reranked_errors: dict[str, float | None] = Field(
         default_factory=dict, description="Over the trials scored on a calibration fitted before they ran: median "
         "|error| of their profile prediction ('before') and of their calibrated one ('after').")
+
+    def _repr_html_(self) -> str:
+        """The trials' table as a notebook shows it: the cells `meshplan tune` prints (planner.show.labels)."""
+        return html_table(trials_table(self)) + lines_html([f"stopped: {self.stopped}"])
 
     def plot(self, path: str | None = None):
         """Predicted (on the profile, with its band) against measured step time of every trial measured ok

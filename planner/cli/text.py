@@ -11,6 +11,7 @@ characters and `…`, and `shown` escapes rich markup, so `x[/]` prints as `x[/]
 from __future__ import annotations
 
 from rich.markup import escape
+from rich.table import Table
 
 from planner.errors import escape_hidden
 
@@ -38,3 +39,14 @@ def shown(text: object, limit: int = NAME_CHARS) -> str:
 def message_lines(text: object, limit: int = MESSAGE_CHARS) -> str:
     """A message of one or more lines (the CLI's own line breaks kept), each line made `plain`."""
     return "\n".join(plain(line, limit) for line in str(text).split("\n"))
+
+
+def cells_table(cells) -> Table:
+    """A planner.show.labels.TextTable as a rich Table: title and every cell `shown` (user text escaped, cut at
+    MESSAGE_CHARS), its left columns left-aligned, the others right-aligned."""
+    table = Table(title=shown(cells.title, MESSAGE_CHARS))
+    for col in cells.columns:
+        table.add_column(col, justify="left" if col in cells.left else "right")
+    for row in cells.rows:
+        table.add_row(*(shown(v, MESSAGE_CHARS) for v in row))
+    return table

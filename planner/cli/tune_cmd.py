@@ -11,7 +11,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 from pydantic import ValidationError
-from rich.table import Table
 
 from planner.cli.app import app
 from planner.cli.common import (
@@ -26,7 +25,8 @@ from planner.cli.common import (
     stdout,
     train_options,
 )
-from planner.cli.text import MESSAGE_CHARS, plain, shown
+from planner.cli.text import MESSAGE_CHARS, cells_table, plain
+from planner.show.labels import trials_table
 from planner.cli.plot_out import PlotFileOpt, check_plot, write_plot
 from planner.errors import SpecError, short_repr
 
@@ -38,7 +38,6 @@ _FLAGS = {"storage": "--storage", "study_name": "--study-name", "n_trials": "--t
           "device": "--device", "engine": "--engine", "work_dir": "--work-dir", "seed": "--seed",
           "max_host_memory_gib": "--max-host-memory", "repeat_busy": "--repeat-busy",
           "heartbeat_interval_s": "--heartbeat", "grace_period_s": "--grace-period"}
-MIB = 2**20
 
 
 class TuneFormat(str, Enum):
@@ -116,33 +115,8 @@ class _Progress:
                       f"{100 * data['after']:.1f}% ({values}); remaining candidates re-ranked")
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:+.0f}%"
-
-
-def _num(x: float | None, fmt: str = "{:.3f}") -> str:
-    return "-" if x is None else fmt.format(x)
-
-
 def print_report(report) -> None:
-    job = report.job
-    table = Table(title=f"study {shown(report.study_name)}: {shown(job['model'])} on {job['num_gpus']} x "
-                        f"{shown(job['cluster'])}, batch {job['global_batch_size']} x {job['seq_len']}, "
-                        f"{job['precision']} ({report.measured} measured trials)")
-    for col in ("#", "strategy", "origin", "status", "pred (s)", "meas (s)", "err", "err cal.", "spread",
-                "mem pred (MiB)", "mem meas (MiB)", "tokens/s"):
-        table.add_column(col, justify="left" if col in ("strategy", "origin", "status") else "right")
-    for r in report.trials:
-        if r.state in ("WAITING", "PRUNED") and r.status in ("", "not run"):
-            continue  # queued for a later run, or a proposal that did not run (counted below)
-        status = r.status + (" (busy)" if r.busy else "") if r.status else r.state.lower()
-        table.add_row(str(r.number), shown(r.label, MESSAGE_CHARS), shown(r.origin), shown(status),
-                      _num(r.predicted_step_s), _num(r.measured_step_s), _pct(r.error), _pct(r.error_calibrated),
-                      _num(r.spread and 100 * r.spread, "{:.0f}%"),
-                      _num(r.predicted_peak_memory_bytes and r.predicted_peak_memory_bytes / MIB, "{:.0f}"),
-                      _num(r.measured_peak_memory_bytes and r.measured_peak_memory_bytes / MIB, "{:.0f}"),
-                      _num(r.tokens_per_s, "{:,.0f}"))
-    stdout.print(table)
+    stdout.print(cells_table(trials_table(report)))
     skipped = [r for r in report.trials if r.state == "PRUNED" and r.status == "not run"]
     if skipped:
         stdout.print(f"{len(skipped)} proposals not run (do not fit, make no strategy, or already tried)",

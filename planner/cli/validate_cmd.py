@@ -7,7 +7,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 from pydantic import ValidationError
-from rich.table import Table
 
 from planner.cli.app import app
 from planner.calibrate import run_settings
@@ -30,10 +29,10 @@ from planner.cli.common import (
     train_options,
 )
 from planner.cli.plot_out import PlotFileOpt, check_plot, write_plot
-from planner.cli.text import MESSAGE_CHARS, plain, shown
+from planner.cli.text import MESSAGE_CHARS, cells_table, plain
+from planner.show.labels import validation_table
 from planner.errors import SpecError, short_repr
 
-MIB = 2**20
 #: ValidateOptions' fields by the flag that sets them, for error messages.
 _OPTION_FLAGS = {"warmup_steps": "--warmup", "timed_steps": "--steps", "parity_steps": "--parity-steps",
                  "timeout_s": "--timeout", "num_layers": "--num-layers", "device": "--device", "engine": "--engine",
@@ -69,30 +68,8 @@ def _strategies(items: list[str] | None):
     return out
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:+.0f}"
-
-
-def _num(x: float | None, fmt: str = "{:.3f}") -> str:
-    return "-" if x is None else fmt.format(x)
-
-
 def print_report(report) -> None:
-    table = Table(title=f"{shown(report.model.name)}: {report.num_gpus} ranks on {shown(report.cluster)} ({report.device}, "
-                        f"{report.engine}), global batch {report.train.global_batch_size} x {report.train.seq_len}, "
-                        f"{report.train.precision}")
-    for col in ("#", "strategy", "outcome", "step pred (s)", "step meas (s)", "step err %", "mem pred (MiB)",
-                "mem meas (MiB)", "mem err %", "rank pred", "rank meas", "parity", "host"):
-        table.add_column(col, justify="left" if col in ("strategy", "outcome") else "right")
-    for i, c in enumerate(report.comparisons, start=1):
-        parity = "-" if c.parity is None else ("pass" if c.parity.passed else "FAIL")
-        table.add_row(str(i), shown(c.label, MESSAGE_CHARS), shown(c.outcome), _num(c.predicted_step_time_s), _num(c.measured_step_time_s),
-                      _pct(c.step_time_error),
-                      _num(c.predicted_memory_bytes and c.predicted_memory_bytes / MIB, "{:.0f}"),
-                      _num(c.measured_memory_bytes and c.measured_memory_bytes / MIB, "{:.0f}"),
-                      _pct(c.memory_error), _num(c.predicted_rank, "{}"), _num(c.measured_rank, "{}"), parity,
-                      _host(c))
-    stdout.print(table)
+    stdout.print(cells_table(validation_table(report)))
     for i, c in enumerate(report.comparisons, start=1):
         if c.outcome != "ok":
             stdout.print(f"  #{i} {c.outcome}: {plain(c.reason, MESSAGE_CHARS)}", markup=False, highlight=False)
@@ -115,10 +92,6 @@ def print_report(report) -> None:
         stdout.print(f"measured best: {plain(report.measured_best, MESSAGE_CHARS)} (predicted rank {report.measured_best_predicted_rank}; "
                      f"in predicted top 2: {'yes' if report.measured_best_in_predicted_top2 else 'no'})",
                      markup=False, highlight=False)
-
-
-def _host(c) -> str:
-    return "-" if c.host_load is None else ("busy" if c.busy else "quiet")
 
 
 def busy_warning(report) -> str | None:

@@ -293,3 +293,53 @@ def time_rows(e: "Estimate") -> list[list[str]]:
     """The step-time breakdown in the cost model's order: term (with what it is), seconds, % of step."""
     return [[TIME_TERM_LABELS.get(term, term), f"{value:.4f}", f"{100 * value / e.step_time_s:.1f}"]
             for term, value in e.time_s.items()]
+
+
+# ---- measured runs: `meshplan validate` and `meshplan tune` ---------------------------------------------------
+MIB = 2**20
+
+
+def _or_dash(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def validation_table(report) -> TextTable:
+    """A ValidationReport (executors.compare) as cells: each run's outcome, predicted and measured step and memory,
+    their errors in %, ranks, parity and the host's load."""
+    title = (f"{report.model.name}: {report.num_gpus} ranks on {report.cluster} ({report.device}, {report.engine}), "
+             f"global batch {report.train.global_batch_size} x {report.train.seq_len}, {report.train.precision}")
+    columns = ["#", "strategy", "outcome", "step pred (s)", "step meas (s)", "step err %", "mem pred (MiB)",
+               "mem meas (MiB)", "mem err %", "rank pred", "rank meas", "parity", "host"]
+    rows = []
+    for i, c in enumerate(report.comparisons, start=1):
+        parity = "-" if c.parity is None else ("pass" if c.parity.passed else "FAIL")
+        host = "-" if c.host_load is None else ("busy" if c.busy else "quiet")
+        rows.append([str(i), c.label, c.outcome, _or_dash(c.predicted_step_time_s), _or_dash(c.measured_step_time_s),
+                     _or_dash(c.step_time_error and 100 * c.step_time_error, "{:+.0f}"),
+                     _or_dash(c.predicted_memory_bytes and c.predicted_memory_bytes / MIB, "{:.0f}"),
+                     _or_dash(c.measured_memory_bytes and c.measured_memory_bytes / MIB, "{:.0f}"),
+                     _or_dash(c.memory_error and 100 * c.memory_error, "{:+.0f}"),
+                     _or_dash(c.predicted_rank, "{}"), _or_dash(c.measured_rank, "{}"), parity, host])
+    return TextTable(title, columns, rows, left={"strategy", "outcome"})
+
+
+def trials_table(report) -> TextTable:
+    """A TuneReport (executors.tune) as cells: each trial that ran or failed (not the queued or skipped ones)."""
+    job = report.job
+    title = (f"study {report.study_name}: {job['model']} on {job['num_gpus']} x {job['cluster']}, batch "
+             f"{job['global_batch_size']} x {job['seq_len']}, {job['precision']} ({report.measured} measured trials)")
+    columns = ["#", "strategy", "origin", "status", "pred (s)", "meas (s)", "err", "err cal.", "spread",
+               "mem pred (MiB)", "mem meas (MiB)", "tokens/s"]
+    rows = []
+    for r in report.trials:
+        if r.state in ("WAITING", "PRUNED") and r.status in ("", "not run"):
+            continue  # queued for a later run, or a proposal that did not run (counted by the caller)
+        status = r.status + (" (busy)" if r.busy else "") if r.status else r.state.lower()
+        rows.append([str(r.number), r.label, r.origin, status, _or_dash(r.predicted_step_s),
+                     _or_dash(r.measured_step_s), _or_dash(r.error and 100 * r.error, "{:+.0f}%"),
+                     _or_dash(r.error_calibrated and 100 * r.error_calibrated, "{:+.0f}%"),
+                     _or_dash(r.spread and 100 * r.spread, "{:.0f}%"),
+                     _or_dash(r.predicted_peak_memory_bytes and r.predicted_peak_memory_bytes / MIB, "{:.0f}"),
+                     _or_dash(r.measured_peak_memory_bytes and r.measured_peak_memory_bytes / MIB, "{:.0f}"),
+                     _or_dash(r.tokens_per_s, "{:,.0f}")])
+    return TextTable(title, columns, rows, left={"strategy", "origin", "status"})

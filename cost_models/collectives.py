@@ -59,16 +59,13 @@ class CurveCommModel(TierCommModel):
         """Flattened (bytes, n, stride, members per domain) of every query, and the masks of the
         groups inside one domain and of those spanning domains (groups of one rank take no time and
         are in neither): each curve is evaluated on the queries that need it only."""
-        nbytes, n, stride = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(size, dtype=float),
-                                                np.asarray(stride, dtype=float))
-        shape = n.shape
-        nbytes, n, stride = nbytes.ravel(), n.ravel(), stride.ravel()
+        shape, (nbytes, n, stride) = self._flat(nbytes, size, stride)
         active = (n > 1) & (nbytes > 0)  # no ranks to talk to, or nothing to send: no collective
-        fits = n * stride <= self.domain
+        fits = ~self.crosses_domain(n, stride)
         inside = active & fits
         span = active & ~fits
         local = np.zeros(n.shape)
-        if span.any():  # members of a spanning group in one domain (at least 1, at most the group)
+        if span.any():  # the most members of a spanning group in one domain (at least 1, at most the group)
             local[span] = np.minimum(np.maximum(self.domain // np.maximum(stride[span], 1), 1), n[span])
         return shape, nbytes, n, stride, local, inside, span
 

@@ -23,6 +23,8 @@ an estimate of NCCL's algorithm choice, the latencies per hop come from the clus
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -55,6 +57,48 @@ class CommModel(Protocol):
     def domain_members(self, size, stride) -> np.ndarray:
         """Members of a group that share one NVLink domain."""
         ...
+
+    def crosses_domain(self, size, stride) -> np.ndarray:
+        """Whether some group of `size` ranks `stride` apart leaves its NVLink domain (or slice)."""
+        ...
+
+    def with_world(self, world) -> "CommModel":
+        """This model for a job of `world` GPUs (where its groups sit depends on it)."""
+        ...
+
+
+@functools.lru_cache(maxsize=4096)
+def fewest_in_unit(unit: int, span: int, world: int | None) -> int:
+    """The fewest consecutive ranks that one block of `span` ranks (a group of size·stride ranks: its groups tile
+    the ranks in blocks starting at multiples of the span) puts in one unit of `unit` GPUs, over the blocks that
+    leave their unit in a job of `world` GPUs (ranks r in unit r // unit); 0 where no block leaves its unit.
+    `world` None: no job, the blocks taken to tile the units (a group leaves its unit when its span is larger,
+    with a whole unit's ranks in each).
+
+    Expert parallelism 64 on racks of 72 (NVL72 filled to 72 GPUs each): ranks 0-63 stay in rack 0, ranks
+    64-127 put 8 in rack 0 and 56 in rack 1, so on 144 GPUs the fewest is 8; on 64 GPUs no block leaves its rack:
+
+    >>> fewest_in_unit(72, 64, 144), fewest_in_unit(72, 64, 64), fewest_in_unit(72, 64, None)
+    (8, 0, 0)
+    >>> fewest_in_unit(8, 16, 64), fewest_in_unit(8, 4, 64)  # aligned: whole units, or inside one
+    (8, 0)
+    """
+    if span <= unit and unit % span == 0:
+        return 0
+    if span % unit == 0:
+        return unit
+    if world is None:
+        return unit if span > unit else 0
+    start = np.arange(0, world, span, dtype=np.int64)
+    end = np.minimum(start + span, world)
+    first = (start // unit + 1) * unit          # the first unit boundary after a block's start
+    last = ((end - 1) // unit) * unit           # the last one before its end
+    leaves = first < end
+    if not leaves.any():
+        return 0
+    pieces = np.minimum(first - start, end - last)[leaves]
+    whole = (last - first >= unit)[leaves]      # a block over three units or more holds whole units too
+    return int(min(pieces.min(), unit if whole.any() else pieces.min()))
 
 
 class TierCommModel:
@@ -96,13 +140,69 @@ class TierCommModel:
         self.inter_bw = float(self.egress[0, 0])
         self.inter_gs_bw = float(self.egress_gs[0, 0])
         self.inter_lat = float(self.level_lat[0])
+        self.world: int | None = None
+        self._job_domain = getattr(cluster, "job_domain_gpus", None)  # plain test clusters: whole domains
+
+    def job_domain(self, world: int) -> int:
+        """GPUs of a job of `world` GPUs in each NVLink domain (`ClusterSpec.job_domain_gpus`)."""
+        return int(self._job_domain(world)) if self._job_domain is not None else self.domain
+
+    def with_world(self, world) -> "TierCommModel":
+        """This model for one job of `world` GPUs (a count, or an array of candidates' counts that all agree).
+
+        Where a group sits depends on the job. Its ranks fill `ClusterSpec.job_domain_gpus` GPUs of each
+        NVLink domain (64 of an NVL72 rack's 72 for a 256-GPU job under Megatron-Bridge's --segment rule), and
+        a level's unit holds that many of each of its domains: rank r sits in the job's unit r // unit_L. The
+        groups of a dimension tile the ranks in blocks of size·stride; a block that does not divide the unit
+        (expert parallelism 64 on 72-GPU racks of a 576-GPU job) leaves it somewhere, and the fewest members
+        one unit holds set its bandwidth there (`fewest_in_unit`). Without a world (`world` None) the groups are
+        taken to tile whole units."""
+        counts = np.unique(np.asarray(world, dtype=np.int64))
+        if counts.size != 1:
+            raise ValueError(f"a communication model prices one job; these candidates have {counts.size} GPU counts")
+        out = copy.copy(self)
+        out.world = int(counts[0])
+        share = self.job_domain(out.world) / self.domain
+        out.unit = np.rint(self.unit * share)
+        out.domain = self.job_domain(out.world)
+        return out
+
+    def _flat(self, *arrays):
+        """The broadcast shape of `arrays` and each of them flattened to it."""
+        arrays = [np.asarray(a, dtype=float) for a in arrays]
+        shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
+        return shape, [np.broadcast_to(a, shape).ravel() for a in arrays]
+
+    def _fewest(self, span) -> np.ndarray:
+        """Per level, over flattened spans: the fewest ranks a crossing block puts in one of the job's units,
+        0 where no block of that span leaves its unit (`fewest_in_unit`), (L, M)."""
+        span = np.rint(span).astype(np.int64)
+        out = np.zeros((len(self.level_names), span.size))
+        for i, unit in enumerate(int(u) for u in self.unit[:, 0]):
+            inside = (span <= unit) & (unit % np.maximum(span, 1) == 0)
+            whole = span % unit == 0
+            out[i] = np.where(whole & ~inside, unit, 0)
+            other = ~(inside | whole)
+            if other.any():
+                keys, back = np.unique(span[other], return_inverse=True)
+                found = [fewest_in_unit(unit, int(a), self.world) for a in keys]
+                out[i, other] = np.asarray(found, dtype=float)[np.ravel(back)]
+        return out
+
+    def _placed(self, n, d):
+        """Per level, over flattened groups of `n` ranks `d` apart: (whether some group crosses the level's
+        units; the fewest members a crossing group has in one unit, at least 1 and at most n), both (L, M)."""
+        fewest = self._fewest(n * d)
+        members = np.clip(fewest // np.maximum(d, 1)[None, :], 1, n[None, :])
+        return fewest > 0, members
 
     def _level_shares(self, size, stride, egress, sharp: bool = False):
-        """Per level, over flattened groups: (the bus bandwidth one group gets there, k_L · egress_L, times
-        2(n-1)/n on a SHARP level for an all-reduce; whether the group crosses the level's units), both (L, N)."""
-        n, d = (np.ravel(a) for a in np.broadcast_arrays(np.asarray(size, dtype=float), np.asarray(stride, dtype=float)))
-        crossed = (n * d)[None, :] > self.unit  # nested units: crossing L means crossing those below
-        share = egress * np.clip(self.unit // np.maximum(d, 1)[None, :], 1, n[None, :])
+        """Per level, over flattened groups: (the bus bandwidth the slowest group gets there, k_L · egress_L
+        with k_L the fewest members a group has in one unit, times 2(n-1)/n on a SHARP level for an all-reduce;
+        whether a group crosses the level's units), both (L, M)."""
+        _, (n, d) = self._flat(size, stride)
+        crossed, members = self._placed(n, d)
+        share = egress * members
         if sharp:
             share = np.where(self.sharp, share * 2 * (n - 1) / np.maximum(n, 1), share)
         return share, crossed
@@ -111,7 +211,7 @@ class TierCommModel:
         """(bus bandwidth share over the levels a group crosses, inf where it crosses none; the latency of
         the highest level it crosses, the intra-domain latency where none; how many levels it crosses),
         each in the broadcast shape of `size` and `stride`."""
-        shape = np.broadcast_shapes(np.shape(size), np.shape(stride))
+        shape = self._flat(size, stride)[0]
         share, crossed = self._level_shares(size, stride, egress, sharp)
         share = np.where(crossed, share, np.inf).min(axis=0)
         count = crossed.sum(axis=0)
@@ -153,39 +253,42 @@ class TierCommModel:
         the group crosses level L somewhere once span > unit_L. One flow runs over one NIC (egress_0), and
         at a higher level the min(unit_L, stride) flows that leave one unit share its egress:
         rate = min(NIC, egress_L · unit_L / min(unit_L, stride)) over the crossed levels."""
-        span = np.asarray(span, dtype=float)
-        d = np.broadcast_to(np.asarray(stride, dtype=float), np.broadcast_shapes(np.shape(stride), span.shape))
-        span = np.broadcast_to(span, d.shape)
-        flat_d, flat_span = d.ravel(), span.ravel()
-        crossed = flat_span[None, :] > self.unit
+        shape, (flat_d, flat_span) = self._flat(stride, span)
+        crossed = self._fewest(flat_span) > 0
         flows = np.minimum(self.unit, np.maximum(flat_d, 1)[None, :])
         rate = np.minimum(self.inter_bw, self.egress * self.unit / flows)
         rate = np.where(crossed, rate, np.inf).min(axis=0)
         count = crossed.sum(axis=0)
-        link_bw = np.where(count > 0, rate, self.intra_bw).reshape(d.shape)
-        lat = np.where(count > 0, self.level_lat[np.maximum(count - 1, 0)], self.intra_lat).reshape(d.shape)
+        link_bw = np.where(count > 0, rate, self.intra_bw).reshape(shape)
+        lat = np.where(count > 0, self.level_lat[np.maximum(count - 1, 0)], self.intra_lat).reshape(shape)
         return nbytes / link_bw + lat
 
     def domain_members(self, size, stride) -> np.ndarray:
-        """Members of a group of `size` ranks `stride` apart that share one NVLink domain."""
+        """The most members of a group of `size` ranks `stride` apart that share one NVLink domain."""
         return np.clip(self.domain // np.maximum(np.asarray(stride, dtype=float), 1), 1, np.asarray(size, dtype=float))
 
+    def crosses_domain(self, size, stride) -> np.ndarray:
+        """Whether some group of `size` ranks `stride` apart leaves its NVLink domain (level 0's unit) in this
+        model's job."""
+        shape, (n, d) = self._flat(size, stride)
+        return self._placed(n, d)[0][0].reshape(shape)
+
     def members(self, size, stride) -> np.ndarray:
-        """Members per unit of each level, (L, ...) over the broadcast shape of `size` and `stride`."""
-        n, d = np.broadcast_arrays(np.asarray(size, dtype=float), np.asarray(stride, dtype=float))
-        unit = self.unit.reshape((-1,) + (1,) * n.ndim)
-        return np.clip(unit // np.maximum(d, 1), 1, n)
+        """The fewest members a group crossing a level has in one of its units (the most it can have, at most
+        the group, where none crosses), (L, ...) over the broadcast shape of `size` and `stride`."""
+        shape, (n, d) = self._flat(size, stride)
+        crossed, fewest = self._placed(n, d)
+        most = np.clip(self.unit // np.maximum(d, 1)[None, :], 1, n[None, :])
+        return np.where(crossed, fewest, most).reshape((-1,) + shape)
 
     def _leaving_s(self, nbytes, size, stride, inter_scale):
-        """All-to-all: the time of the bytes that leave each crossed level's units, the slowest level's
-        (each GPU sends (n - k_L)/n of its bytes out of its unit, and the unit's egress carries them all)."""
-        n, d = np.broadcast_arrays(np.asarray(size, dtype=float), np.asarray(stride, dtype=float))
-        k = self.members(n, d)
-        unit = self.unit.reshape((-1,) + (1,) * n.ndim)
-        egress = self.egress.reshape((-1,) + (1,) * n.ndim)
-        crossed = n * d > unit
-        t = np.where(crossed, inter_scale * nbytes * (n - k) / n / egress, 0.0)
-        return t.max(axis=0)
+        """All-to-all: the time of the bytes that leave each crossed level's units, the slowest level's (a GPU
+        of a group with k_L members in its unit sends (n - k_L)/n of its bytes out of the unit over its share
+        of the unit's egress; the fewest k_L is the slowest group's)."""
+        shape, (n, d) = self._flat(size, stride)
+        crossed, k = self._placed(n, d)
+        t = np.where(crossed, (n - k) / n / self.egress, 0.0).max(axis=0).reshape(shape)
+        return inter_scale * nbytes * t
 
     def all_to_all_s(self, nbytes, size, stride, intra_scale=1.0, inter_scale=1.0) -> np.ndarray:
         """All-to-all (MoE token dispatch): each rank sends (n-1)/n of `nbytes` to the other
@@ -238,7 +341,7 @@ class TierCommModel:
     def describe_p2p(self, stride: int, span: int) -> dict:
         """As `describe`, for one transfer between neighbours `stride` apart in a group spanning `span` ranks
         (`p2p_s`'s rate)."""
-        crossed = int((float(span) > self.unit[:, 0]).sum())
+        crossed = int((self._fewest(np.array([float(span)]))[:, 0] > 0).sum())
         shares = {self.level_names[i]: float(min(self.inter_bw, self.egress[i, 0] * self.unit[i, 0]
                                                  / min(self.unit[i, 0], max(stride, 1)))) for i in range(crossed)}
         lat = float(self.level_lat[crossed - 1]) if crossed else self.intra_lat

@@ -14,8 +14,8 @@ from cost_models.layout import ParallelLayout
 
 def group_links(cluster: Any, strategy: Any, num_layers: int, moe: bool) -> list[dict[str, Any]]:
     """One entry per dimension of `strategy` with more than one rank (fields of planner.specs.results.GroupLink)."""
-    comm = comm_model_for(cluster)
     lay = ParallelLayout.of_strategy(strategy, num_layers)
+    comm = comm_model_for(cluster).with_world(lay.num_gpus)
     zero = int(getattr(strategy, "zero_stage", 0))
     dims: list[tuple[str, int, int, str]] = []
 

@@ -57,7 +57,7 @@ def collective_s(s: Setup, impl: Zero3Impl, nbytes, size, stride) -> np.ndarray:
     if impl.cross_node_nic_fraction is None:
         return t
     domain = s.cluster.domain_size
-    crosses = np.asarray(size) * np.asarray(stride) > domain
+    crosses = s.comm.crosses_domain(size, stride)
     # stride >= domain: one member per domain, so the comm model's rate is one NIC per rank
     per_nic = s.comm.gather_scatter_s(nbytes, size, np.maximum(stride, domain)) / impl.cross_node_nic_fraction
     return np.where(crosses, np.maximum(t, per_nic), t)

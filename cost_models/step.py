@@ -205,7 +205,8 @@ def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None =
 def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> Setup:
     lay = ParallelLayout.of(st, model.num_layers)
     x = micro_of(train, st, cluster)
-    return Setup(model, cluster, train, st, comm or comm_model_for(cluster), model_blocks(model), lay, x,
+    comm = (comm or comm_model_for(cluster)).with_world(lay.num_gpus)  # where groups sit depends on the job
+    return Setup(model, cluster, train, st, comm, model_blocks(model), lay, x,
                  lay.num_microbatches(train.global_batch_size, st.micro_batch_size))
 
 

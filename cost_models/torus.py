@@ -347,6 +347,15 @@ class TorusCommModel:
                 "latency_s": self.dcn_lat if across else self.ici_lat,
                 "shares": {"ici-slice": self.dcn_bw} if across else {}, "bottleneck": "ici-slice" if across else "ici"}
 
+    def with_world(self, world) -> "TorusCommModel":
+        """The model itself: the rules keep every group inside whole slices or tiling them (a group that does
+        not tile the torus is dropped before it is ranked), so no group straddles a slice boundary."""
+        return self
+
+    def crosses_domain(self, size, stride) -> np.ndarray:
+        """Whether a group of `size` ranks `stride` apart leaves its slice."""
+        return np.asarray(size, dtype=float) * np.asarray(stride, dtype=float) > self.chips_per_slice
+
     def domain_members(self, size, stride) -> np.ndarray:
         """Members of a group that share one slice (the ICI domain)."""
         return np.clip(self.chips_per_slice // np.maximum(np.asarray(stride, dtype=float), 1), 1,

@@ -308,8 +308,8 @@ def _residuals(data: Any, what: str) -> StepTimeResiduals:
 #: The numeric keys of a link tier and of a cluster YAML file (a cluster-level
 #: `latency_source` or `efficiency_source` covers both tiers).
 TIER_YAML_FIELDS = ("bw_gb_per_s", "latency_us", "efficiency", "gather_scatter_efficiency")
-CLUSTER_SCALARS = ("gpus_per_node", "nvlink_domain_size", "max_gpus", "comm_overlap", "comm_compute_slowdown",
-                   "tp_comm_overlap", "ep_comm_overlap", "moe_load_imbalance")
+CLUSTER_SCALARS = ("gpus_per_node", "nvlink_domain_size", "segment_nodes", "max_gpus", "comm_overlap",
+                   "comm_compute_slowdown", "tp_comm_overlap", "ep_comm_overlap", "moe_load_imbalance")
 CLUSTER_YAML_FIELDS = (*CLUSTER_SCALARS, *TIER_YAML_FIELDS)
 HOST_YAML_FIELDS = ("memory_gib", "memory_bw_gb_per_s", "memory_efficiency", "gpus_per_host_link")
 

@@ -144,7 +144,16 @@ def test_moe_nvl72_runs(tmp_path, monkeypatch):
     assert "plan 1: dp" in where and "  ep " in where and "priced on" in where
     assert pngs(nb, "draw_topology(cluster, graph") == 1
     assert "the MoE all-to-all" in html(nb, "inside.compare(across")
-    assert "by rank arithmetic they cross" in text(nb, "group_spans(p.strategy")
+    placed = text(nb, "group_spans(p.strategy")
+    assert "by rank arithmetic they cross" in placed
+    for line in placed.splitlines():  # the explanation and the rank arithmetic agree on every layout
+        priced_inside = "priced on nvlink5" in line
+        assert priced_inside == line.rstrip().endswith("cross: nothing"), line
+    racks = text(nb, "for gpus in (1024, 1152)")
+    assert "1,024 GPUs, 64 per rack" in racks and "1,152 GPUs, 72 per rack" in racks
+    on_1024, on_1152 = racks.split("1,152 GPUs")
+    assert "ep groups on nvlink5" in on_1024 and "ep groups on ndr-infiniband across nvlink-domain" in on_1152
+    assert "slower than 1,024 GPUs" in html(nb, "for gpus in (1024, 1152)")
     dispatchers = text(nb, 'for dispatcher in ("alltoall"')
     assert all(d in dispatchers for d in ("alltoall", "deepep", "hybridep"))
     for marker in ("plot_pareto()", "plot_breakdown(top=5)", "plot_memory(rank=1)", "plot_schedule(rank=1"):

@@ -39,7 +39,7 @@ def test_preset_yaml_is_package_data():
 
 DOCTEST_MODULES = ["cost_models.memory", "cost_models.units", "cost_models.compute", "cost_models.comm",
                    "cost_models.dispatch", "profiles.attention", "profiles.bundle", "profiles.frameworks",
-                   "cost_models.layout", "cost_models.blocks", "planner.specs.strategy", "planner.specs.model",
+                   "cost_models.layout", "cost_models.blocks", "planner.specs.strategy", "planner.specs.model", "planner.specs.hardware",
                    "planner.emit.megatron", "planner.emit.megatron_bridge", "profiles.gemm", "cost_models.sharding",
                    "cost_models.elementwise", "planner.error_band", "cost_models.step", "planner.space",
                    "cost_models.params", "executors.host_load", "cost_models.torus"]

@@ -157,8 +157,10 @@ def test_the_slowest_unit_sets_a_levels_egress():
 def test_tp16_is_cheap_on_nvl72_and_not_on_dgx():
     """TP 16 spans two DGX H100 servers (its rings leave each server over the 8 members' NICs, 8 · 45 GB/s,
     no faster than the server's NVLink 4, and with the network's latency per hop) but sits in one NVL72
-    NVLink domain at NVLink 5's 720 GB/s bus bandwidth: twice the bandwidth, and the TP time falls by a third or more."""
-    q = dict(model="gpt3-175b", num_gpus=576, global_batch_size=1728, seq_len=2048)
+    NVLink domain at NVLink 5's 720 GB/s bus bandwidth: twice the bandwidth, and the TP time falls by a third or more.
+    (512 GPUs: the launcher fills 64 GPUs of each rack, which 16 divides; tests/test_straddling_groups.py has
+    the 576-GPU job whose racks hold 72 and some of whose TP groups straddle two.)"""
+    q = dict(model="gpt3-175b", num_gpus=512, global_batch_size=1024, seq_len=2048)
     st = Strategy(tp=16, pp=4, sequence_parallel=True, zero_stage=1)
     dgx = evaluate(cluster="dgx-h100", strategy=st, **q)
     nvl = evaluate(cluster="gb200-nvl72", strategy=st, **q)

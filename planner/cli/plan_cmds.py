@@ -626,7 +626,8 @@ def show_topology(name: str, fmt: Format, plot: str | None, question: dict[str, 
                 raise ExitWith(1, no_fit_message(result))
             placed, how, num_layers = result.plans[0].strategy, "the best plan", result.model.num_layers
         plan_info = {"label": layout_label(placed), "num_gpus": inputs["num_gpus"], "how": how,
-                     "rank_order": rank_order(placed), "strategy": placed.model_dump(mode="json"),
+                     "rank_order": rank_order(placed), "domain_gpus": cluster.job_domain_gpus(inputs["num_gpus"]),
+                     "strategy": placed.model_dump(mode="json"),
                      "groups": group_spans(placed, num_layers, inputs["num_gpus"], cluster)}
     if target is not None:
         title = f"{cluster.name}: " + (f"{plan_info['label']} on {plan_info['num_gpus']:,} GPUs ({plan_info['how']}, "

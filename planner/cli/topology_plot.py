@@ -169,7 +169,10 @@ def draw_topology(cluster: ClusterSpec, graph: nx.Graph, num_gpus: int | None = 
     units, names = [lv.unit_gpus for lv in levels], [lv.name for lv in levels]
     by_rank = {rank: n for n, rank in graph.nodes(data="rank") if graph.nodes[n]["kind"] == "gpu"}
     total = num_gpus or cluster.max_gpus or len(by_rank)
-    slots = _slots(units, names, total)
+    # the job fills `filled` GPUs of each NVLink domain (ClusterSpec.job_domain_gpus): draw the domains it uses
+    domain, filled = cluster.domain_size, cluster.job_domain_gpus(total)
+    spread = filled < domain and total > filled  # several domains, each filled part-way
+    slots = _slots(units, names, min(len(by_rank), -(-total // filled) * domain) if spread else total)
     gpus = [by_rank[r] for r in slots.x if r in by_rank]
     drawn = _drawn_nodes(graph, gpus)
     lo, hi = _reach(graph)
@@ -222,8 +225,9 @@ def draw_topology(cluster: ClusterSpec, graph: nx.Graph, num_gpus: int | None = 
     outline = {n: "black" for n in gpus}
     if strategy is not None:
         groups = dim_groups(strategy, num_layers)
-        ranks = np.array([graph.nodes[n]["rank"] for n in gpus], dtype=np.int64)
-        used = ranks < total
+        place = np.array([graph.nodes[n]["rank"] for n in gpus], dtype=np.int64)
+        ranks = place // domain * filled + place % domain  # the job's rank on each drawn GPU
+        used = (place % domain < filled) & (ranks < total)
         colour_dim = next((d for d in ("tp", "cp", "ep", "dp", "pp") if groups[d][0] > 1), "tp")
         cmap = matplotlib.colormaps["tab20"]
         index = group_index(ranks, *groups[colour_dim])
@@ -236,7 +240,8 @@ def draw_topology(cluster: ClusterSpec, graph: nx.Graph, num_gpus: int | None = 
                             f"({groups[colour_dim][0]} GPUs each)"))
         if groups["pp"][0] > 1:
             legend.append(Patch(facecolor="white", edgecolor=pp_cmap(1), lw=2, label="outline: pipeline stage"))
-        crossing = [(d, span_level(groups[d][0], groups[d][1], total, units)) for d in DIM_COLOURS
+        job_units = [u * filled // domain for u in units]
+        crossing = [(d, span_level(groups[d][0], groups[d][1], total, job_units)) for d in DIM_COLOURS
                     if groups[d][0] > 1]
         crossing = [(d, s) for d, s in crossing if s >= 1]
         for j, (dim, s) in enumerate(crossing):

@@ -68,9 +68,12 @@ def span_level(size: int, stride: int, num_gpus: int, units: list[int]) -> int:
 
 def group_spans(strategy: Strategy, num_layers: int, num_gpus: int, cluster: ClusterSpec) -> list[dict[str, Any]]:
     """For each dimension of degree > 1: its size and stride, the level a unit of which holds each of its groups
-    (`inside`; 'cluster' when no level's does) and the levels its groups leave (`crosses`)."""
+    (`inside`; 'cluster' when no level's does) and the levels its groups leave (`crosses`). The job fills
+    `cluster.job_domain_gpus(num_gpus)` GPUs of each NVLink domain, and a level's unit that many of each of its
+    domains."""
     levels = cluster.levels
-    units = [lv.unit_gpus for lv in levels]
+    filled = cluster.job_domain_gpus(num_gpus)
+    units = [lv.unit_gpus * filled // cluster.domain_size for lv in levels]
     out = []
     for dim, (size, stride) in dim_groups(strategy, num_layers).items():
         if size <= 1:
@@ -155,7 +158,8 @@ def print_summary(summary: dict[str, Any], plan: dict[str, Any] | None = None) -
     stdout.print(table)
     if plan is not None:
         stdout.print(plain(f"plan: {plan['label']} on {plan['num_gpus']:,} GPUs ({plan['how']}), rank order "
-                           f"{plan['rank_order']}", MESSAGE_CHARS), markup=False, highlight=False)
+                           f"{plan['rank_order']}, {plan['domain_gpus']:,} GPUs of each NVLink domain",
+                           MESSAGE_CHARS), markup=False, highlight=False)
         groups = Table(title="parallel groups on the topology", title_justify="left")
         for col in ("group", "size", "stride", "inside a unit of", "crosses"):
             groups.add_column(col, justify="right" if col in ("size", "stride") else "left")

@@ -268,6 +268,13 @@ class ClusterSpec(Spec):
         "on 18 servers for GB200 NVL72); default: gpus_per_node. A group within it uses intra_node, one across "
         "domains inter_node; tensor parallelism is searched up to it."
     )
+    segment_nodes: int | None = Field(
+        None, gt=0, le=MAX_GPUS, description="Servers a job fills in each NVLink domain before the next (Slurm's "
+        "--segment on clusters scheduled by topology/block): the job's ranks r sit in domain r // (segment_nodes · "
+        "gpus_per_node). None: the largest divisor of the job's servers up to a domain's servers (the whole job "
+        "where it fits in one domain), as Megatron-Bridge's launcher sets --segment on 4-GPU-server systems; "
+        "whole domains where only 1 divides. Only a domain of several servers has segments."
+    )
     intra_node: LinkTier = Field(description="The tier of a group (or a point-to-point transfer) whose ranks all "
                                  "lie in one NVLink domain of nvlink_domain_size GPUs: NVLink, whether the domain "
                                  "is one server or a rack of several (the name is historical: the tier is bounded "
@@ -321,6 +328,9 @@ class ClusterSpec(Spec):
             raise SpecError(
                 f"nvlink_domain_size ({domain}) and gpus_per_node ({self.gpus_per_node}) must divide one another"
             )
+        if self.segment_nodes is not None and self.segment_nodes * self.gpus_per_node > domain:
+            raise SpecError(f"segment_nodes ({self.segment_nodes}) of {self.gpus_per_node}-GPU servers must fit one "
+                            f"NVLink domain ({domain} GPUs)")
         if self.fabric is not None and self.fabric.levels[0].unit_gpus != domain:
             raise SpecError(f"fabric level 0 ({self.fabric.levels[0].name}) holds {self.fabric.levels[0].unit_gpus} "
                             f"GPUs but the NVLink domain has {domain}: they are the same unit")
@@ -338,6 +348,30 @@ class ClusterSpec(Spec):
     @property
     def domain_size(self) -> int:
         return self.nvlink_domain_size or self.gpus_per_node
+
+    def job_domain_gpus(self, num_gpus: int) -> int:
+        """GPUs of a job of `num_gpus` in each NVLink domain it uses: ranks r sit in domain r // this
+        (`segment_nodes`; by default the largest divisor of the job's servers up to a domain's servers, the
+        rule Megatron-Bridge's launcher uses for Slurm's --segment; whole domains where only 1 divides).
+
+        GB200 NVL72 (18 servers of 4 GPUs): 256 GPUs fill 64 per rack, 576 GPUs 72, 48 GPUs one rack:
+
+        >>> from profiles import load_cluster
+        >>> c = load_cluster("gb200-nvl72")
+        >>> c.job_domain_gpus(256), c.job_domain_gpus(576), c.job_domain_gpus(48), c.job_domain_gpus(76)
+        (64, 72, 48, 72)
+        """
+        domain, node = self.domain_size, self.gpus_per_node
+        servers = domain // node
+        if servers <= 1:
+            return domain
+        if self.segment_nodes is not None:
+            return self.segment_nodes * node
+        job = -(-int(num_gpus) // node)
+        if job <= servers:
+            return job * node
+        best = max(s for s in range(1, servers + 1) if job % s == 0)
+        return best * node if best > 1 else domain
 
     @property
     def overlap_efficiency(self) -> float:

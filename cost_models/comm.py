@@ -141,18 +141,14 @@ class TierCommModel:
         self.inter_gs_bw = float(self.egress_gs[0, 0])
         self.inter_lat = float(self.level_lat[0])
         self.world: int | None = None
-        self._job_domain = getattr(cluster, "job_domain_gpus", None)  # plain test clusters: whole domains
-
-    def job_domain(self, world: int) -> int:
-        """GPUs of a job of `world` GPUs in each NVLink domain (`ClusterSpec.job_domain_gpus`)."""
-        return int(self._job_domain(world)) if self._job_domain is not None else self.domain
+        self._job_units = getattr(cluster, "job_units", None)  # plain test clusters: whole units
 
     def with_world(self, world) -> "TierCommModel":
         """This model for one job of `world` GPUs (a count, or an array of candidates' counts that all agree).
 
-        Where a group sits depends on the job. Its ranks fill `ClusterSpec.job_domain_gpus` GPUs of each
-        NVLink domain (64 of an NVL72 rack's 72 for a 256-GPU job under Megatron-Bridge's --segment rule), and
-        a level's unit holds that many of each of its domains: rank r sits in the job's unit r // unit_L. The
+        Where a group sits depends on the job. Its ranks fill `ClusterSpec.job_units` GPUs of each level's
+        unit (64 of an NVL72 rack's 72 for a 256-GPU job under Megatron-Bridge's --segment rule): rank r sits
+        in the job's unit r // unit_L. The
         groups of a dimension tile the ranks in blocks of size·stride; a block that does not divide the unit
         (expert parallelism 64 on 72-GPU racks of a 576-GPU job) leaves it somewhere, and the fewest members
         one unit holds set its bandwidth there (`fewest_in_unit`). Without a world (`world` None) the groups are
@@ -162,9 +158,9 @@ class TierCommModel:
             raise ValueError(f"a communication model prices one job; these candidates have {counts.size} GPU counts")
         out = copy.copy(self)
         out.world = int(counts[0])
-        share = self.job_domain(out.world) / self.domain
-        out.unit = np.rint(self.unit * share)
-        out.domain = self.job_domain(out.world)
+        if self._job_units is not None:
+            out.unit = np.array(self._job_units(out.world), dtype=float)[:, None]
+            out.domain = int(out.unit[0, 0])  # level 0 is the NVLink domain
         return out
 
     def _flat(self, *arrays):
@@ -173,12 +169,13 @@ class TierCommModel:
         shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
         return shape, [np.broadcast_to(a, shape).ravel() for a in arrays]
 
-    def _fewest(self, span) -> np.ndarray:
-        """Per level, over flattened spans: the fewest ranks a crossing block puts in one of the job's units,
-        0 where no block of that span leaves its unit (`fewest_in_unit`), (L, M)."""
+    def _fewest(self, span, levels: int | None = None) -> np.ndarray:
+        """Per level (the first `levels`, default all), over flattened spans: the fewest ranks a crossing block
+        puts in one of the job's units, 0 where no block of that span leaves its unit (`fewest_in_unit`), (L, M)."""
         span = np.rint(span).astype(np.int64)
-        out = np.zeros((len(self.level_names), span.size))
-        for i, unit in enumerate(int(u) for u in self.unit[:, 0]):
+        units = [int(u) for u in self.unit[:levels, 0]]
+        out = np.zeros((len(units), span.size))
+        for i, unit in enumerate(units):
             inside = (span <= unit) & (unit % np.maximum(span, 1) == 0)
             whole = span % unit == 0
             out[i] = np.where(whole & ~inside, unit, 0)
@@ -271,7 +268,7 @@ class TierCommModel:
         """Whether some group of `size` ranks `stride` apart leaves its NVLink domain (level 0's unit) in this
         model's job."""
         shape, (n, d) = self._flat(size, stride)
-        return self._placed(n, d)[0][0].reshape(shape)
+        return (self._fewest(n * d, levels=1)[0] > 0).reshape(shape)
 
     def members(self, size, stride) -> np.ndarray:
         """The fewest members a group crossing a level has in one of its units (the most it can have, at most

@@ -240,7 +240,7 @@ def draw_topology(cluster: ClusterSpec, graph: nx.Graph, num_gpus: int | None = 
                             f"({groups[colour_dim][0]} GPUs each)"))
         if groups["pp"][0] > 1:
             legend.append(Patch(facecolor="white", edgecolor=pp_cmap(1), lw=2, label="outline: pipeline stage"))
-        job_units = [u * filled // domain for u in units]
+        job_units = cluster.job_units(total)
         crossing = [(d, span_level(groups[d][0], groups[d][1], total, job_units)) for d in DIM_COLOURS
                     if groups[d][0] > 1]
         crossing = [(d, s) for d, s in crossing if s >= 1]

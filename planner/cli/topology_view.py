@@ -68,12 +68,10 @@ def span_level(size: int, stride: int, num_gpus: int, units: list[int]) -> int:
 
 def group_spans(strategy: Strategy, num_layers: int, num_gpus: int, cluster: ClusterSpec) -> list[dict[str, Any]]:
     """For each dimension of degree > 1: its size and stride, the level a unit of which holds each of its groups
-    (`inside`; 'cluster' when no level's does) and the levels its groups leave (`crosses`). The job fills
-    `cluster.job_domain_gpus(num_gpus)` GPUs of each NVLink domain, and a level's unit that many of each of its
-    domains."""
+    (`inside`; 'cluster' when no level's does) and the levels its groups leave (`crosses`), the job's ranks
+    placed in each level's units as `cluster.job_units(num_gpus)` says."""
     levels = cluster.levels
-    filled = cluster.job_domain_gpus(num_gpus)
-    units = [lv.unit_gpus * filled // cluster.domain_size for lv in levels]
+    units = cluster.job_units(num_gpus)
     out = []
     for dim, (size, stride) in dim_groups(strategy, num_layers).items():
         if size <= 1:

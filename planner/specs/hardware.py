@@ -373,6 +373,17 @@ class ClusterSpec(Spec):
         best = max(s for s in range(1, servers + 1) if job % s == 0)
         return best * node if best > 1 else domain
 
+    def job_units(self, num_gpus: int) -> list[int]:
+        """GPUs of a job of `num_gpus` in one unit of each level (`levels`, innermost first): a unit holds
+        `job_domain_gpus` of each of its NVLink domains, and the job's rank r sits in unit r // this.
+
+        >>> from profiles import load_cluster
+        >>> load_cluster("gb200-nvl72").job_units(512), load_cluster("gb200-nvl72").job_units(576)
+        ([64, 512], [72, 576])
+        """
+        filled = self.job_domain_gpus(num_gpus)
+        return [lv.unit_gpus * filled // self.domain_size for lv in self.levels]
+
     @property
     def overlap_efficiency(self) -> float:
         """Share of the communication a schedule overlaps that costs no step time:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from planner.specs import Estimate, Plan, PlanResult, Strategy, TrainSpec
 
 GIB = 2**30
+MIB = 2**20
 
 #: What each step-time term is, beside its name (`meshplan explain`, the report's breakdown).
 TIME_TERM_LABELS = {
@@ -296,9 +297,6 @@ def time_rows(e: "Estimate") -> list[list[str]]:
 
 
 # ---- measured runs: `meshplan validate` and `meshplan tune` ---------------------------------------------------
-MIB = 2**20
-
-
 def _or_dash(x: float | None, fmt: str = "{:.3f}") -> str:
     return "-" if x is None else fmt.format(x)
 

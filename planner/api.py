@@ -16,6 +16,7 @@ from planner.rules import (
     context_warning,
     cuda_graph_problem,
     eager_problem,
+    finetune_problem,
     family_warning,
     fp8_recipe_problem,
     nvfp4_problem,
@@ -74,7 +75,10 @@ def make_inputs(
         train = TrainSpec(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision, **train_options)
     except SpecValidationError as exc:
         raise SpecError(f"invalid training settings: {exc.problems}") from None
+    train = _adapter_defaults(train)
     train = _framework_zero3(train, cluster_spec)
+    if (problem := finetune_problem(train, model_spec)) is not None:
+        raise SpecError(problem)
     if (problem := eager_problem(train, model_spec)) is not None:
         raise SpecError(problem)
     if (problem := nvfp4_problem(train, cluster_spec.gpu)) is not None:
@@ -111,6 +115,19 @@ def check_top_k(top_k: Any) -> int:
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
         raise SpecError(f"top_k must be an integer between 1 and {MAX_TOP_K} (got {short_repr(top_k)})")
     return top_k
+
+
+def _adapter_defaults(train: TrainSpec) -> TrainSpec:
+    """A LoRA / QLoRA run is the Hugging Face model with peft: framework deepspeed unless one was given, and the
+    model's element-wise work eager (torch_compile false, the Trainer's default) unless torch_compile was given."""
+    if not train.adapters:
+        return train
+    update = {}
+    if "framework" not in train.model_fields_set:
+        update["framework"] = "deepspeed"
+    if "torch_compile" not in train.model_fields_set:
+        update["torch_compile"] = False
+    return train.model_copy(update=update) if update else train
 
 
 def _framework_zero3(train: TrainSpec, cluster: ClusterSpec) -> TrainSpec:

@@ -233,12 +233,47 @@ def eager_problem(train, model) -> str | None:
     torchtitan's (its Llama-style decoder layer), and its latent-attention eager code is not counted."""
     if train.torch_compile:
         return None
-    if train.framework != "torchtitan":
+    if train.framework != "torchtitan" and not getattr(train, "adapters", False):  # a peft model runs eager anywhere
         return (f"torch_compile false with framework {train.framework!r}: eager element-wise work is costed for "
                 "framework torchtitan only (its PyTorch operators); the other frameworks run their own fused kernels")
     if model.is_mla:
         return ("torch_compile false with latent attention: torchtitan's eager operators of an MLA layer are not "
                 "costed; plan it with torch_compile true")
+    return None
+
+
+#: Frameworks a LoRA / QLoRA plan runs under: the Hugging Face model with peft, sharded by DeepSpeed's ZeRO
+#: (framework deepspeed) or by PyTorch FSDP2 (framework torchtitan: FSDP2's costs), what Axolotl and LLaMA-Factory run.
+ADAPTER_FRAMEWORKS = ("deepspeed", "torchtitan")
+
+
+def finetune_problem(train, model) -> str | None:
+    """Why this fine-tuning cannot be planned for `model`, or None. LoRA and QLoRA plans are costed for a
+    dense transformer of standard attention and MLP layers (the Hugging Face Llama family's linear layers,
+    which peft's target names and the adapter arithmetic of cost_models.finetune assume), run by the Hugging
+    Face stack under DeepSpeed or FSDP2."""
+    if not getattr(train, "adapters", False):
+        return None
+    mode = train.finetune
+    if train.framework not in ADAPTER_FRAMEWORKS:
+        return (f"finetune {mode!r} with framework {train.framework!r}: adapter plans run the Hugging Face model "
+                f"with peft under framework deepspeed (ZeRO) or torchtitan (FSDP2)")
+    for what, bad in (("an MoE model (num_experts > 0)", model.is_moe),
+                      ("latent attention (kv_lora_rank is set)", model.is_mla),
+                      ("Mamba or hybrid layers (hybrid_override_pattern)", model.is_hybrid),
+                      ("sliding-window attention", any(model.local_attention_mask())),
+                      ("multi-token prediction (num_mtp_layers)", bool(model.num_mtp_layers))):
+        if bad:
+            return (f"finetune {mode!r} of {what}: adapters are costed for dense transformers of standard attention "
+                    "and MLP layers only")
+    targets = train.lora_target_modules or ()
+    if "gate_proj" in targets and not model.gated_mlp:
+        return (f"lora_target_modules names gate_proj, which model {model.name!r} has not got (its MLP is not gated: "
+                "up_proj and down_proj only)")
+    layers = train.lora_layers or ()
+    if layers and max(layers) >= model.num_layers:
+        return (f"lora_layers names layer {max(layers)}, which model {model.name!r} has not got (layers 0-"
+                f"{model.num_layers - 1})")
     return None
 
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
 from planner.errors import SpecError
 from planner.specs.base import MAX_BATCH, MAX_HEADS, MAX_TOKENS, Spec
+
+
+#: The linear layers of a transformer layer LoRA can adapt, by their Hugging Face Llama module names (peft's
+#: target_modules): attention's query, key, value and output projections; the MLP's gate, up and down projections.
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_TARGETS: tuple[str, ...] = get_args(LoraTarget)
 
 
 class TrainSpec(Spec):
@@ -141,6 +147,56 @@ class TrainSpec(Spec):
         "None or empty: the whole layer (which a dropless MoE layer's experts cannot be).",
     )
 
+    finetune: Literal["none", "full", "lora", "qlora"] = Field(
+        "none",
+        description="What the run trains: none (pre-training) or full (full fine-tuning: every parameter trained, "
+        "costed as pre-training is); lora (Hu et al. 2021: the base weights frozen in 16 bits, low-rank adapters "
+        "trained beside the linear layers of lora_target_modules, peft's LoraConfig); qlora (Dettmers et al. 2023: "
+        "the base model's linear layers frozen in 4 bits (bitsandbytes NF4, double quantisation), dequantised to "
+        "bf16 for every GEMM, with LoRA adapters). Frozen weights hold no gradients and no optimizer states; the "
+        "backward still computes the input gradients of every frozen layer above the lowest adapter "
+        "(cost_models.finetune).",
+    )
+    lora_rank: int = Field(16, ge=1, le=MAX_HEADS, description="LoRA: the adapters' rank r (peft's r).")
+    lora_alpha: float | None = Field(
+        None, gt=0, le=1e6, description="LoRA: the scaling numerator (peft's lora_alpha, the update scaled by "
+        "alpha / r); None: twice the rank. It changes no cost; the emitted configs carry it.")
+    lora_dropout: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="LoRA: dropout on the adapters' input (peft's lora_dropout). Above 0, peft applies it to each "
+        "adapted module's input on its own, which stores a dropped copy and its mask per module (costed).",
+    )
+    lora_target_modules: list[LoraTarget] | None = Field(
+        None,
+        description="LoRA: which linear layers of each transformer layer get adapters, by their Hugging Face Llama "
+        "names (q_proj, k_proj, v_proj, o_proj: attention; gate_proj, up_proj, down_proj: the MLP, gate_proj only "
+        "in a gated MLP); None: all of them that the model has (peft's 'all-linear', which leaves the output "
+        "layer out).",
+    )
+    lora_layers: list[int] | None = Field(
+        None,
+        description="LoRA: which transformer layers (0-based) get adapters (peft's layers_to_transform); None: "
+        "every layer. The backward stops at the lowest of them.",
+    )
+    adapter_precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="LoRA: the adapters' weights, gradients and optimizer precision: fp32 (peft's default "
+        "autocast_adapter_dtype, which keeps adapters in fp32 beside a 16-bit base; Adam keeps two fp32 moments, no "
+        "separate master copy) or bf16 (adapters, gradients in bf16; the optimizer's moments in fp32, as the "
+        "QLoRA paper and paged_adamw_32bit run).",
+    )
+    qlora_double_quant: bool = Field(
+        True,
+        description="QLoRA: double quantisation (bitsandbytes bnb_4bit_use_double_quant): the fp32 absmax of every "
+        "64 weights quantised to 8 bits in blocks of 256 (0.127 bits a weight of constants instead of 0.5).",
+    )
+    paged_optimizer: bool = Field(
+        False,
+        description="Paged optimizer states (bitsandbytes paged_adamw_32bit): the states live in unified memory and "
+        "move to the host only when the GPU runs short. They are counted on the GPU (paging absorbs spikes, the "
+        "plan must fit without it); emitted as the optimizer name.",
+    )
+
     @model_validator(mode="after")
     def _check_fp8_param_gather(self) -> "TrainSpec":
         if self.fp8_param_gather and self.precision != "fp8":
@@ -211,6 +267,50 @@ class TrainSpec(Spec):
             raise SpecError(f"cuda_graph_scope {scope}: moe_preprocess needs moe_router (megatron-core captures the "
                             "dispatcher's preprocessing with the router only)")
         return self
+
+    @model_validator(mode="after")
+    def _check_finetune(self) -> "TrainSpec":
+        lora_fields = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_layers",
+                       "adapter_precision")
+        given = [f for f in lora_fields if f in self.model_fields_set]
+        if self.finetune not in ("lora", "qlora"):
+            if given:
+                raise SpecError(f"{given[0]} needs finetune 'lora' or 'qlora' (finetune is {self.finetune!r}): "
+                                "only adapters have a rank, targets or layers")
+            if "qlora_double_quant" in self.model_fields_set:
+                raise SpecError(f"qlora_double_quant needs finetune 'qlora' (finetune is {self.finetune!r})")
+            return self
+        if self.finetune == "lora" and "qlora_double_quant" in self.model_fields_set:
+            raise SpecError("qlora_double_quant needs finetune 'qlora' (finetune is 'lora': its base weights are 16-bit)")
+        if self.precision not in ("bf16", "fp16"):
+            raise SpecError(f"finetune {self.finetune!r} needs precision bf16 or fp16 (precision is {self.precision!r}): "
+                            "the frozen base and its adapters compute in 16 bits (bitsandbytes' compute dtype for "
+                            "qlora)")
+        targets = self.lora_target_modules
+        if targets is not None:
+            if not targets:
+                raise SpecError("lora_target_modules is empty: name at least one linear layer (or leave it unset for all)")
+            if len(set(targets)) != len(targets):
+                raise SpecError(f"lora_target_modules {targets} names a module twice")
+        layers = self.lora_layers
+        if layers is not None:
+            if not layers:
+                raise SpecError("lora_layers is empty: name at least one layer (or leave it unset for every layer)")
+            if min(layers) < 0:
+                raise SpecError(f"lora_layers {layers}: layer indices start at 0")
+            if len(set(layers)) != len(layers):
+                raise SpecError(f"lora_layers {layers} names a layer twice")
+        return self
+
+    @property
+    def adapters(self) -> bool:
+        """Whether the run trains LoRA adapters over a frozen base (finetune lora or qlora)."""
+        return self.finetune in ("lora", "qlora")
+
+    @property
+    def effective_lora_alpha(self) -> float:
+        """lora_alpha, or twice the rank when unset."""
+        return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
 
     @property
     def tokens_per_step(self) -> int:

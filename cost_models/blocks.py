@@ -74,6 +74,7 @@ class Micro:
     moe_flex_sms: int | None = None  # SMs of the flex dispatcher's kernels (None: Megatron's default; cost_models.dispatch)
     moe_router_padding: bool = False  # Megatron's --moe-router-padding-for-quantization (MoE.quantization_padding)
     cuda_graph: frozenset = frozenset()  # the CUDA graph scopes captured (`graph_scopes`; compute.graph_captured_kernels)
+    frozen_base: bool = False  # the base weights are frozen (adapters): GEMM backwards compute input gradients only
 
     @property
     def te_cross_entropy(self) -> bool:

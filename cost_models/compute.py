@@ -107,14 +107,19 @@ def gemm_efficiency(m, n, k, gpu: GpuSpec, precision: str, recipe: str | None = 
     return gpu.gemm_efficiency
 
 
-def gemm_backward_time(g: Gemm, gpu: GpuSpec, precision: str, recipe: str | None = None) -> np.ndarray:
+def gemm_backward_time(g: Gemm, gpu: GpuSpec, precision: str, recipe: str | None = None,
+                       frozen: bool = False) -> np.ndarray:
     """Backward of one GEMM: the input gradient (m×n)·(n×k) and the weight gradient (k×m)·(m×n),
     each as many FLOPs as the forward, timed at their own shapes on a GPU with a GEMM table; on
-    one without, `backward_gemm_ratio` times the forward (the calibrated ratio)."""
+    one without, `backward_gemm_ratio` times the forward (the calibrated ratio). A `frozen` weight
+    (fine-tuning adapters over a frozen base, cost_models.finetune) has no weight gradient: the input
+    gradient only (half the calibrated ratio without a table)."""
     prec = precision if g.quantised else UNQUANTISED[precision]
     if not _has_table(gpu, prec):
-        return gpu.backward_gemm_ratio * gemm_time(g, gpu, precision, recipe)
+        return (0.5 if frozen else 1.0) * gpu.backward_gemm_ratio * gemm_time(g, gpu, precision, recipe)
     dgrad = Gemm(g.flop, g.m, g.k, g.n, g.quantised, g.count, g.grouped)
+    if frozen:
+        return gemm_time(dgrad, gpu, precision, recipe)
     wgrad = Gemm(g.flop, g.k, g.n, g.m, g.quantised, g.count, g.grouped)
     return gemm_time(dgrad, gpu, precision, recipe) + gemm_time(wgrad, gpu, precision, recipe)
 
@@ -125,7 +130,7 @@ def _layer_times(layer: Layer, x: Micro, gpu: GpuSpec) -> LayerTimes:
     gemms = layer.gemms(x)
     gemm_ts = [gemm_time(g, gpu, prec, x.fp8_recipe) for g in gemms]
     gemm_s = sum(gemm_ts)
-    gemm_bwd_s = sum(gemm_backward_time(g, gpu, prec, x.fp8_recipe) for g in gemms)
+    gemm_bwd_s = sum(gemm_backward_time(g, gpu, prec, x.fp8_recipe, x.frozen_base) for g in gemms)
     core = layer.core(x)
     att = layer.attention()
     # measured fused-attention throughput, if the GPU has a table
@@ -282,14 +287,14 @@ def head_times(head: Head, x: Micro, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarr
         norm = head.norm.elementwise(x)
         loss_fwd, loss_bwd, fwd_kernels, bwd_kernels = head.loss_bytes(x)
         fwd = gemm_s + table.time_s(norm.bytes + loss_fwd, norm.num_kernels + fwd_kernels)
-        bwd = (gemm_backward_time(g, gpu, x.precision, x.fp8_recipe)
+        bwd = (gemm_backward_time(g, gpu, x.precision, x.fp8_recipe, x.frozen_base)
                + table.time_s(BACKWARD_ELEMENTWISE_FACTOR * norm.bytes + loss_bwd, norm.num_kernels + bwd_kernels))
         return fwd, bwd, g.flop
     ew = head.elementwise(x)
     loss_s = ew.bytes / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
     overhead = ew.num_kernels * gpu.kernel_overhead_s
     fwd = gemm_s + loss_s + overhead
-    bwd = gemm_backward_time(g, gpu, x.precision, x.fp8_recipe) + BACKWARD_ELEMENTWISE_FACTOR * loss_s + overhead
+    bwd = gemm_backward_time(g, gpu, x.precision, x.fp8_recipe, x.frozen_base) + BACKWARD_ELEMENTWISE_FACTOR * loss_s + overhead
     return fwd, bwd, g.flop
 
 

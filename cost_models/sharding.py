@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cost_models import finetune
 from cost_models.arrays import spread
 from cost_models.comm import exposed_s
 from cost_models.memory import kind_expert_params_per_rank, kind_params_per_rank, param_gather_saving_per_element
@@ -104,8 +105,13 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     gathered = dense_k * weight_b  # one layer's weights, bytes, (K, N)
     if fp8_saving:
         gathered = gathered - fp8_saving * s.quantised_kinds[0]
+    if s.adapters:  # frozen layers gathered in their stored width; only the adapters' gradients reduced
+        gathered = np.broadcast_to(finetune.layer_base_bytes(s.model, train, dense_k), dense_k.shape) * 1.0
+        grads = finetune.adapter_params_per_layer(s.model, train) * finetune.adapter_state_bytes(train).grad
+        reduce = timed(np.broadcast_to(float(grads), dense_k.shape), shard, shard_stride)
+    else:
+        reduce = timed(dense_k * grad_b, shard, shard_stride)
     gather = timed(gathered, shard, shard_stride)
-    reduce = timed(dense_k * grad_b, shard, shard_stride)
     if s.has_experts:
         edp, edp_stride = lay.expert_group("edp")
         expert_k = kind_expert_params_per_rank(s.blocks, lay.ep, lay.etp)
@@ -130,7 +136,7 @@ def zero3_comm_s(s: Setup, pl: PerLayerTimes, recompute_share: np.ndarray, impl_
     # first layer), reduce-scattered after the last backward.
     ends = rows.has_embedding | rows.has_head
     end_gather = np.where(ends, timed(end_params * weight_b, shard, shard_stride), 0.0)
-    end_reduce = np.where(ends, timed(end_params * grad_b, shard, shard_stride), 0.0)
+    end_reduce = np.where(ends & (not s.adapters), timed(end_params * grad_b, shard, shard_stride), 0.0)
     end_params = end_params * z3
     end_copy = np.where(ends & impl.copy_out & sharded, READ_PLUS_WRITE * end_params * weight_b
                         / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency), 0.0)

@@ -38,7 +38,8 @@ from cost_models.layout import ParallelLayout
 from cost_models.frameworks import framework_of, zero3_impl_of
 from profiles.frameworks import Framework
 from cost_models.sharding import zero3_comm_s
-from cost_models.memory import (RUNTIME_TERMS, dispatcher_buffer_bytes, fp8_weight_memory, kind_quantised_weights,
+from cost_models import finetune
+from cost_models.memory import (RUNTIME_TERMS, kind_params_per_rank, dispatcher_buffer_bytes, fp8_weight_memory, kind_quantised_weights,
                                 model_state_bytes, param_gather_saving_per_element, per_row, runtime_memory_bytes,
                                 offloaded_activation_bytes, offloaded_layers, stage_activation_bytes,
                                 stage_expert_params, stage_kind_counts, stage_params,
@@ -49,7 +50,8 @@ from cost_models.units import (FP32, DTYPE_BYTES, QUANTISED_PRECISIONS, WEIGHT_B
 if TYPE_CHECKING:  # specs are read by attribute only; no import of the planner package at run time
     from planner.specs import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
 
-MEMORY_TERMS = ("params", "grads", "optimizer", "fp8_weights", "activations", "recompute_working",
+MEMORY_TERMS = ("params", "adapters", "grads", "optimizer", "fp8_weights", "dequant_buffer", "activations",
+                "recompute_working",
                 "embedding_activations", "logits", "zero3_buffers", "comm_buffers", "cuda_graph_buffers") + RUNTIME_TERMS
 TIME_TERMS = ("compute", "recompute", "activation_offload", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble",
               "dp_comm", "optimizer")
@@ -149,12 +151,27 @@ class Setup:
         return stage_expert_params(self.blocks, self.lay, self.counts)
 
     @cached_property
+    def adapters(self) -> bool:
+        """Whether the run trains adapters over a frozen base (cost_models.finetune)."""
+        return bool(getattr(self.train, "adapters", False))
+
+    @cached_property
+    def trainable_params(self) -> np.ndarray:
+        """Parameters outside the routed experts whose gradients one rank of each stage row reduces and whose
+        optimizer step it runs (S, N), elements: all of them, or with adapters the adapters of its layers (an
+        adapter plan holds whole layers; the adapted ones spread evenly for the count)."""
+        if not self.adapters:
+            return self.params
+        per_layer = finetune.adapter_params(self.model, self.train) / self.model.num_layers
+        return np.broadcast_to(self.lay.rows.layers * per_layer, self.params.shape) * 1.0
+
+    @cached_property
     def optimizer_params(self) -> np.ndarray:
         """Parameters whose optimizer states and step one rank of each stage row holds (S, N):
         with ZeRO >= 1 its shard of the dense ones (over dp·cp) and of the experts (over the
-        expert-data-parallel group)."""
+        expert-data-parallel group); with adapters, its shard of the adapters."""
         sharded = self.st.zero_stage >= 1
-        out = self.params / np.where(sharded, self.lay.shard, 1)
+        out = self.trainable_params / np.where(sharded, self.lay.shard, 1)
         if self.has_experts:
             out = out + self.expert_params / np.where(sharded, self.lay.expert_dp, 1)
         return out
@@ -199,7 +216,8 @@ def micro_of(train: TrainSpec, st: StrategyArrays, cluster: ClusterSpec | None =
                  getattr(train, "moe_dispatcher", "alltoall"), getattr(train, "framework", "megatron"),
                  not getattr(train, "torch_compile", True), getattr(train, "cross_entropy_fusion_impl", "native"),
                  getattr(train, "moe_flex_num_sms", None), getattr(train, "moe_router_padding_for_quantization", False),
-                 graph_scopes(getattr(train, "cuda_graph_impl", "none"), getattr(train, "cuda_graph_scope", None)))
+                 graph_scopes(getattr(train, "cuda_graph_impl", "none"), getattr(train, "cuda_graph_scope", None)),
+                 bool(getattr(train, "adapters", False)))
 
 
 def setup(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays, comm: CommModel | None = None) -> Setup:
@@ -349,8 +367,12 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     st, train, lay, x = s.st, s.train, s.lay, s.x
     params = s.params
     master = s.framework.zero3_param_is_master
-    mem = model_state_bytes(params, st.zero_stage, lay.shard, st.offload_optimizer, train.precision,
-                            train.grad_precision, train.optimizer, master)
+    if s.adapters:
+        mem = adapter_state_memory(s)
+    else:
+        mem = model_state_bytes(params, st.zero_stage, lay.shard, st.offload_optimizer, train.precision,
+                                train.grad_precision, train.optimizer, master)
+        mem["adapters"] = np.zeros_like(params)
     if s.has_experts:  # expert states are sharded over the expert-data-parallel group (Megatron's expert DP)
         experts = model_state_bytes(s.expert_params, st.zero_stage, lay.expert_dp, st.offload_optimizer,
                                     train.precision, train.grad_precision, train.optimizer, master)
@@ -358,10 +380,18 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     mem |= stage_fp8_weight_bytes(s, mem["params"])
     mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, s.framework,
                                   s.counts)
+    mem["dequant_buffer"] = np.zeros_like(params)
+    if s.adapters:
+        mem |= adapter_activation_memory(s, mem["activations"])
     # Pipeline send and receive buffers of one micro-batch's activations, forward and backward.
     p2p_buffers = np.where(lay.pp > 1, 2 * 2 * x.tokens * s.model.hidden_size * x.act / lay.tp, 0.0)
     mem["zero3_buffers"] = (zero3_working_bytes(s.blocks, st, train.precision, train.grad_precision) * (lay.rows.layers > 0)
                             + zero3_head_bytes(s.blocks, st, lay, train.precision, s.framework.zero3_head_unsharded))
+    if s.adapters:  # ZeRO-3 gathers the frozen layers in their stored width, with one layer's adapter gradients
+        layer = finetune.layer_base_bytes(s.model, train, float(kind_params_per_rank(s.blocks, lay.tp).max()))
+        grads = finetune.adapter_params_per_layer(s.model, train) * finetune.adapter_state_bytes(train).grad
+        mem["zero3_buffers"] = np.where(st.zero_stage >= 3, (2 * layer + grads) * (lay.rows.layers > 0), 0.0) + (
+            zero3_head_bytes(s.blocks, st, lay, train.precision, s.framework.zero3_head_unsharded))
     mem["comm_buffers"] = p2p_buffers
     mem["cuda_graph_buffers"] = cuda_graph_buffer_bytes(s)
     tensors = sum(np.broadcast_to(v, params.shape) for v in mem.values())
@@ -375,6 +405,39 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     mem |= runtime_memory_bytes(tensors, st, s.gpu, s.cluster.domain_size, alltoall=dispatcher == "alltoall",
                                 dispatcher_bytes=flex)
     return {k: np.broadcast_to(mem[k], params.shape) for k in MEMORY_TERMS}
+
+
+def adapter_state_memory(s: Setup) -> dict[str, np.ndarray]:
+    """Model states of one rank of each stage row with adapters over a frozen base (S, N), bytes: the frozen
+    weights (`params`: the layers' linear weights at `finetune.base_weight_bytes_per_param`, 16-bit elsewhere;
+    sharded under ZeRO-3), the adapters' weights (`adapters`, sharded under ZeRO-3), their gradients (`grads`,
+    sharded from ZeRO-2) and optimizer states (`optimizer`, sharded from ZeRO-1; on the host when offloaded).
+    The frozen weights have no gradients and no optimizer states."""
+    st, lay, train, model = s.st, s.lay, s.train, s.model
+    linear = lay.rows.layers * finetune.linear_weights_per_layer(model) / lay.tp
+    base = linear * finetune.base_weight_bytes_per_param(train) + (s.params - linear) * WEIGHT_BYTES[train.precision]
+    states = finetune.adapter_state_bytes(train)
+    trainable = s.trainable_params
+    optimizer = trainable * states.optimizer / np.where(st.zero_stage >= 1, lay.shard, 1)
+    return {"params": base / np.where(st.zero_stage >= 3, lay.shard, 1),
+            "adapters": trainable * states.weight / np.where(st.zero_stage >= 3, lay.shard, 1),
+            "grads": trainable * states.grad / np.where(st.zero_stage >= 2, lay.shard, 1),
+            "optimizer": np.where(st.offload_optimizer, 0.0, optimizer)}
+
+
+def adapter_activation_memory(s: Setup, activations: np.ndarray) -> dict[str, np.ndarray]:
+    """Activations of one rank of each stage row with adapters (S, N), bytes: the base's, on the layers from the
+    lowest adapted one up only (below it nothing needs a gradient and autograd keeps nothing), plus each adapted
+    layer's adapter tensors (`finetune.adapter_activation_bytes`; under full recompute only the working layer's);
+    and QLoRA's dequantised weight buffer."""
+    st, lay, train, model, x = s.st, s.lay, s.train, s.model, s.x
+    share = finetune.backward_share(model, train)
+    adapted = len(finetune.adapted_layers(model, train)) / model.num_layers
+    one = finetune.adapter_activation_bytes(model, train, x.tokens, x.act)
+    inflight = lay.inflight_chunks(lay.rows.rank, s.num_microbatches) / lay.vpp
+    extra = np.where(st.recompute == 2, one, one * adapted * lay.rows.layers * inflight) * (lay.rows.layers > 0)
+    deq = finetune.dequant_buffer_bytes(model, train) * (lay.rows.layers > 0)
+    return {"activations": share * activations + extra, "dequant_buffer": np.broadcast_to(deq, activations.shape) * 1.0}
 
 
 #: Static tensors a captured CUDA graph keeps per layer, in units of the layer's 16-bit hidden-state tensor (one
@@ -495,6 +558,21 @@ def amax_reductions(x: Micro, st: StrategyArrays) -> np.ndarray:
     return np.where(on & (np.asarray(st.tp) > 1) & np.asarray(st.sequence_parallel, dtype=bool), 1.0, 0.0)
 
 
+def adapter_layer_times(model: ModelSpec, train: TrainSpec, lt, x: Micro, gpu: GpuSpec):
+    """A frozen base with adapters (cost_models.finetune): each layer's forward gains its adapters' kernels (on
+    the adapted layers' share of the layers) and QLoRA's dequantisation; its backward (input gradients only,
+    `Micro.frozen_base`) gains the adapters' backward and a second dequantisation, and runs on the layers from
+    the lowest adapted one up only. Returns the new times (the per-kind means the stage sums use; every kind is
+    the same dense layer) and that backward share, which recomputation takes too."""
+    adapted = len(finetune.adapted_layers(model, train)) / model.num_layers
+    a_fwd, a_bwd = finetune.adapter_layer_s(model, train, x.tokens, x.act, gpu)
+    deq = finetune.dequant_layer_s(model, train, gpu)
+    share = finetune.backward_share(model, train)
+    fwd = lt.fwd_s + adapted * a_fwd + deq
+    bwd = share * (lt.bwd_s + deq) + adapted * a_bwd
+    return replace(lt, fwd_s=fwd, bwd_s=bwd), share
+
+
 def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: CommModel, st: StrategyArrays, comm_overlap: float = 1.0,
                     s: Setup | None = None, tp_overlap: float = 0.0, ep_overlap: float | None = None
                     ) -> PerLayerTimes:
@@ -519,6 +597,9 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
     lay = s.lay if s else ParallelLayout.of(st, model.num_layers)
     x = s.x if s else micro_of(train, st)
     lt = layer_times(blocks, x, gpu)
+    share = 1.0
+    if getattr(train, "adapters", False):
+        lt, share = adapter_layer_times(model, train, lt, x, gpu)
     n = len(st)
     tp_size, tp_stride = lay.group("tp")
     cp_size, cp_stride = lay.group("cp")
@@ -607,6 +688,7 @@ def per_layer_times(model: ModelSpec, train: TrainSpec, gpu: GpuSpec, comm: Comm
         selective = np.stack([np.broadcast_to(t + ag[k], (n,)) if t is not None else selective[k]
                               for k, t in enumerate(sac)])
     recompute = np.where(rc == 2, lt.fwd_s + tp_fwd + cp_fwd + ep_fwd, np.where(rc == 1, selective, 0.0))
+    recompute = share * recompute  # adapters: the layers below the lowest adapted one run no backward
     head_f, head_b, _ = head_times(blocks.head, x, gpu)
     return PerLayerTimes(layer=lt, tp_all_reduce_s=tp_ar, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, tp_raw_s=tp_raw, cp_fwd_s=cp_fwd, cp_raw_s=cp_raw,
                          ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd, ep_raw_s=2 * ep_one, recompute_s=recompute,
@@ -823,11 +905,16 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
 
     fwd_mb = s.per_row(lt.fwd_s)
     bwd_mb = s.per_row(lt.bwd_s) + rows.has_head * s.blocks.head_passes * pl.head_bwd_s
-    grad_reduce = reduce_s(params * grad_b, shard, shard_stride)
     sharded = (zero == 1) | (zero == 2)
     # FP8 parameters (fp8_param_gather) are gathered in fewer bytes than the 16-bit ones
     fp8_saving = param_gather_saving_per_element(train)
-    dense_gather = params * weight_b - (fp8_saving * s.per_row(s.quantised_kinds[0]) if fp8_saving else 0.0)
+    if s.adapters:  # only the adapters have gradients to reduce and updated weights to gather
+        states = finetune.adapter_state_bytes(train)
+        grad_reduce = reduce_s(s.trainable_params * states.grad, shard, shard_stride)
+        dense_gather = s.trainable_params * states.weight
+    else:
+        grad_reduce = reduce_s(params * grad_b, shard, shard_stride)
+        dense_gather = params * weight_b - (fp8_saving * s.per_row(s.quantised_kinds[0]) if fp8_saving else 0.0)
     param_gather = np.where(sharded, spread(classes, n, comm.gather_scatter_s, dense_gather * sharded, shard,
                                             shard_stride), 0.0)
     if s.has_experts:
@@ -851,6 +938,8 @@ def data_parallel_tail(s: Setup, pl: PerLayerTimes) -> tuple[dict[str, np.ndarra
     z3, z3_raw = zero3_comm_s(s, pl, share, zero3_impl_of(train, gpu.tables))
     opt_params = s.optimizer_params
     traffic = optimizer_step_traffic_bytes(train.optimizer, train.precision, train.grad_precision)
+    if s.adapters:  # the adapters' own weights are the master (finetune.adapter_state_bytes): fp32 traffic
+        traffic = optimizer_step_traffic_bytes(train.optimizer, "fp32", "fp32")
     table = elementwise_model(gpu)
     weight_casts = 0.0
     if table is None:
@@ -928,6 +1017,10 @@ def step_flops(s: Setup) -> tuple[np.ndarray, np.ndarray]:
     head_fwd = 2 * B * seq * model.hidden_size * model.vocab_size * blocks.head_passes
     L = blocks.num_layers
     model_flop = 3 * (L * layer_fwd + mtp_fwd + head_fwd)
+    if s.adapters:  # forward, the input gradients above the lowest adapted layer, and the adapters' own three passes
+        share = finetune.backward_share(model, train)
+        adapter_fwd = finetune.adapter_layer_work(model, train, B * seq, 2)[0] * len(finetune.adapted_layers(model, train))
+        model_flop = L * layer_fwd * (1 + share) + 2 * head_fwd + 3 * adapter_fwd
     rc = s.st.recompute
     policy = s.framework.selective_recompute
     if policy == "none":

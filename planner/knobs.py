@@ -164,7 +164,7 @@ def choose(train: TrainSpec, model, gpu, strict_numerics: bool = False) -> Knobs
     framework, fp8, moe = train.framework, train.precision == "fp8", model.num_experts > 0
     update: dict[str, Any] = {}
     if "grad_precision" not in given and not strict_numerics and framework in BF16_REDUCE_FRAMEWORKS \
-            and train.precision in ("bf16", "fp8", "nvfp4"):
+            and train.precision in ("bf16", "fp8", "nvfp4") and not train.adapters:  # adapters: adapter_precision
         update["grad_precision"] = "bf16"
     if framework == "megatron":
         if "cross_entropy_fusion_impl" not in given and train.cross_entropy_fusion:

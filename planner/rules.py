@@ -428,6 +428,25 @@ def _framework_msg(ctx: Context, r: dict) -> str:
 
 #: On a TPU cluster every parallel group must tile the slice's torus (cost_models.torus): a tp of 3 on a 4x4x8
 #: slice has no ring of ICI links to run on.
+def _adapter_layout_ok(c: Context, s: StrategyArrays) -> np.ndarray:
+    """An adapter plan (finetune lora / qlora) is data parallel with ZeRO 0-3: the Hugging Face model under
+    DeepSpeed or FSDP2 has no tensor, pipeline, context or expert parallel layout, and runs no interleaving,
+    activation offloading or CUDA graphs."""
+    if not getattr(c.train, "adapters", False):
+        return np.ones(len(s), dtype=bool)
+    return ((s.tp == 1) & (s.pp == 1) & (s.cp == 1) & (s.ep == 1) & (s.etp == 1) & (s.vpp == 1)
+            & (s.offload_activation_layers == 0))
+
+
+def _adapter_layout_msg(c: Context, r: dict) -> str:
+    return (f"finetune {c.train.finetune!r} runs the Hugging Face model with peft, data parallel with ZeRO only: "
+            f"tp, pp, cp, ep, etp and vpp must be 1 and no activations offloaded (got tp {r['tp']}, pp {r['pp']}, "
+            f"cp {r['cp']}, ep {r['ep']}, etp {r['etp']}, vpp {r['vpp']}, offload_activation_layers "
+            f"{r['offload_activation_layers']})")
+
+
+ADAPTER_RULE = Rule("finetune_layout", _adapter_layout_ok, _adapter_layout_msg)
+
 TORUS_RULE = Rule("torus_tiling",
                   lambda c, s: torus_groups_ok(c.cluster, _layout(c, s), _moe(c)),
                   lambda c, r: torus_groups_message(c.cluster, _row_layout(c, r), _moe(c)) or "")
@@ -436,7 +455,7 @@ FRAMEWORK_RULE = Rule("framework",
                       lambda c, s: ~np.any([hit for _, hit in _framework_failures(c, s)] or [np.zeros(len(s), bool)],
                                            axis=0),
                       _framework_msg)
-RULES = RULES + (TORUS_RULE, FRAMEWORK_RULE)
+RULES = RULES + (ADAPTER_RULE, TORUS_RULE, FRAMEWORK_RULE)
 
 
 def check(ctx: Context, st: StrategyArrays) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -97,9 +97,10 @@ Fp8ParamGatherOpt = Annotated[Optional[bool], typer.Option(
     "--fp8-param-gather/--no-fp8-param-gather", help="With --precision fp8: keep the FP8 GEMMs' weights in FP8 only "
     "and all-gather them in FP8 under ZeRO (Megatron's --fp8-param-gather; needs zero_stage >= 1). Default: chosen "
     "per plan (on with zero_stage >= 1 under Megatron, off with --strict-numerics).")]
-FrameworkOpt = Annotated[str, typer.Option(
+FrameworkOpt = Annotated[Optional[str], typer.Option(
     "--framework", help="Framework the plan runs on, costed as it runs (per-micro-batch gradient reductions, "
-    "selective recompute) and ranked only where it can run: megatron, torchtitan, deepspeed or colossalai.")]
+    "selective recompute) and ranked only where it can run: megatron, torchtitan, deepspeed or colossalai "
+    "(default megatron; deepspeed with --finetune lora or qlora).")]
 CeFusionOpt = Annotated[Optional[bool], typer.Option(
     "--cross-entropy-fusion/--no-cross-entropy-fusion",
     help="Fused vocabulary-parallel cross-entropy (Megatron's --cross-entropy-loss-fusion); default: the "
@@ -140,17 +141,78 @@ CudaGraphScopeOpt = Annotated[Optional[str], typer.Option(
     "moe_router, moe_preprocess, full_iteration (local); empty: the whole layer.")]
 
 
+FinetuneOpt = Annotated[str, typer.Option(
+    "--finetune", help="What the run trains: none (pre-training), full (every parameter), lora (adapters over a "
+    "frozen 16-bit base) or qlora (adapters over a 4-bit NF4 base); lora and qlora plan the Hugging Face model with "
+    "peft under --framework deepspeed (default) or torchtitan (FSDP2), data parallel with ZeRO.")]
+LoraRankOpt = Annotated[Optional[int], typer.Option("--lora-rank", help="LoRA rank r (default 16).")]
+LoraAlphaOpt = Annotated[Optional[float], typer.Option("--lora-alpha", help="LoRA alpha (default twice the rank).")]
+LoraDropoutOpt = Annotated[Optional[float], typer.Option("--lora-dropout", help="LoRA dropout on the adapters' "
+                                                         "input (default 0; above 0 it stores a copy per module).")]
+LoraTargetsOpt = Annotated[Optional[str], typer.Option(
+    "--lora-targets", help="Comma-separated linear layers to adapt: q_proj, k_proj, v_proj, o_proj, gate_proj, "
+    "up_proj, down_proj (default: all the model has).")]
+LoraLayersOpt = Annotated[Optional[str], typer.Option(
+    "--lora-layers", help="Transformer layers (0-based) that get adapters: 0,1,2 or 40-79 (default: all).")]
+AdapterPrecisionOpt = Annotated[Optional[str], typer.Option(
+    "--adapter-precision", help="Adapters' weights and gradients: fp32 (peft's default) or bf16.")]
+DoubleQuantOpt = Annotated[Optional[bool], typer.Option(
+    "--double-quant/--no-double-quant", help="QLoRA: quantise the 4-bit weights' constants too (default on).")]
+PagedOptimizerOpt = Annotated[bool, typer.Option(
+    "--paged-optimizer", help="Paged optimizer states (bitsandbytes paged_adamw_32bit); counted on the GPU.")]
+
+
+def parse_layer_list(text: str, what: str) -> list[int]:
+    """`0,1,2` or `40-79` (or both, comma-separated) as a list of integers; one SpecError line otherwise."""
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()) or len(part) > 2 * MAX_INT_DIGITS:
+            raise SpecError(f"{what} must be layer numbers or ranges such as 0,1,2 or 40-79 (got {text!r})")
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if last < first:
+            raise SpecError(f"{what}: the range {part!r} ends before it starts")
+        if last - first > 100_000:
+            raise SpecError(f"{what}: the range {part!r} is longer than any model")
+        out.extend(range(first, last + 1))
+    return out
+
+
+def finetune_options(finetune: str, lora_rank: int | None = None, lora_alpha: float | None = None,
+                     lora_dropout: float | None = None, lora_targets: str | None = None,
+                     lora_layers: str | None = None, adapter_precision: str | None = None,
+                     double_quant: bool | None = None, paged_optimizer: bool = False) -> dict[str, Any]:
+    """TrainSpec's fine-tuning fields from the CLI: each only when given (TrainSpec refuses an adapter field
+    without --finetune lora or qlora, naming it)."""
+    out: dict[str, Any] = {}
+    if finetune != "none":
+        out["finetune"] = finetune
+    for key, value in (("lora_rank", lora_rank), ("lora_alpha", lora_alpha), ("lora_dropout", lora_dropout),
+                       ("adapter_precision", adapter_precision), ("qlora_double_quant", double_quant)):
+        if value is not None:
+            out[key] = value
+    if lora_targets is not None:
+        out["lora_target_modules"] = [p.strip() for p in lora_targets.split(",") if p.strip()]
+    if lora_layers is not None:
+        out["lora_layers"] = parse_layer_list(lora_layers, "--lora-layers")
+    if paged_optimizer:
+        out["paged_optimizer"] = True
+    return out
+
+
 def train_options(grad_precision: str | None, attention_kernel: str, optimizer: str,
                   moe_load_imbalance: float | None = None, zero3_impl: str | None = None, fp8_recipe: str = "delayed",
-                  cross_entropy_fusion: bool | None = None, framework: str = "megatron",
+                  cross_entropy_fusion: bool | None = None, framework: str | None = "megatron",
                   moe_dispatcher: str | None = None, fp8_param_gather: bool | None = None,
                   torch_compile: bool | None = None, cross_entropy_fusion_impl: str | None = None,
                   moe_flex_num_sms: int | None = None, router_padding: bool | None = None,
                   cuda_graph_impl: str | None = None, cuda_graph_scope: str | None = None) -> dict[str, Any]:
-    """TrainSpec options from the CLI: --zero3-impl only when given (a framework may fix it), and the
-    settings the planner chooses when left free (planner.knobs) only when given."""
-    out: dict[str, Any] = {"attention_kernel": attention_kernel, "optimizer": optimizer, "fp8_recipe": fp8_recipe,
-                           "framework": framework}
+    """TrainSpec options from the CLI: --zero3-impl only when given (a framework may fix it), --framework only
+    when given (None: the default, megatron, or deepspeed for adapters), and the settings the planner chooses when
+    left free (planner.knobs) only when given."""
+    out: dict[str, Any] = {"attention_kernel": attention_kernel, "optimizer": optimizer, "fp8_recipe": fp8_recipe}
+    if framework is not None:
+        out["framework"] = framework
     for key, value in (("grad_precision", grad_precision), ("moe_dispatcher", moe_dispatcher),
                        ("fp8_param_gather", fp8_param_gather)):
         if value is not None:

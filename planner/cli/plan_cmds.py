@@ -14,7 +14,17 @@ from planner.api import plan as api_plan
 from planner.cli.app import app
 from planner.cli.common import (
     GIB,
+    AdapterPrecisionOpt,
     AttentionOpt,
+    DoubleQuantOpt,
+    FinetuneOpt,
+    LoraAlphaOpt,
+    LoraDropoutOpt,
+    LoraLayersOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    PagedOptimizerOpt,
+    finetune_options,
     CalibrationOpt,
     CeFusionImplOpt,
     CeFusionOpt,
@@ -97,7 +107,16 @@ def plan_cmd(
     fp8_param_gather: Fp8ParamGatherOpt = None,
     cross_entropy_fusion: CeFusionOpt = None,
     cross_entropy_fusion_impl: CeFusionImplOpt = None,
-    framework: FrameworkOpt = "megatron",
+    framework: FrameworkOpt = None,
+    finetune: FinetuneOpt = "none",
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_dropout: LoraDropoutOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_layers: LoraLayersOpt = None,
+    adapter_precision: AdapterPrecisionOpt = None,
+    double_quant: DoubleQuantOpt = None,
+    paged_optimizer: PagedOptimizerOpt = False,
     moe_dispatcher: MoeDispatcherOpt = None,
     moe_flex_num_sms: FlexSmsOpt = None,
     moe_router_padding_for_quantization: RouterPaddingOpt = None,
@@ -125,7 +144,9 @@ def plan_cmd(
                                                                       fp8_param_gather, torch_compile,
                                                                       cross_entropy_fusion_impl, moe_flex_num_sms,
                                                                       moe_router_padding_for_quantization,
-                                                                      cuda_graph_impl, cuda_graph_scope))
+                                                                      cuda_graph_impl, cuda_graph_scope),
+                  **finetune_options(finetune, lora_rank, lora_alpha, lora_dropout, lora_targets, lora_layers,
+                                     adapter_precision, double_quant, paged_optimizer))
     with searching(f"searching strategies for {gpus:,} GPUs"):
         result = api_plan(**kwargs)
     if fmt is Format.json:
@@ -334,7 +355,10 @@ def _one_strategy_command(render):
         zero3_impl: Zero3ImplOpt = None, fp8_recipe: Fp8RecipeOpt = "delayed",
         fp8_param_gather: Fp8ParamGatherOpt = None,
         cross_entropy_fusion: CeFusionOpt = None, cross_entropy_fusion_impl: CeFusionImplOpt = None,
-        framework: FrameworkOpt = "megatron",
+        framework: FrameworkOpt = None, finetune: FinetuneOpt = "none", lora_rank: LoraRankOpt = None,
+        lora_alpha: LoraAlphaOpt = None, lora_dropout: LoraDropoutOpt = None, lora_targets: LoraTargetsOpt = None,
+        lora_layers: LoraLayersOpt = None, adapter_precision: AdapterPrecisionOpt = None,
+        double_quant: DoubleQuantOpt = None, paged_optimizer: PagedOptimizerOpt = False,
         moe_dispatcher: MoeDispatcherOpt = None, moe_flex_num_sms: FlexSmsOpt = None,
         moe_router_padding_for_quantization: RouterPaddingOpt = None,
         torch_compile: TorchCompileOpt = None, strict_numerics: StrictNumericsOpt = False,
@@ -372,7 +396,9 @@ def _one_strategy_command(render):
                                            moe_dispatcher, fp8_param_gather, torch_compile,
                                            cross_entropy_fusion_impl, moe_flex_num_sms,
                                            moe_router_padding_for_quantization, cuda_graph_impl,
-                                           cuda_graph_scope))
+                                           cuda_graph_scope),
+                           **finetune_options(finetune, lora_rank, lora_alpha, lora_dropout, lora_targets,
+                                              lora_layers, adapter_precision, double_quant, paged_optimizer))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from planner.specs.adapters import adapter_params
+
 if TYPE_CHECKING:
     from planner.specs import Estimate, Plan, PlanResult, Strategy, TrainSpec
 
@@ -47,9 +49,11 @@ TIME_TERM_WORDS = {
 #: Each memory term as a sentence names it.
 MEMORY_TERM_WORDS = {
     "params": "parameters",
+    "adapters": "adapter weights",
     "grads": "gradients",
     "optimizer": "optimizer states",
     "fp8_weights": "FP8 weight copies",
+    "dequant_buffer": "dequantised weight buffer",
     "activations": "stored activations",
     "recompute_working": "recomputation working memory",
     "embedding_activations": "embedding activations",
@@ -170,7 +174,20 @@ def header_line(result: "PlanResult", num_params: float, num_active_params: floa
     size = f"{num_params / 1e9:.1f}B params" + (f", {num_active_params / 1e9:.1f}B active"
                                                  if num_active_params is not None and m.is_moe else "")
     return (f"{(model_name or name)(m.name)} ({size}) on {result.num_gpus} x {name(c.gpu.name)} ({name(c.name)}), "
-            f"global batch {t.global_batch_size} x {t.seq_len} tokens, {t.precision}")
+            f"global batch {t.global_batch_size} x {t.seq_len} tokens, {t.precision}{finetune_words(t, m)}")
+
+
+def finetune_words(train, model) -> str:
+    """`, QLoRA r16 (207.1M adapter parameters, deepspeed)`: what a fine-tuning run trains, for the header; empty
+    for pre-training."""
+    mode = getattr(train, "finetune", "none")
+    if mode == "none":
+        return ""
+    if mode == "full":
+        return ", full fine-tuning"
+    count = adapter_params(model, train)
+    return (f", {'QLoRA' if mode == 'qlora' else 'LoRA'} r{train.lora_rank} ({count / 1e6:,.1f}M adapter "
+            f"parameters, {train.framework})")
 
 
 def plan_table(result: "PlanResult", wide: bool = False) -> TextTable:

@@ -272,15 +272,17 @@ class TrainSpec(Spec):
     def _check_finetune(self) -> "TrainSpec":
         lora_fields = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_layers",
                        "adapter_precision")
-        given = [f for f in lora_fields if f in self.model_fields_set]
+        fields = type(self).model_fields
+        given = [f for f in lora_fields + ("qlora_double_quant",)
+                 if f in self.model_fields_set and getattr(self, f) != fields[f].default]  # a written-out default is fine
         if self.finetune not in ("lora", "qlora"):
-            if given:
+            if [f for f in given if f != "qlora_double_quant"]:
                 raise SpecError(f"{given[0]} needs finetune 'lora' or 'qlora' (finetune is {self.finetune!r}): "
                                 "only adapters have a rank, targets or layers")
-            if "qlora_double_quant" in self.model_fields_set:
+            if given:
                 raise SpecError(f"qlora_double_quant needs finetune 'qlora' (finetune is {self.finetune!r})")
             return self
-        if self.finetune == "lora" and "qlora_double_quant" in self.model_fields_set:
+        if self.finetune == "lora" and "qlora_double_quant" in given:
             raise SpecError("qlora_double_quant needs finetune 'qlora' (finetune is 'lora': its base weights are 16-bit)")
         if self.precision not in ("bf16", "fp16"):
             raise SpecError(f"finetune {self.finetune!r} needs precision bf16 or fp16 (precision is {self.precision!r}): "

@@ -1,0 +1,207 @@
+"""Fine-tuning with adapters (LoRA, QLoRA) and full fine-tuning: parameter counts against peft, the memory terms
+of a frozen base, the backward of frozen layers, the rules, the CLI and the published Lit-GPT figures."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from benchmarks.finetune_memory import DATA, predict
+from cost_models import finetune
+from cost_models.units import BF16
+from planner import evaluate, plan
+from planner.cli import main
+from planner.specs import Strategy, TrainSpec
+from planner.specs.adapters import adapter_params
+from planner.specs.hf import read_hf_config
+from profiles import load_model
+
+warnings.simplefilter("ignore")
+
+
+class Ran:
+    def __init__(self, code: int, stdout: str, stderr: str):
+        self.exit_code, self.stdout, self.output = code, stdout, stdout + stderr
+
+
+@pytest.fixture
+def cli(capsys):
+    """The CLI in this process: its exit code, standard output, and both streams together."""
+    def run(args: list[str]) -> Ran:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return Ran(code, out, err)
+    return run
+
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+                "intermediate_size": 176, "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 4,
+                "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("targets, layers, rank", [
+    (None, None, 8),
+    (["q_proj", "v_proj"], None, 4),
+    (["o_proj", "down_proj", "gate_proj"], [1, 3], 16),
+    (["k_proj"], [0], 1),
+])
+def test_adapter_count_equals_peft(targets, layers, rank):
+    """peft's own count of trainable parameters on a small Llama built here (no download) equals ours."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{k: v for k, v in LLAMA_CONFIG.items()
+                                                                   if k not in ("architectures",)}))
+    all_linear = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets or all_linear,
+                             layers_to_transform=layers, layers_pattern="layers" if layers else None)
+    trainable, _ = peft.get_peft_model(hf, config).get_nb_trainable_parameters()
+    spec = read_hf_config(dict(LLAMA_CONFIG), name="tiny-llama")
+    train = TrainSpec(global_batch_size=1, seq_len=128, finetune="lora", lora_rank=rank, lora_target_modules=targets,
+                      lora_layers=layers)
+    assert adapter_params(spec, train) == trainable
+
+
+def _estimate(mode: str, **kw):
+    strategy = kw.pop("strategy", Strategy(dp=8, zero_stage=0, micro_batch_size=1, recompute="full"))
+    extra = {"lora_rank": 16} if mode in ("lora", "qlora") else {}
+    kw.setdefault("framework", "deepspeed")
+    return evaluate(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=16, seq_len=4096,
+                    finetune=mode, strategy=strategy, **extra, **kw)
+
+
+def test_frozen_base_has_no_gradients_or_optimizer_states():
+    model = load_model("llama3-8b")
+    train = TrainSpec(global_batch_size=16, seq_len=4096, finetune="lora", lora_rank=16)
+    n = adapter_params(model, train)
+    lora, qlora, full = _estimate("lora"), _estimate("qlora"), _estimate("full")
+    for est in (lora, qlora):
+        m = est.memory_bytes
+        assert m["grads"] == pytest.approx(n * 4) and m["adapters"] == pytest.approx(n * 4)  # fp32 adapters
+        assert m["optimizer"] == pytest.approx(n * 8)  # two fp32 Adam moments, nothing for the base
+    assert full.memory_bytes["adapters"] == 0 and full.memory_bytes["grads"] > 50 * lora.memory_bytes["grads"]
+    # 16-bit base against NF4 with double quantisation: the linear weights at 4.127 bits, the rest unchanged
+    linear = finetune.linear_weights_per_layer(model) * model.num_layers
+    saved = lora.memory_bytes["params"] - qlora.memory_bytes["params"]
+    assert saved == pytest.approx(linear * (BF16 - finetune.nf4_bytes_per_weight(True)))
+    assert qlora.memory_bytes["dequant_buffer"] == pytest.approx(model.hidden_size * model.ffn_hidden_size * BF16)
+    assert lora.memory_bytes["dequant_buffer"] == 0
+
+
+def test_zero_stages_shard_adapter_states_only():
+    z = {k: _estimate("lora", strategy=Strategy(dp=8, zero_stage=k, micro_batch_size=1, recompute="full")).memory_bytes
+         for k in (0, 1, 2, 3)}
+    assert z[1]["optimizer"] == pytest.approx(z[0]["optimizer"] / 8) and z[1]["grads"] == z[0]["grads"]
+    assert z[2]["grads"] == pytest.approx(z[0]["grads"] / 8) and z[2]["params"] == z[0]["params"]
+    assert z[3]["params"] == pytest.approx(z[0]["params"] / 8) and z[3]["adapters"] == pytest.approx(z[0]["adapters"] / 8)
+
+
+def test_frozen_backward_is_cheaper_and_stops_at_the_lowest_adapter():
+    """No weight gradients: a LoRA step computes less than full training of the same layout; adapters on the top
+    half of the layers run the backward on those layers only, and store their activations only."""
+    same = dict(framework="torchtitan", torch_compile=False)  # eager element-wise work in both
+    full, lora = _estimate("full", **same), _estimate("lora", **same)
+    backward = {k: e.time_s["compute"] - e.time_s["recompute"] for k, e in (("full", full), ("lora", lora))}
+    assert backward["lora"] < 0.85 * backward["full"]  # with full recompute, the recompute term is the forward
+    top = _estimate("lora", lora_layers=list(range(16, 32)))
+    # half the layers recompute (their forward has half the adapters too)
+    assert top.time_s["compute"] < lora.time_s["compute"] and top.time_s["recompute"] < 0.5 * lora.time_s["recompute"]
+    assert lora.memory_bytes["activations"] > top.memory_bytes["activations"]
+    qlora = _estimate("qlora")
+    assert qlora.time_s["compute"] > lora.time_s["compute"]  # dequantisation, forward and backward
+    assert lora.time_s["dp_comm"] <= full.time_s["dp_comm"]
+
+
+def test_adapter_plans_are_data_parallel_only():
+    bad = _estimate("lora", strategy=Strategy(dp=4, tp=2, zero_stage=0, micro_batch_size=1))
+    assert not bad.valid and any("finetune 'lora'" in r and "tp 2" in r for r in bad.reasons)
+    result = plan(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=16, seq_len=4096,
+                  finetune="lora", top_k=3)
+    assert result.plans and all(p.strategy.tp == p.strategy.pp == p.strategy.cp == 1 for p in result.plans)
+    assert result.train.framework == "deepspeed" and result.train.torch_compile is False
+
+
+def test_plan_round_trips_through_json():
+    from planner.specs import PlanResult
+    result = plan(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=16, seq_len=4096,
+                  finetune="qlora", lora_rank=32, lora_layers=[30, 31], top_k=2)
+    back = PlanResult.model_validate_json(result.model_dump_json())
+    assert back.train.lora_layers == [30, 31] and back.train.finetune == "qlora"
+    pre = plan(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=16, seq_len=4096, top_k=1)
+    assert PlanResult.model_validate_json(pre.model_dump_json()).train.finetune == "none"
+
+
+def test_cli_qlora_70b_on_8_gpus_fits_and_full_finetuning_misses(cli):
+    """The acceptance question: QLoRA of Llama 3 70B on one DGX H100 fits, with base weights, adapters and optimizer
+    states as separate terms; full fine-tuning without an offloaded optimizer does not, and says by how much."""
+    out = cli(["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "-b", "16", "-s", "4096",
+                    "--finetune", "qlora", "--lora-rank", "16", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    import json
+    best = json.loads(out.stdout)["plans"][0]["estimate"]
+    memory = best["memory_bytes"]
+    assert memory["params"] > 0 and memory["adapters"] > 0 and memory["optimizer"] > 0
+    assert best["fits"]
+    explain = cli(["explain", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "-b", "16", "-s",
+                        "4096", "--finetune", "qlora", "--lora-rank", "16", "--dp", "8", "--zero", "3", "--recompute",
+                        "full"])
+    assert explain.exit_code == 0 and "adapters" in explain.output and "dequant_buffer" in explain.output
+    table = cli(["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "-b", "16", "-s", "4096",
+                 "--finetune", "qlora", "--lora-rank", "16", "--top", "2"])
+    assert "QLoRA r16 (207.1M adapter parameters, deepspeed)" in table.output
+    full = cli(["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "-b", "16", "-s", "4096",
+                     "--finetune", "full", "-C", "offload_optimizer=false"])
+    assert full.exit_code == 1
+    assert "no strategy fits" in full.output and "GiB per GPU by" in full.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--finetune", "lora", "--lora-rank", "0"], "lora_rank"),
+    (["--finetune", "lora", "--lora-targets", "w_proj"], "lora_target_modules"),
+    (["--finetune", "lora", "--lora-layers", "80"], "lora_layers names layer 80"),
+    (["--lora-rank", "8"], "lora_rank needs finetune"),
+    (["--finetune", "qlora", "--framework", "megatron"], "framework 'megatron'"),
+    (["--finetune", "qlora", "--precision", "fp8"], "precision bf16 or fp16"),
+    (["--finetune", "lora", "--lora-layers", "a-b"], "--lora-layers"),
+])
+def test_bad_finetune_input_is_one_line_exit_2(cli, args, words):
+    out = cli(["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "-b", "16", "-s", "4096",
+                    *args])
+    assert out.exit_code == 2 and words in out.output and "Traceback" not in out.output
+    assert len([line for line in out.output.splitlines() if line.startswith("error")]) == 1
+
+
+def test_gate_proj_of_a_plain_mlp_is_refused(cli):
+    out = cli(["plan", "--model", "gpt3-1.7b", "--cluster", "dgx-h100", "--gpus", "8", "-b", "16", "-s", "2048",
+                    "--finetune", "lora", "--lora-targets", "gate_proj"])
+    assert out.exit_code == 2 and "gate_proj, which model 'gpt3-1.7b' has not got" in out.output
+
+
+def test_moe_adapters_are_refused():
+    with pytest.raises(Exception, match="MoE model"):
+        plan(model="mixtral-8x7b", cluster="dgx-h100", num_gpus=8, global_batch_size=16, seq_len=4096,
+             finetune="lora")
+
+
+def test_published_lora_memory_within_ten_percent():
+    """Lit-GPT's LoRA rows (benchmarks/data/finetune_memory.json) within 10 %; every row's adapter count exact, and
+    the QLoRA double-quantisation saving (nf4 against nf4-dq) within 0.05 GB of the published difference."""
+    import json
+    rows = json.loads(DATA.read_text())["rows"]
+    predictions = [predict(r) for r in rows]
+    for r, p in zip(rows, predictions):
+        assert p["adapter_params"] == r["trainable_params"]
+        if r["finetune"] == "lora":
+            assert abs(p["error"]) < 0.10, (r, p)
+    by = {(r["model"], r["double_quant"]): (r, p) for r, p in zip(rows, predictions) if r["finetune"] == "qlora"}
+    for model in ("llama2-7b", "llama2-13b"):
+        (r0, p0), (r1, p1) = by[(model, False)], by[(model, True)]
+        published = r0["max_gpu_ram_gb"] - r1["max_gpu_ram_gb"]
+        assert abs((p0["predicted_gb"] - p1["predicted_gb"]) - published) < 0.05
+
+
+def test_nf4_bits():
+    assert finetune.nf4_bytes_per_weight(True) * 8 == pytest.approx(4.127, abs=1e-3)
+    assert np.isclose(finetune.nf4_bytes_per_weight(False) * 8, 4.5)

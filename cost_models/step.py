@@ -372,11 +372,11 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     else:
         mem = model_state_bytes(params, st.zero_stage, lay.shard, st.offload_optimizer, train.precision,
                                 train.grad_precision, train.optimizer, master)
+        if s.has_experts:  # expert states are sharded over the expert-data-parallel group (Megatron's expert DP)
+            experts = model_state_bytes(s.expert_params, st.zero_stage, lay.expert_dp, st.offload_optimizer,
+                                        train.precision, train.grad_precision, train.optimizer, master)
+            mem = {k: mem[k] + experts[k] for k in mem}
         mem["adapters"] = np.zeros_like(params)
-    if s.has_experts:  # expert states are sharded over the expert-data-parallel group (Megatron's expert DP)
-        experts = model_state_bytes(s.expert_params, st.zero_stage, lay.expert_dp, st.offload_optimizer,
-                                    train.precision, train.grad_precision, train.optimizer, master)
-        mem = {k: mem[k] + experts[k] for k in mem}
     mem |= stage_fp8_weight_bytes(s, mem["params"])
     mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, s.framework,
                                   s.counts)

@@ -22,13 +22,15 @@ PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "-
 # Frozen CLI surface (issue 2): commands and their long options. Changing it is a
 # breaking change for users' scripts: extend it, never rename.
 FROZEN = {
-    "plan": ["--attention-kernel", "--calibration",
+    "plan": ["--adapter-precision", "--double-quant", "--finetune", "--lora-alpha", "--lora-dropout", "--lora-layers", "--lora-rank",
+             "--lora-targets", "--paged-optimizer", "--attention-kernel", "--calibration",
              "--cluster", "--constraint", "--constraints", "--cross-entropy-fusion",
              "--cross-entropy-fusion-impl", "--cuda-graph-impl", "--cuda-graph-scope",
              "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size",
              "--gpus", "--grad-precision", "--headroom", "--model", "--moe-dispatcher", "--moe-flex-num-sms", "--moe-load-imbalance", "--moe-router-padding-for-quantization", "--optimizer", "--plot", "--precision",
              "--seq-len", "--strict-numerics", "--top", "--torch-compile", "--wide", "--zero3-impl"],
-    "evaluate": ["--attention-kernel", "--calibration",
+    "evaluate": ["--adapter-precision", "--double-quant", "--finetune", "--lora-alpha", "--lora-dropout", "--lora-layers", "--lora-rank",
+             "--lora-targets", "--paged-optimizer", "--attention-kernel", "--calibration",
                  "--cluster", "--cp", "--cross-entropy-fusion", "--cross-entropy-fusion-impl", "--cuda-graph-impl", "--cuda-graph-scope",
                  "--dp", "--embedding-as-layer",
                  "--ep", "--etp", "--first-stage-layers", "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",

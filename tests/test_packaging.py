@@ -37,7 +37,7 @@ def test_preset_yaml_is_package_data():
     assert '"**/*.yaml"' in pyproject
 
 
-DOCTEST_MODULES = ["cost_models.memory", "cost_models.units", "cost_models.compute", "cost_models.comm",
+DOCTEST_MODULES = ["cost_models.finetune", "cost_models.memory", "cost_models.units", "cost_models.compute", "cost_models.comm",
                    "cost_models.dispatch", "profiles.attention", "profiles.bundle", "profiles.frameworks",
                    "cost_models.layout", "cost_models.blocks", "planner.specs.strategy", "planner.specs.model", "planner.specs.hardware",
                    "planner.emit.megatron", "planner.emit.megatron_bridge", "profiles.gemm", "cost_models.sharding",

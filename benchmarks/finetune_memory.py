@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cost_models.memory import RUNTIME_TERMS
 from planner import evaluate
-from planner.specs import Strategy, TrainSpec
+from planner.specs import ModelSpec, Strategy, TrainSpec
 from planner.specs.adapters import adapter_params
 from profiles import load_model
 
@@ -44,6 +44,26 @@ def predict(row: dict) -> dict:
             "adapter_params": adapter_params(load_model(row["model"]), train)}
 
 
+#: The QLoRA paper's headline (Dettmers et al. 2023, arXiv 2305.14314, abstract and Sec. 4): LLaMA 65B fine-tuned
+#: with QLoRA on one 48 GB GPU (LoRA r 64 on every linear layer, dropout 0.05 for 65B, bf16 adapters, paged 32-bit
+#: AdamW, gradient checkpointing; the memory analysis of its Figure 6 at batch 1, 512 tokens). A claim, not a
+#: measured figure: the check is that the predicted peak stays under 48 GB.
+LLAMA_65B = dict(name="llama-65b", num_layers=80, hidden_size=8192, num_attention_heads=64, ffn_hidden_size=22016,
+                 gated_mlp=True, vocab_size=32000, tie_embeddings=False, position_embedding="rope", norm="rmsnorm",
+                 max_position_embeddings=2048, source="LLaMA 65B (Touvron et al. 2023, Table 2)")
+QLORA_PAPER_LIMIT_GB = 48.0
+
+
+def qlora_65b_peak() -> tuple[float, float]:
+    """(tensor bytes, whole peak) in GB of the QLoRA paper's 65B run at batch 1, 512 tokens."""
+    est = evaluate(model=ModelSpec(**LLAMA_65B), cluster="dgx-a100-80gb", num_gpus=1, global_batch_size=1,
+                   seq_len=512, finetune="qlora", lora_rank=64, lora_alpha=16, lora_dropout=0.05,
+                   adapter_precision="bf16", paged_optimizer=True, framework="torchtitan",
+                   strategy=Strategy(dp=1, micro_batch_size=1, zero_stage=0, recompute="full"))
+    tensors = est.peak_memory_bytes - sum(est.memory_bytes.get(t, 0.0) for t in RUNTIME_TERMS)
+    return tensors / GB, est.peak_memory_bytes / GB
+
+
 def main() -> None:
     data = json.loads(DATA.read_text())
     print(data["source"])
@@ -55,6 +75,9 @@ def main() -> None:
         print(f"{row['model']:<11} {row['finetune']:<6} {dq:<5} {row['micro_batch_size']:>3} "
               f"{row['max_gpu_ram_gb']:>12.2f} {p['predicted_gb']:>12.2f} {p['error'] * 100:>+6.1f}%  "
               f"{row['trainable_params']:,} / {p['adapter_params']:,}")
+    tensors, peak = qlora_65b_peak()
+    print(f"QLoRA paper, LLaMA 65B r64 on one 48 GB GPU: predicted {tensors:.1f} GB of tensors, {peak:.1f} GB with "
+          f"the runtime's own ({'under' if peak < QLORA_PAPER_LIMIT_GB else 'OVER'} {QLORA_PAPER_LIMIT_GB:.0f} GB)")
 
 
 if __name__ == "__main__":

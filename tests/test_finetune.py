@@ -202,6 +202,13 @@ def test_published_lora_memory_within_ten_percent():
         assert abs((p0["predicted_gb"] - p1["predicted_gb"]) - published) < 0.05
 
 
+def test_qlora_paper_65b_fits_48_gb():
+    """The QLoRA paper's claim: LLaMA 65B fine-tunes on one 48 GB GPU."""
+    from benchmarks.finetune_memory import QLORA_PAPER_LIMIT_GB, qlora_65b_peak
+    tensors, peak = qlora_65b_peak()
+    assert tensors < peak < QLORA_PAPER_LIMIT_GB
+
+
 def test_nf4_bits():
     assert finetune.nf4_bytes_per_weight(True) * 8 == pytest.approx(4.127, abs=1e-3)
     assert np.isclose(finetune.nf4_bytes_per_weight(False) * 8, 4.5)

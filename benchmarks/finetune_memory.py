@@ -6,8 +6,10 @@ The rows (`benchmarks/data/finetune_memory.json`, with their source) are Lit-GPT
 and 13B fine-tuned with LoRA and QLoRA on one A100-40GB. The published figure is
 `torch.cuda.max_memory_allocated()`, tensors only, so the prediction compared with it is meshplan's peak less
 its runtime terms (`cost_models.memory.RUNTIME_TERMS`: CUDA context, NCCL buffers, allocator slack). Lit-GPT is
-plain PyTorch (Lightning Fabric, eager modules, no DeepSpeed), so the rows are costed as the PyTorch-native
-framework (torchtitan's costs) with eager element-wise work. The trainable-parameter counts are checked exactly.
+plain PyTorch (Lightning Fabric, eager modules, no DeepSpeed; its own Llama code, whose saved tensors are costed
+as Transformers' Llama layer's), so the rows are costed as the PyTorch-native
+framework (torchtitan's costs) with eager element-wise work, and its QLoRA rows with bitsandbytes 0.41.1's kept
+layer inputs (TrainSpec.qlora_saves_inputs). The trainable-parameter counts are checked exactly.
 Nothing here is fitted: the figures are reported as they come.
 """
 
@@ -31,6 +33,8 @@ GB = 1e9
 def predict(row: dict) -> dict:
     """The prediction for one published row: tensor bytes at the peak, its terms, the adapter count."""
     extra = {} if row["double_quant"] is None else {"qlora_double_quant": row["double_quant"]}
+    if row.get("qlora_saves_inputs"):  # the source's bitsandbytes predates the fix (the data file's note)
+        extra["qlora_saves_inputs"] = True
     mbs = row["micro_batch_size"]
     est = evaluate(model=row["model"], cluster="dgx-a100-40gb", num_gpus=1, global_batch_size=mbs, seq_len=SEQ_LEN,
                    finetune=row["finetune"], lora_rank=8, lora_alpha=16, lora_dropout=0.05,

@@ -23,9 +23,10 @@ plans run the Hugging Face model with peft under DeepSpeed ZeRO or FSDP2, data p
 - Data parallel. Only the adapters' gradients are reduced and only they are stepped; ZeRO-3 still
   gathers the frozen weights (in their stored width) forward and backward.
 
-Assumed, not measured here: the base's stored activations are those of full training (a frozen GEMM's
-input is kept by the adapter beside it or by the next op's backward in the common cases); LoRA adds each
-adapter's rank-r intermediate and, with lora_dropout > 0, a dropped copy of its input and its mask.
+- Activations. What the Hugging Face layer's autograd saves with a frozen base (`layer_activation_bytes`): a
+  frozen linear layer keeps no input, each adapter keeps its own; counted from Transformers' Llama code and
+  checked against the tensors PyTorch saves on CPU (tests/test_finetune.py). Gradient checkpointing (recompute
+  full) keeps each layer's input.
 """
 
 from __future__ import annotations
@@ -145,18 +146,55 @@ def adapter_layer_work(model, train, tokens, act: int) -> tuple:
     return fwd_flop, fwd_bytes, bwd_flop, bwd_bytes
 
 
-def adapter_activation_bytes(model, train, tokens, act: int):
-    """Bytes one adapted layer's adapters keep for their backward on one micro-batch: each module's rank-r
-    intermediate (B's weight gradient reads it), and with lora_dropout > 0 the dropped input and its 1-byte mask
-    (peft applies dropout per module)."""
-    total = 0.0
+#: Groups of adapted modules that read one input tensor: q, k and v read the attention's norm output; gate and up
+#: the MLP's norm output; o and down each their own.
+INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
+
+
+#: Bytes a dropout keeps per element for its backward on a GPU: CUDA's fused native_dropout saves a bool mask.
+#: (PyTorch's CPU dropout multiplies by a noise tensor of the input's dtype and keeps that instead.)
+DROPOUT_MASK_BYTES = 1
+
+
+def layer_activation_bytes(model, train, tokens, act: int = BF16, mask_bytes: int = DROPOUT_MASK_BYTES):
+    """Bytes one Hugging Face Llama-style decoder layer keeps for its backward on `tokens` tokens with a frozen base
+    and adapters (Transformers' eager modules, SDPA attention), as autograd saves them (no recomputation).
+
+    Per token, with h the hidden size, q the query width, f the MLP width (bytes of 16-bit values, `act`):
+    - each RMSNorm keeps its fp32 input for the square's backward (4h; the weight's product keeps nothing when the
+      weight is frozen), two norms;
+    - SDPA keeps the rotated query, the key and value repeated to every query head (Transformers 4.5x's repeat_kv)
+      and its output: 4 tensors of q; its softmax statistics are small;
+    - the gated MLP keeps the SiLU's input and output and the up projection's output (3f; a plain MLP the
+      activation's input, f);
+    - a frozen linear layer keeps no input (autograd saves an input only for its weight's gradient), except where
+      `qlora_saves_inputs` (bitsandbytes before its pull request #1270 kept every 4-bit layer's input);
+    - each adapter keeps what its A reads and its r-wide intermediate for B. With fp32 adapters (peft's default,
+      under the Trainer's bf16 autocast) each module's A reads its own bf16 cast of the input (in per module);
+      with bf16 adapters the modules reading one input share it (`INPUT_GROUPS`); lora_dropout > 0 adds its mask
+      (`mask_bytes` an element) and makes every module's input its own.
+    tests/test_finetune.py checks this against the tensors PyTorch saves for such a layer under peft."""
+    h, q, f = model.hidden_size, model.q_width, model.ffn_hidden_size
     shapes = module_shapes(model)
-    for t in targets(model, train):
-        i, _ = shapes[t]
-        total = total + act * tokens * train.lora_rank
-        if train.lora_dropout > 0:
-            total = total + tokens * i * (act + 1)
-    return total
+    adapted = set(targets(model, train))
+    per_token = 2 * 4 * h + 4 * act * q + (3 if model.gated_mlp else 1) * act * f
+    dropout = train.lora_dropout > 0
+    shared = train.adapter_precision == "bf16" and not dropout
+    kept_inputs = bool(getattr(train, "qlora_saves_inputs", False)) and train.finetune == "qlora"
+    for group in INPUT_GROUPS:
+        present = [m for m in group if m in shapes]
+        if not present:
+            continue
+        width = shapes[present[0]][0]
+        mods = [m for m in present if m in adapted]
+        if shared and mods or kept_inputs:
+            per_token += act * width  # the group's input tensor, once
+        if not shared:
+            per_token += len(mods) * act * width  # each adapted module's own copy
+        if dropout:
+            per_token += len(mods) * mask_bytes * width  # the dropout mask
+        per_token += len(mods) * act * train.lora_rank  # B's input
+    return tokens * per_token
 
 
 def roofline_s(flop, nbytes, kernels: int, gpu) -> np.ndarray:

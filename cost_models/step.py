@@ -381,8 +381,8 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, s.framework,
                                   s.counts)
     mem["dequant_buffer"] = np.zeros_like(params)
-    if s.adapters:
-        mem |= adapter_activation_memory(s, mem["activations"])
+    if s.adapters:  # the Hugging Face model's own saved tensors, not Megatron's
+        mem |= adapter_activation_memory(s)
     # Pipeline send and receive buffers of one micro-batch's activations, forward and backward.
     p2p_buffers = np.where(lay.pp > 1, 2 * 2 * x.tokens * s.model.hidden_size * x.act / lay.tp, 0.0)
     mem["zero3_buffers"] = (zero3_working_bytes(s.blocks, st, train.precision, train.grad_precision) * (lay.rows.layers > 0)
@@ -425,19 +425,24 @@ def adapter_state_memory(s: Setup) -> dict[str, np.ndarray]:
             "optimizer": np.where(st.offload_optimizer, 0.0, optimizer)}
 
 
-def adapter_activation_memory(s: Setup, activations: np.ndarray) -> dict[str, np.ndarray]:
-    """Activations of one rank of each stage row with adapters (S, N), bytes: the base's, on the layers from the
-    lowest adapted one up only (below it nothing needs a gradient and autograd keeps nothing), plus each adapted
-    layer's adapter tensors (`finetune.adapter_activation_bytes`; under full recompute only the working layer's);
-    and QLoRA's dequantised weight buffer."""
+def adapter_activation_memory(s: Setup) -> dict[str, np.ndarray]:
+    """Activations of one rank of each stage row with adapters over a frozen base (S, N), bytes: the Hugging Face
+    layers' saved tensors (`finetune.layer_activation_bytes`) on the layers from the lowest adapted one up (below it
+    nothing needs a gradient and autograd keeps nothing); with gradient checkpointing (recompute full) those layers
+    keep their 16-bit input only, and one layer's tensors are live while its backward recomputes it
+    (`recompute_working`). And QLoRA's dequantised weight buffer."""
     st, lay, train, model, x = s.st, s.lay, s.train, s.model, s.x
-    share = finetune.backward_share(model, train)
-    adapted = len(finetune.adapted_layers(model, train)) / model.num_layers
-    one = finetune.adapter_activation_bytes(model, train, x.tokens, x.act)
-    inflight = lay.inflight_chunks(lay.rows.rank, s.num_microbatches) / lay.vpp
-    extra = np.where(st.recompute == 2, one, one * adapted * lay.rows.layers * inflight) * (lay.rows.layers > 0)
-    deq = finetune.dequant_buffer_bytes(model, train) * (lay.rows.layers > 0)
-    return {"activations": share * activations + extra, "dequant_buffer": np.broadcast_to(deq, activations.shape) * 1.0}
+    rows = lay.rows
+    layers = rows.layers * finetune.backward_share(model, train)  # an adapter plan holds every layer (pp = 1)
+    one = finetune.layer_activation_bytes(model, train, x.tokens, x.act)
+    full = st.recompute == 2
+    activations = np.where(full, layers * x.tokens * model.hidden_size * x.act, layers * one)
+    working = np.where(full, one, 0.0) * (rows.layers > 0)
+    deq = finetune.dequant_buffer_bytes(model, train) * (rows.layers > 0)
+    shape = np.broadcast(activations, working, s.params).shape
+    return {"activations": np.broadcast_to(activations, shape) * 1.0,
+            "recompute_working": np.broadcast_to(working, shape) * 1.0,
+            "dequant_buffer": np.broadcast_to(deq, shape) * 1.0}
 
 
 #: Static tensors a captured CUDA graph keeps per layer, in units of the layer's 16-bit hidden-state tensor (one

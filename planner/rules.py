@@ -435,14 +435,15 @@ def _adapter_layout_ok(c: Context, s: StrategyArrays) -> np.ndarray:
     if not getattr(c.train, "adapters", False):
         return np.ones(len(s), dtype=bool)
     return ((s.tp == 1) & (s.pp == 1) & (s.cp == 1) & (s.ep == 1) & (s.etp == 1) & (s.vpp == 1)
-            & (s.offload_activation_layers == 0))
+            & (s.offload_activation_layers == 0) & (s.recompute != 1) & (s.recompute_num_layers == 0))
 
 
 def _adapter_layout_msg(c: Context, r: dict) -> str:
     return (f"finetune {c.train.finetune!r} runs the Hugging Face model with peft, data parallel with ZeRO only: "
-            f"tp, pp, cp, ep, etp and vpp must be 1 and no activations offloaded (got tp {r['tp']}, pp {r['pp']}, "
-            f"cp {r['cp']}, ep {r['ep']}, etp {r['etp']}, vpp {r['vpp']}, offload_activation_layers "
-            f"{r['offload_activation_layers']})")
+            f"tp, pp, cp, ep, etp and vpp must be 1, no activations offloaded, and recompute none or full over every "
+            f"layer (gradient checkpointing; got tp {r['tp']}, pp {r['pp']}, cp {r['cp']}, ep {r['ep']}, etp "
+            f"{r['etp']}, vpp {r['vpp']}, offload_activation_layers {r['offload_activation_layers']}, recompute "
+            f"{r['recompute']}, recompute_num_layers {r['recompute_num_layers']})")
 
 
 ADAPTER_RULE = Rule("finetune_layout", _adapter_layout_ok, _adapter_layout_msg)

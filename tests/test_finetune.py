@@ -64,6 +64,56 @@ def test_adapter_count_equals_peft(targets, layers, rank):
     assert adapter_params(spec, train) == trainable
 
 
+@pytest.mark.parametrize("targets, dropout, adapter_precision, kv_heads", [
+    (None, 0.0, "fp32", 2),
+    (["q_proj", "v_proj"], 0.0, "bf16", 2),
+    (["q_proj", "v_proj"], 0.1, "bf16", 8),
+    (["o_proj", "down_proj"], 0.05, "fp32", 4),
+    (["down_proj"], 0.0, "fp32", 1),
+    (["gate_proj", "up_proj", "k_proj"], 0.0, "bf16", 2),
+])
+def test_layer_activations_equal_what_autograd_saves(targets, dropout, adapter_precision, kv_heads):
+    """`finetune.layer_activation_bytes` against the tensors PyTorch's autograd saves for one Hugging Face Llama
+    decoder layer with peft adapters, in bf16 under the Trainer's autocast (parameters and their casts excluded; a
+    layer's share taken as the difference of a 3-layer and a 2-layer model)."""
+    import contextlib
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    h, f, s, b, heads = 256, 704, 96, 2, 8  # no weight has a dimension of b or b·s
+    config = dict(hidden_size=h, intermediate_size=f, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                  vocab_size=512, max_position_embeddings=512, attn_implementation="sdpa")
+
+    def saved(layers: int) -> int:
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=layers, **config))
+        model = peft.get_peft_model(model.to(torch.bfloat16), peft.LoraConfig(
+            r=8, target_modules=targets or "all-linear", lora_dropout=dropout),
+            autocast_adapter_dtype=adapter_precision == "fp32")
+        model.train()
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        seen: dict = {}
+
+        def pack(t):  # activations only: a batch- or token-major tensor that is no parameter (nor a cast of one)
+            st = t.untyped_storage()
+            if st.data_ptr() not in params and t.dim() >= 2 and t.shape[0] in (b, b * s):
+                seen[(st.data_ptr(), st.nbytes())] = st.nbytes()
+            return t
+        ids = torch.randint(0, 512, (b, s))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16):
+            model(input_ids=ids, labels=ids)
+        return sum(seen.values())
+
+    measured = saved(3) - saved(2)
+    spec = read_hf_config(dict(LLAMA_CONFIG, hidden_size=h, intermediate_size=f, num_attention_heads=heads,
+                               num_key_value_heads=kv_heads), name="tiny-llama")
+    train = TrainSpec(global_batch_size=b, seq_len=s, finetune="lora", lora_rank=8, lora_target_modules=targets,
+                      lora_dropout=dropout, adapter_precision=adapter_precision)
+    # CPU dropout keeps a noise tensor in its input's dtype (fp32 adapters drop out their fp32 cast), not a bool mask
+    predicted = finetune.layer_activation_bytes(spec, train, s * b, mask_bytes=4 if adapter_precision == "fp32" else 2)
+    assert predicted == pytest.approx(measured, rel=0.02)
+
+
 def _estimate(mode: str, **kw):
     strategy = kw.pop("strategy", Strategy(dp=8, zero_stage=0, micro_batch_size=1, recompute="full"))
     extra = {"lora_rank": 16} if mode in ("lora", "qlora") else {}
@@ -186,15 +236,15 @@ def test_moe_adapters_are_refused():
 
 
 def test_published_lora_memory_within_ten_percent():
-    """Lit-GPT's LoRA rows (benchmarks/data/finetune_memory.json) within 10 %; every row's adapter count exact, and
-    the QLoRA double-quantisation saving (nf4 against nf4-dq) within 0.05 GB of the published difference."""
+    """Lit-GPT's LoRA and QLoRA rows (benchmarks/data/finetune_memory.json) within 10 %; every row's adapter count
+    exact, and the QLoRA double-quantisation saving (nf4 against nf4-dq) within 0.05 GB of the published
+    difference."""
     import json
     rows = json.loads(DATA.read_text())["rows"]
     predictions = [predict(r) for r in rows]
     for r, p in zip(rows, predictions):
         assert p["adapter_params"] == r["trainable_params"]
-        if r["finetune"] == "lora":
-            assert abs(p["error"]) < 0.10, (r, p)
+        assert abs(p["error"]) < 0.10, (r, p)
     by = {(r["model"], r["double_quant"]): (r, p) for r, p in zip(rows, predictions) if r["finetune"] == "qlora"}
     for model in ("llama2-7b", "llama2-13b"):
         (r0, p0), (r1, p1) = by[(model, False)], by[(model, True)]

@@ -190,6 +190,12 @@ class TrainSpec(Spec):
         description="QLoRA: double quantisation (bitsandbytes bnb_4bit_use_double_quant): the fp32 absmax of every "
         "64 weights quantised to 8 bits in blocks of 256 (0.127 bits a weight of constants instead of 0.5).",
     )
+    qlora_saves_inputs: bool = Field(
+        False,
+        description="QLoRA: every 4-bit linear layer keeps its input for the backward, as bitsandbytes did before "
+        "its pull request #1270 (merged July 2024; 'the bug that caused a lot of memory issues with QLoRA'). Current "
+        "releases keep only the 4-bit weight; set this to cost a run on an older bitsandbytes.",
+    )
     paged_optimizer: bool = Field(
         False,
         description="Paged optimizer states (bitsandbytes paged_adamw_32bit): the states live in unified memory and "
@@ -272,18 +278,21 @@ class TrainSpec(Spec):
     def _check_finetune(self) -> "TrainSpec":
         lora_fields = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_layers",
                        "adapter_precision")
+        qlora_fields = ("qlora_double_quant", "qlora_saves_inputs")
         fields = type(self).model_fields
-        given = [f for f in lora_fields + ("qlora_double_quant",)
+        given = [f for f in lora_fields + qlora_fields
                  if f in self.model_fields_set and getattr(self, f) != fields[f].default]  # a written-out default is fine
         if self.finetune not in ("lora", "qlora"):
-            if [f for f in given if f != "qlora_double_quant"]:
-                raise SpecError(f"{given[0]} needs finetune 'lora' or 'qlora' (finetune is {self.finetune!r}): "
+            lora_given = [f for f in given if f in lora_fields]
+            if lora_given:
+                raise SpecError(f"{lora_given[0]} needs finetune 'lora' or 'qlora' (finetune is {self.finetune!r}): "
                                 "only adapters have a rank, targets or layers")
-            if given:
-                raise SpecError(f"qlora_double_quant needs finetune 'qlora' (finetune is {self.finetune!r})")
+        quant_given = [f for f in given if f in qlora_fields]
+        if quant_given and self.finetune != "qlora":
+            raise SpecError(f"{quant_given[0]} needs finetune 'qlora' (finetune is {self.finetune!r}: only QLoRA's "
+                            "base weights are 4-bit)")
+        if self.finetune not in ("lora", "qlora"):
             return self
-        if self.finetune == "lora" and "qlora_double_quant" in given:
-            raise SpecError("qlora_double_quant needs finetune 'qlora' (finetune is 'lora': its base weights are 16-bit)")
         if self.precision not in ("bf16", "fp16"):
             raise SpecError(f"finetune {self.finetune!r} needs precision bf16 or fp16 (precision is {self.precision!r}): "
                             "the frozen base and its adapters compute in 16 bits (bitsandbytes' compute dtype for "

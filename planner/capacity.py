@@ -23,7 +23,7 @@ from planner.goodput import HOUR_S, goodput, goodput_options
 from planner.specs import ClusterSpec, PlanResult
 from planner.specs.base import MAX_GPUS
 from planner.specs.capacity import CapacityResult, CapacityRow
-from profiles import load_cluster, load_model
+from profiles import load_cluster
 
 #: The most GPU counts one capacity question runs (each is a full search).
 MAX_SIZES = 64
@@ -207,17 +207,15 @@ def plan_capacity(model: ModelRef, cluster: ClusterRef, gpus: Any, global_batch_
     skipped: list[str] = []
     if len(sizes) > 1:
         sizes, skipped = usable_sizes(sizes, cluster_spec, global_batch_size)
-    rows, names = [], None
+    rows, names = [], ("", "", "")
     for n in sizes:
         result = plan(model, cluster, n, global_batch_size, seq_len, top_k=1, **plan_options)
-        names = names or (result.model.name, result.cluster.name, result.cluster.gpu.name)
-        rows.append(capacity_row(result, budget, price, deadline, pue, failure_rate_per_gpu_hour, node_write_bw_bytes_per_s,
-                         aggregate_write_bw_bytes_per_s, restart_s))
+        names = (result.model.name, result.cluster.name, result.cluster.gpu.name)
+        rows.append(capacity_row(result, budget, price, deadline, pue, failure_rate_per_gpu_hour,
+                                 node_write_bw_bytes_per_s, aggregate_write_bw_bytes_per_s, restart_s))
     meeting = [r for r in rows if r.meets_deadline]
     chosen = min(meeting, key=lambda r: (r.cost if r.cost is not None else r.gpu_hours, r.num_gpus),
                  default=None)
-    if names is None:  # unreachable: at least one count is planned
-        names = (load_model(model).name, cluster_spec.name, cluster_spec.gpu.name)
     return CapacityResult(model=names[0], cluster=names[1], gpu=names[2], global_batch_size=global_batch_size,
                           seq_len=seq_len, tokens=budget, price_per_gpu_hour=price, deadline_s=deadline, pue=pue,
                           sizes_rule=rule, skipped=skipped, rows=rows,
@@ -247,8 +245,8 @@ def capacity_row(result: PlanResult, tokens: float | None = None, price: float |
                    cost=None if price is None else gpu_hours * price,
                    meets_deadline=None if deadline is None else wall <= deadline)
         if gpu.board_power_w is None:
-            row["energy_note"] = (f"no energy: GPU {gpu.name} has no published board power "
-                                  f"({gpu.board_power_source or 'board_power_w not given in its profile'})")
+            row["energy_note"] = (f"no energy for GPU {gpu.name}, whose board power is unknown: "
+                                  f"{gpu.board_power_source or 'its profile gives no board_power_w'}")
         else:
             row["energy_j"] = gpu.board_power_w * gpu_hours * HOUR_S * pue
     return CapacityRow(**row)

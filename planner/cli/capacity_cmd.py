@@ -77,7 +77,8 @@ class CapacityArgs:
         return cls(gpus=gpus, num_gpus=sizes[0] if len(sizes) == 1 and ":" not in gpus else None, tokens=budget,
                    price=None if price is None else parse_price(price, "--price"),
                    deadline_s=None if deadline is None else parse_duration(deadline, "--deadline"),
-                   pue=1.0 if pue is None else parse_pue(pue, "--pue"), failure_rate=failure_rate, aggregate_bw=aggregate)
+                   pue=1.0 if pue is None else parse_pue(pue, "--pue"), failure_rate=failure_rate,
+                   aggregate_bw=aggregate)
 
     def table_wanted(self, fmt: Format) -> bool:
         """The capacity table rather than the plan table: several counts, a deadline, or a token budget in
@@ -114,7 +115,9 @@ def run_capacity(args: CapacityArgs, plan_kwargs: dict[str, Any], fmt: Format, p
 def days(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    return "never" if math.isinf(seconds) else f"{seconds / DAY_S:,.1f} d"
+    if math.isinf(seconds):
+        return "never"
+    return f"{seconds / 3600:.1f} h" if seconds < DAY_S else f"{seconds / DAY_S:,.1f} d"
 
 
 def _num(value: float | None, fmt: str) -> str:

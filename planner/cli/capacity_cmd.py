@@ -127,8 +127,8 @@ def _num(value: float | None, fmt: str) -> str:
 def capacity_cells(r: CapacityRow, result: CapacityResult) -> list[str]:
     mark = "*" if result.chosen == r.num_gpus else ("x" if r.meets_deadline is False else "")
     cells = [f"{r.num_gpus:,}{mark}", layout_label(r.plan.strategy, r.plan.train) if r.plan else "none (below)",
-             _num(r.step_time_s, ".3f"), _num(r.tokens_per_s, ",.0f"), _num(None if r.mfu is None else 100 * r.mfu,
-                                                                              ".1f"),
+             _num(r.step_time_s, ".3f"), _num(None if r.tokens_per_s is None else r.tokens_per_s / 1e6, ".3f"),
+             _num(None if r.mfu is None else 100 * r.mfu, ".1f"),
              _num(None if r.goodput is None else 100 * r.goodput.fraction, ".1f")]
     if result.tokens is not None:
         cells += [_num(None if r.time_to_train_s is None else r.time_to_train_s / DAY_S, ",.1f"),
@@ -141,12 +141,12 @@ def capacity_cells(r: CapacityRow, result: CapacityResult) -> list[str]:
 
 
 def capacity_columns(result: CapacityResult) -> list[str]:
-    cols = ["GPUs", "layout", "step (s)", "tokens/s", "MFU %", "goodput %"]
+    cols = ["GPUs", "layout", "step (s)", "Mtok/s", "MFU %", "goodput %"]
     if result.tokens is not None:
         cols += ["ideal days", "days w/ goodput", "GPU-hours (M)"]
         if result.price_per_gpu_hour is not None:
             cols.append("cost (M)")
-        cols.append("energy (MWh)")
+        cols.append("MWh")
     return cols
 
 
@@ -155,17 +155,18 @@ def print_capacity(result: CapacityResult, aggregate_bw: float | None = None) ->
     basis, and the deadline's answer."""
     question = (f"{shown(result.model)} on {shown(result.cluster)} ({shown(result.gpu)}), global batch "
                 f"{result.global_batch_size} x {result.seq_len} tokens")
-    if result.tokens is not None:
-        question += f", {result.tokens / 1e12:g}T tokens"
+    budget = [f"{result.tokens / 1e12:g}T tokens"] if result.tokens is not None else []
     if result.price_per_gpu_hour is not None:
-        question += f", {result.price_per_gpu_hour:g} per GPU-hour"
+        budget.append(f"{result.price_per_gpu_hour:g} per GPU-hour")
     if result.deadline_s is not None:
-        question += f", deadline {days(result.deadline_s)}"
-    lines = [question]
+        budget.append(f"deadline {days(result.deadline_s)}")
+    lines = [question] + ([f"to train: {', '.join(budget)}"] if budget else [])
     table = Table(title="capacity: the best plan per GPU count", title_justify="left", box=None, pad_edge=False,
                   padding=(0, 1), header_style="bold underline")
     for col in capacity_columns(result):
-        table.add_column(col, justify="left" if col == "layout" else "right", no_wrap=col == "layout")
+        # headers wrap at their spaces, never inside a word; numbers (no spaces) stay whole
+        table.add_column(col, justify="left" if col == "layout" else "right", no_wrap=col == "layout",
+                         overflow="fold", min_width=max(len(word) for word in col.split()))
     for r in result.rows:
         table.add_row(*(shown(c, MESSAGE_CHARS) for c in capacity_cells(r, result)))
     for line in lines:
@@ -181,30 +182,30 @@ def capacity_lines(result: CapacityResult, aggregate_bw: float | None = None) ->
     out += [f"{r.num_gpus:,} GPUs: {r.reason}" for r in result.rows if r.reason]
     first = next((r for r in result.rows if r.goodput is not None), None)
     if first is not None:
-        out.append(goodput_basis(first.goodput, aggregate_bw))
+        out += goodput_basis(first.goodput, aggregate_bw)
     if result.tokens is not None:
-        out.append("ideal days: tokens / tokens/s; days w/ goodput: ideal / goodput; GPU-hours: GPUs x days "
-                   "w/ goodput" + ("; cost: GPU-hours x price" if result.price_per_gpu_hour is not None else ""))
+        out.append("ideal days = tokens / (tokens/s); days w/ goodput = ideal / goodput; GPU-hours = GPUs x days "
+                   "w/ goodput")
         note = next((r.energy_note for r in result.rows if r.energy_note), None)
-        out.append(note or f"energy: GPU board power x GPU-hours x PUE {result.pue:g} (the boards' rated power, an "
-                           "upper bound" + ("; hosts, network and cooling excluded)" if result.pue == 1 else ")"))
-    if result.deadline_s is not None:
-        if result.chosen is not None:
-            r = result.row(result.chosen)
-            price = f", cost {r.cost / 1e6:,.2f}M" if r.cost is not None else ""
-            out.append(f"deadline {days(result.deadline_s)}: {r.num_gpus:,} GPUs (*) is the cheapest count that "
-                       f"meets it: {days(r.time_to_train_goodput_s)}, {r.gpu_hours / 1e6:,.3f}M GPU-hours{price}; "
-                       "x: misses it")
+        out.append(note or f"energy: board power x GPU-hours x PUE {result.pue:g} (rated power, an upper bound"
+                           + ("; hosts, network and cooling excluded)" if result.pue == 1 else ")"))
+    if result.deadline_s is not None and result.chosen is not None:
+        r = result.row(result.chosen)
+        price = f", cost {r.cost / 1e6:,.2f}M" if r.cost is not None else ""
+        out.append(f"deadline {days(result.deadline_s)}: the cheapest count that meets it is {r.num_gpus:,} GPUs "
+                   f"(*): {days(r.time_to_train_goodput_s)}, {r.gpu_hours / 1e6:,.3f}M GPU-hours{price}")
+    if any(r.meets_deadline is False for r in result.rows):
+        out.append("x: misses the deadline")
     return out
 
 
-def goodput_basis(g: Goodput, aggregate_bw: float | None) -> str:
-    """The goodput model's inputs in one line."""
+def goodput_basis(g: Goodput, aggregate_bw: float | None) -> list[str]:
+    """The goodput model's inputs, two lines."""
     bw = f"{DEFAULT_NODE_WRITE_BW_BYTES_PER_S / 1e9:g} GB/s per node (assumed)" + (
         "" if aggregate_bw is None else f", at most {aggregate_bw / 1e9:,.0f} GB/s in all")
-    return (f"goodput: failures {g.failure_rate_per_gpu_hour:.3g} per GPU-hour (default: Llama 3 405B's), "
-            f"checkpoint {g.checkpoint_bytes / 1e12:.3g} TB at {bw}, restart {DEFAULT_RESTART_S / 60:g} min "
-            "(assumed) + reload; checkpoint interval: Daly 2006")
+    return [f"goodput: failures {g.failure_rate_per_gpu_hour:.3g} per GPU-hour (default: Llama 3 405B's), restart "
+            f"{DEFAULT_RESTART_S / 60:g} min (assumed) + reload",
+            f"checkpoints: {g.checkpoint_bytes / 1e12:.3g} TB at {bw}, at Daly's (2006) optimum interval"]
 
 
 def goodput_line(g: Goodput) -> str:

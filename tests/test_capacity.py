@@ -109,8 +109,8 @@ def test_energy_is_refused_for_a_gpu_without_a_published_board_power():
 def test_capacity_table_and_json_round_trip(capsys):
     code, out, err = run(capsys, "plan", *ARGS, "--gpus", "8:32", "--tokens", "100B", "--price", "2.5")
     assert code == 0, err
-    for col in ("GPUs", "layout", "tokens/s", "MFU %", "goodput %", "ideal days", "days w/ goodput",
-                "GPU-hours (M)", "cost (M)", "energy (MWh)"):
+    for col in ("GPUs", "layout", "Mtok/s", "MFU %", "goodput %", "ideal days", "days w/ goodput",
+                "GPU-hours (M)", "cost (M)", "MWh"):
         assert col in out
     assert "GPU counts: 8, 32 and every power-of-two number of 8-GPU nodes between" in out
     code, out, err = run(capsys, "plan", *ARGS, "--gpus", "8:32", "--tokens", "100B", "--format", "json")
@@ -127,7 +127,7 @@ def test_capacity_table_and_json_round_trip(capsys):
 def test_cli_deadline_marks_the_choice_or_exits_1_with_the_fastest(capsys):
     code, out, err = run(capsys, "plan", *ARGS, "--gpus", "8,16", "--tokens", "100B", "--deadline", "52w")
     assert code == 0, err
-    assert "is the cheapest count that meets it" in out
+    assert "the cheapest count that meets it is " in out
     code, out, err = run(capsys, "plan", *ARGS, "--gpus", "8,16", "--tokens", "100B", "--deadline", "1h")
     assert code == 1
     assert "no GPU count meets the deadline of 1.0 h: the fastest, 16 GPUs, takes" in err

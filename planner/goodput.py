@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+from cost_models.finetune import adapter_params, adapter_state_bytes
 from cost_models.params import num_params
 from cost_models.units import WEIGHT_BYTES, optimizer_state_bytes
 from planner.errors import SpecError, short_repr
@@ -65,8 +66,13 @@ def checkpoint_bytes(model: ModelSpec, train: TrainSpec) -> float:
     """Bytes of model state a checkpoint saves to resume training: every parameter's compute copy (16-bit, or
     32-bit in fp32 training: cost_models.units.WEIGHT_BYTES) and its optimizer state (fp32 master and moments:
     cost_models.units.optimizer_state_bytes). Mixed-precision Adam: 2 + 12 = 14 bytes per parameter; the
-    parameter count is the cost model's (cost_models.params.num_params). Data-loader and RNG state are small
-    and left out."""
+    parameter count is the cost model's (cost_models.params.num_params). With LoRA / QLoRA adapters
+    (train.adapters) only the adapters are saved, each with its weight and optimizer moments
+    (cost_models.finetune.adapter_state_bytes): the frozen base is the checkpoint the run started from. Data-loader
+    and RNG state are small and left out."""
+    if train.adapters:
+        states = adapter_state_bytes(train)
+        return float(adapter_params(model, train)) * (states.weight + states.optimizer)
     per_param = WEIGHT_BYTES[train.precision] + optimizer_state_bytes(train.optimizer, train.precision)
     return float(num_params(model)) * per_param
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cost_models.finetune import adapter_params
 from cost_models.params import num_params
 from planner.api import make_inputs
 from planner.errors import SpecError
@@ -64,6 +65,13 @@ def test_checkpoint_is_the_models_parameters_times_weight_and_optimizer_bytes(in
     assert checkpoint_bytes(model, train) == num_params(model) * (2 + 4 + 4 + 4)
     fp32 = train.model_copy(update={"precision": "fp32"})
     assert checkpoint_bytes(model, fp32) == num_params(model) * (4 + 4 + 4)
+
+
+def test_a_lora_checkpoint_saves_the_adapters_alone():
+    model, _, train = make_inputs("llama3-8b", "dgx-h100", 8, 64, 4096, finetune="lora", lora_rank=16)
+    adapters = adapter_params(model, train)
+    assert 0 < adapters < num_params(model) / 100
+    assert checkpoint_bytes(model, train) == adapters * (4 + 8)  # fp32 adapter weight and Adam's two moments
 
 
 def test_goodput_falls_with_the_job_size_and_the_failure_rate(inputs):

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the lazy names below resolve to
     from planner.api import evaluate, plan
+    from planner.capacity import plan_capacity
+    from planner.specs.capacity import CapacityResult, CapacityRow, Goodput
     from planner.autoshard import AutoshardResult, autoshard
     from executors.tune import tune
     from planner.errors import SpecError
@@ -40,6 +42,8 @@ if TYPE_CHECKING:  # what the lazy names below resolve to
 # core, which imports those layers in turn. `tune` is the executors' (it runs real trials and needs
 # optuna): `import planner` loads neither until it is used.
 _HOME = {"plan": "planner.api", "evaluate": "planner.api", "SpecError": "planner.errors", "tune": "executors.tune",
+         "plan_capacity": "planner.capacity",
+         **{name: "planner.specs.capacity" for name in ("CapacityResult", "CapacityRow", "Goodput")},
          "autoshard": None, "AutoshardResult": "planner.autoshard",
          **{name: "planner.specs" for name in ("ClusterSpec", "Estimate", "GpuSpec", "LinkTier", "ModelSpec", "Plan",
                                                  "PlanResult", "SearchStats", "Strategy", "TrainSpec")}}
@@ -62,8 +66,11 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AutoshardResult",
+    "CapacityResult",
+    "CapacityRow",
     "ClusterSpec",
     "Estimate",
+    "Goodput",
     "GpuSpec",
     "LinkTier",
     "ModelSpec",
@@ -76,5 +83,6 @@ __all__ = [
     "autoshard",
     "evaluate",
     "plan",
+    "plan_capacity",
     "tune",
 ]

@@ -49,7 +49,8 @@ from planner.errors import (
 )
 from planner.specs import ClusterSpec, GpuSpec, HostSpec, LinkTier, ModelSpec
 from planner.specs.topology import TopologySpec
-from planner.specs.hardware import (BW_BYTES_PER_S_RANGE, FLOP_PER_S_RANGE, HOST_TIME_SCALE_RANGE, LATENCY_S_RANGE,
+from planner.specs.hardware import (BOARD_POWER_W_RANGE, BW_BYTES_PER_S_RANGE, FLOP_PER_S_RANGE,
+                                     HOST_TIME_SCALE_RANGE, LATENCY_S_RANGE,
                                      MEMORY_BYTES_RANGE, StepTimeResiduals)
 from planner.specs.hf import read_hf_config
 from profiles.bundle import resolve_cluster, resolve_gpu
@@ -151,7 +152,7 @@ def _validated(cls: type, data: dict[str, Any], what: str):
         raise SpecError(f"invalid {what}: {exc}") from None
 
 
-UNIT_SUFFIXES = ("_gib", "_gb_per_s", "_us")
+UNIT_SUFFIXES = ("_gib", "_gb_per_s", "_us", "_w")
 
 
 def source_keys(field: str) -> tuple[str, ...]:
@@ -197,7 +198,8 @@ def _mapping(value: Any, key: str, what: str) -> dict[str, Any]:
 #: The numeric keys of a GPU YAML file.
 GPU_YAML_FIELDS = ("memory_gib", "peak_tflops", "hbm_bw_gb_per_s", "framework_reserve_gib", "gemm_efficiency",
                    "hbm_efficiency", "backward_gemm_ratio", "kernel_overhead_us", "grouped_gemm_efficiency",
-                   "host_link_gb_per_s", "kernel_tables", "sustained_compute_fraction", "host_time_scale")
+                   "host_link_gb_per_s", "kernel_tables", "sustained_compute_fraction", "host_time_scale",
+                   "board_power_w")
 
 
 def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
@@ -217,6 +219,8 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
         raise
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{what} has a non-numeric value: {exc}") from None
+    if "board_power_w" in data:  # kept with its source: the energy figures cite it
+        fields.update(_board_power(data, what))
     _pop_sources(data, GPU_YAML_FIELDS, what)
     fields["framework_reserve_bytes"] = _si(data.pop("framework_reserve_gib", 0.0), "framework_reserve_gib", what, GIB,
                                             (0.0, MEMORY_BYTES_RANGE[1]))
@@ -245,6 +249,18 @@ def gpu_from_yaml(data: dict[str, Any], what: str = "GPU profile") -> GpuSpec:
     if data:
         raise SpecError(f"{what} has unknown field(s): {', '.join(sorted(data))}")
     return _validated(GpuSpec, fields, what)
+
+
+def _board_power(data: dict[str, Any], what: str) -> dict[str, Any]:
+    """`board_power_w` (watts, or null where no figure is published) and its `board_power_source`, which the
+    spec keeps (an energy estimate names it); the source is required, null or not."""
+    value = data.pop("board_power_w")
+    source = data.pop("board_power_source", None)
+    if not isinstance(source, str) or not source.strip():
+        raise SpecError(f"{what}: board_power_source must be a non-empty text naming where board_power_w comes "
+                        "from (or why it is null)")
+    power = None if value is None else _si(value, "board_power_w", what, 1.0, BOARD_POWER_W_RANGE)
+    return {"board_power_w": power, "board_power_source": source.strip()}
 
 
 def load_gpu(ref: str | GpuSpec) -> GpuSpec:

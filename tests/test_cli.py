@@ -24,6 +24,7 @@ PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "-
 FROZEN = {
     "plan": ["--adapter-precision", "--double-quant", "--finetune", "--lora-alpha", "--lora-dropout", "--lora-layers", "--lora-rank",
              "--lora-targets", "--paged-optimizer", "--attention-kernel", "--calibration",
+             "--ckpt-bandwidth", "--deadline", "--failure-rate", "--price", "--pue", "--tokens",
              "--cluster", "--constraint", "--constraints", "--cross-entropy-fusion",
              "--cross-entropy-fusion-impl", "--cuda-graph-impl", "--cuda-graph-scope",
              "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size",

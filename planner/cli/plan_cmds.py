@@ -12,6 +12,8 @@ from cost_models.params import num_active_params, num_params
 from planner.api import evaluate as api_evaluate
 from planner.api import plan as api_plan
 from planner.cli.app import app
+from planner.cli.capacity_cmd import (CapacityArgs, CkptBandwidthOpt, DeadlineOpt, FailureRateOpt, GpusArgOpt,
+                                      PriceOpt, PueOpt, TokensOpt, print_plan_lines, run_capacity)
 from planner.cli.common import (
     GIB,
     AdapterPrecisionOpt,
@@ -91,7 +93,7 @@ COMM_HIDDEN_WARN_FRACTION = 0.9
 def plan_cmd(
     model: ModelOpt,
     cluster: ClusterOpt,
-    gpus: GpusOpt,
+    gpus: GpusArgOpt,
     global_batch_size: GbsOpt,
     seq_len: SeqOpt,
     precision: PrecisionOpt = Precision.bf16,
@@ -130,11 +132,21 @@ def plan_cmd(
                                        "default table fits 100 columns.")] = False,
     plot: PlotFileOpt = None,
     fmt: FormatOpt = Format.table,
+    tokens: TokensOpt = None,
+    price: PriceOpt = None,
+    deadline: DeadlineOpt = None,
+    pue: PueOpt = None,
+    failure_rate: FailureRateOpt = None,
+    ckpt_bandwidth: CkptBandwidthOpt = None,
 ) -> None:
     """Rank every valid strategy by predicted throughput; show the fastest that fit (near-ties go to the
     simpler layout, near-duplicates share a row: see the README's "Reading the plan table"). --plot draws
-    speed against memory over every candidate above the best plans' step-time terms."""
+    speed against memory over every candidate above the best plans' step-time terms. Several GPU counts
+    (--gpus 256:4096) print the capacity table: the best plan per count and, with --tokens, the time to train,
+    GPU-hours, cost (--price) and energy; --deadline picks the cheapest count that meets it."""
     target = check_plot(plot)
+    capacity = CapacityArgs.parse(gpus, tokens, price, deadline, pue, failure_rate, ckpt_bandwidth)
+    gpus = capacity.num_gpus
     kwargs = dict(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size, seq_len=seq_len,
                   precision=precision.value, constraints=parse_constraints(constraint, constraints), top_k=top,
                   calibration=calibration, strict_numerics=strict_numerics,
@@ -147,6 +159,8 @@ def plan_cmd(
                                                                       cuda_graph_impl, cuda_graph_scope),
                   **finetune_options(finetune, lora_rank, lora_alpha, lora_dropout, lora_targets, lora_layers,
                                      adapter_precision, double_quant, paged_optimizer))
+    if capacity.table_wanted(fmt):
+        return run_capacity(capacity, kwargs, fmt, target, searching)
     with searching(f"searching strategies for {gpus:,} GPUs"):
         result = api_plan(**kwargs)
     if fmt is Format.json:
@@ -157,6 +171,7 @@ def plan_cmd(
     elif result.stats.num_valid:
         print_plan_table(result, wide=wide)
         calibration_note(calibration)
+        print_plan_lines(result, capacity)
         warn_hidden_comm(result)
     write_plot(target, lambda: plan_figure(result))
     if not result.stats.num_valid:

@@ -42,6 +42,8 @@ HOST_TIME_SCALE_RANGE = (1.0, 100.0)
 RELATIVE_ERROR_MAX = 100.0
 #: The most end-to-end rows one band may rest on.
 MAX_RESIDUAL_ROWS = 10**6
+#: A GPU board's rated power: 1 W to 10 kW, watts.
+BOARD_POWER_W_RANGE = (1.0, 1e4)
 #: Bytes per GiB, the unit messages state memory in.
 GIB = 2**30
 
@@ -146,6 +148,13 @@ class GpuSpec(Spec):
     )
     source: str = Field("", description="Datasheet or measurement the numbers come from.")
     calibration: str = Field("", description="Which data the efficiencies were fitted on, or 'assumed'.")
+    board_power_w: float | None = Field(
+        None, ge=BOARD_POWER_W_RANGE[0], le=BOARD_POWER_W_RANGE[1],
+        description="The GPU board's rated power (maximum thermal design power), watts, as its vendor publishes it "
+        "(BOARD_POWER_W_RANGE); the energy of a training run is estimated from it (planner.capacity). None: no "
+        "published figure, and energy is refused for this GPU.")
+    board_power_source: str = Field(
+        "", description="Where board_power_w comes from (a datasheet), or why there is none.")
     step_time_residuals: StepTimeResiduals | None = Field(
         None, description="Step-time errors on published end-to-end runs (or the widened rule where none exist), "
         "from the GPU's calibration file; the basis of every estimate's error band. None: none known.")

@@ -107,11 +107,17 @@ def test_energy_is_refused_for_a_gpu_without_a_published_board_power():
 
 
 def test_capacity_table_and_json_round_trip(capsys):
-    code, out, err = run(capsys, "plan", *ARGS, "--gpus", "8:32", "--tokens", "100B", "--price", "2.5")
+    code, out, err = run(capsys, "plan", *ARGS, "--gpus", "8:32", "--tokens", "100T", "--price", "2.5")
     assert code == 0, err
     for col in ("GPUs", "layout", "Mtok/s", "MFU %", "goodput %", "ideal days", "days w/ goodput",
                 "GPU-hours (M)", "cost (M)", "MWh"):
         assert col in out
+    # a small budget in small units: hours, plain GPU-hours and cost, kWh
+    code, out, err = run(capsys, "plan", *ARGS, "--gpus", "8:32", "--tokens", "1B", "--price", "2.5")
+    assert code == 0, err
+    for col in ("ideal hours", "hours w/ goodput", "GPU-hours", "cost", "kWh"):
+        assert col in out
+    assert "(M)" not in out and "to train: 1B tokens" in out
     assert "GPU counts: 8, 32 and every power-of-two number of 8-GPU nodes between" in out
     code, out, err = run(capsys, "plan", *ARGS, "--gpus", "8:32", "--tokens", "100B", "--format", "json")
     assert code == 0, err
@@ -137,7 +143,7 @@ def test_cli_deadline_marks_the_choice_or_exits_1_with_the_fastest(capsys):
 def test_single_count_prints_time_cost_energy_and_goodput_under_the_plan_table(capsys):
     code, out, err = run(capsys, "plan", *ARGS, "--gpus", "16", "--top", "1", "--tokens", "100B", "--price", "2")
     assert code == 0, err
-    assert "ranked plans" in out and "goodput: " in out and "time to train 0.1T tokens:" in out
+    assert "ranked plans" in out and "goodput: " in out and "time to train 100B tokens:" in out
     assert "cost: " in out and "MWh (700 W board power" in out
     code, out, err = run(capsys, "plan", *ARGS, "--gpus", "16", "--top", "1")
     assert code == 0 and "goodput" not in out  # a small job without --tokens: the plan table alone

@@ -124,6 +124,33 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def tokens_words(tokens: float) -> str:
+    """`15T tokens`, `1B tokens`, `250M tokens`: the budget with the largest suffix that keeps it at least 1."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if tokens >= scale:
+            return f"{tokens / scale:g}{suffix} tokens"
+    return f"{tokens:g} tokens"
+
+
+def amount(value: float) -> str:
+    """`3.746M` from a million up, `12,345` below: GPU-hours and costs."""
+    return f"{value / 1e6:,.3f}M" if value >= 1e6 else f"{value:,.0f}"
+
+
+def table_units(result: CapacityResult) -> dict[str, tuple[float, str]]:
+    """Each scaled column's divisor and header, from its largest value: days from two days up (else hours),
+    GPU-hours and cost in millions from a million up, energy in MWh from one MWh up (else kWh)."""
+    rows = [r for r in result.rows if r.time_to_train_goodput_s is not None]
+    longest = max((r.time_to_train_goodput_s for r in rows), default=0.0)
+    hours = max((r.gpu_hours or 0.0 for r in rows), default=0.0)
+    cost = max((r.cost or 0.0 for r in rows), default=0.0)
+    energy = max((r.energy_j or 0.0 for r in rows), default=0.0)
+    return {"time": (DAY_S, "days") if longest >= 2 * DAY_S else (3600.0, "hours"),
+            "gpu_hours": (1e6, "GPU-hours (M)") if hours >= 1e6 else (1.0, "GPU-hours"),
+            "cost": (1e6, "cost (M)") if cost >= 1e6 else (1.0, "cost"),
+            "energy": (J_PER_MWH, "MWh") if energy >= J_PER_MWH else (J_PER_MWH / 1e3, "kWh")}
+
+
 def capacity_cells(r: CapacityRow, result: CapacityResult) -> list[str]:
     mark = "*" if result.chosen == r.num_gpus else ("x" if r.meets_deadline is False else "")
     cells = [f"{r.num_gpus:,}{mark}", layout_label(r.plan.strategy, r.plan.train) if r.plan else "none (below)",
@@ -131,22 +158,26 @@ def capacity_cells(r: CapacityRow, result: CapacityResult) -> list[str]:
              _num(None if r.mfu is None else 100 * r.mfu, ".1f"),
              _num(None if r.goodput is None else 100 * r.goodput.fraction, ".1f")]
     if result.tokens is not None:
-        cells += [_num(None if r.time_to_train_s is None else r.time_to_train_s / DAY_S, ",.1f"),
-                  _num(None if r.time_to_train_goodput_s is None else r.time_to_train_goodput_s / DAY_S, ",.1f"),
-                  _num(None if r.gpu_hours is None else r.gpu_hours / 1e6, ",.3f")]
+        u = table_units(result)
+        (t, _), (g, _), (c, _), (e, _) = u["time"], u["gpu_hours"], u["cost"], u["energy"]
+        cells += [_num(None if r.time_to_train_s is None else r.time_to_train_s / t, ",.1f"),
+                  _num(None if r.time_to_train_goodput_s is None else r.time_to_train_goodput_s / t, ",.1f"),
+                  _num(None if r.gpu_hours is None else r.gpu_hours / g, ",.3f" if g > 1 else ",.0f")]
         if result.price_per_gpu_hour is not None:
-            cells.append(_num(None if r.cost is None else r.cost / 1e6, ",.2f"))
-        cells.append(_num(None if r.energy_j is None else r.energy_j / J_PER_MWH, ",.0f"))
+            cells.append(_num(None if r.cost is None else r.cost / c, ",.2f" if c > 1 else ",.0f"))
+        cells.append(_num(None if r.energy_j is None else r.energy_j / e, ",.0f"))
     return cells
 
 
 def capacity_columns(result: CapacityResult) -> list[str]:
     cols = ["GPUs", "layout", "step (s)", "Mtok/s", "MFU %", "goodput %"]
     if result.tokens is not None:
-        cols += ["ideal days", "days w/ goodput", "GPU-hours (M)"]
+        u = table_units(result)
+        unit = u["time"][1]
+        cols += [f"ideal {unit}", f"{unit} w/ goodput", u["gpu_hours"][1]]
         if result.price_per_gpu_hour is not None:
-            cols.append("cost (M)")
-        cols.append("MWh")
+            cols.append(u["cost"][1])
+        cols.append(u["energy"][1])
     return cols
 
 
@@ -155,7 +186,7 @@ def print_capacity(result: CapacityResult, aggregate_bw: float | None = None) ->
     basis, and the deadline's answer."""
     question = (f"{shown(result.model)} on {shown(result.cluster)} ({shown(result.gpu)}), global batch "
                 f"{result.global_batch_size} x {result.seq_len} tokens")
-    budget = [f"{result.tokens / 1e12:g}T tokens"] if result.tokens is not None else []
+    budget = [tokens_words(result.tokens)] if result.tokens is not None else []
     if result.price_per_gpu_hour is not None:
         budget.append(f"{result.price_per_gpu_hour:g} per GPU-hour")
     if result.deadline_s is not None:
@@ -184,16 +215,17 @@ def capacity_lines(result: CapacityResult, aggregate_bw: float | None = None) ->
     if first is not None:
         out += goodput_basis(first.goodput, aggregate_bw)
     if result.tokens is not None:
-        out.append("ideal days = tokens / (tokens/s); days w/ goodput = ideal / goodput; GPU-hours = GPUs x days "
-                   "w/ goodput")
+        unit = table_units(result)["time"][1]
+        out.append(f"ideal {unit} = tokens / (tokens/s); {unit} w/ goodput = ideal / goodput; GPU-hours = GPUs x "
+                   f"{unit} w/ goodput")
         note = next((r.energy_note for r in result.rows if r.energy_note), None)
         out.append(note or f"energy: board power x GPU-hours x PUE {result.pue:g} (rated power, an upper bound"
                            + ("; hosts, network and cooling excluded)" if result.pue == 1 else ")"))
     if result.deadline_s is not None and result.chosen is not None:
         r = result.row(result.chosen)
-        price = f", cost {r.cost / 1e6:,.2f}M" if r.cost is not None else ""
+        price = f", cost {amount(r.cost)}" if r.cost is not None else ""
         out.append(f"deadline {days(result.deadline_s)}: the cheapest count that meets it is {r.num_gpus:,} GPUs "
-                   f"(*): {days(r.time_to_train_goodput_s)}, {r.gpu_hours / 1e6:,.3f}M GPU-hours{price}")
+                   f"(*): {days(r.time_to_train_goodput_s)}, {amount(r.gpu_hours)} GPU-hours{price}")
     if any(r.meets_deadline is False for r in result.rows):
         out.append("x: misses the deadline")
     return out
@@ -225,12 +257,14 @@ def print_plan_lines(result: PlanResult, args: CapacityArgs) -> None:
     r = capacity_row(result, args.tokens, args.price, None, args.pue, args.failure_rate, None, args.aggregate_bw)
     lines = [goodput_line(r.goodput)]
     if args.tokens is not None:
-        lines.append(f"time to train {args.tokens / 1e12:g}T tokens: {days(r.time_to_train_s)} ideal, "
-                     f"{days(r.time_to_train_goodput_s)} with goodput; {r.gpu_hours / 1e6:,.3f}M GPU-hours")
+        lines.append(f"time to train {tokens_words(args.tokens)}: {days(r.time_to_train_s)} ideal, "
+                     f"{days(r.time_to_train_goodput_s)} with goodput; {amount(r.gpu_hours)} GPU-hours")
         if r.cost is not None:
-            lines.append(f"cost: {r.cost / 1e6:,.2f}M at {args.price:g} per GPU-hour")
+            lines.append(f"cost: {amount(r.cost)} at {args.price:g} per GPU-hour")
         gpu = result.cluster.gpu
-        lines.append(r.energy_note or f"energy: {r.energy_j / J_PER_MWH:,.0f} MWh ({gpu.board_power_w:g} W board "
+        energy = (f"{r.energy_j / J_PER_MWH:,.0f} MWh" if r.energy_j is not None and r.energy_j >= J_PER_MWH
+                  else f"{(r.energy_j or 0.0) / (J_PER_MWH / 1e3):,.0f} kWh")
+        lines.append(r.energy_note or f"energy: {energy} ({gpu.board_power_w:g} W board "
                      f"power x GPU-hours x PUE {args.pue:g})")
     for line in lines:
         stdout.print(plain(line, MESSAGE_CHARS), markup=False, highlight=False, soft_wrap=False)

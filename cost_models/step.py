@@ -328,6 +328,41 @@ def stage_breakdown(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st
     return own
 
 
+def adapter_breakdown(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, st: StrategyArrays,
+                      comm: CommModel | None = None) -> list[dict]:
+    """Per candidate of an adapter plan (cost_models.finetune), what the frozen base and the adapters cost in one
+    step on one rank, seconds (compute only, recomputation apart), and the parameters: the base's forward, the
+    input-gradient backward of the frozen layers from the lowest adapted one up, the weight-gradient GEMMs that
+    backward skips (what full training would add), the adapters' forward and backward, QLoRA's dequantisation
+    (forward and backward passes). Empty dicts without adapters."""
+    if not getattr(train, "adapters", False):
+        return [{} for _ in range(len(st))]
+    s = setup(model, cluster, train, st, comm)
+    x, gpu = s.x, s.gpu
+    frozen = layer_times(s.blocks, x, gpu)
+    trained = layer_times(s.blocks, replace(x, frozen_base=False), gpu)
+    L = model.num_layers
+    share = finetune.backward_share(model, train)
+    adapted = len(finetune.adapted_layers(model, train))
+    a_fwd, a_bwd = finetune.adapter_layer_s(model, train, x.tokens, x.act, gpu)
+    deq = finetune.dequant_layer_s(model, train, gpu)
+    m = s.num_microbatches
+    kind = 0  # adapter plans have one dense layer kind
+    out = []
+    for i in range(len(st)):
+        fwd, bwd, full_bwd = (float(np.broadcast_to(t[kind], (len(st),))[i])
+                              for t in (frozen.fwd_s, frozen.bwd_s, trained.bwd_s))
+        mi = float(m[i])
+        out.append({"trainable_params": float(finetune.adapter_params(model, train)),
+                    "layers_without_backward": int(min(finetune.adapted_layers(model, train))),
+                    "base_forward_s": mi * L * fwd,
+                    "input_gradients_s": mi * L * share * bwd,
+                    "weight_gradients_skipped_s": mi * L * share * max(full_bwd - bwd, 0.0),
+                    "adapters_s": mi * adapted * float(np.broadcast_to(a_fwd + a_bwd, (len(st),))[i]),
+                    "dequantisation_s": mi * L * (1 + share) * deq})
+    return out
+
+
 def _same_stage(a: dict, b: dict, rel: float = 1e-9) -> bool:
     keys = ("layers", "forward_s", "backward_s", "peak_memory_bytes")
     return all(abs(a[k] - b[k]) <= rel * max(abs(a[k]), abs(b[k]), 1e-30) for k in keys)
@@ -1033,5 +1068,7 @@ def step_flops(s: Setup) -> tuple[np.ndarray, np.ndarray]:
     elif policy == "op_sac":  # the GEMMs torchtitan's op policy repeats (the attention kernel is saved)
         core_fwd = blocks.mean(lambda layer: sum(g.flop for g in op_sac_gemms(layer, whole) or ()))
     extra = np.where(rc == 2, _recomputed_fraction(s)[0] * (L * layer_fwd + mtp_fwd), np.where(rc == 1, L * core_fwd, 0.0))
+    if s.adapters:  # only the layers with a backward are recomputed
+        extra = extra * finetune.backward_share(model, train)
     # (selective recompute of other modules repeats GEMMs too; hardware FLOPs count the attention core only)
     return model_flop, model_flop + extra

@@ -17,7 +17,8 @@ from cost_models.blocks import Micro, model_blocks
 from cost_models.layout import STAGE_NAMES
 from cost_models.memory import kind_activation_bytes
 from cost_models.placement import group_links
-from cost_models.step import MEMORY_TERMS, TIME_TERMS, concat_costs, memory_arrays, stage_breakdown
+from cost_models.step import (MEMORY_TERMS, TIME_TERMS, adapter_breakdown, concat_costs, memory_arrays,
+                               stage_breakdown)
 from planner.advice import advice_for, memory_floor_gpus, min_gpus_to_fit
 from planner.error_band import band_fields, errors_of, overlaps_best
 from planner.knobs import KNOB_MARGIN, MAX_GRAPH_GAIN, Knobs
@@ -161,6 +162,8 @@ def search(model, cluster, train, num_gpus: int, constraints: dict, top_k: int,
         est = estimate_from(costs, i, num_gpus, own, reasons=reasons, gpu=cluster.gpu, moe=moe,
                             settings=knobs.settings(int(variant[i])))
         est = est.model_copy(update={"stages": stages[i]})
+        if own.adapters:
+            est = est.model_copy(update={"finetune": adapter_breakdown(model, cluster, own, candidates.take([i]))[0]})
         return Plan(rank=rank, strategy=strategy, estimate=est, model=model, cluster=cluster, train=own,
                     num_gpus=num_gpus, folded=_folded(candidates, costs, row))
 
@@ -513,7 +516,8 @@ def evaluate_one(model, cluster, train, strategy: Strategy) -> Estimate:
         return est
     links = group_links(cluster, strategy, model.num_layers, model.num_experts > 0)
     stages = [StageEstimate(**r) for r in stage_breakdown(model, cluster, train, st)[0]]
-    return est.model_copy(update={"groups": [GroupLink(**g) for g in links], "stages": stages})
+    return est.model_copy(update={"groups": [GroupLink(**g) for g in links], "stages": stages,
+                                  "finetune": adapter_breakdown(model, cluster, train, st)[0]})
 
 
 def _memory_reason(costs: CostArrays, i: int) -> list[str]:

@@ -164,6 +164,20 @@ def test_frozen_backward_is_cheaper_and_stops_at_the_lowest_adapter():
     assert lora.time_s["dp_comm"] <= full.time_s["dp_comm"]
 
 
+def test_the_frozen_base_says_what_it_costs(cli):
+    """Estimate.finetune splits the step's compute into the base's forward, the frozen layers' input gradients, the
+    adapters and the dequantisation, which add up to the compute term (less the output layer's); explain prints it."""
+    est = _estimate("qlora", lora_layers=list(range(16, 32)))
+    f = est.finetune
+    parts = f["base_forward_s"] + f["input_gradients_s"] + f["adapters_s"] + f["dequantisation_s"]
+    assert parts < est.time_s["compute"] < 1.05 * parts
+    assert f["layers_without_backward"] == 16 and f["weight_gradients_skipped_s"] > 0
+    assert _estimate("full").finetune == {}
+    out = cli(["explain", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "-b", "16", "-s", "4096",
+               "--finetune", "qlora", "--lora-layers", "16-31", "--dp", "8", "--recompute", "full"])
+    assert "frozen base per step: forward" in out.output and "layers 0-15 run no backward" in out.output
+
+
 def test_adapter_plans_are_data_parallel_only():
     bad = _estimate("lora", strategy=Strategy(dp=4, tp=2, zero_stage=0, micro_batch_size=1))
     assert not bad.valid and any("finetune 'lora'" in r and "tp 2" in r for r in bad.reasons)

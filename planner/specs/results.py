@@ -115,6 +115,12 @@ class Estimate(BaseModel):
     mfu_high: float | None = Field(None, description="High edge of the MFU band (from step_time_s_low).")
     band_basis: str = Field("", description="Where the band comes from: the published end-to-end runs whose "
                             "residuals set it, or the rule that widened it for a GPU without such runs.")
+    finetune: dict[str, float] = Field(
+        default_factory=dict, description="Adapter plans (TrainSpec.finetune lora or qlora): what the frozen base and "
+        "the adapters cost in one step on one rank (cost_models.step.adapter_breakdown): trainable_params, "
+        "layers_without_backward (below the lowest adapted layer), base_forward_s, input_gradients_s (the frozen "
+        "layers' backward), weight_gradients_skipped_s (what full training would add), adapters_s, "
+        "dequantisation_s; empty otherwise.")
     stages: list[StageEstimate] = Field(default_factory=list, description="Per pipeline rank, first to last: layers, "
                                         "one micro-batch's forward and backward time, memory (`evaluate`, `explain` "
                                         "and each ranked plan fill it; empty in a file written before it existed).")

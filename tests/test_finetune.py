@@ -117,9 +117,11 @@ def test_layer_activations_equal_what_autograd_saves(targets, dropout, adapter_p
 def _estimate(mode: str, **kw):
     strategy = kw.pop("strategy", Strategy(dp=8, zero_stage=0, micro_batch_size=1, recompute="full"))
     extra = {"lora_rank": 16} if mode in ("lora", "qlora") else {}
-    kw.setdefault("framework", "deepspeed")
-    return evaluate(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=16, seq_len=4096,
-                    finetune=mode, strategy=strategy, **extra, **kw)
+    kw.setdefault("framework", "torchtitan")  # zero 0 is DDP there (DeepSpeed refuses zero 0 with fp32 gradients)
+    est = evaluate(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=16, seq_len=4096,
+                   finetune=mode, strategy=strategy, **extra, **kw)
+    assert est.valid or kw.get("expect_invalid"), est.reasons
+    return est
 
 
 def test_frozen_base_has_no_gradients_or_optimizer_states():
@@ -170,7 +172,7 @@ def test_the_frozen_base_says_what_it_costs(cli):
     est = _estimate("qlora", lora_layers=list(range(16, 32)))
     f = est.finetune
     parts = f["base_forward_s"] + f["input_gradients_s"] + f["adapters_s"] + f["dequantisation_s"]
-    assert parts < est.time_s["compute"] < 1.05 * parts
+    assert parts < est.time_s["compute"] < 1.15 * parts  # the rest: the output layer and the loss
     assert f["layers_without_backward"] == 16 and f["weight_gradients_skipped_s"] > 0
     assert _estimate("full").finetune == {}
     out = cli(["explain", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "-b", "16", "-s", "4096",
@@ -179,7 +181,8 @@ def test_the_frozen_base_says_what_it_costs(cli):
 
 
 def test_adapter_plans_are_data_parallel_only():
-    bad = _estimate("lora", strategy=Strategy(dp=4, tp=2, zero_stage=0, micro_batch_size=1))
+    bad = evaluate(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=16, seq_len=4096,
+                   finetune="lora", strategy=Strategy(dp=4, tp=2, zero_stage=0, micro_batch_size=1))
     assert not bad.valid and any("finetune 'lora'" in r and "tp 2" in r for r in bad.reasons)
     result = plan(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=16, seq_len=4096,
                   finetune="lora", top_k=3)

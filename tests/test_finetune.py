@@ -176,7 +176,7 @@ def test_the_frozen_base_says_what_it_costs(cli):
     assert f["layers_without_backward"] == 16 and f["weight_gradients_skipped_s"] > 0
     assert _estimate("full").finetune == {}
     out = cli(["explain", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "-b", "16", "-s", "4096",
-               "--finetune", "qlora", "--lora-layers", "16-31", "--dp", "8", "--recompute", "full"])
+               "--finetune", "qlora", "--lora-layers", "16-31", "--dp", "8", "--zero", "1", "--recompute", "full"])
     assert "frozen base per step: forward" in out.output and "layers 0-15 run no backward" in out.output
 
 

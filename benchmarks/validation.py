@@ -242,7 +242,8 @@ PUBLIC_SETS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 #: A row's `attn_impl` (LLM Foundry's attn_config.attn_impl, as the row's table ran it) -> attention_kernel.
 ATTN_IMPL = {"flash2": "flash2", "triton": "flash1"}
-OTHER_DATA_FILES = {"published_layouts", "torchtitan_fsdp2_a100", "zero3_runs", "peak_memory", "te_gemm_profiling"}
+OTHER_DATA_FILES = {"published_layouts", "torchtitan_fsdp2_a100", "zero3_runs", "peak_memory", "te_gemm_profiling",
+                    "finetune_memory"}
 
 #: GPU preset -> the generation accuracy is reported by (H200 is the H100's GH100 die with faster HBM).
 #: The TPUs and B300 have no published run in the accuracy set yet (their names group none).

@@ -38,7 +38,7 @@ PUE_RANGE = (1.0, 10.0)
 #: Joules per megawatt-hour.
 J_PER_MWH = 3.6e9
 
-_COUNT = re.compile(r"[0-9]{1,9}", re.ASCII)
+_COUNT = re.compile(r"[0-9]{1,10}", re.ASCII)  # MAX_GPUS (2**32) has 10 digits
 
 
 def parse_tokens(value: Any, field: str = "tokens") -> float:

@@ -38,6 +38,7 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
     dp, tp, pp, cp = st.dp, st.tp, st.pp, st.cp
     reasons += moe_reasons(model, st)
     reasons += attention_reasons(model)
+    reasons += adapter_reasons(model, train, st)
     if model.qk_norm != "none" and tp > 1:
         reasons.append(f"qk_norm {model.qk_norm!r} with tp ({tp}) > 1: the query/key norm weights are replicated over "
                        "the tensor-parallel ranks, whose gradients this executor does not all-reduce over tp "
@@ -92,6 +93,32 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
     elif empty:
         reasons.append(f"stage_layers {st.stage_layers}: virtual stages {empty} hold no module (no transformer layer, "
                        "embedding or output layer); this executor builds every pipeline chunk from its modules")
+    return reasons
+
+
+QLORA_REFUSAL = (
+    "finetune 'qlora' is not run by this executor: bitsandbytes' Params4bit weights (uint8 storage beside a "
+    "quant_state) are not sharded by FSDP2 nor reduced by DDP's parameter checks, and its CPU 4-bit kernels are "
+    "not the GPU's NF4 GEMMs; validate the plan's LoRA twin (finetune lora) for the adapters' parallel training")
+"""Why a QLoRA plan is refused (one line)."""
+
+
+def adapter_reasons(model: ModelSpec, train: TrainSpec, st: Strategy) -> list[str]:
+    """What the executor's LoRA runs (executors.lora: peft on the executor's model) do not cover: QLoRA,
+    and any model parallelism (peft's lora.Linear wraps the linear layers the tensor-parallel plan and the
+    pipeline split name); data parallel with DDP, ZeRO-1 and FSDP2 (ZeRO-2/3, HSDP) is run."""
+    if not train.adapters:
+        return []
+    if train.finetune == "qlora":
+        return [QLORA_REFUSAL]
+    reasons = []
+    parallel = {name: getattr(st, name) for name in ("tp", "pp", "cp", "ep") if getattr(st, name) > 1}
+    if parallel:
+        reasons.append(f"finetune 'lora' with {', '.join(f'{k} ({v})' for k, v in parallel.items())} > 1: LoRA "
+                       "plans run data parallel only (tp = pp = cp = ep = 1)")
+    if train.lora_layers is not None and max(train.lora_layers) >= model.num_layers:
+        reasons.append(f"lora_layers {train.lora_layers} names layer {max(train.lora_layers)}, beyond the "
+                       f"{model.num_layers} layers built (raise --num-layers)")
     return reasons
 
 

@@ -78,6 +78,8 @@ def print_report(report) -> None:
         if c.busy:
             stdout.print(f"  #{i} busy host: {plain(c.host_load.reason, MESSAGE_CHARS)}", markup=False,
                          highlight=False)
+        if report.train.adapters and c.measured_trainable_params is not None:
+            stdout.print(f"  #{i} {trainable_line(c)}", markup=False, highlight=False)
         if c.step_spread_exceeds_band:
             stdout.print(f"  #{i} note: its timed steps spread {100 * c.step_spread:.0f}%, more than the "
                          "prediction's error band is wide: one run this noisy cannot judge the prediction",
@@ -92,6 +94,16 @@ def print_report(report) -> None:
         stdout.print(f"measured best: {plain(report.measured_best, MESSAGE_CHARS)} (predicted rank {report.measured_best_predicted_rank}; "
                      f"in predicted top 2: {'yes' if report.measured_best_in_predicted_top2 else 'no'})",
                      markup=False, highlight=False)
+
+
+def trainable_line(c) -> str:
+    """The run's trainable (adapter) parameter count next to the planner's, when it gives one."""
+    measured, predicted = c.measured_trainable_params, c.predicted_trainable_params
+    line = f"trainable parameters: measured {measured:,} (peft's adapters)"
+    if predicted is None:
+        return line + ", predicted - (the cost model gives no adapter count)"
+    error = (predicted - measured) / measured
+    return line + f", predicted {predicted:,} ({100 * error:+.1f}%)"
 
 
 def busy_warning(report) -> str | None:

@@ -19,8 +19,8 @@ and, apart, over the ok runs taken on a quiet host.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import statistics
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -134,8 +134,12 @@ def _rel(pred: float | None, meas: float | None) -> float | None:
 def predicted_adapter_params(model: ModelSpec, train: TrainSpec) -> int | None:
     """The planner's count of adapter parameter elements for a finetune-lora plan
     (`cost_models.finetune.adapter_params(model, train)`), or None: not a LoRA plan, or a cost
-    model without that function."""
-    if train.finetune != "lora" or importlib.util.find_spec("cost_models.finetune") is None:
+    model without that function. The module is looked for in this cost_models package's own folder:
+    an editable install's import hook would otherwise resolve a submodule missing here to another
+    checkout's file."""
+    import cost_models
+
+    if train.finetune != "lora" or not Path(cost_models.__file__).with_name("finetune.py").is_file():
         return None
     finetune = importlib.import_module("cost_models.finetune")
     count = getattr(finetune, "adapter_params", None)

@@ -125,7 +125,9 @@ def comparison_row(c) -> dict[str, Any]:
             "predicted_memory_bytes": c.predicted_memory_bytes, "measured_memory_bytes": c.measured_memory_bytes,
             "memory_error": c.memory_error, "predicted_rank": c.predicted_rank, "measured_rank": c.measured_rank,
             "parity_passed": None if c.parity is None else c.parity.passed, "reason": c.reason,
-            "step_spread": c.step_spread, "busy": c.busy if c.host_load is not None else None}
+            "step_spread": c.step_spread, "busy": c.busy if c.host_load is not None else None,
+            "measured_trainable_params": c.measured_trainable_params,
+            "predicted_trainable_params": c.predicted_trainable_params}
 
 
 def emit_report(report, fmt: Format, plot: Path | None = None) -> None:

@@ -174,3 +174,15 @@ def test_the_planner_adapter_count_equals_the_specs():
         pytest.skip("cost_models.finetune.adapter_params does not exist yet")
     assert predicted_adapter_params(TINY, LORA) == lora_params(TINY, LORA)
 
+
+
+def test_validate_prints_the_trainable_count_beside_the_cost_model():
+    from executors.compare import PlanComparison
+    from planner.cli.validate_cmd import trainable_line
+
+    c = PlanComparison(label="dp2", strategy=Strategy(dp=2).resolve(2), outcome="ok",
+                       measured_trainable_params=8192, predicted_trainable_params=8192)
+    assert trainable_line(c) == "trainable parameters: measured 8,192 (peft's adapters), predicted 8,192 (+0.0%)"
+    c.predicted_trainable_params = None
+    assert trainable_line(c).endswith("predicted - (the cost model gives no adapter count)")
+    assert predicted_adapter_params(TINY, TrainSpec(global_batch_size=8, seq_len=32)) is None  # not a LoRA plan

@@ -64,7 +64,7 @@ class PlanComparison(BaseModel):
         None, description="Parameter elements the run trained (requires_grad, whole model; under finetune lora "
         "the adapters peft added): RankResult.num_trainable_params of its ranks. None when no rank reported.")
     predicted_trainable_params: int | None = Field(
-        None, description="Finetune lora: the planner's adapter parameter count (cost_models.finetune."
+        None, description="Finetune lora / qlora: the planner's adapter parameter count (cost_models.finetune."
         "adapter_params), when the cost model provides it; None otherwise.")
     busy: bool = Field(False, description="Measured while other processes competed for the run's cores "
                        "(host_load.reason says how): its step time is inflated by them.")
@@ -132,14 +132,14 @@ def _rel(pred: float | None, meas: float | None) -> float | None:
 
 
 def predicted_adapter_params(model: ModelSpec, train: TrainSpec) -> int | None:
-    """The planner's count of adapter parameter elements for a finetune-lora plan
+    """The planner's count of adapter parameter elements for a finetune lora / qlora plan
     (`cost_models.finetune.adapter_params(model, train)`), or None: not a LoRA plan, or a cost
     model without that function. The module is looked for in this cost_models package's own folder:
     an editable install's import hook would otherwise resolve a submodule missing here to another
     checkout's file."""
     import cost_models
 
-    if train.finetune != "lora" or not Path(cost_models.__file__).with_name("finetune.py").is_file():
+    if not train.adapters or not Path(cost_models.__file__).with_name("finetune.py").is_file():
         return None
     finetune = importlib.import_module("cost_models.finetune")
     count = getattr(finetune, "adapter_params", None)

@@ -69,11 +69,17 @@ def adapted_layers(model: ModelSpec, train: TrainSpec) -> list[int]:
     return list(train.lora_layers) if train.lora_layers is not None else list(range(model.num_layers))
 
 
-def lora_notes(train: TrainSpec) -> list[str]:
-    """How the executor's LoRA run differs from the plan, in words (empty when it does not)."""
-    if train.finetune == "lora" and train.lora_dropout > 0:
-        return [f"lora_dropout {train.lora_dropout} -> 0 (loss parity needs a deterministic forward)"]
-    return []
+def lora_notes(train: TrainSpec, zero_stage: int) -> list[str]:
+    """How the executor's LoRA / QLoRA run differs from the plan, in words (empty when it does not)."""
+    notes = []
+    if train.adapters and train.lora_dropout > 0:
+        notes.append(f"lora_dropout {train.lora_dropout} -> 0 (loss parity needs a deterministic forward)")
+    if train.finetune == "qlora" and zero_stage >= 2:
+        notes.append("4-bit base weights whole on every rank (FSDP2 ignored_params: a shard of bitsandbytes' "
+                     "Params4bit storage loses its quantisation constants); the adapters are sharded")
+    if train.finetune == "qlora" and train.paged_optimizer:
+        notes.append("paged_optimizer: torch's Adam over the adapters (no paged states)")
+    return notes
 
 
 def apply_lora(module, model: ModelSpec, train: TrainSpec, seed: int):
@@ -85,7 +91,9 @@ def apply_lora(module, model: ModelSpec, train: TrainSpec, seed: int):
     from peft.tuners.lora import LoraLayer
 
     base_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[train.precision]
-    module.to(base_dtype)
+    for param in module.parameters():  # the buffers (rope tables) stay fp32, as Hugging Face keeps inv_freq
+        if type(param).__name__ != "Params4bit":  # a QLoRA base's 4-bit storage keeps its dtype
+            param.data = param.data.to(base_dtype)
     holder = torch.nn.Module()
     holder.model = module  # names become model.layers.<i>...: peft's layer-index pattern finds <i>
     layers = adapted_layers(model, train)
@@ -104,6 +112,52 @@ def apply_lora(module, model: ModelSpec, train: TrainSpec, seed: int):
         raise ValueError(f"peft adapted {adapted[:4]}... ({len(adapted)} modules), the plan names "
                          f"{expected[:4]}... ({len(expected)})")
     return peft_model
+
+
+def quantize_base(module, train: TrainSpec) -> int:
+    """QLoRA's base: every linear layer of the transformer layers (attention and MLP projections) replaced
+    by bitsandbytes' `Linear4bit` in NF4 with the plan's 16-bit compute dtype and, with qlora_double_quant,
+    quantised absmax constants (bitsandbytes' compress_statistics); the embeddings, norms and output layer
+    stay 16-bit, as `BitsAndBytesConfig(load_in_4bit=True)` leaves the output layer. The weights are
+    quantised when moved to the device (`Params4bit.to`), the same function of the same seeded weights on
+    every rank. Returns the number of layers quantised."""
+    import bitsandbytes as bnb
+    import torch
+    from torch import nn
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[train.precision]
+    count = 0
+    for layer in module.layers.values():
+        for parent in (layer.attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if not isinstance(child, nn.Linear):
+                    continue
+                quantized = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                              compute_dtype=dtype, compress_statistics=train.qlora_double_quant,
+                                              quant_type="nf4")
+                quantized.weight = bnb.nn.Params4bit(child.weight.data.to(dtype), requires_grad=False,
+                                                     compress_statistics=train.qlora_double_quant, quant_type="nf4")
+                if child.bias is not None:
+                    quantized.bias = nn.Parameter(child.bias.data.to(dtype), requires_grad=False)
+                setattr(parent, name, quantized.to("cpu"))  # quantises the weight (Params4bit.to)
+                count += 1
+    return count
+
+
+def four_bit_params(module) -> set:
+    """The 4-bit base weights (bitsandbytes Params4bit: uint8 storage with a quant_state beside it), which
+    FSDP2 must leave whole: a shard of the storage would lose its quantisation constants."""
+    return {p for p in module.parameters() if type(p).__name__ == "Params4bit"}
+
+
+def prepare_adapters(module, model: ModelSpec, train: TrainSpec, seed: int):
+    """The base and adapters of a finetune lora / qlora plan on `module` (apply_lora, after quantize_base
+    for qlora); the PeftModel around it, or None for other plans."""
+    if not train.adapters:
+        return None
+    if train.finetune == "qlora":
+        quantize_base(module, train)
+    return apply_lora(module, model, train, seed)
 
 
 def trainable_numel(module) -> int:

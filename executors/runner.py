@@ -16,7 +16,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from executors.lora import apply_lora, trainable_numel
+from executors.lora import prepare_adapters, trainable_numel
 from executors.model import build_model, loss_fn, synthetic_batch
 from executors.optim import make_optimizer
 from executors.parallelize import apply_ep, apply_tp, build_expert_mesh, no_sync, wrap_data_parallel
@@ -53,8 +53,7 @@ class Runner:
         self.rows = cfg.train.global_batch_size // st.dp  # sequences per data parallel replica
         self.num_microbatches = self.rows // st.micro_batch_size
         full = build_model(cfg.model, cfg.train.seq_len, cfg.seed)
-        if cfg.train.finetune == "lora":
-            apply_lora(full, cfg.model, cfg.train, cfg.seed)
+        prepare_adapters(full, cfg.model, cfg.train, cfg.seed)
         self.num_trainable_params = trainable_numel(full)
         if st.pp > 1:
             chunks = build_stage_modules(full, coords["pp"], st.pp, st.vpp, st)
@@ -179,8 +178,7 @@ def reference(cfg: RunConfig, chunk_rows: int = 4) -> ParityReference:
     step size `parity_learning_rate` sets from this run's own step-1 loss and gradient."""
     device = torch.device("cuda" if cfg.device == "cuda" else "cpu")
     model = build_model(cfg.model, cfg.train.seq_len, cfg.seed)
-    if cfg.train.finetune == "lora":
-        apply_lora(model, cfg.model, cfg.train, cfg.seed)
+    prepare_adapters(model, cfg.model, cfg.train, cfg.seed)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = None

@@ -19,6 +19,8 @@ the planner, which ranks plans by Megatron's rule, never proposes.
 
 from __future__ import annotations
 
+import importlib.util
+
 from cost_models.layout import ParallelLayout
 from planner.specs import ModelSpec, Strategy, TrainSpec
 
@@ -96,26 +98,25 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
     return reasons
 
 
-QLORA_REFUSAL = (
-    "finetune 'qlora' is not run by this executor: bitsandbytes' Params4bit weights (uint8 storage beside a "
-    "quant_state) are not sharded by FSDP2 nor reduced by DDP's parameter checks, and its CPU 4-bit kernels are "
-    "not the GPU's NF4 GEMMs; validate the plan's LoRA twin (finetune lora) for the adapters' parallel training")
-"""Why a QLoRA plan is refused (one line)."""
+ADAPTER_LIBRARIES = {"lora": ("peft",), "qlora": ("peft", "bitsandbytes")}
+"""finetune mode -> the libraries its runs import (executors.lora)."""
 
 
 def adapter_reasons(model: ModelSpec, train: TrainSpec, st: Strategy) -> list[str]:
-    """What the executor's LoRA runs (executors.lora: peft on the executor's model) do not cover: QLoRA,
-    and any model parallelism (peft's lora.Linear wraps the linear layers the tensor-parallel plan and the
-    pipeline split name); data parallel with DDP, ZeRO-1 and FSDP2 (ZeRO-2/3, HSDP) is run."""
+    """What the executor's LoRA and QLoRA runs (executors.lora: peft on the executor's model, a bitsandbytes
+    NF4 base for qlora) do not cover: model parallelism (peft's lora.Linear wraps the linear layers the
+    tensor-parallel plan and the pipeline split name), adapters on layers the shortened model lacks, and a
+    missing library. Data parallel with DDP, ZeRO-1 and FSDP2 (ZeRO-2/3, HSDP) is run."""
     if not train.adapters:
         return []
-    if train.finetune == "qlora":
-        return [QLORA_REFUSAL]
     reasons = []
+    missing = [lib for lib in ADAPTER_LIBRARIES[train.finetune] if importlib.util.find_spec(lib) is None]
+    if missing:
+        reasons.append(f"finetune {train.finetune!r} needs {' and '.join(missing)}, which is not installed here")
     parallel = {name: getattr(st, name) for name in ("tp", "pp", "cp", "ep") if getattr(st, name) > 1}
     if parallel:
-        reasons.append(f"finetune 'lora' with {', '.join(f'{k} ({v})' for k, v in parallel.items())} > 1: LoRA "
-                       "plans run data parallel only (tp = pp = cp = ep = 1)")
+        reasons.append(f"finetune {train.finetune!r} with {', '.join(f'{k} ({v})' for k, v in parallel.items())} "
+                       "> 1: adapter plans run data parallel only (tp = pp = cp = ep = 1)")
     if train.lora_layers is not None and max(train.lora_layers) >= model.num_layers:
         reasons.append(f"lora_layers {train.lora_layers} names layer {max(train.lora_layers)}, beyond the "
                        f"{model.num_layers} layers built (raise --num-layers)")

@@ -337,7 +337,7 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
         st = st.resolve(num_gpus)
         label = labels[i] if labels else run_label(st)
         run_model, notes = executed_model(model, st, options.num_layers)
-        notes = notes + lora_notes(train)
+        notes = notes + lora_notes(train, st.zero_stage)
         estimate, why = predict(run_model, cluster, train, num_gpus, st)
         if why:
             notes = notes + [why]

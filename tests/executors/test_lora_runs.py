@@ -21,7 +21,7 @@ from executors.compare import predicted_adapter_params  # noqa: E402
 from executors.launcher import launch, launch_reference  # noqa: E402
 from executors.lora import ATTENTION_TARGETS, adapted_layers, hf_targets, mlp_targets  # noqa: E402
 from executors.results import ParityReference, RunConfig, RunResult  # noqa: E402
-from executors.support import QLORA_REFUSAL, unsupported_reasons  # noqa: E402
+from executors.support import unsupported_reasons  # noqa: E402
 from executors.validate import PARITY_TOLERANCES, engine_reasons, ValidateOptions  # noqa: E402
 from planner.specs import ModelSpec, Strategy, TrainSpec  # noqa: E402
 
@@ -31,6 +31,7 @@ PARITY_STEPS = 3  # step 1: the base model (lora_B = 0); steps 2 and 3: the adap
 #: adapters on the attention projections of layers 1 and 3 and every MLP projection of them (rank 4)
 LORA = TrainSpec(global_batch_size=8, seq_len=32, precision="bf16", finetune="lora", lora_rank=4, lora_alpha=8,
                  lora_layers=[1, 3], framework="torchtitan")
+QLORA = LORA.model_copy(update={"finetune": "qlora"})
 
 
 def lora_params(model: ModelSpec, train: TrainSpec) -> int:
@@ -92,6 +93,39 @@ def test_lora_plans_match_the_reference(st, tmp_path, lora_reference):
     assert result.parity.measured[1] < result.parity.measured[0]  # the adapters moved the loss
     assert result.step_time_s and result.peak_memory_bytes
     assert [r.num_trainable_params for r in result.ranks] == [lora_params(TINY, LORA)] * 2
+
+
+@pytest.fixture(scope="module")
+def qlora_reference(tmp_path_factory) -> ParityReference:
+    pytest.importorskip("bitsandbytes")
+    return reference(TINY, QLORA, tmp_path_factory.mktemp("qlora-ref"))
+
+
+@pytest.mark.parametrize("st", [LORA_PLANS["ddp"], LORA_PLANS["fsdp2-zero3"]], ids=["ddp", "fsdp2-zero3"])
+def test_qlora_plans_match_the_reference(st, tmp_path, qlora_reference):
+    """An NF4 base (bitsandbytes on the CPU) under the same adapters: its step-1 loss is not the bf16
+    base's (the weights are quantised), and DDP and FSDP2 (the 4-bit weights left whole) match one process."""
+    result = run_lora(st, tmp_path, qlora_reference, train=QLORA)
+    assert result.outcome == "ok", f"{result.outcome}: {result.reason}\n{result.stderr_tail}"
+    assert result.parity is not None and result.parity.passed
+    assert result.parity.measured[1] < result.parity.measured[0]
+    assert [r.num_trainable_params for r in result.ranks] == [lora_params(TINY, QLORA)] * 2
+
+
+def test_qlora_quantises_every_projection_to_four_bits():
+    pytest.importorskip("bitsandbytes")
+    import torch
+
+    from executors.lora import four_bit_params, prepare_adapters
+    from executors.model import build_model
+
+    module = build_model(TINY, QLORA.seq_len, 0)
+    prepare_adapters(module, TINY, QLORA, 0)
+    quantised = four_bit_params(module)
+    assert len(quantised) == 7 * TINY.num_layers
+    assert all(p.dtype == torch.uint8 and not p.requires_grad for p in quantised)
+    assert type(module.layers["1"].attn.wq.base_layer).__name__ == "Linear4bit"  # adapted (lora_layers [1, 3])
+    assert type(module.layers["0"].attn.wq).__name__ == "Linear4bit"  # not adapted, quantised all the same
 
 
 def test_doubled_adapter_gradients_fail_parity(tmp_path, lora_reference):
@@ -158,10 +192,10 @@ def test_after_adam_steps_the_base_is_unchanged_and_the_adapters_moved(tmp_path)
 
 
 def test_what_the_executor_cannot_run_is_refused():
-    qlora = LORA.model_copy(update={"finetune": "qlora"})
-    assert unsupported_reasons(TINY, qlora, Strategy(dp=2).resolve(2)) == [QLORA_REFUSAL]
     tp = unsupported_reasons(TINY, LORA, Strategy(dp=1, tp=2).resolve(2))
-    assert any("tp (2) > 1: LoRA plans run data parallel only" in r for r in tp)
+    assert tp == ["finetune 'lora' with tp (2) > 1: adapter plans run data parallel only (tp = pp = cp = ep = 1)"]
+    qlora = LORA.model_copy(update={"finetune": "qlora"})
+    assert any("pp (2) > 1" in r for r in unsupported_reasons(TINY, qlora, Strategy(dp=1, pp=2).resolve(2)))
     short = unsupported_reasons(TINY.model_copy(update={"num_layers": 2}), LORA, Strategy(dp=2).resolve(2))
     assert any("lora_layers [1, 3] names layer 3, beyond the 2 layers built" in r for r in short)
     assert any("runs with the torch engine only" in r

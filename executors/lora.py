@@ -1,4 +1,5 @@
-"""LoRA adapters on the executor's model with peft, as a `finetune: lora` plan trains them (torch, peft lazily).
+"""LoRA adapters on the executor's model with peft, as `finetune: lora` and `qlora` plans train them (torch,
+peft and bitsandbytes lazily).
 
 The plan names its adapters by the Hugging Face Llama module names (`TrainSpec.lora_target_modules`);
 `executor_targets` maps them onto this model's module tree (executors.model):
@@ -18,6 +19,9 @@ sit at the top (`layers.<i>`), so the model is handed to peft inside a holder wh
 and `layers_pattern` is "layers". peft replaces the adapted linear layers in place: the executor keeps
 running its own model (its `layers` and their modules keep their names, each adapted linear now a
 `lora.Linear` holding `base_layer`, `lora_A`, `lora_B`).
+
+QLoRA (`quantize_base`, before the adapters): the transformer layers' linear layers in bitsandbytes' NF4
+`Linear4bit`, the rest of the model 16-bit; FSDP2 leaves those 4-bit weights whole (executors.parallelize).
 
 Adapter dropout is off in the executor whatever `lora_dropout` says (parity with the single-process
 reference needs a deterministic forward, as the model's own dropout); the run's notes say so.

@@ -220,3 +220,20 @@ def test_validate_prints_the_trainable_count_beside_the_cost_model():
     c.predicted_trainable_params = None
     assert trainable_line(c).endswith("predicted - (the cost model gives no adapter count)")
     assert predicted_adapter_params(TINY, TrainSpec(global_batch_size=8, seq_len=32)) is None  # not a LoRA plan
+
+
+def test_the_prediction_is_made_for_the_plan_s_fine_tuning():
+    """validate prices a LoRA plan with its fine-tuning settings and framework (not as pre-training under
+    the default framework)."""
+    from executors.validate import finetune_settings, predict
+    from profiles import load_cluster
+
+    settings = finetune_settings(LORA)
+    assert settings["finetune"] == "lora" and settings["lora_rank"] == 4 and settings["framework"] == "torchtitan"
+    assert finetune_settings(TrainSpec(global_batch_size=8, seq_len=32)) == {}
+    estimate, why = predict(TINY, load_cluster("local-cpu"), LORA, 2, Strategy(dp=2).resolve(2))
+    assert estimate is not None, why
+    # the plan's finetune and framework reach the planner: one that cannot run adapters is refused there
+    estimate, why = predict(TINY, load_cluster("local-cpu"), LORA.model_copy(update={"framework": "megatron"}), 2,
+                            Strategy(dp=2).resolve(2))
+    assert estimate is None and "finetune 'lora' with framework 'megatron'" in why

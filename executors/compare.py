@@ -18,12 +18,11 @@ and, apart, over the ok runs taken on a quiet host.
 
 from __future__ import annotations
 
-import importlib
 import statistics
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cost_models.finetune import adapter_params
 from cost_models.memory import RUNTIME_TERMS
 from executors.host_load import HostLoad, spread_too_wide, step_spread
 from executors.results import Outcome, ParityCheck, RunResult
@@ -65,7 +64,7 @@ class PlanComparison(BaseModel):
         "the adapters peft added): RankResult.num_trainable_params of its ranks. None when no rank reported.")
     predicted_trainable_params: int | None = Field(
         None, description="Finetune lora / qlora: the planner's adapter parameter count (cost_models.finetune."
-        "adapter_params), when the cost model provides it; None otherwise.")
+        "adapter_params); None for other plans.")
     busy: bool = Field(False, description="Measured while other processes competed for the run's cores "
                        "(host_load.reason says how): its step time is inflated by them.")
     host_load: HostLoad | None = Field(None, description="The host's load around the run; None when it was not "
@@ -133,17 +132,9 @@ def _rel(pred: float | None, meas: float | None) -> float | None:
 
 def predicted_adapter_params(model: ModelSpec, train: TrainSpec) -> int | None:
     """The planner's count of adapter parameter elements for a finetune lora / qlora plan
-    (`cost_models.finetune.adapter_params(model, train)`), or None: not a LoRA plan, or a cost
-    model without that function. The module is looked for in this cost_models package's own folder:
-    an editable install's import hook would otherwise resolve a submodule missing here to another
-    checkout's file."""
-    import cost_models
-
-    if not train.adapters or not Path(cost_models.__file__).with_name("finetune.py").is_file():
-        return None
-    finetune = importlib.import_module("cost_models.finetune")
-    count = getattr(finetune, "adapter_params", None)
-    return None if count is None else int(count(model, train))
+    (cost_models.finetune.adapter_params, what peft's get_nb_trainable_parameters reports); None for
+    other plans, whose runs train every parameter."""
+    return adapter_params(model, train) if train.adapters else None
 
 
 def measured_trainable_params(run: RunResult) -> int | None:

@@ -203,11 +203,8 @@ def test_what_the_executor_cannot_run_is_refused():
 
 
 def test_the_planner_adapter_count_equals_the_specs():
-    """Wired once the cost model has cost_models.finetune.adapter_params(model, train)."""
-    if predicted_adapter_params(TINY, LORA) is None:
-        pytest.skip("cost_models.finetune.adapter_params does not exist yet")
-    assert predicted_adapter_params(TINY, LORA) == lora_params(TINY, LORA)
-
+    for train in (LORA, QLORA, LORA.model_copy(update={"lora_target_modules": ["v_proj"], "lora_layers": None})):
+        assert predicted_adapter_params(TINY, train) == lora_params(TINY, train)
 
 
 def test_validate_prints_the_trainable_count_beside_the_cost_model():
@@ -217,8 +214,8 @@ def test_validate_prints_the_trainable_count_beside_the_cost_model():
     c = PlanComparison(label="dp2", strategy=Strategy(dp=2).resolve(2), outcome="ok",
                        measured_trainable_params=8192, predicted_trainable_params=8192)
     assert trainable_line(c) == "trainable parameters: measured 8,192 (peft's adapters), predicted 8,192 (+0.0%)"
-    c.predicted_trainable_params = None
-    assert trainable_line(c).endswith("predicted - (the cost model gives no adapter count)")
+    c.predicted_trainable_params = 9216
+    assert trainable_line(c).endswith("predicted 9,216 (+12.5%)")
     assert predicted_adapter_params(TINY, TrainSpec(global_batch_size=8, seq_len=32)) is None  # not a LoRA plan
 
 

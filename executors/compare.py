@@ -22,6 +22,7 @@ import statistics
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cost_models.finetune import adapter_params
 from cost_models.memory import RUNTIME_TERMS
 from executors.host_load import HostLoad, spread_too_wide, step_spread
 from executors.results import Outcome, ParityCheck, RunResult
@@ -58,6 +59,12 @@ class PlanComparison(BaseModel):
         None, description="The step spread is wider than the prediction's error band (Estimate.step_time_s_low .. "
         "step_time_s_high as relative errors): the run's own steps disagree by more than the prediction claims to "
         "be right. None without a spread or a band.")
+    measured_trainable_params: int | None = Field(
+        None, description="Parameter elements the run trained (requires_grad, whole model; under finetune lora "
+        "the adapters peft added): RankResult.num_trainable_params of its ranks. None when no rank reported.")
+    predicted_trainable_params: int | None = Field(
+        None, description="Finetune lora / qlora: the planner's adapter parameter count (cost_models.finetune."
+        "adapter_params); None for other plans.")
     busy: bool = Field(False, description="Measured while other processes competed for the run's cores "
                        "(host_load.reason says how): its step time is inflated by them.")
     host_load: HostLoad | None = Field(None, description="The host's load around the run; None when it was not "
@@ -123,11 +130,28 @@ def _rel(pred: float | None, meas: float | None) -> float | None:
     return (pred - meas) / meas
 
 
-def compare_one(run: RunResult, estimate: Estimate | None) -> PlanComparison:
+def predicted_adapter_params(model: ModelSpec, train: TrainSpec) -> int | None:
+    """The planner's count of adapter parameter elements for a finetune lora / qlora plan
+    (cost_models.finetune.adapter_params, what peft's get_nb_trainable_parameters reports); None for
+    other plans, whose runs train every parameter."""
+    return adapter_params(model, train) if train.adapters else None
+
+
+def measured_trainable_params(run: RunResult) -> int | None:
+    """What the run's ranks counted as trainable (they all build the same model; the first that reported)."""
+    counts = [r.num_trainable_params for r in run.ranks if r.num_trainable_params]
+    return counts[0] if counts else None
+
+
+def compare_one(run: RunResult, estimate: Estimate | None, predicted_trainable: int | None = None) -> PlanComparison:
+    """`predicted_trainable`: the planner's trainable parameter count to set beside the run's
+    (predicted_adapter_params for LoRA plans)."""
     c = PlanComparison(label=run.label, strategy=run.strategy, outcome=run.outcome, reason=run.reason,
                        measured_step_time_s=run.step_time_s, measured_memory_bytes=run.peak_memory_bytes,
                        parity=run.parity, notes=run.notes, host_load=run.host_load,
-                       busy=run.host_load is not None and run.host_load.busy)
+                       busy=run.host_load is not None and run.host_load.busy,
+                       measured_trainable_params=measured_trainable_params(run),
+                       predicted_trainable_params=predicted_trainable)
     if run.outcome == "ok":
         c.step_spread = step_spread(run.step_times_s)
     if estimate is not None:

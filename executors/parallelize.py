@@ -157,12 +157,18 @@ def apply_tp(model: Transformer, tp_mesh, sequence_parallel: bool, vocab_paralle
 
 # ---- data parallel ------------------------------------------------------------
 def apply_fsdp(model: nn.Module, mesh, zero_stage: int, layers: list[nn.Module]) -> None:
+    """FSDP2 per layer, then the rest. A QLoRA base's 4-bit weights (executors.lora.four_bit_params) are
+    left whole on every rank (`ignored_params`): a shard of their storage would lose its quantisation
+    constants."""
     from torch.distributed.fsdp import fully_shard
 
+    from executors.lora import four_bit_params
+
     reshard = zero_stage >= 3
+    ignored = four_bit_params(model) or None
     for layer in layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, ignored_params=ignored)
 
 
 class GradAllReduce:

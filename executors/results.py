@@ -151,6 +151,9 @@ class RankResult(BaseModel):
     reserved_memory_bytes: float = Field(0.0, description="CUDA: max_memory_reserved; CPU: same as peak_memory_bytes.")
     baseline_memory_bytes: float = Field(0.0, description="Memory in use before the model was built (runtime, libraries), bytes.")
     num_params_local: int = Field(0, description="Parameter elements stored on this rank.")
+    num_trainable_params: int = Field(
+        0, description="Parameter elements of the whole built model that train (requires_grad), counted before "
+        "sharding: every parameter, or under finetune lora the adapters (executors.lora).")
     grad_sq_norms: dict[str, float] | None = Field(
         None, description="Squared norm of the reduced step-1 gradient per parameter group, over all ranks "
         "(MoE runs whose layout allows it; executors.runner.Runner.grad_sq_norms).")

@@ -4,7 +4,9 @@
 parity step, `executors.parity.batch_index`) and returns this replica's mean
 loss where this rank holds it (None elsewhere); `global_loss` averages it over
 the data (and context) parallel replicas. The optimizer is plain SGD for the
-parity steps and the plan's after (`executors.optim`).
+parity steps and the plan's after (`executors.optim`), over the parameters that
+train: all of them, or under `finetune: lora` the adapters that `executors.lora`
+adds to the frozen 16-bit base (the same in the reference).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
+from executors.lora import prepare_adapters, trainable_numel
 from executors.model import build_model, loss_fn, synthetic_batch
 from executors.optim import make_optimizer
 from executors.parallelize import apply_ep, apply_tp, build_expert_mesh, no_sync, wrap_data_parallel
@@ -50,6 +53,8 @@ class Runner:
         self.rows = cfg.train.global_batch_size // st.dp  # sequences per data parallel replica
         self.num_microbatches = self.rows // st.micro_batch_size
         full = build_model(cfg.model, cfg.train.seq_len, cfg.seed)
+        prepare_adapters(full, cfg.model, cfg.train, cfg.seed)
+        self.num_trainable_params = trainable_numel(full)
         if st.pp > 1:
             chunks = build_stage_modules(full, coords["pp"], st.pp, st.vpp, st)
             del full
@@ -74,6 +79,7 @@ class Runner:
         self.kind = kinds.pop()
         params = [p for m in modules for p in m.parameters()]
         self.num_params_local = sum(_local_numel(p) for p in params)
+        params = [p for p in params if p.requires_grad]  # LoRA: the adapters only (the base is frozen)
         zero1 = mesh["dp_shard"].get_group() if st.zero_stage == 1 and self.kind == "ddp" else None
         self.optimizer = make_optimizer(cfg, params, zero1)
         self.modules = modules
@@ -171,8 +177,10 @@ def reference(cfg: RunConfig, chunk_rows: int = 4) -> ParityReference:
     chunks of `chunk_rows` sequences), plain SGD (torch.optim.SGD, no momentum) with the
     step size `parity_learning_rate` sets from this run's own step-1 loss and gradient."""
     device = torch.device("cuda" if cfg.device == "cuda" else "cpu")
-    model = build_model(cfg.model, cfg.train.seq_len, cfg.seed).to(device)
-    params = list(model.parameters())
+    model = build_model(cfg.model, cfg.train.seq_len, cfg.seed)
+    prepare_adapters(model, cfg.model, cfg.train, cfg.seed)
+    model.to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
     optimizer = None
     gbs = cfg.train.global_batch_size
     losses = []

@@ -19,6 +19,8 @@ the planner, which ranks plans by Megatron's rule, never proposes.
 
 from __future__ import annotations
 
+import importlib.util
+
 from cost_models.layout import ParallelLayout
 from planner.specs import ModelSpec, Strategy, TrainSpec
 
@@ -38,6 +40,7 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
     dp, tp, pp, cp = st.dp, st.tp, st.pp, st.cp
     reasons += moe_reasons(model, st)
     reasons += attention_reasons(model)
+    reasons += adapter_reasons(model, train, st)
     if model.qk_norm != "none" and tp > 1:
         reasons.append(f"qk_norm {model.qk_norm!r} with tp ({tp}) > 1: the query/key norm weights are replicated over "
                        "the tensor-parallel ranks, whose gradients this executor does not all-reduce over tp "
@@ -92,6 +95,31 @@ def unsupported_reasons(model: ModelSpec, train: TrainSpec, st: Strategy, device
     elif empty:
         reasons.append(f"stage_layers {st.stage_layers}: virtual stages {empty} hold no module (no transformer layer, "
                        "embedding or output layer); this executor builds every pipeline chunk from its modules")
+    return reasons
+
+
+ADAPTER_LIBRARIES = {"lora": ("peft",), "qlora": ("peft", "bitsandbytes")}
+"""finetune mode -> the libraries its runs import (executors.lora)."""
+
+
+def adapter_reasons(model: ModelSpec, train: TrainSpec, st: Strategy) -> list[str]:
+    """What the executor's LoRA and QLoRA runs (executors.lora: peft on the executor's model, a bitsandbytes
+    NF4 base for qlora) do not cover: model parallelism (peft's lora.Linear wraps the linear layers the
+    tensor-parallel plan and the pipeline split name), adapters on layers the shortened model lacks, and a
+    missing library. Data parallel with DDP, ZeRO-1 and FSDP2 (ZeRO-2/3, HSDP) is run."""
+    if not train.adapters:
+        return []
+    reasons = []
+    missing = [lib for lib in ADAPTER_LIBRARIES[train.finetune] if importlib.util.find_spec(lib) is None]
+    if missing:
+        reasons.append(f"finetune {train.finetune!r} needs {' and '.join(missing)}, which is not installed here")
+    parallel = {name: getattr(st, name) for name in ("tp", "pp", "cp", "ep") if getattr(st, name) > 1}
+    if parallel:
+        reasons.append(f"finetune {train.finetune!r} with {', '.join(f'{k} ({v})' for k, v in parallel.items())} "
+                       "> 1: adapter plans run data parallel only (tp = pp = cp = ep = 1)")
+    if train.lora_layers is not None and max(train.lora_layers) >= model.num_layers:
+        reasons.append(f"lora_layers {train.lora_layers} names layer {max(train.lora_layers)}, beyond the "
+                       f"{model.num_layers} layers built (raise --num-layers)")
     return reasons
 
 

@@ -25,7 +25,13 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from executors import host_load
-from executors.compare import PlanComparison, ValidationReport, compare_one, rank_and_summarise
+from executors.compare import (
+    PlanComparison,
+    ValidationReport,
+    compare_one,
+    predicted_adapter_params,
+    rank_and_summarise,
+)
 from executors.footprint import Footprint, host_budget_bytes, reference_footprint, refusal, run_footprint
 from executors.launcher import (
     ProcessOutcome,
@@ -36,6 +42,7 @@ from executors.launcher import (
     read_ranks,
     work_folder,
 )
+from executors.lora import lora_notes
 from executors.results import Engine, ParityReference, RunConfig, RunResult
 from executors.support import executed_model, unsupported_reasons
 from planner.errors import SpecError, format_validation_error
@@ -157,14 +164,28 @@ def predict(model: ModelSpec, cluster: ClusterSpec, train: TrainSpec, num_gpus: 
     from planner import evaluate
     from planner.calibrate import run_settings
 
+    settings = {"grad_precision": train.grad_precision, "optimizer": train.optimizer,
+                "attention_kernel": train.attention_kernel} | finetune_settings(train)
     try:
         est = evaluate(model=model, cluster=cluster, num_gpus=num_gpus, global_batch_size=train.global_batch_size,
-                       seq_len=train.seq_len, precision=train.precision, strategy=st,
-                       **run_settings({"grad_precision": train.grad_precision, "optimizer": train.optimizer,
-                                       "attention_kernel": train.attention_kernel}))
+                       seq_len=train.seq_len, precision=train.precision, strategy=st, **run_settings(settings))
     except SpecError as exc:
         return None, f"no prediction: {exc}"
     return est, ""
+
+
+FINETUNE_FIELDS = ("finetune", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_layers",
+                   "adapter_precision", "framework", "torch_compile")
+"""TrainSpec fields an adapter (LoRA) plan's prediction keeps from the plan: what is trained, and the framework
+it runs under (planner.rules.ADAPTER_FRAMEWORKS), whose ZeRO-3 and element-wise costs it is priced with."""
+
+
+def finetune_settings(train: TrainSpec) -> dict[str, Any]:
+    """The plan's fine-tuning settings for `evaluate` (empty for pre-training and full fine-tuning, which are
+    predicted as the executor runs them: every parameter trained)."""
+    if not train.adapters:
+        return {}
+    return {name: getattr(train, name) for name in FINETUNE_FIELDS}
 
 
 def refuse_engine(options: ValidateOptions, device: str, train: TrainSpec) -> None:
@@ -186,6 +207,9 @@ def engine_reasons(options: ValidateOptions, device: str, train: TrainSpec) -> l
                        "(use the megatron engine)")
     if device == "cpu" and train.precision == "fp16":
         reasons.append("precision fp16 is not supported on cpu (use fp32 or bf16)")
+    if train.adapters and options.engine != "torch":
+        reasons.append(f"finetune {train.finetune!r} runs with the torch engine only (peft on its model, "
+                       f"executors.lora); engine {options.engine!r} builds its own model")
     return reasons
 
 
@@ -313,6 +337,7 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
         st = st.resolve(num_gpus)
         label = labels[i] if labels else run_label(st)
         run_model, notes = executed_model(model, st, options.num_layers)
+        notes = notes + lora_notes(train, st.zero_stage)
         estimate, why = predict(run_model, cluster, train, num_gpus, st)
         if why:
             notes = notes + [why]
@@ -369,7 +394,7 @@ def validate_strategies(strategies: list[Strategy], model: ModelSpec, cluster: C
                                                          own_load_before=ours.residual(start))
                     ours.record(start, end, cores)
             runs.append(run)
-            comparisons.append(compare_one(run, it["estimate"]))
+            comparisons.append(compare_one(run, it["estimate"], predicted_adapter_params(it["model"], train)))
             if progress:
                 progress(i + 1, len(items), run)
     summary = rank_and_summarise(comparisons)
@@ -510,7 +535,7 @@ def collect_runs(out_dir: Path, cluster: ClusterSpec) -> ValidationReport:
                                               stderr_tail="(run started outside meshplan; see its job logs)"))
         estimate, _ = predict(cfg.model, cluster, cfg.train, cfg.num_gpus, cfg.strategy)
         runs.append(run)
-        comparisons.append(compare_one(run, estimate))
+        comparisons.append(compare_one(run, estimate, predicted_adapter_params(cfg.model, cfg.train)))
     first = configs[0][1]
     return ValidationReport(model=first.model, cluster=cluster.name, train=first.train, num_gpus=first.num_gpus,
                             device=first.device, engine=first.engine, comparisons=comparisons, runs=runs,

@@ -109,6 +109,7 @@ def run_rank(cfg: RunConfig, out: Path) -> int:
         result.baseline_memory_bytes = meter.baseline_bytes
         runner = Runner(cfg, mesh, mesh_coords(mesh), device)
         result.num_params_local = runner.num_params_local
+        result.num_trainable_params = runner.num_trainable_params
         gc.collect()
         meter.model_built()
         on_step = progress_writer(out, rank, cfg.parity_steps + cfg.warmup_steps + cfg.timed_steps)

@@ -11,16 +11,27 @@ from pydantic import ValidationError
 from planner.cli.app import app
 from planner.calibrate import run_settings
 from planner.cli.common import (
+    AdapterPrecisionOpt,
     AttentionOpt,
     CalibrationOpt,
+    DoubleQuantOpt,
     ExitWith,
+    FinetuneOpt,
     Format,
     FormatOpt,
+    FrameworkOpt,
     GradPrecisionOpt,
+    LoraAlphaOpt,
+    LoraDropoutOpt,
+    LoraLayersOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
     OptimizerOpt,
+    PagedOptimizerOpt,
     Precision,
     emit_csv,
     emit_json,
+    finetune_options,
     parse_constraints,
     json_option,
     read_text_arg,
@@ -78,6 +89,8 @@ def print_report(report) -> None:
         if c.busy:
             stdout.print(f"  #{i} busy host: {plain(c.host_load.reason, MESSAGE_CHARS)}", markup=False,
                          highlight=False)
+        if c.measured_trainable_params is not None and c.predicted_trainable_params is not None:
+            stdout.print(f"  #{i} {trainable_line(c)}", markup=False, highlight=False)
         if c.step_spread_exceeds_band:
             stdout.print(f"  #{i} note: its timed steps spread {100 * c.step_spread:.0f}%, more than the "
                          "prediction's error band is wide: one run this noisy cannot judge the prediction",
@@ -92,6 +105,14 @@ def print_report(report) -> None:
         stdout.print(f"measured best: {plain(report.measured_best, MESSAGE_CHARS)} (predicted rank {report.measured_best_predicted_rank}; "
                      f"in predicted top 2: {'yes' if report.measured_best_in_predicted_top2 else 'no'})",
                      markup=False, highlight=False)
+
+
+def trainable_line(c) -> str:
+    """The run's trainable (adapter) parameter count next to the planner's."""
+    measured, predicted = c.measured_trainable_params, c.predicted_trainable_params
+    error = (predicted - measured) / measured
+    return (f"trainable parameters: measured {measured:,} (peft's adapters), predicted {predicted:,} "
+            f"({100 * error:+.1f}%)")
 
 
 def busy_warning(report) -> str | None:
@@ -113,7 +134,9 @@ def comparison_row(c) -> dict[str, Any]:
             "predicted_memory_bytes": c.predicted_memory_bytes, "measured_memory_bytes": c.measured_memory_bytes,
             "memory_error": c.memory_error, "predicted_rank": c.predicted_rank, "measured_rank": c.measured_rank,
             "parity_passed": None if c.parity is None else c.parity.passed, "reason": c.reason,
-            "step_spread": c.step_spread, "busy": c.busy if c.host_load is not None else None}
+            "step_spread": c.step_spread, "busy": c.busy if c.host_load is not None else None,
+            "measured_trainable_params": c.measured_trainable_params,
+            "predicted_trainable_params": c.predicted_trainable_params}
 
 
 def emit_report(report, fmt: Format, plot: Path | None = None) -> None:
@@ -153,6 +176,16 @@ def validate_cmd(
     grad_precision: GradPrecisionOpt = "fp32",
     attention_kernel: AttentionOpt = "flash",
     optimizer: OptimizerOpt = "adam",
+    framework: FrameworkOpt = None,
+    finetune: FinetuneOpt = "none",
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_dropout: LoraDropoutOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_layers: LoraLayersOpt = None,
+    adapter_precision: AdapterPrecisionOpt = None,
+    double_quant: DoubleQuantOpt = None,
+    paged_optimizer: PagedOptimizerOpt = False,
     num_layers: Annotated[Optional[int], typer.Option("--num-layers", help="Run the model with this many layers (per-layer shapes kept); predictions use the same.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps after the parity steps (1 to 10000; at least 1: the plan's optimizer creates its states in the first).")] = 1,
     steps: Annotated[int, typer.Option("--steps", help="Timed steps per plan, 1 to 10000 (the median is reported; a validation run is short).")] = 3,
@@ -232,6 +265,11 @@ def validate_cmd(
     elif device == "cuda":
         raise SpecError("--engine jax runs the plan's mesh on simulated CPU devices: --device cuda is not for it")
     extra = _strategies(strategy)
+    tuning = finetune_options(finetune, lora_rank, lora_alpha, lora_dropout, lora_targets, lora_layers,
+                              adapter_precision, double_quant, paged_optimizer)
+    if plan_file is not None and (tuning or framework is not None):
+        raise SpecError("--plan files carry their training settings: drop --framework, --finetune and the --lora-* "
+                        "options (or plan here with --model ...)")
     if plan_file is not None:
         if calibration is not None:
             raise SpecError("--calibration applies to a cluster planned here; a --plan file's plans carry the "
@@ -252,7 +290,8 @@ def validate_cmd(
         result = api_plan(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=global_batch_size,
                           seq_len=seq_len, precision=precision.value, top_k=top, calibration=calibration,
                           constraints=parse_constraints(constraint, constraints),
-                          **run_settings(train_options(grad_precision, attention_kernel, optimizer)))
+                          **run_settings(train_options(grad_precision, attention_kernel, optimizer,
+                                                       framework=framework) | tuning))
         spec_model, spec_cluster, train, num_gpus = result.model, result.cluster, result.train, result.num_gpus
         strategies = [p.strategy for p in result.plans]
     if train.cross_entropy_fusion_impl == "te":

@@ -58,6 +58,10 @@ LaunchTarget = Literal["megatron", "deepspeed", "colossalai", "torchtitan"]
 #: nest the model's transformer fields (planner.emit.megatron_bridge)
 BRIDGE_VERSIONS = {"0.6": "0.6.0", "0.3": "0.3.1", "main": "main@067f987df"}
 DEFAULT_BRIDGE_VERSION = next(iter(BRIDGE_VERSIONS))
+#: a Hugging Face model id (`org/name`) or a local model folder, as the fine-tuning toolkits' configs name the model:
+#: letters, digits, `_`, `.`, `-` in `/`-separated parts, optionally absolute or `./`-relative; every part starts with
+#: a letter, digit or `_` (so no `..` part, and no leading `-` that would read as an option)
+HF_MODEL_PATTERN = r"^(/|\./)?[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
 
 
 def check_bridge_version(option: str, value: str) -> str:
@@ -89,6 +93,13 @@ class EmitOptions(BaseModel):
         description="Megatron-Bridge release the megatron-bridge overrides are written for: "
         + ", ".join(f"{name} ({release})" for name, release in BRIDGE_VERSIONS.items())
         + f"; default {DEFAULT_BRIDGE_VERSION}.",
+    )
+
+    hf_model: str | None = Field(
+        None, max_length=200, pattern=HF_MODEL_PATTERN,
+        description="The model the fine-tuning configs (axolotl, llamafactory) load: a Hugging Face id or a local "
+        "model folder of the plan's model shape; default: the id of the plan's model preset (planner.emit.finetune"
+        ".HF_MODELS), refused for a model without one.",
     )
 
     @field_validator("script")

@@ -16,6 +16,7 @@ Mapping (Axolotl's field names; its schema is axolotl.utils.schemas.config.Axolo
   framework torchtitan -> FSDP2 (`fsdp: [full_shard, auto_wrap]`, `fsdp_config.fsdp_version: 2`) for zero_stage
   1-3, plain DDP for zero_stage 0.
 
+torch_compile under DeepSpeed is refused (Axolotl's schema wants it in the DeepSpeed config instead).
 adapter_precision bf16 is refused: Axolotl keeps peft's adapters in fp32 (autocast_adapter_dtype) and has no
 setting for 16-bit ones. The rest of what is refused is planner.emit.finetune.check_finetune's.
 """
@@ -48,6 +49,11 @@ def config(plan: Plan, options: EmitOptions) -> tuple[FinetuneFacts, dict[str, A
     if t.adapters and t.adapter_precision == "bf16":
         raise NotExpressibleError(FRAMEWORK, "adapter_precision 'bf16'; Axolotl keeps peft's adapters in fp32 "
                                              "(autocast_adapter_dtype) and has no setting for 16-bit ones")
+    if t.torch_compile and ft.sharding == "deepspeed":
+        raise NotExpressibleError(FRAMEWORK, "torch_compile with framework deepspeed; the plan is costed with fused "
+                                             "element-wise work (torch.compile for the Hugging Face model), which "
+                                             "Axolotl's schema refuses beside DeepSpeed: plan with framework "
+                                             "torchtitan (FSDP2), or LoRA/QLoRA (eager)")
     body: dict[str, Any] = {"base_model": ft.hf_model}
     if t.adapters:
         if t.finetune == "qlora":

@@ -45,7 +45,7 @@ FROZEN = {
              "--cluster", "--constraint",
              "--constraints", "--cross-entropy-fusion", "--cross-entropy-fusion-impl", "--cuda-graph-impl", "--cuda-graph-scope", "--format",
              "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",
-             "--grad-precision", "--headroom", "--job-name", "--launch-for", "--master-port", "--model",
+             "--grad-precision", "--headroom", "--hf-model", "--job-name", "--launch-for", "--master-port", "--model",
              "--moe-dispatcher", "--moe-flex-num-sms", "--moe-load-imbalance",
              "--moe-router-padding-for-quantization", "--optimizer", "--plan", "--precision", "--rank", "--script",
              "--seq-len", "--strict-numerics", "--torch-compile", "--zero3-impl"],

@@ -127,13 +127,18 @@ def emit_cmd(
     bridge_version: Annotated[Optional[str], typer.Option("--bridge-version", help="Megatron-Bridge release the "
                                                           "megatron-bridge overrides are written for: "
                                                           + BRIDGE_CHOICES + ".")] = None,
+    hf_model: Annotated[Optional[str], typer.Option("--hf-model", help="The model the axolotl and llamafactory "
+                                                    "configs load: a Hugging Face id or a local model folder of the "
+                                                    "plan's model shape (default: the model preset's id).")] = None,
     fmt: Annotated[EmitFormat, typer.Option("--format", "-f", help="text: what you paste; json: the structured form.")] = EmitFormat.text,
     plan_file: PlanFileOpt = None,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Print text that cannot carry the whole plan (what it drops goes to stderr) instead of exiting 2.")] = False,
 ) -> None:
     """Emit a plan as Megatron-LM flags, Megatron-Bridge overrides, a DeepSpeed JSON, Colossal-AI plugin
-    kwargs, a torchtitan TOML, a MaxText config with its JAX mesh, or a torchrun / Slurm launch script."""
-    from planner.emit import EmitOptions, costed_elsewhere, get_emitter, imposed_settings, runs_framework
+    kwargs, a torchtitan TOML, a MaxText config with its JAX mesh, a torchrun / Slurm launch script, or (for a
+    fine-tuning plan) an Axolotl or LLaMA-Factory config with the DeepSpeed or FSDP2 files it references."""
+    from planner.emit import (EmitOptions, accepted_frameworks, costed_elsewhere, get_emitter, imposed_settings,
+                              runs_framework)
     from planner.emit.base import DEFAULT_BRIDGE_VERSION, check_bridge_version
     from planner.emit.quoting import check_name, shell_command
 
@@ -178,6 +183,8 @@ def emit_cmd(
         frameworks = sorted(get_args(TrainSpec.model_fields["framework"].annotation))
         if framework is not None and framework not in frameworks:
             raise SpecError(f"--framework must be one of {', '.join(frameworks)} (got {framework!r})")
+        if framework is not None and framework in accepted_frameworks(backend):
+            runs = framework  # a fine-tuning toolkit's config runs either of its frameworks' plans
         if framework is not None and framework != runs:
             raise SpecError(f"--framework {framework} disagrees with --backend {backend}, which runs framework {runs}: "
                             f"the plans would be ranked by costs of a framework the emitted "
@@ -201,7 +208,7 @@ def emit_cmd(
     check_name("--job-name", job_name)
     try:
         options = EmitOptions(launch_for=launch_for.value, script=script, master_port=master_port, job_name=job_name,
-                              bridge_version=bridge_version)
+                              bridge_version=bridge_version, hf_model=hf_model)
     except ValidationError as exc:
         from profiles import format_validation_error
 
@@ -210,7 +217,9 @@ def emit_cmd(
     if best_expressible:
         chosen = _best_expressible(result, chosen, backend, options)
     # a plan file's plan ranked for another framework: its prediction is not this one's, said once it is emitted
-    note = costed_elsewhere(chosen, runs_framework(backend, options))
+    accepted = accepted_frameworks(backend, options)
+    note = costed_elsewhere(chosen, chosen.train.framework if chosen.train.framework in accepted
+                            else runs_framework(backend, options))
     if fmt is EmitFormat.json:
         data = emitter.data(chosen, options)
         _note(note)

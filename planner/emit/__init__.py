@@ -20,6 +20,7 @@ from planner.emit.base import (  # noqa: F401
     Emitter,
     NotExpressibleError,
     Registry,
+    accepted_frameworks,
     costed_elsewhere,
     runs_framework,
 )

@@ -22,6 +22,8 @@ tests/emit/test_contract.py):
   reaches the output only through `planner.emit.quoting`: quoted as data for
   the output's language, escaped into a one-line comment, or checked against
   a pattern where it is used as a name; never written as code.
+- An emitter whose output runs plans of more than one framework as costed (a fine-tuning toolkit under
+  DeepSpeed or FSDP2) names the others in `also_runs`; `runs` is the one a search for it is costed as.
 - An emitter whose text form cannot carry part of a plan that its `data` form
   carries (DeepSpeed's bare JSON has no tp key) has `omissions(plan, options)`,
   one reason per dropped part; `meshplan emit` prints them on stderr and exits
@@ -323,6 +325,12 @@ def runs_framework(backend: str, options: EmitOptions | None = None) -> str:
     """The framework (`TrainSpec.framework`, whose costs and rules `plan --framework` applies) that runs what
     `backend` emits: its emitter's `runs`, or for a launch script (`runs` None) `options.launch_for`."""
     return REGISTRY.get(backend).runs or (options or EmitOptions()).launch_for
+
+
+def accepted_frameworks(backend: str, options: EmitOptions | None = None) -> tuple[str, ...]:
+    """Every framework whose costed plans `backend`'s output runs as costed: `runs_framework` first, then the
+    emitter's `also_runs` (the fine-tuning toolkits run a plan of framework deepspeed or torchtitan alike)."""
+    return (runs_framework(backend, options),) + tuple(getattr(REGISTRY.get(backend), "also_runs", ()))
 
 
 def costed_elsewhere(plan: Plan, runs: str) -> str | None:

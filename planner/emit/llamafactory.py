@@ -1,4 +1,4 @@
-"""LLaMA-Factory (0.9.3): the training YAML (`llamafactory-cli train`), with the DeepSpeed JSON it references
+"""LLaMA-Factory (0.9.4): the training YAML (`llamafactory-cli train`), with the DeepSpeed JSON it references
 or accelerate's FSDP2 config file it is launched with.
 
 Mapping (LLaMA-Factory's argument names: llamafactory.hparams ModelArguments, DataArguments,
@@ -21,8 +21,8 @@ FinetuningArguments and the Trainer's TrainingArguments):
   (torchrun) for zero_stage 0.
 
 lora_layers is refused: LLaMA-Factory has no argument for peft's layers_to_transform (its freeze_trainable_layers
-is for finetuning_type freeze). LLaMA-Factory 0.9.3 itself insists on DeepSpeed <= 0.16.9 when it starts a
-DeepSpeed run (a mandatory version check), said in the output's notes.
+is for finetuning_type freeze). LLaMA-Factory 0.9.4 checks for deepspeed <= 0.16.9 when it starts a DeepSpeed
+run (DISABLE_VERSION_CHECK=1 skips the check), said in the output's notes.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from planner.specs import Plan
 
 FRAMEWORK = "LLaMA-Factory"
 #: the LLaMA-Factory release whose arguments the YAML is written for (tests/emit/test_emit_llamafactory.py parses it)
-LLAMAFACTORY_VERSION = "0.9.3"
+LLAMAFACTORY_VERSION = "0.9.4"
 CONFIG_PATH = "llamafactory.yaml"
 ACCELERATE_CONFIG_PATH = "accelerate_fsdp2.yaml"
 #: a starting data set (not part of the plan): the Alpaca sample LLaMA-Factory's data/dataset_info.json names
@@ -87,8 +87,8 @@ def config(plan: Plan, options: EmitOptions) -> tuple[FinetuneFacts, dict[str, A
     if ft.sharding == "deepspeed":
         body["deepspeed"] = DS_CONFIG_PATH
         files[DS_CONFIG_PATH] = json.dumps(deepspeed_json(ft, FRAMEWORK), indent=2) + "\n"
-        ft.notes.append(f"LLaMA-Factory {LLAMAFACTORY_VERSION} starts a DeepSpeed run only with deepspeed <= 0.16.9 "
-                        "installed (its own mandatory version check)")
+        ft.notes.append(f"LLaMA-Factory {LLAMAFACTORY_VERSION} checks for deepspeed <= 0.16.9 when it starts a "
+                        "DeepSpeed run; DISABLE_VERSION_CHECK=1 skips that check for a newer DeepSpeed")
     body |= {"dataset": DATASET, "template": template(model), "cutoff_len": t.seq_len, "output_dir": OUTPUT_DIR,
              "per_device_train_batch_size": f.strategy.micro_batch_size,
              "gradient_accumulation_steps": f.num_microbatches,

@@ -27,7 +27,7 @@ from planner.emit.base import shell_array
 from planner.errors import SpecError
 
 EXPECTED = ["megatron", "megatron-bridge", "deepspeed", "megatron-deepspeed", "colossalai", "torchtitan", "maxtext",
-            "torchrun", "slurm"]
+            "torchrun", "slurm", "axolotl", "llamafactory"]
 
 
 def test_registered_backends():

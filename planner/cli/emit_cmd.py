@@ -43,6 +43,16 @@ from planner.cli.common import (
     StrictNumericsOpt,
     CudaGraphImplOpt,
     CudaGraphScopeOpt,
+    AdapterPrecisionOpt,
+    DoubleQuantOpt,
+    FinetuneOpt,
+    LoraAlphaOpt,
+    LoraDropoutOpt,
+    LoraLayersOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    PagedOptimizerOpt,
+    finetune_options,
     SeqOpt,
     TorchCompileOpt,
     Zero3ImplOpt,
@@ -111,6 +121,15 @@ def emit_cmd(
     cross_entropy_fusion: CeFusionOpt = None,
     cross_entropy_fusion_impl: CeFusionImplOpt = None,
     framework: EmitFrameworkOpt = None,
+    finetune: FinetuneOpt = "none",
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_dropout: LoraDropoutOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_layers: LoraLayersOpt = None,
+    adapter_precision: AdapterPrecisionOpt = None,
+    double_quant: DoubleQuantOpt = None,
+    paged_optimizer: PagedOptimizerOpt = False,
     moe_dispatcher: MoeDispatcherOpt = None,
     moe_flex_num_sms: FlexSmsOpt = None,
     moe_router_padding_for_quantization: RouterPaddingOpt = None,
@@ -162,7 +181,11 @@ def emit_cmd(
                    "--moe-router-padding-for-quantization": moe_router_padding_for_quantization,
                    "--strict-numerics": strict_numerics or None, "--cuda-graph-impl": cuda_graph_impl,
                    "--cuda-graph-scope": cuda_graph_scope,
-                   "--torch-compile": torch_compile, "--headroom": headroom, "--calibration": calibration}
+                   "--torch-compile": torch_compile, "--headroom": headroom, "--calibration": calibration,
+                   "--finetune": None if finetune == "none" else finetune, "--lora-rank": lora_rank,
+                   "--lora-alpha": lora_alpha, "--lora-dropout": lora_dropout, "--lora-targets": lora_targets,
+                   "--lora-layers": lora_layers, "--adapter-precision": adapter_precision,
+                   "--double-quant/--no-double-quant": double_quant, "--paged-optimizer": paged_optimizer or None}
     if plan_json is not None:
         given = [k for k, v in {**search, **search_only}.items() if v is not None]
         if given:
@@ -196,6 +219,8 @@ def emit_cmd(
                               moe_dispatcher, fp8_param_gather, torch_compile, cross_entropy_fusion_impl,
                               moe_flex_num_sms, moe_router_padding_for_quantization, cuda_graph_impl,
                               cuda_graph_scope)
+        train |= finetune_options(finetune, lora_rank, lora_alpha, lora_dropout, lora_targets, lora_layers,
+                                  adapter_precision, double_quant, paged_optimizer)
         # the settings the backend's output imposes (Megatron-Bridge's mixed-precision recipe), unless given
         fixed = imposed_settings(backend, getattr(precision, "value", precision or "bf16"), fp8_recipe or "delayed")
         train = {k: v for k, v in fixed.items() if k not in train} | train

@@ -22,7 +22,7 @@ import yaml
 
 from planner.emit.base import EmitOptions, NotExpressibleError, PlanFacts, check_plan, describe
 from planner.emit.deepspeed import ds_config
-from planner.emit.quoting import comment, heredoc
+from planner.emit.quoting import clip, comment, heredoc, one_line
 from planner.specs import Plan
 
 #: the frameworks a fine-tuning plan can be costed as, each with how the toolkits shard it
@@ -118,12 +118,12 @@ def check_finetune(plan: Plan, options: EmitOptions, framework: str) -> Finetune
         refuse(f"lora_alpha {t.effective_lora_alpha:g}; {framework} takes an integer lora_alpha")
     hf_model = options.hf_model or HF_MODELS.get(m.name)
     if hf_model is None:
-        refuse(f"model {m.name!r} has no Hugging Face id here; pass --hf-model (a Hugging Face id or a local "
+        refuse(f"model '{one_line(clip(m.name))}' has no Hugging Face id here; pass --hf-model (a Hugging Face id or a local "
                f"model folder of its shape; the ids known: {', '.join(sorted(HF_MODELS))})")
     sharding = "deepspeed" if t.framework == "deepspeed" else ("fsdp2" if s.zero_stage else "ddp")
     out = FinetuneFacts(facts=f, hf_model=hf_model, sharding=sharding)
     if options.hf_model is not None:
-        out.notes.append(f"model {options.hf_model}: the plan is costed for {m.name}'s shape ({m.num_layers} layers, "
+        out.notes.append(f"model {options.hf_model}: the plan is costed for {clip(m.name)}'s shape ({m.num_layers} layers, "
                          f"hidden {m.hidden_size}), which this model must have")
     if t.attention_kernel == "flash":
         out.notes.append("attention_kernel flash: the plan is timed with the GPU's fastest fused attention (cuDNN on "

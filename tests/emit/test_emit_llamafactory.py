@@ -105,3 +105,56 @@ def test_framework_megatron_and_fp8_are_refused():
         edited = plan.model_copy(update={"train": plan.train.model_copy(update=update)})
         with pytest.raises(NotExpressibleError, match=f"^not expressible in LLaMA-Factory: {reason}"):
             emit(edited, "llamafactory")
+
+
+# ---- the command line -----------------------------------------------------------------------------------------
+SEARCH = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch-size", "64",
+          "--seq-len", "4096"]
+
+
+def _run(capsys, *args: str) -> tuple[int, str, str]:
+    from planner.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
+def test_cli_searches_a_finetune_and_emits_it(backend, capsys, tmp_path):
+    """`meshplan emit --finetune qlora` searches QLoRA plans as DeepSpeed runs them (the toolkits' default) and
+    writes the script; `--framework torchtitan` searches FSDP2's; a plan file from `meshplan plan` emits the same."""
+    from planner import plan
+    from planner.emit import get_emitter
+
+    code, out, err = _run(capsys, "emit", *SEARCH, "--backend", backend, "--finetune", "qlora", "--paged-optimizer")
+    assert code == 0, err
+    best = plan(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=64, seq_len=4096, top_k=1,
+                finetune="qlora", paged_optimizer=True).plans[0]
+    assert best.train.framework == "deepspeed"
+    assert out == emit(best, backend)
+    code, out, err = _run(capsys, "emit", *SEARCH, "--backend", backend, "--finetune", "lora", "--framework",
+                          "torchtitan")
+    assert code == 0 and "costed" not in err, err
+    assert "deepspeed: ds_config.json" not in out and get_emitter(backend).also_runs == ("torchtitan",)
+    (tmp_path / "plans.json").write_text(_plan_json(capsys, "--finetune", "qlora", "--framework", "torchtitan"))
+    code, out, err = _run(capsys, "emit", str(tmp_path / "plans.json"), "--backend", backend)
+    assert code == 0 and err == "", err  # a torchtitan plan runs as costed: no note
+
+
+def _plan_json(capsys, *args: str) -> str:
+    code, out, err = _run(capsys, "plan", *SEARCH, *args, "--format", "json")
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
+def test_cli_hf_model_and_refusals_are_one_line(backend, capsys):
+    code, out, err = _run(capsys, "emit", *SEARCH, "--backend", backend)  # pre-training plans
+    assert code == 2 and out == "" and err.count("\n") == 1 and "finetune 'none' (pre-training)" in err
+    code, out, err = _run(capsys, "emit", *SEARCH, "--backend", backend, "--finetune", "lora", "--hf-model",
+                          "x; rm -rf /")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "hf_model" in err and "Traceback" not in err
+    code, out, err = _run(capsys, "emit", *SEARCH, "--backend", backend, "--finetune", "lora", "--hf-model",
+                          "/models/llama-3-8b")
+    assert code == 0 and "/models/llama-3-8b" in out

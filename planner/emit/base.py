@@ -252,6 +252,12 @@ HYBRID_FRAMEWORKS = frozenset({"Megatron-LM"})
 GRAPH_FRAMEWORKS = ("Megatron-LM", "Megatron-Bridge")
 
 
+#: Frameworks whose emitted output trains LoRA / QLoRA adapters (TrainSpec.finetune lora or qlora): the fine-tuning
+#: toolkits, and DeepSpeed's bare JSON, which configures the engine around whatever model code (peft's included)
+#: the user's script builds. Every other output trains every parameter of a freshly built model.
+ADAPTER_FRAMEWORKS = frozenset({"Axolotl", "LLaMA-Factory", "DeepSpeed"})
+
+
 def check_plan(plan: Plan, framework: str) -> PlanFacts:
     """Rules every framework needs and some accept silently, then the facts.
 
@@ -266,6 +272,9 @@ def check_plan(plan: Plan, framework: str) -> PlanFacts:
     def refuse(reason: str) -> None:
         raise NotExpressibleError(framework, reason)
 
+    if getattr(t, "adapters", False) and framework not in ADAPTER_FRAMEWORKS:
+        refuse(f"finetune {t.finetune!r} (adapters over a frozen base); {framework}'s output trains every parameter: "
+               "emit axolotl or llamafactory")
     if int(lay.num_gpus[0]) != plan.num_gpus:
         refuse(f"dp·tp·cp·pp ({f.dp}·{s.tp}·{s.cp}·{s.pp}) must equal num_gpus ({plan.num_gpus})")
     if not lay.batch_ok(t.global_batch_size, s.micro_batch_size)[0]:

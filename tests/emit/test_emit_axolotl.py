@@ -4,6 +4,7 @@ accelerate; and every plan Axolotl cannot run refused in one line."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -113,3 +114,25 @@ def _relabelled(strategy, precision, train):
     pre-training plan with its training settings set afterwards, as a hand-edited plan file would carry them."""
     plan = make_plan(*LLAMA8, strategy=strategy, precision=precision)
     return plan.model_copy(update={"train": plan.train.model_copy(update=train)})
+
+
+def test_backends_that_train_every_parameter_refuse_adapter_plans():
+    """A LoRA plan emitted as a pre-training config would train every parameter: only the toolkits, and DeepSpeed's
+    bare JSON (the engine around a peft model's own script), take one."""
+    from planner.emit import backends, get_emitter
+
+    plan = make_plan(*LLAMA8, strategy=dict(zero_stage=1), finetune="lora")
+    taken = []
+    for backend in backends():
+        launch = ("megatron", "deepspeed", "colossalai", "torchtitan") if get_emitter(backend).runs is None else (None,)
+        for target in launch:
+            options = EmitOptions(launch_for=target) if target else EmitOptions()
+            try:
+                emit(plan, backend, options)
+            except NotExpressibleError as exc:
+                assert re.search(r"finetune 'lora' \(adapters over a frozen base\); [\w-]+'s (output|pretrain_gpt.py) "
+                                 "trains every parameter", exc.reason), exc.reason
+                continue
+            taken.append(backend)
+    assert taken == ["deepspeed", "axolotl", "llamafactory"]
+    assert emit_data(plan, "deepspeed")["megatron_deepspeed_args"] is None

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install meshplan with every test dependency (CPU-only torch, megatron-core,
-# DeepSpeed, Colossal-AI, Axolotl's and LLaMA-Factory's config schemas, the tuner's optuna-dashboard and PostgreSQL driver, matplotlib for the
-# topology picture; PostgreSQL itself where the script may install it) and run the whole test suite.
+# DeepSpeed, Colossal-AI, Axolotl's and LLaMA-Factory's config schemas, the tuner's optuna-dashboard and
+# PostgreSQL driver, matplotlib for the topology picture; PostgreSQL itself where the script may install it) and run
+# the whole test suite.
 # Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -5,7 +5,8 @@
     cfg = emit_data(plan, "deepspeed")       # structured form (JSON values)
 
 Backends: megatron, megatron-bridge, deepspeed, megatron-deepspeed, colossalai,
-torchtitan, maxtext, torchrun, slurm, and for fine-tuning plans axolotl and llamafactory. A strategy a backend cannot run as planned raises
+torchtitan, maxtext, torchrun, slurm, and for fine-tuning plans axolotl and llamafactory.
+A strategy a backend cannot run as planned raises
 `NotExpressibleError` ("not expressible in <framework>: ..."), a SpecError.
 See planner/emit/base.py for the Emitter contract and docs/emitters.md.
 """

@@ -27,8 +27,9 @@ import json
 from typing import Any
 
 from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError
-from planner.emit.finetune import (ALSO_RUNS, DS_CONFIG_PATH, RUNS, LEARNING_RATE, FinetuneFacts, check_finetune, deepspeed_json,
-                                   emit_parts, fsdp2_settings, optimizer_name, recompute, render_files, to_yaml)
+from planner.emit.finetune import (ALSO_RUNS, DS_CONFIG_PATH, LEARNING_RATE, RUNS, FinetuneFacts, check_finetune,
+                                   deepspeed_json, emit_parts, fsdp2_settings, optimizer_name, recompute,
+                                   render_files, to_yaml)
 from planner.specs import Plan
 
 FRAMEWORK = "Axolotl"

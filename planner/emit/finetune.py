@@ -118,13 +118,13 @@ def check_finetune(plan: Plan, options: EmitOptions, framework: str) -> Finetune
         refuse(f"lora_alpha {t.effective_lora_alpha:g}; {framework} takes an integer lora_alpha")
     hf_model = options.hf_model or HF_MODELS.get(m.name)
     if hf_model is None:
-        refuse(f"model '{one_line(clip(m.name))}' has no Hugging Face id here; pass --hf-model (a Hugging Face id or a local "
-               f"model folder of its shape; the ids known: {', '.join(sorted(HF_MODELS))})")
+        refuse(f"model '{one_line(clip(m.name))}' has no Hugging Face id here; pass --hf-model (a Hugging Face id or "
+               f"a local model folder of its shape; the ids known: {', '.join(sorted(HF_MODELS))})")
     sharding = "deepspeed" if t.framework == "deepspeed" else ("fsdp2" if s.zero_stage else "ddp")
     out = FinetuneFacts(facts=f, hf_model=hf_model, sharding=sharding)
     if options.hf_model is not None:
-        out.notes.append(f"model {options.hf_model}: the plan is costed for {clip(m.name)}'s shape ({m.num_layers} layers, "
-                         f"hidden {m.hidden_size}), which this model must have")
+        out.notes.append(f"model {options.hf_model}: the plan is costed for {clip(m.name)}'s shape "
+                         f"({m.num_layers} layers, hidden {m.hidden_size}), which this model must have")
     if t.attention_kernel == "flash":
         out.notes.append("attention_kernel flash: the plan is timed with the GPU's fastest fused attention (cuDNN on "
                          "Hopper and Blackwell); the config runs FlashAttention-2 and may run slower than planned")

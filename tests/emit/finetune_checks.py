@@ -164,7 +164,7 @@ def check_llamafactory(plan: Plan, data: dict[str, Any], where: Path) -> tuple:
     assert training.per_device_train_batch_size * training.gradient_accumulation_steps * s.dp == t.global_batch_size
     assert training.bf16 == (t.precision == "bf16") and training.fp16 == (t.precision == "fp16")
     assert model.disable_gradient_checkpointing == (s.recompute != "full")
-    assert str(getattr(model.flash_attn, "value", model.flash_attn)) == "fa2" and training.torch_compile == t.torch_compile
+    assert _text(model.flash_attn) == "fa2" and training.torch_compile == t.torch_compile
     assert training.optim.value == ("paged_adamw_32bit" if t.paged_optimizer else "adamw_torch")
     assert finetuning.finetuning_type == ("lora" if t.adapters else "full")
     if t.adapters:
@@ -183,9 +183,14 @@ def check_llamafactory(plan: Plan, data: dict[str, Any], where: Path) -> tuple:
         from accelerate.commands.config.config_args import ClusterConfig
 
         cluster = ClusterConfig.from_yaml_file(str(paths["accelerate_fsdp2.yaml"]))
-        assert str(getattr(cluster.distributed_type, "value", cluster.distributed_type)) == "FSDP" and cluster.num_processes == plan.num_gpus
-        assert cluster.num_machines == f.num_nodes and str(getattr(cluster.mixed_precision, "value", cluster.mixed_precision)) == t.precision
+        assert _text(cluster.distributed_type) == "FSDP" and cluster.num_processes == plan.num_gpus
+        assert cluster.num_machines == f.num_nodes and _text(cluster.mixed_precision) == t.precision
         check_accelerate_fsdp2(plan, cluster.fsdp_config)
     else:
         assert "accelerate_fsdp2.yaml" not in paths
     return model, data_args, training, finetuning
+
+
+def _text(value: Any) -> str:
+    """An enum member's value, or a plain string (the packages keep some choices as either)."""
+    return str(getattr(value, "value", value))

@@ -71,7 +71,8 @@ def test_every_known_id_is_a_preset():
 
 
 @pytest.mark.parametrize("plan_args,reason", [
-    ((dict(tp=2), dict(finetune="full", framework="deepspeed")), r"tp \(2\) > 1; Axolotl shards the Hugging Face model by data parallelism"),
+    ((dict(tp=2), dict(finetune="full", framework="deepspeed")),
+     r"tp \(2\) > 1; Axolotl shards the Hugging Face model by data parallelism"),
     ((dict(pp=2), dict(finetune="full", framework="deepspeed")), r"pp \(2\) > 1"),
     ((dict(cp=2), dict(finetune="full", framework="deepspeed")), r"cp \(2\) > 1"),
     ((dict(zero_stage=1), dict()), r"finetune 'none' \(pre-training\)"),

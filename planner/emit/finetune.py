@@ -119,7 +119,7 @@ def check_finetune(plan: Plan, options: EmitOptions, framework: str) -> Finetune
     hf_model = options.hf_model or HF_MODELS.get(m.name)
     if hf_model is None:
         refuse(f"model '{one_line(clip(m.name))}' has no Hugging Face id here; pass --hf-model (a Hugging Face id or "
-               f"a local model folder of its shape; the ids known: {', '.join(sorted(HF_MODELS))})")
+               "a local model folder of its shape; planner.emit.finetune.HF_MODELS lists the presets that have one)")
     sharding = "deepspeed" if t.framework == "deepspeed" else ("fsdp2" if s.zero_stage else "ddp")
     out = FinetuneFacts(facts=f, hf_model=hf_model, sharding=sharding)
     if options.hf_model is not None:

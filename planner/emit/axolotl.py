@@ -10,7 +10,8 @@ Mapping (Axolotl's field names; its schema is axolotl.utils.schemas.config.Axolo
   lora_layers. Axolotl's fused LoRA kernels (`lora_*_kernel`), which it turns on by itself for dropout 0, are
   turned off: the plan costs peft's own modules. finetune full: no adapter.
 - batch: `micro_batch_size`, `gradient_accumulation_steps` = global batch / (micro-batch × dp).
-- `sequence_len`; `bf16` or `fp16`; `gradient_checkpointing` for full recompute; `flash_attention: true`;
+- `sequence_len`; `bf16` or `fp16`; `gradient_checkpointing` for full recompute (under FSDP2 its own
+  `fsdp_activation_checkpointing`); `flash_attention: true`;
   `torch_compile` as costed; `optimizer`: adamw_torch, or paged_adamw_32bit for paged_optimizer.
 - sharding: framework deepspeed -> `deepspeed: ds_config.json` (the plan's ZeRO stage and offload);
   framework torchtitan -> FSDP2 (`fsdp: [full_shard, auto_wrap]`, `fsdp_config.fsdp_version: 2`) for zero_stage

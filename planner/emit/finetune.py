@@ -163,16 +163,20 @@ def deepspeed_json(ft: FinetuneFacts, framework: str) -> dict[str, Any]:
 def fsdp2_settings(ft: FinetuneFacts) -> dict[str, Any]:
     """accelerate's FSDP2 settings (`fsdp_config`), whose keys both toolkits pass on: each decoder layer wrapped
     (the model's `_no_split_modules`), resharded after the forward for zero_stage 3 only (ZeRO-3: parameters
-    gathered again in the backward) and kept gathered for zero_stage 1 or 2 (ZeRO-2)."""
+    gathered again in the backward) and kept gathered for zero_stage 1 or 2 (ZeRO-2). Full recompute is FSDP's
+    own activation checkpointing of each wrapped layer: the Trainer's gradient_checkpointing would gather a
+    resharded layer's parameters once more for the recomputation (transformers warns of the redundant
+    all-gather), which the plan does not cost."""
     return {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_reshard_after_forward": ft.facts.strategy.zero_stage == 3, "fsdp_offload_params": False,
             "fsdp_cpu_ram_efficient_loading": True, "fsdp_state_dict_type": "FULL_STATE_DICT",
-            "fsdp_activation_checkpointing": False}
+            "fsdp_activation_checkpointing": ft.facts.strategy.recompute == "full"}
 
 
 def recompute(ft: FinetuneFacts) -> bool:
-    """Whether the Trainer checkpoints every decoder layer (the plan's full recompute)."""
-    return ft.facts.strategy.recompute == "full"
+    """Whether the Trainer checkpoints every decoder layer (gradient_checkpointing): the plan's full recompute,
+    except under FSDP2, whose own activation checkpointing does it (`fsdp2_settings`)."""
+    return ft.facts.strategy.recompute == "full" and ft.sharding != "fsdp2"
 
 
 def optimizer_name(ft: FinetuneFacts) -> str:

@@ -15,7 +15,8 @@ FinetuningArguments and the Trainer's TrainingArguments):
 - batch: `per_device_train_batch_size`, `gradient_accumulation_steps` = global batch / (micro-batch × dp);
   `cutoff_len` = seq_len; `bf16` or `fp16`; `optim`: adamw_torch, or paged_adamw_32bit; `flash_attn: fa2`;
   `torch_compile` as costed. LLaMA-Factory checkpoints every decoder layer unless told not to:
-  `disable_gradient_checkpointing` is true unless the plan recomputes fully.
+  `disable_gradient_checkpointing` is true unless the plan recomputes fully (and under FSDP2, whose
+  `fsdp_activation_checkpointing` recomputes instead).
 - sharding: framework deepspeed -> `deepspeed: ds_config.json`; framework torchtitan -> accelerate's FSDP2
   config (`accelerate_fsdp2.yaml`, `accelerate launch --config_file ...`) for zero_stage 1-3, plain DDP
   (torchrun) for zero_stage 0.

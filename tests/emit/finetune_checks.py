@@ -88,7 +88,8 @@ def check_accelerate_fsdp2(plan: Plan, settings: dict[str, Any]) -> None:
     assert plugin.reshard_after_forward is (plan.strategy.zero_stage == 3)
     assert plugin.state_dict_type.name == "FULL_STATE_DICT" and plugin.cpu_ram_efficient_loading
     assert plugin.auto_wrap_policy.__name__ == "transformer_auto_wrap_policy"
-    assert not plugin.activation_checkpointing  # the Trainer's gradient_checkpointing does it, as planned
+    # FSDP's own activation checkpointing for full recompute (the Trainer's would gather the parameters again)
+    assert plugin.activation_checkpointing is (plan.strategy.recompute == "full")
 
 
 def check_axolotl(plan: Plan, data: dict[str, Any], where: Path) -> Any:
@@ -108,7 +109,8 @@ def check_axolotl(plan: Plan, data: dict[str, Any], where: Path) -> Any:
     assert cfg.sequence_len == t.seq_len and cfg.micro_batch_size == s.micro_batch_size
     assert cfg.micro_batch_size * cfg.gradient_accumulation_steps * s.dp == t.global_batch_size
     assert bool(cfg.bf16) == (t.precision == "bf16") and bool(cfg.fp16) == (t.precision == "fp16")
-    assert cfg.gradient_checkpointing is (s.recompute == "full") and cfg.flash_attention
+    fsdp2 = t.framework == "torchtitan" and s.zero_stage > 0
+    assert cfg.gradient_checkpointing is (s.recompute == "full" and not fsdp2) and cfg.flash_attention
     assert cfg.optimizer == ("paged_adamw_32bit" if t.paged_optimizer else "adamw_torch")
     if t.adapters:
         assert cfg.adapter == t.finetune and cfg.lora_r == t.lora_rank and cfg.lora_alpha == t.effective_lora_alpha
@@ -163,7 +165,8 @@ def check_llamafactory(plan: Plan, data: dict[str, Any], where: Path) -> tuple:
     assert training.per_device_train_batch_size == s.micro_batch_size
     assert training.per_device_train_batch_size * training.gradient_accumulation_steps * s.dp == t.global_batch_size
     assert training.bf16 == (t.precision == "bf16") and training.fp16 == (t.precision == "fp16")
-    assert model.disable_gradient_checkpointing == (s.recompute != "full")
+    fsdp2 = t.framework == "torchtitan" and s.zero_stage > 0
+    assert model.disable_gradient_checkpointing == (s.recompute != "full" or fsdp2)
     assert _text(model.flash_attn) == "fa2" and training.torch_compile == t.torch_compile
     assert training.optim.value == ("paged_adamw_32bit" if t.paged_optimizer else "adamw_torch")
     assert finetuning.finetuning_type == ("lora" if t.adapters else "full")

@@ -10,7 +10,7 @@ FinetuningArguments and the Trainer's TrainingArguments):
   `quantization_type: nf4`, `double_quantization` as planned (the compute dtype is the run's bf16/fp16).
   `lora_rank`, `lora_alpha` (an integer), `lora_dropout`; `lora_target: all` (every linear layer but the
   output layer) or the modules, comma-separated. adapter_precision bf16 is `pure_bf16: true` (no fp32 upcast
-  of the trainable weights), which LLaMA-Factory refuses beside ZeRO-3 (so is it here). finetune full:
+  of the trainable weights), which LLaMA-Factory refuses beside ZeRO-3 (refused here too). finetune full:
   `finetuning_type: full`.
 - batch: `per_device_train_batch_size`, `gradient_accumulation_steps` = global batch / (micro-batch × dp);
   `cutoff_len` = seq_len; `bf16` or `fp16`; `optim`: adamw_torch, or paged_adamw_32bit; `flash_attn: fa2`;

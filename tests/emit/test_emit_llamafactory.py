@@ -54,6 +54,24 @@ def test_llamafactory_parser_accepts_the_plan(question, strategy, train, tmp_pat
     assert {p.name: p.read_text() for p in run.iterdir()} == data["files"]
 
 
+def test_templates_are_llamafactorys():
+    """Every template written is one LLaMA-Factory registers (read from its data/template.py: importing it needs
+    torchaudio and the multimodal stack, which its argument parser does not)."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    from planner.emit.llamafactory import DEFAULT_TEMPLATE, TEMPLATES
+
+    spec = importlib.util.find_spec("llamafactory")
+    if spec is None:
+        pytest.skip("llamafactory is not installed (scripts/test.sh installs it)")
+    source = (Path(spec.origin).parent / "data" / "template.py").read_text()
+    registered = set(re.findall(r'register_template\(\s*name="([\w.-]+)"', source))
+    assert len(registered) > 50
+    assert set(TEMPLATES.values()) | {DEFAULT_TEMPLATE} <= registered
+
+
 def test_templates_follow_the_model_family():
     assert [template(m) for m in ("llama2-7b", "llama3.1-8b", "mixtral-8x7b", "qwen3-30b-a3b", "gpt3-1.7b")] == [
         "llama2", "llama3", "mistral", "qwen3", "default"]

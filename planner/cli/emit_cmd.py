@@ -231,6 +231,9 @@ def emit_cmd(
     if script is not None:
         shell_command("--script", script)
     check_name("--job-name", job_name)
+    if hf_model is not None and not getattr(emitter, "loads_hf_model", False):
+        raise SpecError(f"--hf-model names the model a fine-tuning toolkit's config loads; --backend {backend} "
+                        "takes none (emit axolotl or llamafactory)")
     try:
         options = EmitOptions(launch_for=launch_for.value, script=script, master_port=master_port, job_name=job_name,
                               bridge_version=bridge_version, hf_model=hf_model)

@@ -97,6 +97,7 @@ class AxolotlEmitter:
     framework = FRAMEWORK
     runs = RUNS
     also_runs = ALSO_RUNS
+    loads_hf_model = True  # its config names the model it loads: EmitOptions.hf_model (--hf-model)
     syntax = "shell"
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:

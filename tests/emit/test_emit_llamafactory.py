@@ -177,3 +177,8 @@ def test_cli_hf_model_and_refusals_are_one_line(backend, capsys):
     code, out, err = _run(capsys, "emit", *SEARCH, "--backend", backend, "--finetune", "lora", "--hf-model",
                           "/models/llama-3-8b")
     assert code == 0 and "/models/llama-3-8b" in out
+
+
+def test_cli_hf_model_is_for_the_toolkits_only(capsys):
+    code, out, err = _run(capsys, "emit", *SEARCH, "--backend", "megatron", "--hf-model", "org/model")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--hf-model" in err

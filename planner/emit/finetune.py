@@ -48,7 +48,8 @@ HF_MODELS = {
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B", "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
     "gemma-2-27b": "google/gemma-2-27b",
 }
-#: starting learning rates (not part of the plan): the toolkits' own LoRA and full fine-tuning examples'
+#: starting learning rates (not part of the plan): 2e-4 as Axolotl's LoRA and QLoRA examples take, 1e-5 as
+#: LLaMA-Factory's full fine-tuning examples take
 LEARNING_RATE = {"adapters": 2e-4, "full": 1e-5}
 #: DeepSpeed's AdamW for ZeRO-Offload: the Trainer fills each "auto" from its own arguments. A client optimizer
 #: beside an offloaded one is refused by DeepSpeed (zero_force_ds_cpu_optimizer), so offload brings its own

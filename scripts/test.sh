@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install meshplan with every test dependency (CPU-only torch, megatron-core,
-# DeepSpeed, Colossal-AI, the tuner's optuna-dashboard and PostgreSQL driver, matplotlib for the
-# topology picture; PostgreSQL itself where the script may install it) and run the whole test suite.
+# DeepSpeed, Colossal-AI, Axolotl's and LLaMA-Factory's config schemas, the tuner's optuna-dashboard and
+# PostgreSQL driver, matplotlib for the topology picture; PostgreSQL itself where the script may install it) and run
+# the whole test suite.
 # Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,12 @@ DS_BUILD_OPS=0 "${PIP[@]}" "deepspeed==0.19.8"
 # its config manager needs only tyro, so it goes in without its training dependencies.
 "${PIP[@]}" --no-deps "torchtitan==0.2.2"
 "${PIP[@]}" "tyro>=0.9"
+# The fine-tuning toolkits' config schemas (tests/emit/test_emit_axolotl.py, test_emit_llamafactory.py): Axolotl 0.9.2
+# and LLaMA-Factory 0.9.4, the newest releases that take the transformers 4.51.3 Colossal-AI pins, go in without
+# their training dependencies (they pin torch, peft, vLLM and GPU kernels their schemas do not import), then what
+# their schema and argument modules really import (requirements/axolotl.txt, requirements/llamafactory.txt).
+"${PIP[@]}" --no-deps "axolotl==0.9.2" "llamafactory==0.9.4"
+"${PIP[@]}" -r requirements/axolotl.txt -r requirements/llamafactory.txt
 # Megatron-Bridge needs transformers >= 4.52 while Colossal-AI needs < 4.52: its check runs in a
 # separate virtual environment on top of this interpreter's packages (torch, megatron-core), named to
 # the tests by MESHPLAN_BRIDGE_PYTHON. A .pth file in its site-packages adds, after its own (so its

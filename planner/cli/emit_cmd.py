@@ -43,6 +43,16 @@ from planner.cli.common import (
     StrictNumericsOpt,
     CudaGraphImplOpt,
     CudaGraphScopeOpt,
+    AdapterPrecisionOpt,
+    DoubleQuantOpt,
+    FinetuneOpt,
+    LoraAlphaOpt,
+    LoraDropoutOpt,
+    LoraLayersOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    PagedOptimizerOpt,
+    finetune_options,
     SeqOpt,
     TorchCompileOpt,
     Zero3ImplOpt,
@@ -111,6 +121,15 @@ def emit_cmd(
     cross_entropy_fusion: CeFusionOpt = None,
     cross_entropy_fusion_impl: CeFusionImplOpt = None,
     framework: EmitFrameworkOpt = None,
+    finetune: FinetuneOpt = "none",
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_dropout: LoraDropoutOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    lora_layers: LoraLayersOpt = None,
+    adapter_precision: AdapterPrecisionOpt = None,
+    double_quant: DoubleQuantOpt = None,
+    paged_optimizer: PagedOptimizerOpt = False,
     moe_dispatcher: MoeDispatcherOpt = None,
     moe_flex_num_sms: FlexSmsOpt = None,
     moe_router_padding_for_quantization: RouterPaddingOpt = None,
@@ -127,13 +146,18 @@ def emit_cmd(
     bridge_version: Annotated[Optional[str], typer.Option("--bridge-version", help="Megatron-Bridge release the "
                                                           "megatron-bridge overrides are written for: "
                                                           + BRIDGE_CHOICES + ".")] = None,
+    hf_model: Annotated[Optional[str], typer.Option("--hf-model", help="The model the axolotl and llamafactory "
+                                                    "configs load: a Hugging Face id or a local model folder of the "
+                                                    "plan's model shape (default: the model preset's id).")] = None,
     fmt: Annotated[EmitFormat, typer.Option("--format", "-f", help="text: what you paste; json: the structured form.")] = EmitFormat.text,
     plan_file: PlanFileOpt = None,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Print text that cannot carry the whole plan (what it drops goes to stderr) instead of exiting 2.")] = False,
 ) -> None:
     """Emit a plan as Megatron-LM flags, Megatron-Bridge overrides, a DeepSpeed JSON, Colossal-AI plugin
-    kwargs, a torchtitan TOML, a MaxText config with its JAX mesh, or a torchrun / Slurm launch script."""
-    from planner.emit import EmitOptions, costed_elsewhere, get_emitter, imposed_settings, runs_framework
+    kwargs, a torchtitan TOML, a MaxText config with its JAX mesh, a torchrun / Slurm launch script, or (for a
+    fine-tuning plan) an Axolotl or LLaMA-Factory config with the DeepSpeed or FSDP2 files it references."""
+    from planner.emit import (EmitOptions, accepted_frameworks, costed_elsewhere, get_emitter, imposed_settings,
+                              runs_framework)
     from planner.emit.base import DEFAULT_BRIDGE_VERSION, check_bridge_version
     from planner.emit.quoting import check_name, shell_command
 
@@ -157,7 +181,11 @@ def emit_cmd(
                    "--moe-router-padding-for-quantization": moe_router_padding_for_quantization,
                    "--strict-numerics": strict_numerics or None, "--cuda-graph-impl": cuda_graph_impl,
                    "--cuda-graph-scope": cuda_graph_scope,
-                   "--torch-compile": torch_compile, "--headroom": headroom, "--calibration": calibration}
+                   "--torch-compile": torch_compile, "--headroom": headroom, "--calibration": calibration,
+                   "--finetune": None if finetune == "none" else finetune, "--lora-rank": lora_rank,
+                   "--lora-alpha": lora_alpha, "--lora-dropout": lora_dropout, "--lora-targets": lora_targets,
+                   "--lora-layers": lora_layers, "--adapter-precision": adapter_precision,
+                   "--double-quant/--no-double-quant": double_quant, "--paged-optimizer": paged_optimizer or None}
     if plan_json is not None:
         given = [k for k, v in {**search, **search_only}.items() if v is not None]
         if given:
@@ -178,6 +206,8 @@ def emit_cmd(
         frameworks = sorted(get_args(TrainSpec.model_fields["framework"].annotation))
         if framework is not None and framework not in frameworks:
             raise SpecError(f"--framework must be one of {', '.join(frameworks)} (got {framework!r})")
+        if framework is not None and framework in accepted_frameworks(backend):
+            runs = framework  # a fine-tuning toolkit's config runs either of its frameworks' plans
         if framework is not None and framework != runs:
             raise SpecError(f"--framework {framework} disagrees with --backend {backend}, which runs framework {runs}: "
                             f"the plans would be ranked by costs of a framework the emitted "
@@ -189,6 +219,8 @@ def emit_cmd(
                               moe_dispatcher, fp8_param_gather, torch_compile, cross_entropy_fusion_impl,
                               moe_flex_num_sms, moe_router_padding_for_quantization, cuda_graph_impl,
                               cuda_graph_scope)
+        train |= finetune_options(finetune, lora_rank, lora_alpha, lora_dropout, lora_targets, lora_layers,
+                                  adapter_precision, double_quant, paged_optimizer)
         # the settings the backend's output imposes (Megatron-Bridge's mixed-precision recipe), unless given
         fixed = imposed_settings(backend, getattr(precision, "value", precision or "bf16"), fp8_recipe or "delayed")
         train = {k: v for k, v in fixed.items() if k not in train} | train
@@ -199,9 +231,12 @@ def emit_cmd(
     if script is not None:
         shell_command("--script", script)
     check_name("--job-name", job_name)
+    if hf_model is not None and not getattr(emitter, "loads_hf_model", False):
+        raise SpecError(f"--hf-model names the model a fine-tuning toolkit's config loads; --backend {backend} "
+                        "takes none (emit axolotl or llamafactory)")
     try:
         options = EmitOptions(launch_for=launch_for.value, script=script, master_port=master_port, job_name=job_name,
-                              bridge_version=bridge_version)
+                              bridge_version=bridge_version, hf_model=hf_model)
     except ValidationError as exc:
         from profiles import format_validation_error
 
@@ -210,7 +245,9 @@ def emit_cmd(
     if best_expressible:
         chosen = _best_expressible(result, chosen, backend, options)
     # a plan file's plan ranked for another framework: its prediction is not this one's, said once it is emitted
-    note = costed_elsewhere(chosen, runs_framework(backend, options))
+    accepted = accepted_frameworks(backend, options)
+    note = costed_elsewhere(chosen, chosen.train.framework if chosen.train.framework in accepted
+                            else runs_framework(backend, options))
     if fmt is EmitFormat.json:
         data = emitter.data(chosen, options)
         _note(note)

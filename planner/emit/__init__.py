@@ -5,7 +5,8 @@
     cfg = emit_data(plan, "deepspeed")       # structured form (JSON values)
 
 Backends: megatron, megatron-bridge, deepspeed, megatron-deepspeed, colossalai,
-torchtitan, maxtext, torchrun, slurm. A strategy a backend cannot run as planned raises
+torchtitan, maxtext, torchrun, slurm, and for fine-tuning plans axolotl and llamafactory.
+A strategy a backend cannot run as planned raises
 `NotExpressibleError` ("not expressible in <framework>: ..."), a SpecError.
 See planner/emit/base.py for the Emitter contract and docs/emitters.md.
 """
@@ -20,6 +21,7 @@ from planner.emit.base import (  # noqa: F401
     Emitter,
     NotExpressibleError,
     Registry,
+    accepted_frameworks,
     costed_elsewhere,
     runs_framework,
 )
@@ -28,6 +30,7 @@ from planner.specs import Plan
 # Importing a backend module registers its emitters (order = `backends()` order).
 from planner.emit import megatron, megatron_bridge, deepspeed, colossalai, torchtitan  # noqa: E402,F401  isort:skip
 from planner.emit import maxtext, launch  # noqa: E402,F401  isort:skip
+from planner.emit import axolotl, llamafactory  # noqa: E402,F401  isort:skip
 # Each backend's structured form as a plain function of a plan (each raises NotExpressibleError
 # when the framework cannot run the plan as planned).
 from planner.emit.colossalai import plugin_spec  # noqa: E402,F401  isort:skip

@@ -22,6 +22,8 @@ tests/emit/test_contract.py):
   reaches the output only through `planner.emit.quoting`: quoted as data for
   the output's language, escaped into a one-line comment, or checked against
   a pattern where it is used as a name; never written as code.
+- An emitter whose output runs plans of more than one framework as costed (a fine-tuning toolkit under
+  DeepSpeed or FSDP2) names the others in `also_runs`; `runs` is the one a search for it is costed as.
 - An emitter whose text form cannot carry part of a plan that its `data` form
   carries (DeepSpeed's bare JSON has no tp key) has `omissions(plan, options)`,
   one reason per dropped part; `meshplan emit` prints them on stderr and exits
@@ -58,6 +60,10 @@ LaunchTarget = Literal["megatron", "deepspeed", "colossalai", "torchtitan"]
 #: nest the model's transformer fields (planner.emit.megatron_bridge)
 BRIDGE_VERSIONS = {"0.6": "0.6.0", "0.3": "0.3.1", "main": "main@067f987df"}
 DEFAULT_BRIDGE_VERSION = next(iter(BRIDGE_VERSIONS))
+#: a Hugging Face model id (`org/name`) or a local model folder, as the fine-tuning toolkits' configs name the model:
+#: letters, digits, `_`, `.`, `-` in `/`-separated parts, optionally absolute or `./`-relative; every part starts with
+#: a letter, digit or `_` (so no `..` part, and no leading `-` that would read as an option)
+HF_MODEL_PATTERN = r"^(/|\./)?[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
 
 
 def check_bridge_version(option: str, value: str) -> str:
@@ -89,6 +95,13 @@ class EmitOptions(BaseModel):
         description="Megatron-Bridge release the megatron-bridge overrides are written for: "
         + ", ".join(f"{name} ({release})" for name, release in BRIDGE_VERSIONS.items())
         + f"; default {DEFAULT_BRIDGE_VERSION}.",
+    )
+
+    hf_model: str | None = Field(
+        None, max_length=200, pattern=HF_MODEL_PATTERN,
+        description="The model the fine-tuning configs (axolotl, llamafactory) load: a Hugging Face id or a local "
+        "model folder of the plan's model shape; default: the id of the plan's model preset (planner.emit.finetune"
+        ".HF_MODELS), refused for a model without one.",
     )
 
     @field_validator("script")
@@ -239,6 +252,12 @@ HYBRID_FRAMEWORKS = frozenset({"Megatron-LM"})
 GRAPH_FRAMEWORKS = ("Megatron-LM", "Megatron-Bridge")
 
 
+#: Frameworks whose emitted output trains LoRA / QLoRA adapters (TrainSpec.finetune lora or qlora): the fine-tuning
+#: toolkits, and DeepSpeed's bare JSON, which configures the engine around whatever model code (peft's included)
+#: the user's script builds. Every other output trains every parameter of a freshly built model.
+ADAPTER_FRAMEWORKS = frozenset({"Axolotl", "LLaMA-Factory", "DeepSpeed"})
+
+
 def check_plan(plan: Plan, framework: str) -> PlanFacts:
     """Rules every framework needs and some accept silently, then the facts.
 
@@ -253,6 +272,9 @@ def check_plan(plan: Plan, framework: str) -> PlanFacts:
     def refuse(reason: str) -> None:
         raise NotExpressibleError(framework, reason)
 
+    if getattr(t, "adapters", False) and framework not in ADAPTER_FRAMEWORKS:
+        refuse(f"finetune {t.finetune!r} (adapters over a frozen base); {framework}'s output trains every parameter: "
+               "emit axolotl or llamafactory")
     if int(lay.num_gpus[0]) != plan.num_gpus:
         refuse(f"dp·tp·cp·pp ({f.dp}·{s.tp}·{s.cp}·{s.pp}) must equal num_gpus ({plan.num_gpus})")
     if not lay.batch_ok(t.global_batch_size, s.micro_batch_size)[0]:
@@ -312,6 +334,12 @@ def runs_framework(backend: str, options: EmitOptions | None = None) -> str:
     """The framework (`TrainSpec.framework`, whose costs and rules `plan --framework` applies) that runs what
     `backend` emits: its emitter's `runs`, or for a launch script (`runs` None) `options.launch_for`."""
     return REGISTRY.get(backend).runs or (options or EmitOptions()).launch_for
+
+
+def accepted_frameworks(backend: str, options: EmitOptions | None = None) -> tuple[str, ...]:
+    """Every framework whose costed plans `backend`'s output runs as costed: `runs_framework` first, then the
+    emitter's `also_runs` (the fine-tuning toolkits run a plan of framework deepspeed or torchtitan alike)."""
+    return (runs_framework(backend, options),) + tuple(getattr(REGISTRY.get(backend), "also_runs", ()))
 
 
 def costed_elsewhere(plan: Plan, runs: str) -> str | None:

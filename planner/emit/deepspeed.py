@@ -192,6 +192,10 @@ def megatron_deepspeed_args(plan: Plan, config_path: str = CONFIG_PATH) -> list[
     ds_config(plan)  # the same refusals as the JSON
     f = check_plan(plan, FRAMEWORK)
     s, t = f.strategy, f.train
+    if t.adapters:
+        raise NotExpressibleError(FRAMEWORK, f"finetune {t.finetune!r} (adapters over a frozen base); "
+                                  "Megatron-DeepSpeed's pretrain_gpt.py trains every parameter: emit deepspeed (the "
+                                  "JSON for a peft model's script), axolotl or llamafactory")
     F = MEGATRON_DEEPSPEED_FLAGS
     argv = [F["tp"], str(s.tp), F["pp"], str(s.pp)]
     if s.pp == 1:
@@ -226,7 +230,9 @@ class DeepSpeedEmitter:
     syntax = "json"
 
     def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
-        return {"config": ds_config(plan), "megatron_deepspeed_args": megatron_deepspeed_args(plan),
+        # an adapter plan's JSON serves a peft model's own script: no pretrain_gpt.py flags trains it
+        args = None if plan.train.adapters else megatron_deepspeed_args(plan)
+        return {"config": ds_config(plan), "megatron_deepspeed_args": args,
                 "needs_megatron_deepspeed": needs_megatron_deepspeed(plan)}
 
     def render(self, plan: Plan, options: EmitOptions) -> str:

@@ -126,6 +126,26 @@ ARCHITECTURES = {"deepseek-v3-like-256xH100-pp8ep8": deepseek_v3_like,
                  "qwen3-like-16xH100-tp2": qwen3_like}
 
 
+# ---- fine-tuning plans: the toolkits' two shardings -------------------------------------------------------
+def llama3_8b_qlora_zero2() -> Plan:
+    """Llama-3-8B QLoRA (rank 16, double quantisation, paged AdamW) on one DGX H100 under DeepSpeed ZeRO-2 with
+    full recompute, global batch 64 of 4096 tokens: a hand-made layout for the fine-tuning toolkits."""
+    return make_plan("llama3-8b", "dgx-h100", 8, 64, 4096, strategy=dict(zero_stage=2, recompute="full"),
+                     finetune="qlora", paged_optimizer=True)
+
+
+def llama31_70b_lora_fsdp2() -> Plan:
+    """Llama-3.1-70B LoRA (rank 16 on the attention projections) on two DGX H100 under FSDP2 (framework
+    torchtitan, zero_stage 3) with full recompute, global batch 64 of 4096 tokens: hand-made."""
+    return make_plan("llama3.1-70b", "dgx-h100", 16, 64, 4096, strategy=dict(zero_stage=3, recompute="full"),
+                     finetune="lora", framework="torchtitan",
+                     lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+FINETUNE = {"llama3-8b-8xH100-qlora-zero2": llama3_8b_qlora_zero2,
+            "llama3.1-70b-16xH100-lora-fsdp2": llama31_70b_lora_fsdp2}
+
+
 # ---- the search's own output --------------------------------------------------------------
 #: (question, extra constrained searches) covering every knob the search varies
 QUESTIONS = [

@@ -17,14 +17,19 @@ from planner.emit import ds_config, emit, megatron_args, omissions
 PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch-size", "64",
              "--seq-len", "4096"]
 # Frozen `emit` surface: extend it, never rename (users' scripts depend on it).
-FROZEN_EMIT = ["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--bridge-version",
-               "--calibration", "--cluster",
-               "--constraint", "--constraints", "--cross-entropy-fusion", "--cross-entropy-fusion-impl", "--cuda-graph-impl", "--cuda-graph-scope",
-               "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",
-               "--grad-precision", "--headroom", "--job-name", "--launch-for", "--master-port", "--model",
-               "--moe-dispatcher", "--moe-flex-num-sms", "--moe-load-imbalance",
-               "--moe-router-padding-for-quantization", "--optimizer", "--plan", "--precision", "--rank",
-               "--script", "--seq-len", "--strict-numerics", "--torch-compile", "--zero3-impl"]
+FROZEN_EMIT = sorted(["--allow-partial", "--attention-kernel", "--backend", "--best-expressible", "--bridge-version",
+                      "--calibration", "--cluster",
+                      "--constraint", "--constraints", "--cross-entropy-fusion", "--cross-entropy-fusion-impl",
+                      "--cuda-graph-impl", "--cuda-graph-scope",
+                      "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",
+                      "--grad-precision", "--headroom", "--job-name", "--launch-for", "--master-port", "--model",
+                      "--moe-dispatcher", "--moe-flex-num-sms", "--moe-load-imbalance",
+                      "--moe-router-padding-for-quantization", "--optimizer", "--plan", "--precision", "--rank",
+                      "--script", "--seq-len", "--strict-numerics", "--torch-compile", "--zero3-impl",
+                      # the fine-tuning plans' options (as `meshplan plan` takes them) and the model the
+                      # fine-tuning toolkits' configs load
+                      "--finetune", "--lora-rank", "--lora-alpha", "--lora-dropout", "--lora-targets",
+                      "--lora-layers", "--adapter-precision", "--double-quant", "--paged-optimizer", "--hf-model"])
 
 
 def run(capsys, *args: str, stdin: str | None = None) -> tuple[int, str, str]:

@@ -19,6 +19,7 @@ import pytest
 from emit_checks import (check_bridge, check_colossalai, check_deepspeed, check_deepspeed_initialize, check_maxtext,
                          check_megatron, check_shell, check_torchtitan, maxtext_wheel)
 from emit_plans import search_sample
+from finetune_checks import check_axolotl, check_llamafactory
 from planner.emit import EmitOptions, Emitter, NotExpressibleError, backends, get_emitter
 from planner.emit import imposed_settings
 
@@ -85,6 +86,21 @@ for _backend in ("torchtitan", "colossalai", "deepspeed"):  # Megatron's --overl
 for _backend in ("deepspeed", "colossalai", "torchtitan", "maxtext"):
     ALLOWED_REFUSALS[_backend].append(r"rank_order 'tp-cp-ep-pp-dp': [\w-]+ lays ranks out tp-cp-ep-dp-pp only")
 ALLOWED_REFUSALS["megatron-deepspeed"] = ALLOWED_REFUSALS["deepspeed"]
+#: the fine-tuning toolkits, given each searched strategy as a LoRA, QLoRA or full fine-tune (`as_finetune`)
+FINETUNE_REFUSALS = [r"(tp|pp|cp|ep|etp|vpp) \(\d+\) > 1; [\w-]+ shards the Hugging Face model by data parallelism",
+                     r"precision '(fp8|nvfp4)'; the Hugging Face Trainer", r"recompute '\w+' \(modules",
+                     r"recompute_num_layers \(\d+\) of \d+ layers; gradient_checkpointing",
+                     r"offload_activation_layers \(\d+\); [\w-]+ has no activation offloading",
+                     r"fp8_param_gather; it is Megatron's", r"overlap_moe_comm; [\w-]+ runs the experts",
+                     r"attention_kernel '(flash1|unfused)'", r"offload_optimizer with framework torchtitan",
+                     r"model '[\w.-]+' has no Hugging Face id here", r".* \(its DeepSpeed config\)$",
+                     r"cuda_graph_impl 'transformer_engine' \(scope \[[\w', ]*\]\); [\w-]+ is not emitted",
+                     r"rank_order 'tp-cp-ep-pp-dp': [\w-]+ lays ranks out tp-cp-ep-dp-pp only"]
+ALLOWED_REFUSALS["axolotl"] = FINETUNE_REFUSALS + [r"torch_compile with framework deepspeed; the plan is costed"]
+ALLOWED_REFUSALS["llamafactory"] = FINETUNE_REFUSALS + [r"lora_layers \[[\d, ]+\]; LLaMA-Factory has no argument"]
+FINETUNE_MODES = ("lora", "qlora", "full")
+#: the searched plans' training settings a fine-tuning variant keeps
+FINETUNE_KEPT = ("global_batch_size", "seq_len", "precision", "grad_precision", "attention_kernel")
 LAUNCH_EVERY = 10  # bash -n one launch script in ten (a subprocess each)
 _INITIALIZED: set[tuple] = set()  # deepspeed.initialize inputs already built into an engine and checked
 FULL_PARSE_EVERY = 10  # torchtitan's full ConfigManager.parse_args for one in ten; its TOML conversion for all
@@ -131,6 +147,11 @@ def test_backend_accepts_or_refuses_every_searched_strategy(backend, sample, dee
     options = EmitOptions()
     counts = collections.Counter()
     for i, plan in enumerate(sample):
+        if backend in ("axolotl", "llamafactory"):
+            plan = as_finetune(plan, i)
+            if plan is None:
+                counts["not a fine-tune (TrainSpec refuses it)"] += 1
+                continue
         fixed = imposed_settings(backend, plan.train.precision, plan.train.fp8_recipe)  # as `meshplan emit` searches
         if fixed:
             plan = plan.model_copy(update={"train": plan.train.model_copy(update=fixed)})
@@ -152,8 +173,32 @@ def test_backend_accepts_or_refuses_every_searched_strategy(backend, sample, dee
     assert counts["accepted"] > 0
 
 
+def as_finetune(plan, i):
+    """The searched strategy as a LoRA, QLoRA or full fine-tune (by turns) costed for DeepSpeed or FSDP2 (by turns),
+    with the searched batch, sequence, precisions and attention kernel (the Megatron-only settings a search for
+    Megatron-LM chose are left out), checked by TrainSpec (None when it refuses them: a LoRA plan in fp8); its
+    estimate is the pre-training one, which the emitters only quote."""
+    from planner.errors import SpecError
+    from planner.specs import TrainSpec
+
+    mode = FINETUNE_MODES[i % 3]
+    update = {"finetune": mode, "framework": ("deepspeed", "torchtitan")[i // 3 % 2]}
+    if mode != "full":
+        update["torch_compile"] = False
+    try:
+        kept = {k: getattr(plan.train, k) for k in FINETUNE_KEPT}
+        train = TrainSpec.model_validate({**kept, **update})
+    except (SpecError, ValueError):
+        return None
+    return plan.model_copy(update={"train": train})
+
+
 def _check_with_real_library(backend, plan, data, text, tmp_path, i):
-    if backend == "megatron":
+    if backend == "axolotl":
+        check_axolotl(plan, data, tmp_path / f"axolotl-{i}")
+    elif backend == "llamafactory":
+        check_llamafactory(plan, data, tmp_path / f"llamafactory-{i}")
+    elif backend == "megatron":
         check_megatron(plan, data["args"])
     elif backend == "megatron-bridge":
         check_bridge(plan, data["overrides"])

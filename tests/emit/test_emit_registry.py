@@ -27,7 +27,7 @@ from planner.emit.base import shell_array
 from planner.errors import SpecError
 
 EXPECTED = ["megatron", "megatron-bridge", "deepspeed", "megatron-deepspeed", "colossalai", "torchtitan", "maxtext",
-            "torchrun", "slurm"]
+            "torchrun", "slurm", "axolotl", "llamafactory"]
 
 
 def test_registered_backends():
@@ -59,7 +59,11 @@ def test_not_expressible_is_a_spec_error_naming_the_framework():
 
 @pytest.mark.parametrize("backend", EXPECTED)
 def test_output_is_deterministic_serialisable_and_leaves_the_plan_alone(backend):
-    plan = make_plan("llama3-70b", "dgx-h100", 64, 128, 8192, strategy=dict(tp=8, pp=2, zero_stage=1))
+    if backend in ("axolotl", "llamafactory"):  # the fine-tuning toolkits: a QLoRA fine-tune, data parallel
+        plan = make_plan("llama3-70b", "dgx-h100", 64, 128, 8192, strategy=dict(zero_stage=3, recompute="full"),
+                         finetune="qlora")
+    else:
+        plan = make_plan("llama3-70b", "dgx-h100", 64, 128, 8192, strategy=dict(tp=8, pp=2, zero_stage=1))
     before = plan.model_dump()
     first, second = emit(plan, backend), emit(plan, backend)
     assert first == second and first.endswith("\n")

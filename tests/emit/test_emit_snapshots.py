@@ -9,6 +9,8 @@
   latent attention and multi-token prediction on pp 8 / ep 8, a Mixtral-like MoE with etp 2 under
   tp 4, a Gemma-2-like windowed model with the optimizer offloaded to the CPU, and a Qwen3-like dense
   model with per-head query/key norms on tp 2
+- Fine-tuning (tests/emit/emit_plans.py FINETUNE): Llama-3-8B QLoRA under DeepSpeed ZeRO-2 and Llama-3.1-70B LoRA
+  under FSDP2: the Axolotl and LLaMA-Factory scripts, DeepSpeed's JSON, the other backends' refusals
 
 The predicted step time, MFU and memory in each header come from the cost model and are
 masked, so calibration changes do not churn the snapshots. Regenerate after an intended
@@ -23,14 +25,14 @@ import re
 from pathlib import Path
 
 import pytest
-from emit_plans import ARCHITECTURES, PUBLISHED
+from emit_plans import ARCHITECTURES, FINETUNE, PUBLISHED
 
 from cost_models.params import num_params
 from planner.emit import NotExpressibleError, backends, emit, emit_data
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("MESHPLAN_UPDATE_SNAPSHOTS") == "1"
-PLANS = PUBLISHED | ARCHITECTURES
+PLANS = PUBLISHED | ARCHITECTURES | FINETUNE
 SUFFIX = {"shell": "sh", "json": "json", "toml": "toml", "python": "py.txt", "yaml": "yml"}  # snippets, not modules
 ESTIMATE = re.compile(r"(predicted(?: \(as \w+ runs it, not \w+\))?) [^\n]*? GiB peak per GPU")
 

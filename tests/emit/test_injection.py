@@ -68,15 +68,24 @@ NAMES = st.tuples(NOISE, st.sampled_from(INJECTIONS), NOISE).map("".join)
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@lru_cache(maxsize=1)
-def base_plan_json() -> str:
-    """One plan every backend and launch target can express (tp 2, ZeRO-1 on one DGX H100)."""
+#: the backends for fine-tuning plans: their base plan is a LoRA fine-tune, and the model they load is named by
+#: --hf-model (a renamed model has no Hugging Face id of its own)
+FINETUNE_BACKENDS = ("axolotl", "llamafactory")
+
+
+@lru_cache(maxsize=2)
+def base_plan_json(finetune: bool = False) -> str:
+    """One plan every backend and launch target can express (tp 2, ZeRO-1 on one DGX H100); for the fine-tuning
+    toolkits, a LoRA fine-tune with ZeRO-1 (they run data parallelism only)."""
+    if finetune:
+        return make_plan("llama3-8b", "dgx-h100", 8, 64, 4096, strategy={"zero_stage": 1},
+                         finetune="lora").model_dump_json()
     return make_plan("llama3-8b", "dgx-h100", 8, 64, 4096, strategy={"tp": 2, "zero_stage": 1}).model_dump_json()
 
 
-def named(source: str, name: str) -> Plan:
-    """The base plan read back from plan JSON whose `source` field is `name` (a plan file's path in)."""
-    data = json.loads(base_plan_json())
+def named(source: str, name: str, backend: str | None = None) -> Plan:
+    """The base plan (`backend`'s) read back from plan JSON whose `source` field is `name` (a plan file's path in)."""
+    data = json.loads(base_plan_json(backend in FINETUNE_BACKENDS))
     node = data
     *parents, leaf = source.split(".")
     for key in parents:
@@ -85,7 +94,9 @@ def named(source: str, name: str) -> Plan:
     return Plan.model_validate_json(json.dumps(data))
 
 
-def options_for(target: str | None, **kw) -> EmitOptions:
+def options_for(target: str | None, backend: str | None = None, **kw) -> EmitOptions:
+    if backend in FINETUNE_BACKENDS:
+        kw["hf_model"] = "meta-llama/Meta-Llama-3-8B"
     return EmitOptions(launch_for=target, **kw) if target else EmitOptions(**kw)
 
 
@@ -116,16 +127,16 @@ def check_output(backend: str, plan: Plan, options: EmitOptions, marker: str, tm
 def test_every_backend_and_launch_target_is_covered():
     assert sorted(LAUNCH_TARGETS) == sorted(t.value for t in LaunchFor)
     assert {b for b, _ in COMBOS} == {"megatron", "megatron-bridge", "deepspeed", "megatron-deepspeed", "colossalai",
-                                      "torchtitan", "maxtext", "torchrun", "slurm"}
-    assert len(COMBOS) == 15
+                                      "torchtitan", "maxtext", "torchrun", "slurm", "axolotl", "llamafactory"}
+    assert len(COMBOS) == 17
 
 
 @pytest.mark.parametrize(("backend", "target"), COMBOS)
 @SETTINGS
 @given(name=NAMES, source=st.sampled_from(SOURCES))
 def test_names_stay_data(backend, target, name, source, tmp_path):
-    plan = named(source, name)
-    text = check_output(backend, plan, options_for(target), MARKER, tmp_path)
+    plan = named(source, name, backend)
+    text = check_output(backend, plan, options_for(target, backend), MARKER, tmp_path)
     if get_emitter(backend).syntax != "json":  # the name is still shown, escaped, in the comment naming the plan
         assert one_line(clip(name)) in text
 
@@ -155,18 +166,20 @@ def test_regressions(backend, target, source, tmp_path):
     """The reported payloads, literally (no output line is the injected command) and with the injected command
     spelled as the marker (which the checks then find only as data)."""
     for payload in REGRESSIONS:
-        text = emit(named(source, payload), backend, options_for(target))
+        text = emit(named(source, payload, backend), backend, options_for(target, backend))
         assert not any(line.strip() in ("id > marker", "id", "$(id)", "`id`") for line in text.splitlines())
         assert "import os" not in [line.strip() for line in text.splitlines()]
-        check_output(backend, named(source, payload.replace("id", MARKER)), options_for(target), MARKER, tmp_path)
+        check_output(backend, named(source, payload.replace("id", MARKER), backend), options_for(target, backend),
+                     MARKER, tmp_path)
 
 
 def test_before_after_count():
-    """`x\\nid > marker\\n#` as a model, cluster or GPU name comes out as a line of code in none of the 45
+    """`x\\nid > marker\\n#` as a model, cluster or GPU name comes out as a line of code in none of the 51
     backend / --launch-for / source combinations (39 of the first 42 did before names were quoted)."""
     hits = [(b, t, s) for b, t in COMBOS for s in SOURCES
-            if any(line.strip() == "id > marker" for line in emit(named(s, REGRESSIONS[0]), b, options_for(t)).splitlines())]
-    assert len(COMBOS) * len(SOURCES) == 45 and hits == []
+            if any(line.strip() == "id > marker"
+                   for line in emit(named(s, REGRESSIONS[0], b), b, options_for(t, b)).splitlines())]
+    assert len(COMBOS) * len(SOURCES) == 51 and hits == []
 
 
 # ---- the files a user gives: model YAML, Hugging Face config, cluster YAML (its GPU), plan JSON ------------

@@ -42,7 +42,7 @@ DOCTEST_MODULES = ["cost_models.finetune", "cost_models.memory", "cost_models.un
                    "cost_models.layout", "cost_models.blocks", "planner.specs.strategy", "planner.specs.model", "planner.specs.hardware",
                    "planner.emit.megatron", "planner.emit.megatron_bridge", "profiles.gemm", "cost_models.sharding",
                    "cost_models.elementwise", "planner.error_band", "cost_models.step", "planner.space",
-                   "cost_models.params", "executors.host_load", "cost_models.torus"]
+                   "cost_models.params", "executors.host_load", "cost_models.torus", "planner.goodput"]
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)
@@ -78,7 +78,7 @@ def test_benchmarks_stay_out_of_the_wheel():
 DISTRIBUTIONS = {"yaml": "pyyaml"}
 #: Optional packages (pyproject's extras): imported by the executors' torch workers or inside functions only.
 OPTIONAL = {"torch", "megatron", "deepspeed", "colossalai", "transformer_engine", "apex", "triton", "matplotlib",
-            "transformers", "torchtitan", "jax"}
+            "transformers", "torchtitan", "jax", "peft", "bitsandbytes"}
 #: The tuner's dependency: a runtime dependency that only the executors and the CLI may import.
 TUNER_ONLY = {"optuna"}
 

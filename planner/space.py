@@ -286,7 +286,9 @@ def search_space(model, train, num_gpus: int, constraints: dict[str, Any], clust
     cons = normalise_constraints(constraints, model)
     heads = enumerate_heads(model, train, num_gpus, cons, cluster)
     ctx = Context(model, train, num_gpus, cluster)
-    if _recompute_rules_can_fail(cons):  # a head's verdict would not hold for all its choices
+    # a head's verdict would not hold for all its choices: adapter plans refuse selective and partial recompute
+    # (planner.rules ADAPTER_RULE), and their space is data parallel only, small enough to check whole
+    if _recompute_rules_can_fail(cons) or getattr(train, "adapters", False):
         space = heads.expand()
         valid, failures = check(ctx, space)
         return SearchSpace(space.take(valid), len(space), first_failure_counts(failures))

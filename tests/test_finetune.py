@@ -187,6 +187,10 @@ def test_adapter_plans_are_data_parallel_only():
     result = plan(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=16, seq_len=4096,
                   finetune="lora", top_k=3)
     assert result.plans and all(p.strategy.tp == p.strategy.pp == p.strategy.cp == 1 for p in result.plans)
+    # the Hugging Face model checkpoints every layer or none: no selective or partial recompute is ranked
+    every = plan(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=64, seq_len=4096,
+                 finetune="lora", framework="torchtitan", top_k=50)
+    assert all(p.strategy.recompute in ("none", "full") and not p.strategy.recompute_num_layers for p in every.plans)
     assert result.train.framework == "deepspeed" and result.train.torch_compile is False
 
 

@@ -208,3 +208,25 @@ def emit_parts(build: Callable[[Plan, EmitOptions], tuple[FinetuneFacts, dict[st
     ft, config, files, command = build(plan, options)
     return {"config": config, "files": files, "notes": list(ft.notes), "command": command,
             "hf_model": ft.hf_model, "sharding": ft.sharding}
+
+
+class ToolkitEmitter:
+    """The emitter of a fine-tuning toolkit: `build` writes its YAML and the files it references (returning the
+    plan's facts, the config, the files and the command); the toolkit runs plans of framework deepspeed and
+    torchtitan (FSDP2) and names the Hugging Face model it loads (EmitOptions.hf_model, --hf-model)."""
+
+    runs = RUNS
+    also_runs = ALSO_RUNS
+    loads_hf_model = True
+    syntax = "shell"
+
+    def __init__(self, name: str, framework: str,
+                 build: Callable[[Plan, EmitOptions], tuple[FinetuneFacts, dict[str, Any], dict[str, str], str]]):
+        self.name, self.framework, self._build = name, framework, build
+
+    def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
+        return emit_parts(self._build, plan, options)
+
+    def render(self, plan: Plan, options: EmitOptions) -> str:
+        ft, _, files, command = self._build(plan, options)
+        return render_files(ft, self.framework, files, command)

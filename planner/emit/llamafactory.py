@@ -32,9 +32,9 @@ import json
 from typing import Any
 
 from planner.emit.base import REGISTRY, EmitOptions, NotExpressibleError
-from planner.emit.finetune import (ALSO_RUNS, DS_CONFIG_PATH, LEARNING_RATE, RUNS, FinetuneFacts, check_finetune,
-                                   deepspeed_json, emit_parts, fsdp2_settings, optimizer_name, recompute,
-                                   render_files, to_yaml)
+from planner.emit.finetune import (DS_CONFIG_PATH, LEARNING_RATE, FinetuneFacts, ToolkitEmitter, check_finetune,
+                                   deepspeed_json, fsdp2_settings, optimizer_name, recompute,
+                                   to_yaml)
 from planner.specs import Plan
 
 FRAMEWORK = "LLaMA-Factory"
@@ -122,20 +122,4 @@ def accelerate_config(ft: FinetuneFacts) -> dict[str, Any]:
             "fsdp_config": fsdp2_settings(ft)}
 
 
-class LlamaFactoryEmitter:
-    name = "llamafactory"
-    framework = FRAMEWORK
-    runs = RUNS
-    also_runs = ALSO_RUNS
-    loads_hf_model = True  # its config names the model it loads: EmitOptions.hf_model (--hf-model)
-    syntax = "shell"
-
-    def data(self, plan: Plan, options: EmitOptions) -> dict[str, Any]:
-        return emit_parts(config, plan, options)
-
-    def render(self, plan: Plan, options: EmitOptions) -> str:
-        ft, _, files, command = config(plan, options)
-        return render_files(ft, FRAMEWORK, files, command)
-
-
-REGISTRY.register(LlamaFactoryEmitter())
+REGISTRY.register(ToolkitEmitter("llamafactory", FRAMEWORK, config))

@@ -294,7 +294,8 @@ def head_times(head: Head, x: Micro, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarr
     loss_s = ew.bytes / (gpu.hbm_bw_bytes_per_s * gpu.hbm_efficiency)
     overhead = ew.num_kernels * gpu.kernel_overhead_s
     fwd = gemm_s + loss_s + overhead
-    bwd = gemm_backward_time(g, gpu, x.precision, x.fp8_recipe, x.frozen_base) + BACKWARD_ELEMENTWISE_FACTOR * loss_s + overhead
+    bwd = (gemm_backward_time(g, gpu, x.precision, x.fp8_recipe, x.frozen_base)
+           + BACKWARD_ELEMENTWISE_FACTOR * loss_s + overhead)
     return fwd, bwd, g.flop
 
 

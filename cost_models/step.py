@@ -39,7 +39,8 @@ from cost_models.frameworks import framework_of, zero3_impl_of
 from profiles.frameworks import Framework
 from cost_models.sharding import zero3_comm_s
 from cost_models import finetune
-from cost_models.memory import (RUNTIME_TERMS, kind_params_per_rank, dispatcher_buffer_bytes, fp8_weight_memory, kind_quantised_weights,
+from cost_models.memory import (RUNTIME_TERMS, dispatcher_buffer_bytes, fp8_weight_memory, kind_params_per_rank,
+                                kind_quantised_weights,
                                 model_state_bytes, param_gather_saving_per_element, per_row, runtime_memory_bytes,
                                 offloaded_activation_bytes, offloaded_layers, stage_activation_bytes,
                                 stage_expert_params, stage_kind_counts, stage_params,
@@ -1059,7 +1060,8 @@ def step_flops(s: Setup) -> tuple[np.ndarray, np.ndarray]:
     model_flop = 3 * (L * layer_fwd + mtp_fwd + head_fwd)
     if s.adapters:  # forward, the input gradients above the lowest adapted layer, and the adapters' own three passes
         share = finetune.backward_share(model, train)
-        adapter_fwd = finetune.adapter_layer_work(model, train, B * seq, 2)[0] * len(finetune.adapted_layers(model, train))
+        adapted = len(finetune.adapted_layers(model, train))
+        adapter_fwd = finetune.adapter_layer_work(model, train, B * seq, 2)[0] * adapted
         model_flop = L * layer_fwd * (1 + share) + 2 * head_fwd + 3 * adapter_fwd
     rc = s.st.recompute
     policy = s.framework.selective_recompute

@@ -71,7 +71,8 @@ and whatever else runs on a shared machine."""
 
 FP32_BYTES = 4
 UNSHARDED_STATE_BYTES_PER_PARAM = 4 + 4 + 4 + 4 + 2  # weight, gradient, Adam m, Adam v, bf16 copy
-TRAINING_TERMS = ("params", "adapters", "grads", "optimizer", "dequant_buffer", "activations", "recompute_working", "embedding_activations",
+TRAINING_TERMS = ("params", "adapters", "grads", "optimizer", "dequant_buffer", "activations", "recompute_working",
+                  "embedding_activations",
                   "logits", "zero3_buffers", "comm_buffers")
 REFERENCE_CHUNK_ROWS = 4
 

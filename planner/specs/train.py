@@ -281,7 +281,7 @@ class TrainSpec(Spec):
         qlora_fields = ("qlora_double_quant", "qlora_saves_inputs")
         fields = type(self).model_fields
         given = [f for f in lora_fields + qlora_fields
-                 if f in self.model_fields_set and getattr(self, f) != fields[f].default]  # a written-out default is fine
+                 if f in self.model_fields_set and getattr(self, f) != fields[f].default]  # a written default is fine
         if self.finetune not in ("lora", "qlora"):
             lora_given = [f for f in given if f in lora_fields]
             if lora_given:
@@ -294,13 +294,15 @@ class TrainSpec(Spec):
         if self.finetune not in ("lora", "qlora"):
             return self
         if self.precision not in ("bf16", "fp16"):
-            raise SpecError(f"finetune {self.finetune!r} needs precision bf16 or fp16 (precision is {self.precision!r}): "
+            raise SpecError(f"finetune {self.finetune!r} needs precision bf16 or fp16 (precision is "
+                            f"{self.precision!r}): "
                             "the frozen base and its adapters compute in 16 bits (bitsandbytes' compute dtype for "
                             "qlora)")
         targets = self.lora_target_modules
         if targets is not None:
             if not targets:
-                raise SpecError("lora_target_modules is empty: name at least one linear layer (or leave it unset for all)")
+                raise SpecError("lora_target_modules is empty: name at least one linear layer (or leave it unset "
+                                "for all)")
             if len(set(targets)) != len(targets):
                 raise SpecError(f"lora_target_modules {targets} names a module twice")
         layers = self.lora_layers

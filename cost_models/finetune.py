@@ -157,8 +157,9 @@ DROPOUT_MASK_BYTES = 1
 
 
 def layer_activation_bytes(model, train, tokens, act: int = BF16, mask_bytes: int = DROPOUT_MASK_BYTES):
-    """Bytes one Hugging Face Llama-style decoder layer keeps for its backward on `tokens` tokens with a frozen base
-    and adapters (Transformers' eager modules, SDPA attention), as autograd saves them (no recomputation).
+    """Bytes one Hugging Face Llama-style decoder layer keeps for its backward on `tokens` tokens (Transformers' eager
+    modules, SDPA attention), as autograd saves them (no recomputation), with a frozen base and adapters or (no
+    adapters) every weight trained.
 
     Per token, with h the hidden size, q the query width, f the MLP width (bytes of 16-bit values, `act`):
     - each RMSNorm keeps its fp32 input for the square's backward (4h; the weight's product keeps nothing when the
@@ -168,16 +169,20 @@ def layer_activation_bytes(model, train, tokens, act: int = BF16, mask_bytes: in
     - the gated MLP keeps the SiLU's input and output and the up projection's output (3f; a plain MLP the
       activation's input, f);
     - a frozen linear layer keeps no input (autograd saves an input only for its weight's gradient), except where
-      `qlora_saves_inputs` (bitsandbytes before its pull request #1270 kept every 4-bit layer's input);
+      `qlora_saves_inputs` (bitsandbytes before its pull request #1270 kept every 4-bit layer's input); a trained
+      one keeps it (h for q, k, v together, q for o, h for gate and up, f for down), and a trained norm weight its
+      16-bit output (h each);
     - each adapter keeps what its A reads and its r-wide intermediate for B. With fp32 adapters (peft's default,
       under the Trainer's bf16 autocast) each module's A reads its own bf16 cast of the input (in per module);
       with bf16 adapters the modules reading one input share it (`INPUT_GROUPS`); lora_dropout > 0 adds its mask
       (`mask_bytes` an element) and makes every module's input its own.
     tests/test_finetune.py checks this against the tensors PyTorch saves for such a layer under peft."""
     h, q, f = model.hidden_size, model.q_width, model.ffn_hidden_size
+    per_token = 2 * 4 * h + 4 * act * q + (3 if model.gated_mlp else 1) * act * f
+    if not train.adapters:  # a trained base: each norm's 16-bit output for its weight, each linear layer's input
+        return tokens * (per_token + 2 * act * h + act * (h + q + h + f))
     shapes = module_shapes(model)
     adapted = set(targets(model, train))
-    per_token = 2 * 4 * h + 4 * act * q + (3 if model.gated_mlp else 1) * act * f
     dropout = train.lora_dropout > 0
     shared = train.adapter_precision == "bf16" and not dropout
     kept_inputs = bool(getattr(train, "qlora_saves_inputs", False)) and train.finetune == "qlora"

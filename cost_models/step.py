@@ -157,6 +157,11 @@ class Setup:
         return bool(getattr(self.train, "adapters", False))
 
     @cached_property
+    def transformers(self) -> bool:
+        """Whether the layers are Hugging Face Transformers' (TrainSpec.model_code; every adapter plan)."""
+        return bool(getattr(self.train, "transformers", False))
+
+    @cached_property
     def trainable_params(self) -> np.ndarray:
         """Parameters outside the routed experts whose gradients one rank of each stage row reduces and whose
         optimizer step it runs (S, N), elements: all of them, or with adapters the adapters of its layers (an
@@ -417,8 +422,8 @@ def stage_memory(s: Setup) -> dict[str, np.ndarray]:
     mem |= stage_activation_bytes(s.blocks, x, st, lay, s.num_microbatches, s.framework,
                                   s.counts)
     mem["dequant_buffer"] = np.zeros_like(params)
-    if s.adapters:  # the Hugging Face model's own saved tensors, not Megatron's
-        mem |= adapter_activation_memory(s)
+    if s.transformers:  # the Hugging Face model's own saved tensors, not Megatron's
+        mem |= transformers_activation_memory(s)
     # Pipeline send and receive buffers of one micro-batch's activations, forward and backward.
     p2p_buffers = np.where(lay.pp > 1, 2 * 2 * x.tokens * s.model.hidden_size * x.act / lay.tp, 0.0)
     mem["zero3_buffers"] = (zero3_working_bytes(s.blocks, st, train.precision, train.grad_precision) * (lay.rows.layers > 0)
@@ -461,12 +466,12 @@ def adapter_state_memory(s: Setup) -> dict[str, np.ndarray]:
             "optimizer": np.where(st.offload_optimizer, 0.0, optimizer)}
 
 
-def adapter_activation_memory(s: Setup) -> dict[str, np.ndarray]:
-    """Activations of one rank of each stage row with adapters over a frozen base (S, N), bytes: the Hugging Face
-    layers' saved tensors (`finetune.layer_activation_bytes`) on the layers from the lowest adapted one up (below it
-    nothing needs a gradient and autograd keeps nothing); with gradient checkpointing (recompute full) those layers
-    keep their 16-bit input only, and one layer's tensors are live while its backward recomputes it
-    (`recompute_working`). And QLoRA's dequantised weight buffer."""
+def transformers_activation_memory(s: Setup) -> dict[str, np.ndarray]:
+    """Activations of one rank of each stage row of Hugging Face Transformers' layers (S, N), bytes: their saved
+    tensors (`finetune.layer_activation_bytes`) on the layers with a backward (with adapters, from the lowest adapted
+    one up: below it nothing needs a gradient and autograd keeps nothing); with gradient checkpointing (recompute
+    full) those layers keep their 16-bit input only, and one layer's tensors are live while its backward recomputes
+    it (`recompute_working`). And QLoRA's dequantised weight buffer."""
     st, lay, train, model, x = s.st, s.lay, s.train, s.model, s.x
     rows = lay.rows
     layers = rows.layers * finetune.backward_share(model, train)  # an adapter plan holds every layer (pp = 1)

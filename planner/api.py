@@ -118,11 +118,12 @@ def check_top_k(top_k: Any) -> int:
 
 
 def _adapter_defaults(train: TrainSpec) -> TrainSpec:
-    """A LoRA / QLoRA run is the Hugging Face model with peft: framework deepspeed unless one was given, and the
-    model's element-wise work eager (torch_compile false, the Trainer's default) unless torch_compile was given."""
-    if not train.adapters:
+    """A LoRA / QLoRA run, or any with model_code transformers, is the Hugging Face model: framework deepspeed unless
+    one was given, and the model's element-wise work eager (torch_compile false, the Trainer's default) unless
+    torch_compile was given."""
+    if not train.transformers:
         return train
-    update = {}
+    update = {"model_code": "transformers"} if train.model_code != "transformers" else {}
     if "framework" not in train.model_fields_set:
         update["framework"] = "deepspeed"
     if "torch_compile" not in train.model_fields_set:

@@ -233,7 +233,7 @@ def eager_problem(train, model) -> str | None:
     torchtitan's (its Llama-style decoder layer), and its latent-attention eager code is not counted."""
     if train.torch_compile:
         return None
-    if train.framework != "torchtitan" and not getattr(train, "adapters", False):  # a peft model runs eager anywhere
+    if train.framework != "torchtitan" and not getattr(train, "transformers", False):  # an HF model runs eager
         return (f"torch_compile false with framework {train.framework!r}: eager element-wise work is costed for "
                 "framework torchtitan only (its PyTorch operators); the other frameworks run their own fused kernels")
     if model.is_mla:
@@ -248,24 +248,27 @@ ADAPTER_FRAMEWORKS = ("deepspeed", "torchtitan")
 
 
 def finetune_problem(train, model) -> str | None:
-    """Why this fine-tuning cannot be planned for `model`, or None. LoRA and QLoRA plans are costed for a
-    dense transformer of standard attention and MLP layers (the Hugging Face Llama family's linear layers,
-    which peft's target names and the adapter arithmetic of cost_models.finetune assume), run by the Hugging
-    Face stack under DeepSpeed or FSDP2."""
-    if not getattr(train, "adapters", False):
+    """Why this plan of Hugging Face Transformers' layers (model_code transformers; every LoRA and QLoRA plan)
+    cannot be costed for `model`, or None. They are costed for the Llama family's decoder layer (RMSNorm, rotary
+    attention, gated MLP: cost_models.finetune.layer_activation_bytes counts its saved tensors from Transformers'
+    code, and peft's target names are its linear layers), run under DeepSpeed or FSDP2."""
+    if not getattr(train, "transformers", False):
         return None
-    mode = train.finetune
+    what_runs = f"finetune {train.finetune!r}" if train.adapters else "model_code 'transformers'"
     if train.framework not in ADAPTER_FRAMEWORKS:
-        return (f"finetune {mode!r} with framework {train.framework!r}: adapter plans run the Hugging Face model "
-                f"with peft under framework deepspeed (ZeRO) or torchtitan (FSDP2)")
+        return (f"{what_runs} with framework {train.framework!r}: the Hugging Face model runs under framework "
+                f"deepspeed (ZeRO) or torchtitan (FSDP2)")
     for what, bad in (("an MoE model (num_experts > 0)", model.is_moe),
                       ("latent attention (kv_lora_rank is set)", model.is_mla),
                       ("Mamba or hybrid layers (hybrid_override_pattern)", model.is_hybrid),
                       ("sliding-window attention", any(model.local_attention_mask())),
-                      ("multi-token prediction (num_mtp_layers)", bool(model.num_mtp_layers))):
+                      ("multi-token prediction (num_mtp_layers)", bool(model.num_mtp_layers)),
+                      ("LayerNorm (norm layernorm)", model.norm != "rmsnorm"),
+                      ("a plain MLP (gated_mlp false)", not model.gated_mlp),
+                      (f"{model.position_embedding} position embeddings", model.position_embedding != "rope")):
         if bad:
-            return (f"finetune {mode!r} of {what}: adapters are costed for dense transformers of standard attention "
-                    "and MLP layers only")
+            return (f"{what_runs} of {what}: the Hugging Face layers are costed for the Llama family's decoder layer "
+                    "only (RMSNorm, rotary attention, a gated MLP)")
     targets = train.lora_target_modules or ()
     if "gate_proj" in targets and not model.gated_mlp:
         return (f"lora_target_modules names gate_proj, which model {model.name!r} has not got (its MLP is not gated: "
@@ -432,14 +435,15 @@ def _adapter_layout_ok(c: Context, s: StrategyArrays) -> np.ndarray:
     """An adapter plan (finetune lora / qlora) is data parallel with ZeRO 0-3: the Hugging Face model under
     DeepSpeed or FSDP2 has no tensor, pipeline, context or expert parallel layout, and runs no interleaving,
     activation offloading or CUDA graphs."""
-    if not getattr(c.train, "adapters", False):
+    if not getattr(c.train, "transformers", False):
         return np.ones(len(s), dtype=bool)
     return ((s.tp == 1) & (s.pp == 1) & (s.cp == 1) & (s.ep == 1) & (s.etp == 1) & (s.vpp == 1)
             & (s.offload_activation_layers == 0) & (s.recompute != 1) & (s.recompute_num_layers == 0))
 
 
 def _adapter_layout_msg(c: Context, r: dict) -> str:
-    return (f"finetune {c.train.finetune!r} runs the Hugging Face model with peft, data parallel with ZeRO only: "
+    what = f"finetune {c.train.finetune!r}" if c.train.adapters else "model_code 'transformers'"
+    return (f"{what} runs the Hugging Face model, data parallel with ZeRO only: "
             f"tp, pp, cp, ep, etp and vpp must be 1, no activations offloaded, and recompute none or full over every "
             f"layer (gradient checkpointing; got tp {r['tp']}, pp {r['pp']}, cp {r['cp']}, ep {r['ep']}, etp "
             f"{r['etp']}, vpp {r['vpp']}, offload_activation_layers {r['offload_activation_layers']}, recompute "

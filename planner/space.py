@@ -288,7 +288,7 @@ def search_space(model, train, num_gpus: int, constraints: dict[str, Any], clust
     ctx = Context(model, train, num_gpus, cluster)
     # a head's verdict would not hold for all its choices: adapter plans refuse selective and partial recompute
     # (planner.rules ADAPTER_RULE), and their space is data parallel only, small enough to check whole
-    if _recompute_rules_can_fail(cons) or getattr(train, "adapters", False):
+    if _recompute_rules_can_fail(cons) or getattr(train, "transformers", False):
         space = heads.expand()
         valid, failures = check(ctx, space)
         return SearchSpace(space.take(valid), len(space), first_failure_counts(failures))

@@ -23,7 +23,7 @@ PLAN_ARGS = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "-
 # breaking change for users' scripts: extend it, never rename.
 FROZEN = {
     "plan": ["--adapter-precision", "--double-quant", "--finetune", "--lora-alpha", "--lora-dropout", "--lora-layers", "--lora-rank",
-             "--lora-targets", "--paged-optimizer", "--attention-kernel", "--calibration",
+             "--lora-targets", "--model-code", "--paged-optimizer", "--attention-kernel", "--calibration",
              "--ckpt-bandwidth", "--deadline", "--failure-rate", "--price", "--pue", "--tokens",
              "--cluster", "--constraint", "--constraints", "--cross-entropy-fusion",
              "--cross-entropy-fusion-impl", "--cuda-graph-impl", "--cuda-graph-scope",
@@ -31,7 +31,7 @@ FROZEN = {
              "--gpus", "--grad-precision", "--headroom", "--model", "--moe-dispatcher", "--moe-flex-num-sms", "--moe-load-imbalance", "--moe-router-padding-for-quantization", "--optimizer", "--plot", "--precision",
              "--seq-len", "--strict-numerics", "--top", "--torch-compile", "--wide", "--zero3-impl"],
     "evaluate": ["--adapter-precision", "--double-quant", "--finetune", "--lora-alpha", "--lora-dropout", "--lora-layers", "--lora-rank",
-             "--lora-targets", "--paged-optimizer", "--attention-kernel", "--calibration",
+             "--lora-targets", "--model-code", "--paged-optimizer", "--attention-kernel", "--calibration",
                  "--cluster", "--cp", "--cross-entropy-fusion", "--cross-entropy-fusion-impl", "--cuda-graph-impl", "--cuda-graph-scope",
                  "--dp", "--embedding-as-layer",
                  "--ep", "--etp", "--first-stage-layers", "--format", "--fp8-param-gather", "--fp8-recipe", "--framework", "--global-batch-size", "--gpus",

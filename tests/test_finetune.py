@@ -71,6 +71,7 @@ def test_adapter_count_equals_peft(targets, layers, rank):
     (["o_proj", "down_proj"], 0.05, "fp32", 4),
     (["down_proj"], 0.0, "fp32", 1),
     (["gate_proj", "up_proj", "k_proj"], 0.0, "bf16", 2),
+    ("full", 0.0, "fp32", 2),  # no adapters: every weight trained (model_code transformers, finetune full)
 ])
 def test_layer_activations_equal_what_autograd_saves(targets, dropout, adapter_precision, kv_heads):
     """`finetune.layer_activation_bytes` against the tensors PyTorch's autograd saves for one Hugging Face Llama
@@ -86,9 +87,11 @@ def test_layer_activations_equal_what_autograd_saves(targets, dropout, adapter_p
     def saved(layers: int) -> int:
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=layers, **config))
-        model = peft.get_peft_model(model.to(torch.bfloat16), peft.LoraConfig(
-            r=8, target_modules=targets or "all-linear", lora_dropout=dropout),
-            autocast_adapter_dtype=adapter_precision == "fp32")
+        model = model.to(torch.bfloat16)
+        if targets != "full":
+            model = peft.get_peft_model(model, peft.LoraConfig(
+                r=8, target_modules=targets or "all-linear", lora_dropout=dropout),
+                autocast_adapter_dtype=adapter_precision == "fp32")
         model.train()
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         seen: dict = {}
@@ -106,8 +109,11 @@ def test_layer_activations_equal_what_autograd_saves(targets, dropout, adapter_p
     measured = saved(3) - saved(2)
     spec = read_hf_config(dict(LLAMA_CONFIG, hidden_size=h, intermediate_size=f, num_attention_heads=heads,
                                num_key_value_heads=kv_heads), name="tiny-llama")
-    train = TrainSpec(global_batch_size=b, seq_len=s, finetune="lora", lora_rank=8, lora_target_modules=targets,
-                      lora_dropout=dropout, adapter_precision=adapter_precision)
+    if targets == "full":
+        train = TrainSpec(global_batch_size=b, seq_len=s, finetune="full", model_code="transformers")
+    else:
+        train = TrainSpec(global_batch_size=b, seq_len=s, finetune="lora", lora_rank=8, lora_target_modules=targets,
+                          lora_dropout=dropout, adapter_precision=adapter_precision)
     # CPU dropout keeps a noise tensor in its input's dtype (fp32 adapters drop out their fp32 cast), not a bool mask
     predicted = finetune.layer_activation_bytes(spec, train, s * b, mask_bytes=4 if adapter_precision == "fp32" else 2)
     assert predicted == pytest.approx(measured, rel=0.02)
@@ -244,10 +250,25 @@ def test_bad_finetune_input_is_one_line_exit_2(cli, args, words):
     assert len([line for line in out.output.splitlines() if line.startswith("error")]) == 1
 
 
-def test_gate_proj_of_a_plain_mlp_is_refused(cli):
+def test_transformers_layers_are_the_llama_family_and_data_parallel(cli):
+    """LoRA of a LayerNorm / plain-MLP model (GPT-3) is refused: the Hugging Face layer is costed for the Llama
+    family's; model_code transformers needs DeepSpeed or FSDP2, adapters need model_code transformers; a full
+    fine-tuning of Transformers' layers keeps its own (larger) activations and is data parallel only."""
     out = cli(["plan", "--model", "gpt3-1.7b", "--cluster", "dgx-h100", "--gpus", "8", "-b", "16", "-s", "2048",
-                    "--finetune", "lora", "--lora-targets", "gate_proj"])
-    assert out.exit_code == 2 and "gate_proj, which model 'gpt3-1.7b' has not got" in out.output
+               "--finetune", "lora", "--lora-targets", "up_proj"])
+    assert out.exit_code == 2 and "LayerNorm (norm layernorm)" in out.output
+    out = cli(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "-b", "16", "-s", "4096",
+               "--model-code", "transformers", "--framework", "megatron"])
+    assert out.exit_code == 2 and "model_code 'transformers' with framework 'megatron'" in out.output
+    out = cli(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "-b", "16", "-s", "4096",
+               "--finetune", "lora", "--model-code", "framework"])
+    assert out.exit_code == 2 and "model_code must be 'transformers'" in out.output
+    hf = _estimate("full", model_code="transformers")
+    own = _estimate("full", torch_compile=False)  # torchtitan's own Llama
+    assert hf.memory_bytes["recompute_working"] > own.memory_bytes["recompute_working"]
+    result = plan(model="llama3-8b", cluster="dgx-h100", num_gpus=8, global_batch_size=16, seq_len=4096,
+                  finetune="full", model_code="transformers", top_k=5)
+    assert result.train.framework == "deepspeed" and all(p.strategy.tp == 1 for p in result.plans)
 
 
 def test_moe_adapters_are_refused():

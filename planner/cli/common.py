@@ -158,6 +158,10 @@ AdapterPrecisionOpt = Annotated[Optional[str], typer.Option(
     "--adapter-precision", help="Adapters' weights and gradients: fp32 (peft's default) or bf16.")]
 DoubleQuantOpt = Annotated[Optional[bool], typer.Option(
     "--double-quant/--no-double-quant", help="QLoRA: quantise the 4-bit weights' constants too (default on).")]
+ModelCodeOpt = Annotated[Optional[str], typer.Option(
+    "--model-code", help="Whose code builds the layers: framework (the framework's own; the default) or transformers "
+    "(Hugging Face's, as the Trainer, Axolotl and LLaMA-Factory run them: data parallel, its layers' own memory; "
+    "every --finetune lora or qlora plan is).")]
 PagedOptimizerOpt = Annotated[bool, typer.Option(
     "--paged-optimizer", help="Paged optimizer states (bitsandbytes paged_adamw_32bit); counted on the GPU.")]
 
@@ -181,10 +185,11 @@ def parse_layer_list(text: str, what: str) -> list[int]:
 def finetune_options(finetune: str, lora_rank: int | None = None, lora_alpha: float | None = None,
                      lora_dropout: float | None = None, lora_targets: str | None = None,
                      lora_layers: str | None = None, adapter_precision: str | None = None,
-                     double_quant: bool | None = None, paged_optimizer: bool = False) -> dict[str, Any]:
+                     double_quant: bool | None = None, paged_optimizer: bool = False,
+                     model_code: str | None = None) -> dict[str, Any]:
     """TrainSpec's fine-tuning fields from the CLI: each only when given (TrainSpec refuses an adapter field
     without --finetune lora or qlora, naming it)."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {} if model_code is None else {"model_code": model_code}
     if finetune != "none":
         out["finetune"] = finetune
     for key, value in (("lora_rank", lora_rank), ("lora_alpha", lora_alpha), ("lora_dropout", lora_dropout),

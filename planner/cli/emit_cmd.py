@@ -221,6 +221,8 @@ def emit_cmd(
                               cuda_graph_scope)
         train |= finetune_options(finetune, lora_rank, lora_alpha, lora_dropout, lora_targets, lora_layers,
                                   adapter_precision, double_quant, paged_optimizer)
+        if getattr(emitter, "loads_hf_model", False) and finetune == "full":
+            train["model_code"] = "transformers"  # the toolkit runs Transformers' layers: cost those
         # the settings the backend's output imposes (Megatron-Bridge's mixed-precision recipe), unless given
         fixed = imposed_settings(backend, getattr(precision, "value", precision or "bf16"), fp8_recipe or "delayed")
         train = {k: v for k, v in fixed.items() if k not in train} | train

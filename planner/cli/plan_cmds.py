@@ -25,6 +25,7 @@ from planner.cli.common import (
     LoraLayersOpt,
     LoraRankOpt,
     LoraTargetsOpt,
+    ModelCodeOpt,
     PagedOptimizerOpt,
     finetune_options,
     CalibrationOpt,
@@ -119,6 +120,7 @@ def plan_cmd(
     adapter_precision: AdapterPrecisionOpt = None,
     double_quant: DoubleQuantOpt = None,
     paged_optimizer: PagedOptimizerOpt = False,
+    model_code: ModelCodeOpt = None,
     moe_dispatcher: MoeDispatcherOpt = None,
     moe_flex_num_sms: FlexSmsOpt = None,
     moe_router_padding_for_quantization: RouterPaddingOpt = None,
@@ -158,7 +160,7 @@ def plan_cmd(
                                                                       moe_router_padding_for_quantization,
                                                                       cuda_graph_impl, cuda_graph_scope),
                   **finetune_options(finetune, lora_rank, lora_alpha, lora_dropout, lora_targets, lora_layers,
-                                     adapter_precision, double_quant, paged_optimizer))
+                                     adapter_precision, double_quant, paged_optimizer, model_code))
     if capacity.table_wanted(fmt):
         return run_capacity(capacity, kwargs, fmt, target, searching)
     with searching(f"searching strategies for {gpus:,} GPUs"):
@@ -374,6 +376,7 @@ def _one_strategy_command(render):
         lora_alpha: LoraAlphaOpt = None, lora_dropout: LoraDropoutOpt = None, lora_targets: LoraTargetsOpt = None,
         lora_layers: LoraLayersOpt = None, adapter_precision: AdapterPrecisionOpt = None,
         double_quant: DoubleQuantOpt = None, paged_optimizer: PagedOptimizerOpt = False,
+        model_code: ModelCodeOpt = None,
         moe_dispatcher: MoeDispatcherOpt = None, moe_flex_num_sms: FlexSmsOpt = None,
         moe_router_padding_for_quantization: RouterPaddingOpt = None,
         torch_compile: TorchCompileOpt = None, strict_numerics: StrictNumericsOpt = False,
@@ -413,7 +416,8 @@ def _one_strategy_command(render):
                                            moe_router_padding_for_quantization, cuda_graph_impl,
                                            cuda_graph_scope),
                            **finetune_options(finetune, lora_rank, lora_alpha, lora_dropout, lora_targets,
-                                              lora_layers, adapter_precision, double_quant, paged_optimizer))
+                                              lora_layers, adapter_precision, double_quant, paged_optimizer,
+                                              model_code))
         if not est.valid:  # a strategy that breaks a rule is bad input, not a plan that does not fit
             raise ExitWith(2, "invalid strategy: " + "; ".join(est.reasons))
         render(strategy.resolve(gpus), est, fmt)

@@ -115,6 +115,10 @@ def check_finetune(plan: Plan, options: EmitOptions, framework: str) -> Finetune
     if t.paged_optimizer and s.offload_optimizer:
         refuse("paged_optimizer with offload_optimizer; ZeRO-Offload runs DeepSpeed's CPU Adam, not bitsandbytes' "
                "paged one")
+    if not getattr(t, "transformers", True):
+        refuse(f"model_code {t.model_code!r}; {framework} runs Hugging Face Transformers' layers, whose memory differs "
+               "from the framework's own: plan the full fine-tuning with model_code 'transformers' "
+               "(--model-code transformers)")
     if t.adapters and t.effective_lora_alpha != int(t.effective_lora_alpha):
         refuse(f"lora_alpha {t.effective_lora_alpha:g}; {framework} takes an integer lora_alpha")
     hf_model = options.hf_model or HF_MODELS.get(m.name)

@@ -157,6 +157,13 @@ class TrainSpec(Spec):
         "backward still computes the input gradients of every frozen layer above the lowest adapter "
         "(cost_models.finetune).",
     )
+    model_code: Literal["framework", "transformers"] = Field(
+        "framework",
+        description="Whose code builds the layers: the framework's own (Megatron-core, torchtitan, Megatron-DeepSpeed, "
+        "Colossal-AI) or Hugging Face Transformers' (AutoModelForCausalLM, what the Trainer, Axolotl and LLaMA-Factory "
+        "run under DeepSpeed or FSDP2: data parallel, eager element-wise work, its layers' own saved tensors, "
+        "cost_models.finetune.layer_activation_bytes). LoRA and QLoRA plans are transformers plans.",
+    )
     lora_rank: int = Field(16, ge=1, le=MAX_HEADS, description="LoRA: the adapters' rank r (peft's r).")
     lora_alpha: float | None = Field(
         None, gt=0, le=1e6, description="LoRA: the scaling numerator (peft's lora_alpha, the update scaled by "
@@ -293,6 +300,9 @@ class TrainSpec(Spec):
                             "base weights are 4-bit)")
         if self.finetune not in ("lora", "qlora"):
             return self
+        if "model_code" in self.model_fields_set and self.model_code != "transformers":
+            raise SpecError(f"finetune {self.finetune!r} trains peft's adapters on the Hugging Face model: model_code "
+                            f"must be 'transformers' (got {self.model_code!r})")
         if self.precision not in ("bf16", "fp16"):
             raise SpecError(f"finetune {self.finetune!r} needs precision bf16 or fp16 (precision is "
                             f"{self.precision!r}): "
@@ -319,6 +329,11 @@ class TrainSpec(Spec):
     def adapters(self) -> bool:
         """Whether the run trains LoRA adapters over a frozen base (finetune lora or qlora)."""
         return self.finetune in ("lora", "qlora")
+
+    @property
+    def transformers(self) -> bool:
+        """Whether the layers are Hugging Face Transformers' (model_code transformers; adapters always are)."""
+        return self.model_code == "transformers" or self.adapters
 
     @property
     def effective_lora_alpha(self) -> float:

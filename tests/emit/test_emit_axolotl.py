@@ -34,7 +34,9 @@ PLANS = [
     (dict(zero_stage=3, recompute="full"), dict(finetune="qlora", framework="torchtitan")),
     (dict(zero_stage=2), dict(finetune="lora", framework="torchtitan", torch_compile=True)),
     (dict(zero_stage=0, micro_batch_size=2), dict(finetune="lora", framework="torchtitan")),
-    (dict(zero_stage=3, recompute="full"), dict(finetune="full", framework="torchtitan", precision="fp16")),
+    (dict(zero_stage=3, recompute="full"), dict(finetune="full", framework="torchtitan", precision="fp16",
+                                                model_code="transformers")),
+    (dict(zero_stage=3), dict(finetune="full", framework="deepspeed", model_code="transformers")),
 ]
 
 
@@ -54,13 +56,15 @@ def test_axolotl_schema_accepts_the_plan(strategy, train, tmp_path):
 
 
 def test_a_model_without_an_id_takes_hf_model(tmp_path):
-    plan = make_plan("gpt3-1.7b", "dgx-h100", 8, 64, 2048, strategy=dict(zero_stage=1), finetune="lora")
-    with pytest.raises(NotExpressibleError, match="^not expressible in Axolotl: model 'gpt3-1.7b' has no Hugging "
+    from profiles import load_model
+    own = load_model("llama3.2-1b").model_dump() | {"name": "my-llama", "num_layers": 12}  # a Llama without an id
+    plan = make_plan(own, "dgx-h100", 8, 64, 2048, strategy=dict(zero_stage=1), finetune="lora")
+    with pytest.raises(NotExpressibleError, match="^not expressible in Axolotl: model 'my-llama' has no Hugging "
                                                   "Face id here; pass --hf-model"):
         emit(plan, "axolotl")
     data = emit_data(plan, "axolotl", EmitOptions(hf_model="/models/my-gpt"))
     assert data["config"]["base_model"] == "/models/my-gpt"
-    assert any("costed for gpt3-1.7b's shape" in n for n in data["notes"])
+    assert any("costed for my-llama's shape" in n for n in data["notes"])
     check_axolotl(plan, data, tmp_path)
 
 
@@ -91,7 +95,9 @@ def test_every_known_id_is_a_preset():
     ((dict(zero_stage=1), dict(finetune="lora", adapter_precision="bf16")), r"adapter_precision 'bf16'"),
     ((dict(zero_stage=1), dict(finetune="lora", attention_kernel="unfused")), r"attention_kernel 'unfused'"),
     ((dict(zero_stage=1), dict(finetune="lora", torch_compile=True)), r"torch_compile with framework deepspeed"),
-    ((dict(zero_stage=1), dict(finetune="full", framework="deepspeed")), r"torch_compile with framework deepspeed"),
+    ((dict(zero_stage=1), dict(finetune="full", framework="deepspeed")), r"model_code 'framework'"),
+    ((dict(zero_stage=1), dict(finetune="full", model_code="transformers", torch_compile=True)),
+     r"torch_compile with framework deepspeed"),
     ((dict(zero_stage=0), dict(finetune="lora", grad_precision="fp32")),
      r"zero_stage 0 with bf16 and grad_precision 'fp32'.* \(its DeepSpeed config\)$"),
 ], ids=lambda v: v if isinstance(v, str) else None)

@@ -182,9 +182,8 @@ def as_finetune(plan, i):
     from planner.specs import TrainSpec
 
     mode = FINETUNE_MODES[i % 3]
-    update = {"finetune": mode, "framework": ("deepspeed", "torchtitan")[i // 3 % 2]}
-    if mode != "full":
-        update["torch_compile"] = False
+    update = {"finetune": mode, "framework": ("deepspeed", "torchtitan")[i // 3 % 2], "model_code": "transformers",
+              "torch_compile": False}  # the toolkits run Transformers' layers, eager
     try:
         kept = {k: getattr(plan.train, k) for k in FINETUNE_KEPT}
         train = TrainSpec.model_validate({**kept, **update})

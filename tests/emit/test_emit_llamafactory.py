@@ -29,11 +29,12 @@ PLANS = [
                                                           lora_dropout=0.05, adapter_precision="bf16")),
     (LLAMA8, dict(zero_stage=0), dict(finetune="lora", grad_precision="bf16")),
     (LLAMA8, dict(zero_stage=3, offload_optimizer=True, recompute="full"),
-     dict(finetune="full", framework="deepspeed")),
+     dict(finetune="full", framework="deepspeed", model_code="transformers")),
     (LLAMA8, dict(zero_stage=3, recompute="full"), dict(finetune="qlora", framework="torchtitan")),
     (LLAMA8, dict(zero_stage=2), dict(finetune="lora", framework="torchtitan", torch_compile=True)),
     (LLAMA8, dict(zero_stage=0, micro_batch_size=2), dict(finetune="lora", framework="torchtitan")),
-    (LLAMA8, dict(zero_stage=3, recompute="full"), dict(finetune="full", framework="torchtitan", precision="fp16")),
+    (LLAMA8, dict(zero_stage=3, recompute="full"), dict(finetune="full", framework="torchtitan", precision="fp16",
+                                                        model_code="transformers")),
     (("llama3-70b", "dgx-h100", 16, 64, 4096), dict(zero_stage=3, recompute="full"),
      dict(finetune="qlora", framework="torchtitan")),
     (("qwen2.5-72b", "dgx-h100", 16, 32, 2048), dict(zero_stage=3, recompute="full"), dict(finetune="lora")),
@@ -78,8 +79,10 @@ def test_templates_follow_the_model_family():
 
 
 def test_a_model_without_an_id_takes_hf_model(tmp_path):
-    plan = make_plan("gpt3-1.7b", "dgx-h100", 8, 64, 2048, strategy=dict(zero_stage=1), finetune="lora")
-    with pytest.raises(NotExpressibleError, match="^not expressible in LLaMA-Factory: model 'gpt3-1.7b' has no "
+    from profiles import load_model
+    own = load_model("llama3.2-1b").model_dump() | {"name": "my-llama", "num_layers": 12}  # a Llama without an id
+    plan = make_plan(own, "dgx-h100", 8, 64, 2048, strategy=dict(zero_stage=1), finetune="lora")
+    with pytest.raises(NotExpressibleError, match="^not expressible in LLaMA-Factory: model 'my-llama' has no "
                                                   "Hugging Face id here"):
         emit(plan, "llamafactory")
     data = emit_data(plan, "llamafactory", EmitOptions(hf_model="org/my-gpt"))

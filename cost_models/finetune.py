@@ -22,11 +22,10 @@ plans run the Hugging Face model with peft under DeepSpeed ZeRO or FSDP2, data p
   (`dequant_layer_s`).
 - Data parallel. Only the adapters' gradients are reduced and only they are stepped; ZeRO-3 still
   gathers the frozen weights (in their stored width) forward and backward.
-
-- Activations. What the Hugging Face layer's autograd saves with a frozen base (`layer_activation_bytes`): a
-  frozen linear layer keeps no input, each adapter keeps its own; counted from Transformers' Llama code and
-  checked against the tensors PyTorch saves on CPU (tests/test_finetune.py). Gradient checkpointing (recompute
-  full) keeps each layer's input.
+- Activations. What the Hugging Face layer's autograd saves (`layer_activation_bytes`), also for a fully
+  trained Transformers model (TrainSpec.model_code 'transformers'): a frozen linear layer keeps no input, each
+  adapter keeps its own; counted from Transformers' Llama code and checked against the tensors PyTorch saves on
+  CPU (tests/test_finetune.py). Gradient checkpointing (recompute full) keeps each layer's input.
 """
 
 from __future__ import annotations

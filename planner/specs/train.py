@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -162,7 +162,7 @@ class TrainSpec(Spec):
         description="Whose code builds the layers: the framework's own (Megatron-core, torchtitan, Megatron-DeepSpeed, "
         "Colossal-AI) or Hugging Face Transformers' (AutoModelForCausalLM, what the Trainer, Axolotl and LLaMA-Factory "
         "run under DeepSpeed or FSDP2: data parallel, eager element-wise work, its layers' own saved tensors, "
-        "cost_models.finetune.layer_activation_bytes). LoRA and QLoRA plans are transformers plans.",
+        "cost_models.finetune.layer_activation_bytes). LoRA and QLoRA plans are transformers plans (set so).",
     )
     lora_rank: int = Field(16, ge=1, le=MAX_HEADS, description="LoRA: the adapters' rank r (peft's r).")
     lora_alpha: float | None = Field(
@@ -281,6 +281,15 @@ class TrainSpec(Spec):
                             "dispatcher's preprocessing with the router only)")
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _adapters_are_transformers(cls, data: Any) -> Any:
+        """LoRA and QLoRA plans are the Hugging Face model with peft: their model_code is 'transformers' whatever
+        was written (a plan file written with another keeps its meaning)."""
+        if isinstance(data, dict) and data.get("finetune") in ("lora", "qlora"):
+            data = {**data, "model_code": "transformers"}
+        return data
+
     @model_validator(mode="after")
     def _check_finetune(self) -> "TrainSpec":
         lora_fields = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_layers",
@@ -300,9 +309,6 @@ class TrainSpec(Spec):
                             "base weights are 4-bit)")
         if self.finetune not in ("lora", "qlora"):
             return self
-        if "model_code" in self.model_fields_set and self.model_code != "transformers":
-            raise SpecError(f"finetune {self.finetune!r} trains peft's adapters on the Hugging Face model: model_code "
-                            f"must be 'transformers' (got {self.model_code!r})")
         if self.precision not in ("bf16", "fp16"):
             raise SpecError(f"finetune {self.finetune!r} needs precision bf16 or fp16 (precision is "
                             f"{self.precision!r}): "

@@ -67,7 +67,8 @@ def test_adapter_count_equals_peft(targets, layers, rank):
     assert adapter_params(spec, train) == trainable
 
 
-@pytest.mark.parametrize("targets, dropout, adapter_precision, kv_heads", [
+#: (targets, lora_dropout, adapter_precision, kv_heads) of the layers whose saved tensors are measured
+LAYER_CASES = [
     (None, 0.0, "fp32", 2),
     (["q_proj", "v_proj"], 0.0, "bf16", 2),
     (["q_proj", "v_proj"], 0.1, "bf16", 8),
@@ -75,23 +76,37 @@ def test_adapter_count_equals_peft(targets, layers, rank):
     (["down_proj"], 0.0, "fp32", 1),
     (["gate_proj", "up_proj", "k_proj"], 0.0, "bf16", 2),
     ("full", 0.0, "fp32", 2),  # no adapters: every weight trained (model_code transformers, finetune full)
-])
-def test_layer_activations_equal_what_autograd_saves(targets, dropout, adapter_precision, kv_heads):
-    """`finetune.layer_activation_bytes` against the tensors PyTorch's autograd saves for one Hugging Face Llama
-    decoder layer with peft adapters, in bf16 under the Trainer's autocast (parameters and their casts excluded; a
-    layer's share taken as the difference of a 3-layer and a 2-layer model). Measured in a fresh interpreter: other
-    packages the suite imports (the fine-tuning toolkits' schemas) patch Transformers' and peft's modules."""
+]
+LAYER_SHAPE = dict(h=256, f=704, s=96, b=2, heads=8)  # no weight has a dimension of b or b·s
+
+
+@pytest.fixture(scope="module")
+def saved_bytes() -> list[dict]:
+    """Per LAYER_CASES row, the bytes autograd saves for a 2- and a 3-layer model, measured in one fresh
+    interpreter: other packages the suite imports may patch Transformers' and peft's modules in this one."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
-    h, f, s, b, heads = 256, 704, 96, 2, 8  # no weight has a dimension of b or b·s
-    args = dict(config=dict(hidden_size=h, intermediate_size=f, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                            vocab_size=512, max_position_embeddings=512, attn_implementation="sdpa"),
-                targets=targets, dropout=dropout, fp32=adapter_precision == "fp32", b=b, s=s)
-    done = subprocess.run([sys.executable, "-c", SAVED_BYTES, json.dumps(args)], capture_output=True, text=True,
-                          timeout=300, check=False)
+    g = LAYER_SHAPE
+    cases = [dict(config=dict(hidden_size=g["h"], intermediate_size=g["f"], num_attention_heads=g["heads"],
+                              num_key_value_heads=kv, vocab_size=512, max_position_embeddings=512,
+                              attn_implementation="sdpa"),
+                  targets=targets, dropout=dropout, fp32=precision == "fp32", b=g["b"], s=g["s"])
+             for targets, dropout, precision, kv in LAYER_CASES]
+    done = subprocess.run([sys.executable, "-c", SAVED_BYTES, json.dumps(cases)], capture_output=True, text=True,
+                          timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", range(len(LAYER_CASES)), ids=lambda i: str(LAYER_CASES[i][:2]))
+def test_layer_activations_equal_what_autograd_saves(case, saved_bytes):
+    """`finetune.layer_activation_bytes` against the tensors PyTorch's autograd saves for one Hugging Face Llama
+    decoder layer with peft adapters, in bf16 under the Trainer's autocast (parameters and their casts excluded; a
+    layer's share taken as the difference of a 3-layer and a 2-layer model)."""
+    targets, dropout, adapter_precision, kv_heads = LAYER_CASES[case]
+    h, f, s, b, heads = (LAYER_SHAPE[k] for k in ("h", "f", "s", "b", "heads"))
+    measured = saved_bytes[case]
     measured = measured["3"] - measured["2"]
     spec = read_hf_config(dict(LLAMA_CONFIG, hidden_size=h, intermediate_size=f, num_attention_heads=heads,
                                num_key_value_heads=kv_heads), name="tiny-llama")
@@ -105,35 +120,38 @@ def test_layer_activations_equal_what_autograd_saves(targets, dropout, adapter_p
     assert predicted == pytest.approx(measured, rel=0.02)
 
 
-#: Bytes autograd saves for a small Llama of 2 and 3 layers with peft adapters (argv[1]: JSON of the config, the
-#: targets, the dropout, whether adapters are fp32, the batch and sequence); prints {"2": bytes, "3": bytes}.
+#: Bytes autograd saves for small Llamas of 2 and 3 layers with peft adapters (argv[1]: JSON list of cases: the
+#: config, the targets, the dropout, whether adapters are fp32, the batch and sequence); prints a JSON list of
+#: {"2": bytes, "3": bytes}, one per case.
 SAVED_BYTES = """
 import json, sys, warnings
 warnings.simplefilter("ignore")
 import torch, transformers, peft
-a = json.loads(sys.argv[1])
-b, s = a["b"], a["s"]
-out = {}
-for layers in (2, 3):
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=layers, **a["config"]))
-    model = model.to(torch.bfloat16)
-    if a["targets"] != "full":
-        model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=a["targets"] or "all-linear",
-                                    lora_dropout=a["dropout"]), autocast_adapter_dtype=a["fp32"])
-    model.train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen = {}
-    def pack(t):  # activations only: a batch- or token-major tensor that is no parameter (nor a cast of one)
-        st = t.untyped_storage()
-        if st.data_ptr() not in params and t.dim() >= 2 and t.shape[0] in (b, b * s):
-            seen[(st.data_ptr(), st.nbytes())] = st.nbytes()
-        return t
-    ids = torch.randint(0, 512, (b, s))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16):
-        model(input_ids=ids, labels=ids)
-    out[str(layers)] = sum(seen.values())
-print(json.dumps(out))
+results = []
+for a in json.loads(sys.argv[1]):
+  b, s = a["b"], a["s"]
+  out = {}
+  for layers in (2, 3):
+      torch.manual_seed(0)
+      model = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=layers, **a["config"]))
+      model = model.to(torch.bfloat16)
+      if a["targets"] != "full":
+          model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=a["targets"] or "all-linear",
+                                      lora_dropout=a["dropout"]), autocast_adapter_dtype=a["fp32"])
+      model.train()
+      params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+      seen = {}
+      def pack(t):  # activations only: a batch- or token-major tensor that is no parameter (nor a cast of one)
+          st = t.untyped_storage()
+          if st.data_ptr() not in params and t.dim() >= 2 and t.shape[0] in (b, b * s):
+              seen[(st.data_ptr(), st.nbytes())] = st.nbytes()
+          return t
+      ids = torch.randint(0, 512, (b, s))
+      with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16):
+          model(input_ids=ids, labels=ids)
+      out[str(layers)] = sum(seen.values())
+  results.append(out)
+print(json.dumps(results))
 """
 
 

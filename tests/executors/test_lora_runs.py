@@ -77,10 +77,11 @@ def test_the_reference_adapters_change_the_loss_after_step_1(lora_reference):
     assert third < second
 
 
-LORA_PLANS = {  # DDP, DDP + ZeroRedundancyOptimizer, FSDP2 with and without resharding after forward
+#: DDP and FSDP2 (resharding after forward), each with two micro-batches a rank so that a rank's rows differ from
+#: the reference's chunks; the executor's ZeRO-1 and ZeRO-2 paths are the pre-training runs' (tests/executors/
+#: test_runs.py), which the adapters do not change.
+LORA_PLANS = {
     "ddp": Strategy(dp=2, micro_batch_size=2),
-    "zero1": Strategy(dp=2, zero_stage=1, micro_batch_size=4),
-    "fsdp2-zero2": Strategy(dp=2, zero_stage=2, micro_batch_size=4),
     "fsdp2-zero3": Strategy(dp=2, zero_stage=3, micro_batch_size=2),
 }
 
@@ -101,7 +102,7 @@ def qlora_reference(tmp_path_factory) -> ParityReference:
     return reference(TINY, QLORA, tmp_path_factory.mktemp("qlora-ref"))
 
 
-@pytest.mark.parametrize("st", [LORA_PLANS["ddp"], LORA_PLANS["fsdp2-zero3"]], ids=["ddp", "fsdp2-zero3"])
+@pytest.mark.parametrize("st", [LORA_PLANS["ddp"]], ids=["ddp"])  # FSDP2 leaves the 4-bit weights whole
 def test_qlora_plans_match_the_reference(st, tmp_path, qlora_reference):
     """An NF4 base (bitsandbytes on the CPU) under the same adapters: its step-1 loss is not the bf16
     base's (the weights are quantised), and DDP and FSDP2 (the 4-bit weights left whole) match one process."""

@@ -83,7 +83,8 @@ LAYER_SHAPE = dict(h=256, f=704, s=96, b=2, heads=8)  # no weight has a dimensio
 @pytest.fixture(scope="module")
 def saved_bytes() -> list[dict]:
     """Per LAYER_CASES row, the bytes autograd saves for a 2- and a 3-layer model, measured in one fresh
-    interpreter: other packages the suite imports may patch Transformers' and peft's modules in this one."""
+    interpreter: measured inside the whole suite's process, the adapter layers kept more (state an earlier test
+    leaves behind; importing the toolkits, DeepSpeed or bitsandbytes first does not change it)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("peft")

@@ -33,6 +33,7 @@ whether the adapters train alike.
 from __future__ import annotations
 
 from planner.specs import ModelSpec, TrainSpec
+from planner.specs.adapters import adapted_layers, targets  # the planner's own count of what peft adapts
 
 ADAPTER_SEED_OFFSET = 7919
 """Added to the run's seed before peft draws the adapters (lora_A), so that the adapters do not
@@ -51,26 +52,14 @@ def mlp_targets(model: ModelSpec) -> dict[str, str]:
     return {"up_proj": "mlp.w1", "down_proj": "mlp.w2"}
 
 
-def hf_targets(model: ModelSpec, train: TrainSpec) -> list[str]:
-    """The plan's adapted modules by Hugging Face name: lora_target_modules, or every linear layer
-    of a transformer layer that the model has (None: peft's all-linear without the output layer)."""
-    known = ATTENTION_TARGETS | mlp_targets(model)
-    return list(train.lora_target_modules) if train.lora_target_modules else list(known)
-
-
 def executor_targets(model: ModelSpec, train: TrainSpec) -> list[str]:
     """The plan's adapted modules as this model's module names (peft's target_modules)."""
     known = ATTENTION_TARGETS | mlp_targets(model)
-    missing = [name for name in hf_targets(model, train) if name not in known]
+    missing = [name for name in train.lora_target_modules or () if name not in known]
     if missing:
         raise ValueError(f"lora_target_modules {missing}: model {model.name!r} has no such linear layer "
                          f"(it has {sorted(known)})")
-    return [known[name] for name in hf_targets(model, train)]
-
-
-def adapted_layers(model: ModelSpec, train: TrainSpec) -> list[int]:
-    """The transformer layers that get adapters (lora_layers, or all)."""
-    return list(train.lora_layers) if train.lora_layers is not None else list(range(model.num_layers))
+    return [known[name] for name in targets(model, train)]
 
 
 def lora_notes(train: TrainSpec, zero_stage: int) -> list[str]:

@@ -19,7 +19,8 @@ from executor_fixtures import TINY  # noqa: E402
 
 from executors.compare import predicted_adapter_params  # noqa: E402
 from executors.launcher import launch, launch_reference  # noqa: E402
-from executors.lora import ATTENTION_TARGETS, adapted_layers, hf_targets, mlp_targets  # noqa: E402
+from executors.lora import ATTENTION_TARGETS, mlp_targets  # noqa: E402
+from planner.specs.adapters import adapted_layers, targets  # noqa: E402
 from executors.results import ParityReference, RunConfig, RunResult  # noqa: E402
 from executors.support import unsupported_reasons  # noqa: E402
 from executors.validate import PARITY_TOLERANCES, engine_reasons, ValidateOptions  # noqa: E402
@@ -42,7 +43,7 @@ def lora_params(model: ModelSpec, train: TrainSpec) -> int:
               "gate_proj": (model.hidden_size, model.ffn_hidden_size),
               "up_proj": (model.hidden_size, model.ffn_hidden_size),
               "down_proj": (model.ffn_hidden_size, model.hidden_size)}
-    per_layer = sum(train.lora_rank * sum(shapes[name]) for name in hf_targets(model, train))
+    per_layer = sum(train.lora_rank * sum(shapes[name]) for name in targets(model, train))
     return per_layer * len(adapted_layers(model, train))
 
 
